@@ -1,0 +1,53 @@
+/* backend.h — where kernels run: the GPU through the CUDA driver API (runtime/cuda.c) or the
+ * CPU emulator (runtime/emu.c). The forward launcher (runtime/fwd.c) sees only this table, so
+ * both backends run the exact same plan. "Device" memory of the emulator is host memory. */
+#ifndef RDA_BACKEND_H
+#define RDA_BACKEND_H
+
+#include "err.h"
+#include "gen.h"
+
+#include <stddef.h>
+
+typedef struct rda_backend rda_backend;
+typedef struct rda_module rda_module; /* one loaded kernel variant */
+
+struct rda_backend {
+  const char *name; /* "cuda" or "emu" */
+  int arch;         /* target sm_XX as 80, 90, ...; the emulator reports the arch it plans for */
+  void *impl;
+  rda_status (*alloc)(rda_backend *b, size_t bytes, void **dptr, rda_err *err);
+  void (*free)(rda_backend *b, void *dptr);
+  rda_status (*upload)(rda_backend *b, void *dst, const void *src, size_t bytes, rda_err *err);
+  rda_status (*download)(rda_backend *b, void *dst, const void *src, size_t bytes, rda_err *err);
+  /* Build (or fetch from cache) and load one variant. */
+  rda_status (*load)(rda_backend *b, const rda_variant *v, rda_module **out, rda_err *err);
+  void (*unload)(rda_backend *b, rda_module *m);
+  /* Launch asynchronously; params points to the kernel's parameter struct of params_bytes. */
+  rda_status (*launch)(rda_backend *b, rda_module *m, const unsigned grid[3], unsigned threads,
+                       unsigned smem_bytes, const void *params, size_t params_bytes,
+                       rda_err *err);
+  rda_status (*synchronize)(rda_backend *b, rda_err *err);
+  void (*destroy)(rda_backend *b);
+};
+
+/* The CPU emulator, planning for sm_`arch`. */
+rda_status rda_backend_emu_open(rda_backend **out, int arch, rda_err *err);
+/* GPU `ordinal` through the driver API (loaded with dlopen). Fails cleanly with no driver. */
+rda_status rda_backend_cuda_open(rda_backend **out, int ordinal, rda_err *err);
+/* The live profile of the GPU behind a cuda backend. */
+rda_status rda_backend_cuda_hw(rda_backend *b, rda_hw *out, rda_err *err);
+
+
+
+/* Open a backend by name: "cuda", "emu", or "auto" (cuda when a GPU is usable, else emu).
+ * `why` receives a short human-readable note of what was picked and why, e.g.
+ * "emu (no usable GPU: no CUDA driver: libcuda.so.1: ...)". The emulator plans for sm_90. */
+rda_status rda_backend_open(const char *which, rda_backend **out, char *why, size_t why_len,
+                            rda_err *err);
+
+/* The hardware profile to plan for on this backend: the live device, or the built-in profile
+ * of the emulator's target. */
+rda_status rda_backend_hw(rda_backend *b, rda_gen *g, rda_hw *out, rda_err *err);
+
+#endif

@@ -1,0 +1,85 @@
+/* check.c — compare a forward result with the float64 reference under SPEC §5's tolerances:
+ * relative L2 of O, max LSE error on covered rows, exact 0 / -inf on uncovered rows, and no
+ * NaN or Inf anywhere else. */
+#include "check.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+rda_tolerance rda_tolerance_for(int dtype) {
+  rda_tolerance t;
+  if (dtype == RDA_DTYPE_FP16) {
+    t.o_rel_l2 = 3e-3;
+    t.lse_abs = 5e-3;
+    t.grad_rel_l2 = 5e-3;
+  } else {
+    t.o_rel_l2 = 1e-2;
+    t.lse_abs = 2e-2;
+    t.grad_rel_l2 = 2e-2;
+  }
+  return t;
+}
+
+static void note(rda_check_result *r, const char *what, long long b, long long h, long long p,
+                 double got, double want) {
+  if (r->first_failure[0] != '\0') return;
+  snprintf(r->first_failure, sizeof r->first_failure, "%s at b=%lld h=%lld n=%lld: got %g, want %g",
+           what, b, h, p, got, want);
+}
+
+void rda_check_forward(const rda_config *c, long long batch, long long n, const float *o,
+                       const long long o_s[3], const float *lse, const long long lse_s[2],
+                       const double *o_ref, const double *lse_ref, rda_check_result *out) {
+  memset(out, 0, sizeof *out);
+  const int H = c->heads, D = c->head_dim;
+  double err2 = 0, ref2 = 0;
+  for (long long b = 0; b < batch; ++b)
+    for (long long h = 0; h < H; ++h)
+      for (long long p = 0; p < n; ++p) {
+        const double want_lse = lse_ref[(b * H + h) * n + p];
+        const double got_lse = lse[b * lse_s[0] + h * lse_s[1] + p];
+        const float *orow = o + b * o_s[0] + p * o_s[1] + h * o_s[2];
+        const double *rrow = o_ref + ((b * n + p) * H + h) * D;
+        if (isinf(want_lse) && want_lse < 0) {
+          ++out->uncovered_rows;
+          int bad = !(isinf(got_lse) && got_lse < 0);
+          for (int d = 0; d < D; ++d) bad |= orow[d] != 0.0f;
+          if (bad) {
+            ++out->bad_uncovered;
+            note(out, "uncovered row: lse (and o must be 0)", b, h, p, got_lse, -INFINITY);
+          }
+          continue;
+        }
+        ++out->covered_rows;
+        if (!isfinite(got_lse)) {
+          if (isinf(got_lse) && got_lse < 0) {
+            ++out->lse_coverage_mismatch;
+          } else {
+            ++out->nonfinite;
+          }
+          note(out, "covered row: lse", b, h, p, got_lse, want_lse);
+        } else {
+          const double e = fabs(got_lse - want_lse);
+          if (e > out->lse_max_abs) out->lse_max_abs = e;
+        }
+        for (int d = 0; d < D; ++d) {
+          if (!isfinite(orow[d])) {
+            ++out->nonfinite;
+            note(out, "o", b, h, p, orow[d], rrow[d]);
+            continue;
+          }
+          const double diff = (double)orow[d] - rrow[d];
+          err2 += diff * diff;
+          ref2 += rrow[d] * rrow[d];
+        }
+      }
+  out->o_rel_l2 = ref2 > 0 ? sqrt(err2 / ref2) : sqrt(err2);
+  const rda_tolerance t = rda_tolerance_for(c->dtype);
+  out->pass = out->bad_uncovered == 0 && out->nonfinite == 0 && out->lse_coverage_mismatch == 0 &&
+              out->o_rel_l2 <= t.o_rel_l2 && out->lse_max_abs <= t.lse_abs;
+  if (!out->pass && out->first_failure[0] == '\0')
+    snprintf(out->first_failure, sizeof out->first_failure,
+             "O rel L2 %.3g (tol %.1g), LSE max err %.3g (tol %.1g)", out->o_rel_l2, t.o_rel_l2,
+             out->lse_max_abs, t.lse_abs);
+}

@@ -1,0 +1,42 @@
+/* config.c — the parts of SPEC §1 that depend on the config alone: offset rules and which
+ * heads a branch serves. Shared by the planner's C side, the reference and the launcher. */
+#include "config.h"
+
+const char *rda_dtype_name(int dtype) { return dtype == RDA_DTYPE_FP16 ? "fp16" : "bf16"; }
+
+const char *rda_offsets_name(int offsets) {
+  switch (offsets) {
+    case RDA_OFFSETS_BLOCK: return "block";
+    case RDA_OFFSETS_GROUP: return "group";
+    default: return "mod";
+  }
+}
+
+void rda_config_branch_heads(const rda_config *c, int branch, int *head0, int *count) {
+  if (c->offsets != RDA_OFFSETS_GROUP) {
+    *head0 = 0;
+    *count = c->heads;
+    return;
+  }
+  /* k contiguous groups; the first H mod k groups hold one head more. */
+  const int k = c->nbranch, base = c->heads / k, extra = c->heads % k;
+  *head0 = branch * base + (branch < extra ? branch : extra);
+  *count = base + (branch < extra ? 1 : 0);
+}
+
+int64_t rda_config_offset(const rda_config *c, int branch, int head) {
+  const int64_t r = c->dilations[branch];
+  switch (c->offsets) {
+    case RDA_OFFSETS_BLOCK: {
+      const int64_t per = (c->heads + r - 1) / r; /* ceil(H / r) */
+      return head / per;
+    }
+    case RDA_OFFSETS_GROUP: {
+      int h0, n;
+      rda_config_branch_heads(c, branch, &h0, &n);
+      if (head < h0 || head >= h0 + n) return -1;
+      return branch % r;
+    }
+    default: return head % r;
+  }
+}

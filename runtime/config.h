@@ -1,0 +1,37 @@
+/* config.h — a validated attention config (SPEC §3) as C sees it. Produced only by the
+ * generator's validation (gen/config.lua through runtime/gen.c); never filled by hand from
+ * untrusted input. */
+#ifndef RDA_CONFIG_H
+#define RDA_CONFIG_H
+
+#include "../templates/rda_params.h"
+
+#include <stdint.h>
+
+#define RDA_MAX_BRANCHES 16
+
+typedef struct rda_config {
+  int heads;     /* H */
+  int kv_heads;  /* Hkv, divides H */
+  int head_dim;  /* 32, 64, 96, 128 or 256 */
+  int dtype;     /* RDA_DTYPE_* */
+  int nbranch;   /* k, 1..RDA_MAX_BRANCHES */
+  int64_t segments[RDA_MAX_BRANCHES];  /* w_i >= 1 (not yet clamped to N) */
+  int64_t dilations[RDA_MAX_BRANCHES]; /* r_i >= 1 */
+  int offsets;   /* RDA_OFFSETS_* */
+  int causal;    /* 0 or 1 */
+  double scale;  /* resolved: 1/sqrt(head_dim) unless the config set it */
+} rda_config;
+
+/* "bf16" / "fp16"; "mod" / "block" / "group". */
+const char *rda_dtype_name(int dtype);
+const char *rda_offsets_name(int offsets);
+
+/* Offset j of branch i for query head h (SPEC §1), or -1 when the head does not use the
+ * branch (the "group" rule). */
+int64_t rda_config_offset(const rda_config *c, int branch, int head);
+
+/* Heads [*head0, *head0 + *count) that use branch i. */
+void rda_config_branch_heads(const rda_config *c, int branch, int *head0, int *count);
+
+#endif

@@ -1,0 +1,151 @@
+/* fwd.c — the forward pass of a plan: o = 0 / lse = -inf where needed, then one launch per
+ * branch, each merging its partial result into the fp32 o / lse by log-sum-exp in its epilogue.
+ * Grid shapes and per-launch parameters are computed here; the math lives in the templates. */
+#include "fwd.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const unsigned kInitThreads = 256;
+
+rda_status rda_fwd_load(rda_backend *b, const rda_plan_k *p, rda_fwd_kernels *out, rda_err *err) {
+  out->n = 0;
+  out->modules = calloc((size_t)p->nvariants, sizeof *out->modules);
+  if (out->modules == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "out of memory");
+  for (int i = 0; i < p->nvariants; ++i) {
+    rda_status s = b->load(b, &p->variants[i], &out->modules[i], err);
+    if (s != RDA_OK) {
+      rda_fwd_unload(b, out);
+      return s;
+    }
+    out->n = i + 1;
+  }
+  return RDA_OK;
+}
+
+void rda_fwd_unload(rda_backend *b, rda_fwd_kernels *k) {
+  if (k == NULL || k->modules == NULL) return;
+  for (int i = 0; i < k->n; ++i)
+    if (k->modules[i] != NULL) b->unload(b, k->modules[i]);
+  free(k->modules);
+  k->modules = NULL;
+  k->n = 0;
+}
+
+static long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
+
+/* With r = 1 every offset rule gives j = 0, so a branch covers every row of its heads. */
+static int step_covers_all_rows(const rda_plan_k *p, const rda_step *s) {
+  return p->cfg.dilations[s->branch] == 1;
+}
+
+static int heads_overlap(const rda_step *a, const rda_step *b) {
+  return a->head0 < b->head0 + b->nheads && b->head0 < a->head0 + a->nheads;
+}
+
+/* Init is needed unless, for every head, the first step touching it covers all its rows. */
+static int needs_init(const rda_plan_k *p) {
+  for (int h = 0; h < p->cfg.heads; ++h) {
+    int covered = 0;
+    for (int i = 0; i < p->nsteps; ++i) {
+      const rda_step *s = &p->steps[i];
+      if (h < s->head0 || h >= s->head0 + s->nheads) continue;
+      covered = step_covers_all_rows(p, s);
+      break;
+    }
+    if (!covered) return 1;
+  }
+  return 0;
+}
+
+static rda_status check_args(const rda_plan_k *p, const rda_fwd_args *a, rda_err *err) {
+  if (a->batch < 1 || a->n < 1)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "batch = %lld, n = %lld: both must be >= 1",
+                       a->batch, a->n);
+  if (a->batch > 65535)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "batch = %lld: at most 65535 per call",
+                       a->batch);
+  if (a->q == NULL || a->k == NULL || a->v == NULL || a->o == NULL || a->lse == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "a tensor pointer is NULL");
+  if (p->init_kernel < 0 || p->init_kernel >= p->nvariants)
+    return rda_err_set(err, RDA_ERR_INTERNAL, "plan has no init kernel");
+  return RDA_OK;
+}
+
+static rda_status launch_init(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                              const rda_fwd_args *a, rda_err *err) {
+  rda_init_params ip;
+  memset(&ip, 0, sizeof ip);
+  ip.o = a->o;
+  ip.lse = a->lse;
+  ip.o_sb = a->o_s[0];
+  ip.o_sn = a->o_s[1];
+  ip.o_sh = a->o_s[2];
+  ip.lse_sb = a->lse_s[0];
+  ip.lse_sh = a->lse_s[1];
+  ip.batch = a->batch;
+  ip.n = a->n;
+  ip.heads = p->cfg.heads;
+  ip.head_dim = p->cfg.head_dim;
+  /* Grid-stride kernel: enough blocks to fill the machine, never more than the rows. */
+  long long rows = a->batch * a->n * p->cfg.heads;
+  long long blocks = ceil_div(rows, kInitThreads / 8);
+  if (blocks > 65535) blocks = 65535;
+  const unsigned grid[3] = {(unsigned)blocks, 1, 1};
+  return b->launch(b, k->modules[p->init_kernel], grid, kInitThreads, 0, &ip, sizeof ip, err);
+}
+
+rda_status rda_fwd_run(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                       const rda_fwd_args *a, rda_err *err) {
+  RDA_TRY(check_args(p, a, err));
+  if (needs_init(p)) RDA_TRY(launch_init(b, p, k, a, err));
+
+  const double log2e = 1.4426950408889634;
+  for (int i = 0; i < p->nsteps; ++i) {
+    const rda_step *s = &p->steps[i];
+    const rda_variant *v = &p->variants[s->kernel];
+    const int64_t r = p->cfg.dilations[s->branch];
+    const int64_t w = p->cfg.segments[s->branch] < a->n ? p->cfg.segments[s->branch] : a->n;
+
+    rda_fwd_params fp;
+    memset(&fp, 0, sizeof fp);
+    fp.q = a->q;
+    fp.k = a->k;
+    fp.v = a->v;
+    fp.o = a->o;
+    fp.lse = a->lse;
+    fp.q_sb = a->q_s[0], fp.q_sn = a->q_s[1], fp.q_sh = a->q_s[2];
+    fp.k_sb = a->k_s[0], fp.k_sn = a->k_s[1], fp.k_sh = a->k_s[2];
+    fp.v_sb = a->v_s[0], fp.v_sn = a->v_s[1], fp.v_sh = a->v_s[2];
+    fp.o_sb = a->o_s[0], fp.o_sn = a->o_s[1], fp.o_sh = a->o_s[2];
+    fp.lse_sb = a->lse_s[0], fp.lse_sh = a->lse_s[1];
+    fp.n = a->n;
+    fp.w = w;
+    fp.r = r;
+    fp.nseg = ceil_div(a->n, w);
+    fp.tiles_per_seg = (int)ceil_div(ceil_div(w, r), v->block_m);
+    fp.heads = p->cfg.heads;
+    fp.kv_group = p->cfg.heads / p->cfg.kv_heads;
+    fp.head0 = s->head0;
+    fp.offset_mode = p->cfg.offsets;
+    fp.offset_arg = p->cfg.offsets == RDA_OFFSETS_BLOCK ? (int)ceil_div(p->cfg.heads, r)
+                    : p->cfg.offsets == RDA_OFFSETS_GROUP ? s->branch
+                                                          : 0;
+    /* The first step to touch these heads overwrites; later ones merge. */
+    fp.merge = 0;
+    for (int e = 0; e < i; ++e)
+      if (heads_overlap(&p->steps[e], s)) fp.merge = 1;
+    fp.scale_log2 = (float)(p->cfg.scale * log2e);
+
+    const long long gx = fp.nseg * fp.tiles_per_seg;
+    if (gx > 0x7fffffffLL || s->nheads > 65535)
+      return rda_err_set(err, RDA_ERR_UNSUPPORTED,
+                         "branch %d: grid of %lld x %d blocks exceeds the launch limits", s->branch,
+                         gx, s->nheads);
+    const unsigned grid[3] = {(unsigned)gx, (unsigned)s->nheads, (unsigned)a->batch};
+    RDA_TRY(b->launch(b, k->modules[s->kernel], grid, (unsigned)v->threads,
+                      (unsigned)v->smem_bytes, &fp, sizeof fp, err));
+  }
+  return RDA_OK;
+}

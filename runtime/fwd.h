@@ -1,0 +1,33 @@
+/* fwd.h — the forward pass of a plan on a backend: init, one launch per branch merging by
+ * log-sum-exp in fp32, and (optionally) the cast to the storage dtype. */
+#ifndef RDA_FWD_H
+#define RDA_FWD_H
+
+#include "backend.h"
+#include "gen.h"
+
+/* Tensors in backend memory, strides in elements (SPEC §2). */
+typedef struct rda_fwd_args {
+  long long batch, n;
+  const void *q, *k, *v;             /* storage dtype */
+  long long q_s[3], k_s[3], v_s[3];  /* strides over batch, n, head */
+  float *o;                          /* fp32 [B, N, H, D] */
+  long long o_s[3];
+  float *lse;                        /* fp32 [B, H, N] */
+  long long lse_s[2];                /* strides over batch, head */
+} rda_fwd_args;
+
+/* Loaded modules of a plan's variants on one backend. */
+typedef struct rda_fwd_kernels {
+  int n;
+  rda_module **modules;
+} rda_fwd_kernels;
+
+rda_status rda_fwd_load(rda_backend *b, const rda_plan_k *p, rda_fwd_kernels *out, rda_err *err);
+void rda_fwd_unload(rda_backend *b, rda_fwd_kernels *k);
+
+/* Enqueue the forward pass (asynchronous on cuda). */
+rda_status rda_fwd_run(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                       const rda_fwd_args *a, rda_err *err);
+
+#endif

@@ -1,0 +1,29 @@
+/* nvrtc.h — compile a generated kernel with NVRTC to a cubin (or PTX) for one sm_XX, with the
+ * ptxas report captured. Works on machines with no GPU and no driver. */
+#ifndef RDA_NVRTC_H
+#define RDA_NVRTC_H
+
+#include "err.h"
+
+#include <stddef.h>
+
+typedef struct rda_nvrtc_out {
+  unsigned char *image; /* cubin (or PTX text, NUL-terminated, when want_ptx) — malloc'd */
+  size_t image_bytes;
+  char *log;            /* the full compile log including the ptxas report — malloc'd */
+  int registers;        /* per thread, from ptxas */
+  int spill_bytes;      /* spill stores + spill loads, from ptxas */
+  int smem_bytes;       /* static shared memory, from ptxas */
+  double compile_s;     /* wall time of the compile */
+} rda_nvrtc_out;
+
+/* Compile `source` (named `name` in messages) for sm_`arch`; `entry` must be an extern "C"
+ * kernel in it. Include paths: the templates folder under rda_gen_home(). */
+rda_status rda_nvrtc_compile(const char *source, const char *name, const char *entry, int arch,
+                             int want_ptx, rda_nvrtc_out *out, rda_err *err);
+void rda_nvrtc_out_free(rda_nvrtc_out *o); /* accepts NULL */
+
+/* NVRTC's version as major * 1000 + minor * 10 (like CUDA_VERSION). */
+int rda_nvrtc_version(void);
+
+#endif

@@ -1,0 +1,41 @@
+/* emu_api.h — what the CPU emulator's runtime offers to device code compiled for the host
+ * (RDA_EMU). templates/ptx.cuh builds every emulated intrinsic from these few primitives;
+ * emu_runtime.h implements them with one fiber per CUDA thread. Host C++ only. */
+#ifndef RDA_EMU_API_H
+#define RDA_EMU_API_H
+
+#include <cstddef>
+#include <cstdint>
+
+namespace rda_emu {
+
+/* The calling CUDA thread's lane (linear thread index mod 32) and warp within its block. */
+int lane();
+int warp();
+
+/* __syncthreads: returns once every thread of the block has called it. */
+void block_barrier();
+
+/* A warp-collective exchange. Every one of the 32 lanes of the calling warp passes `bytes`
+ * (<= 64) bytes; the call returns once all 32 have arrived, with a pointer to the 32 deposits,
+ * lane i's at offset i * 64. The pointer stays valid until this lane's next collective. */
+const unsigned char *warp_gather(const void *mine, size_t bytes);
+constexpr size_t kGatherSlot = 64;
+
+/* The block's dynamic shared memory (filled with a poison pattern at block start). */
+unsigned char *dynamic_smem();
+size_t dynamic_smem_bytes();
+
+/* cp.async: copies are queued per thread and performed only when a cp_async_wait makes them
+ * complete, so a read of shared memory before the wait sees stale data, as it may on hardware.
+ * valid = false zero-fills the 16 bytes (src-size 0). */
+void cp_async_16(void *smem_dst, const void *gmem_src, bool valid);
+void cp_async_commit();
+void cp_async_wait(int pending_groups_allowed);
+
+/* Report a device-side failure (like a trap): the launch fails with this message. */
+[[noreturn]] void trap(const char *what);
+
+}  // namespace rda_emu
+
+#endif
