@@ -23,6 +23,14 @@ rda_status rda_nvrtc_compile(const char *source, const char *name, const char *e
                              int want_ptx, rda_nvrtc_out *out, rda_err *err);
 void rda_nvrtc_out_free(rda_nvrtc_out *o); /* accepts NULL */
 
+/* Read registers, spill bytes (stores + loads, the entry's plus those of non-entry functions
+ * it may call) and static shared memory of `entry` from a ptxas -v log into out; 1 when the
+ * log reports the entry, else 0 (added by nvrtc, so tests can feed other CUDA versions' logs). */
+int rda_nvrtc_parse_report(const char *log, const char *entry, rda_nvrtc_out *out);
+
+/* 1 when this NVRTC can compile for sm_`arch`, else 0 (added by nvrtc for `rdagen emit`). */
+int rda_nvrtc_arch_supported(int arch);
+
 /* NVRTC's version as major * 1000 + minor * 10 (like CUDA_VERSION). */
 int rda_nvrtc_version(void);
 

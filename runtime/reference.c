@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* --- storage dtype rounding ---------------------------------------------------------------- */
+/* --- storage dtype rounding ------------------------------------------------------------------- */
 
 /* A binary16-like format: `mbits` stored mantissa bits, exponent `bias`; the smallest normal is
  * 2^(1 - bias), the largest finite (2 - 2^-mbits) * 2^(max_exp). */
@@ -75,7 +75,7 @@ double rda_from_dtype_bits(unsigned short bits, int dtype) {
   return s * ldexp((double)(mant | (1u << f.mbits)), (int)expo - f.bias - f.mbits);
 }
 
-/* --- the forward pass ---------------------------------------------------------------------- */
+/* --- the forward pass ------------------------------------------------------------------------- */
 
 /* Merge one branch's (lse_i, o_i) of a row into the running (LSE, O) by log-sum-exp. */
 static void rda_reference_merge(double *lse, double *o, double lse_i, const double *o_i, int d) {
@@ -143,8 +143,8 @@ void rda_ref_forward(const rda_config *c, long long batch, long long n, const do
               const double *vq = v + ((b * n + grid[qi]) * Hkv + hk) * D;
               for (long long x = 0; x < D; x++) oi[x] += pw * vq[x];
             }
-            rda_reference_merge(&lse[(b * H + h) * n + p], &o[((b * n + p) * H + h) * D], lse_i,
-                                oi, (int)D);
+            rda_reference_merge(&lse[(b * H + h) * n + p], &o[((b * n + p) * H + h) * D], lse_i, oi,
+                                (int)D);
           }
         }
       }

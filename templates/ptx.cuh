@@ -166,48 +166,70 @@ inline float bf16_bits_to_float(uint16_t h) {
   return f;
 }
 
+/* IEEE half to float by bits, branch-free (no libgcc call): normals and inf/NaN by moving the
+ * exponent (rebias 15 -> 127, twice as far for exponent 31), subnormals as m * 2^-24 (exact). */
 inline float f16_bits_to_float(uint16_t h) {
-  _Float16 x;
-  memcpy(&x, &h, sizeof x);
-  return static_cast<float>(x);
-}
-
-/* The 16-bit element of a 16x16 A fragment (row-major) or 16x8 B fragment (col-major)
- * held by the warp, read from the gathered registers of all 32 lanes. */
-struct MmaIn {
-  uint32_t a[4];
-  uint32_t b[2];
-};
-
-inline uint16_t half_of(uint32_t reg, int hi) {
-  return static_cast<uint16_t>(hi ? reg >> 16 : reg & 0xffffu);
+  const uint32_t mag = h & 0x7fffu;
+  const uint32_t moved = (mag << 13) + 0x38000000u;
+  const float sub = static_cast<float>(mag) * 0x1p-24f;
+  uint32_t sub_bits;
+  memcpy(&sub_bits, &sub, sizeof sub_bits);
+  uint32_t u = mag < 0x400u ? sub_bits : mag >= 0x7c00u ? moved + 0x38000000u : moved;
+  u |= static_cast<uint32_t>(h & 0x8000u) << 16;
+  float r;
+  memcpy(&r, &u, sizeof r);
+  return r;
 }
 
 template <bool Bf16>
+inline float half_bits_to_float(uint32_t h) {
+  return Bf16 ? bf16_bits_to_float(static_cast<uint16_t>(h))
+              : f16_bits_to_float(static_cast<uint16_t>(h));
+}
+
+/* What each lane deposits for an mma: its A and B fragments, already widened to fp32 (each
+ * value converted once per warp): a[2r + h] is half h (0 low, 1 high) of register r. */
+struct MmaIn {
+  float a[8];
+  float b[4];
+};
+
+/* Lane l = 4g + t computes D[g][2t..2t+1] and D[g+8][2t..2t+1]. Rows g and g+8 of A are held by
+ * lanes 4g..4g+3 (lane 4g+q: a[0]/a[1] = columns 2q, 2q+1 of row g / g+8, a[2]/a[3] the same
+ * columns + 8); column n of B by lanes 4n..4n+3 (lane 4n+q: b[0] = rows 2q, 2q+1, b[1] = rows
+ * 2q+8, 2q+9). Products are exact in fp32; the sum runs in k order starting from c. */
+template <bool Bf16>
 inline void mma_16816(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+  typedef float v4 __attribute__((vector_size(16)));
   MmaIn mine;
-  memcpy(mine.a, a, sizeof mine.a);
-  memcpy(mine.b, b, sizeof mine.b);
-  const unsigned char *slots = rda_emu::warp_gather(&mine, sizeof mine);
-  MmaIn all[32];
-  for (int i = 0; i < 32; ++i) memcpy(&all[i], slots + i * rda_emu::kGatherSlot, sizeof all[i]);
-  const auto to_float = [](uint16_t h) { return Bf16 ? bf16_bits_to_float(h) : f16_bits_to_float(h); };
-  const int l = rda_emu::lane();
-  float out[4];
-  for (int e = 0; e < 4; ++e) {
-    const int row = l / 4 + 8 * (e / 2);
-    const int col = 2 * (l % 4) + (e % 2);
-    float acc = c[e];
-    for (int k = 0; k < 16; ++k) {
-      /* A[row][k]: lane (row%8)*4 + (k%8)/2, register (row/8) + 2*(k/8), half k%2. */
-      const uint16_t av = half_of(all[(row % 8) * 4 + (k % 8) / 2].a[row / 8 + 2 * (k / 8)], k % 2);
-      /* B[k][col]: lane col*4 + (k%8)/2, register k/8, half k%2. */
-      const uint16_t bv = half_of(all[col * 4 + (k % 8) / 2].b[k / 8], k % 2);
-      acc += to_float(av) * to_float(bv);
-    }
-    out[e] = acc;
+  for (int h = 0; h < 2; ++h) {
+    for (int r = 0; r < 4; ++r)
+      mine.a[2 * r + h] = half_bits_to_float<Bf16>((a[r] >> (16 * h)) & 0xffffu);
+    for (int r = 0; r < 2; ++r)
+      mine.b[2 * r + h] = half_bits_to_float<Bf16>((b[r] >> (16 * h)) & 0xffffu);
   }
-  for (int e = 0; e < 4; ++e) d[e] = out[e];
+  const unsigned char *slots = rda_emu::warp_gather(&mine, sizeof mine);
+  const int l = rda_emu::lane();
+  const int g = l / 4, t = l % 4;
+  /* ak[k] = (A[g][k], A[g][k], A[g+8][k], A[g+8][k]), bk[k] = (B[k][2t], B[k][2t+1], B[k][2t],
+   * B[k][2t+1]): the four outputs advance together, each summed in k order like a scalar loop. */
+  v4 ak[16], bk[16];
+  for (int q = 0; q < 4; ++q) {
+    MmaIn ra, rb0, rb1;
+    memcpy(&ra, slots + (4 * g + q) * rda_emu::kGatherSlot, sizeof ra);
+    memcpy(&rb0, slots + (4 * (2 * t) + q) * rda_emu::kGatherSlot, sizeof rb0);
+    memcpy(&rb1, slots + (4 * (2 * t + 1) + q) * rda_emu::kGatherSlot, sizeof rb1);
+    for (int h = 0; h < 2; ++h) {
+      const int k = 2 * q + h;
+      ak[k] = v4{ra.a[0 + h], ra.a[0 + h], ra.a[2 + h], ra.a[2 + h]};
+      ak[k + 8] = v4{ra.a[4 + h], ra.a[4 + h], ra.a[6 + h], ra.a[6 + h]};
+      bk[k] = v4{rb0.b[0 + h], rb1.b[0 + h], rb0.b[0 + h], rb1.b[0 + h]};
+      bk[k + 8] = v4{rb0.b[2 + h], rb1.b[2 + h], rb0.b[2 + h], rb1.b[2 + h]};
+    }
+  }
+  v4 acc = v4{c[0], c[1], c[2], c[3]};
+  for (int k = 0; k < 16; ++k) acc += ak[k] * bk[k];
+  for (int e = 0; e < 4; ++e) d[e] = acc[e];
 }
 
 inline uint16_t float_to_bf16_bits(float f) {
@@ -218,11 +240,27 @@ inline uint16_t float_to_bf16_bits(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
+/* Float to IEEE half, round to nearest even, by integer arithmetic (portable: g++ has no
+ * _Float16 in C++ on every target): overflow to inf, subnormals, NaN stays NaN. */
 inline uint16_t float_to_f16_bits(float f) {
-  const _Float16 x = static_cast<_Float16>(f);
-  uint16_t h;
-  memcpy(&h, &x, sizeof h);
-  return h;
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u); /* >= 65520: inf */
+  if (a >= 0x38800000u) {                                               /* normal: >= 2^-14 */
+    uint32_t r = a - 0x38000000u;                                       /* exponent 127 -> 15 */
+    r += 0xfffu + ((r >> 13) & 1u);
+    return static_cast<uint16_t>(sign | (r >> 13));
+  }
+  if (a < 0x33000000u) return static_cast<uint16_t>(sign); /* <= 2^-25 (a tie) rounds to 0 */
+  const uint32_t shift = 126u - (a >> 23);                  /* units of 2^-24: 14..24 */
+  const uint32_t m = (a & 0x7fffffu) | 0x800000u;
+  uint32_t r = m >> shift;
+  const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  if (rem > half || (rem == half && (r & 1u) != 0)) ++r;
+  return static_cast<uint16_t>(sign | r);
 }
 
 }  // namespace emu_detail
@@ -250,7 +288,12 @@ inline float shfl_xor(float v, int lane_mask) {
   return r;
 }
 
-inline float ex2(float x) { return exp2f(x); }
+/* ex2.approx.ftz: subnormal inputs act as zero (exp2f gives 1 for them anyway) and results
+ * below 2^-126 flush to +0, as on the GPU. */
+inline float ex2(float x) {
+  const float y = exp2f(x);
+  return y < 0x1p-126f ? 0.0f : y;
+}
 
 inline uint32_t pack_bf16x2(float lo, float hi) {
   return static_cast<uint32_t>(emu_detail::float_to_bf16_bits(lo)) |

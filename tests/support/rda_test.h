@@ -21,10 +21,10 @@ typedef struct rt_rng {
   double spare; /* the second Box-Muller value */
 } rt_rng;
 
-void rt_rng_seed(rt_rng *r, uint64_t seed);   /* splitmix64 expands the seed */
+void rt_rng_seed(rt_rng *r, uint64_t seed); /* splitmix64 expands the seed */
 uint64_t rt_rng_next(rt_rng *r);
-double rt_rng_uniform(rt_rng *r);             /* [0, 1) with 53 bits */
-double rt_rng_normal(rt_rng *r);              /* normal(0, 1), Box-Muller */
+double rt_rng_uniform(rt_rng *r);                              /* [0, 1) with 53 bits */
+double rt_rng_normal(rt_rng *r);                               /* normal(0, 1), Box-Muller */
 long long rt_rng_range(rt_rng *r, long long lo, long long hi); /* uniform in [lo, hi] */
 
 /* The process-wide generator the helpers below draw from: seeded from $RDA_TEST_SEED when set,
@@ -60,13 +60,13 @@ void rt_pack_bits(uint16_t *dst, const double *x, long long b, long long n, long
 uint16_t *rt_make_bits(const double *x, long long b, long long n, long long h, long long d,
                        const long long strides[3], int dtype, size_t *count);
 /* Read a strided fp32 [B, N, H, D] into contiguous doubles. */
-void rt_unpack_f32(double *dst, const float *x, long long b, long long n, long long h,
-                   long long d, const long long strides[3]);
+void rt_unpack_f32(double *dst, const float *x, long long b, long long n, long long h, long long d,
+                   const long long strides[3]);
 
 /* Fill with NaN: outputs are poisoned before every run so an unwritten element fails. */
 void rt_poison_f32(float *x, size_t n);
 
-/* --- comparison with the reference (SPEC §5) ----------------------------------------------- */
+/* --- comparison with the reference (SPEC §5) -------------------------------------------------- */
 
 typedef struct rt_tol {
   double o_rel_l2;    /* ||O - O_ref|| / ||O_ref|| */
@@ -118,6 +118,12 @@ char *rt_read_file(const char *path, size_t *len);
 bool rt_exists(const char *path);
 /* Entries in a folder other than . and .. (-1 if unreadable). */
 int rt_count_entries(const char *dir);
+
+/* Write x (count = product of shape) as a version-1 .npy with dtype descr: "<f2", "<f4", "<f8"
+ * (values rounded to it), or for negative tests ">f4" (big-endian), "<i4" (truncated to int),
+ * with fortran_order as given. */
+bool rt_write_npy(const char *path, const char *descr, int fortran, int ndim,
+                  const long long *shape, const double *x);
 
 typedef struct rt_proc {
   int exit_code; /* exit status, or 128 + signal when killed by one, -1 if it could not run */

@@ -1,0 +1,34 @@
+-- bridge.lua — the functions runtime/gen.c calls. Each returns its result, or nil and a one-line
+-- message for an expected failure (a bad config, an unknown arch, a plan that cannot fit);
+-- anything raised instead is a bug and reaches C with a traceback.
+
+local native = require "rda.native"
+local config = require "gen.config"
+local hw = require "gen.hw"
+local plan = require "gen.plan"
+
+local M = {}
+
+-- Config text -> validated config table (dtype and offsets as names, scale resolved).
+function M.config(text, where)
+  return config.load(text, where)
+end
+
+-- Built-in profile of sm_`arch`.
+function M.hw(arch)
+  return hw.builtin(arch)
+end
+
+-- Validated config + profile -> plan (see gen/plan.lua), with the tile space from
+-- tuning/fwd_space.lua when it exists.
+function M.plan(cfg, profile)
+  hw.check(profile)
+  local space, origin = plan.load_space(native.home())
+  if not space then return nil, "tile space: " .. origin end
+  local p, why = plan.build(cfg, profile, space)
+  if not p then return nil, why end
+  p.space = origin
+  return p
+end
+
+return M

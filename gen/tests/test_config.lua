@@ -1,0 +1,148 @@
+-- test_config.lua — config validation and the sandbox environment seen from Lua (the C side
+-- of the same rules is tests/test_config.c).
+
+local testing = require "gen.testing"
+local config = require "gen.config"
+
+local T = testing.suite("test_config")
+
+local function valid(over)
+  local c = { heads = 16, kv_heads = 4, head_dim = 128, dtype = "bf16",
+              segments = { 2048, 4096, 8192 }, dilations = { 1, 2, 4 }, offsets = "mod",
+              causal = true }
+  for k, v in pairs(over or {}) do c[k] = v end
+  return c
+end
+
+local function rejects(t, ...)
+  local c, msg = config.validate(t, "x.lua")
+  assert(c == nil, "accepted an invalid config")
+  assert(not msg:find("\n"), "message is one line")
+  for _, part in ipairs { ... } do testing.contains(msg, part) end
+  return msg
+end
+
+T.test("the SPEC example validates with defaults resolved", function()
+  local c = assert(config.validate(valid(), "x.lua"))
+  assert(c.heads == 16 and c.kv_heads == 4 and c.head_dim == 128 and c.dtype == "bf16", "fields")
+  assert(#c.segments == 3 and c.segments[3] == 8192 and c.dilations[2] == 2, "branches")
+  assert(c.offsets == "mod" and c.causal == true, "flags")
+  assert(math.abs(c.scale - 1 / math.sqrt(128)) < 1e-15, "default scale")
+end)
+
+T.test("kv_heads, offsets and causal have defaults", function()
+  local t = valid()
+  t.kv_heads, t.offsets, t.causal = nil, nil, nil
+  local c = assert(config.validate(t, "x.lua"))
+  assert(c.kv_heads == 16 and c.offsets == "mod" and c.causal == false, "defaults")
+end)
+
+T.test("integral floats are integers", function()
+  local c = assert(config.validate(valid { heads = 16.0, segments = { 2048.0, 4096, 8192 } },
+                                   "x.lua"))
+  assert(math.type(c.heads) == "integer" and math.type(c.segments[1]) == "integer", "converted")
+end)
+
+T.test("rule messages name the key, the value and what is allowed", function()
+  local msg = rejects(valid { head_dim = 80 })
+  assert(msg == "x.lua: head_dim = 80: must be one of 32, 64, 96, 128, 256", msg)
+  rejects(valid { heads = 2.5 }, "heads = 2.5", "integer")
+  rejects(valid { kv_heads = 3 }, "kv_heads = 3", "divide")
+  rejects(valid { dtype = "fp32" }, 'dtype = "fp32"', '"bf16", "fp16"')
+  rejects(valid { segments = { 1, 2, 0 } }, "segments[3] = 0", ">= 1")
+  rejects(valid { dilations = { 1, 2 } }, "dilations", "2 entries", "segments has 3")
+  rejects(valid { offsets = "ring" }, 'offsets = "ring"', '"mod", "block", "group"')
+  rejects(valid { causal = "yes" }, 'causal = "yes"', "true or false")
+  rejects(valid { scale = -1 }, "scale = -1", "positive finite")
+  rejects(valid { bogus = 1 }, "bogus = 1", "unknown key", "allowed keys")
+  rejects(valid { dropout = 0.1 }, "dropout = 0.1", "not supported")
+end)
+
+-- Values a careless or hostile config might put anywhere.
+local POOL <const> = { 0, -1, 1, 2, 3, 4, 16, 32, 64, 80, 128, 256, 1.5, 2048.0, 1e300, 2^63,
+                       -2^63, 0/0, math.huge, -math.huge, "", "x", "bf16", "fp16", "mod",
+                       "group", "block", true, false, {}, { 1 }, { 1, 2, 3 }, { 0 }, { "8" },
+                       { 1, nil, 3 }, { x = 1 }, print, coroutine.create(print) }
+local FIELDS <const> = { "heads", "kv_heads", "head_dim", "dtype", "segments", "dilations",
+                         "offsets", "causal", "scale", "dropout", "other", 1 }
+
+T.test("validate never raises and either accepts a sound config or says one line", function()
+  local seed = 12345
+  local function rand(n) -- a small LCG: the same cases on every run
+    seed = (seed * 1103515245 + 12345) % 2147483648
+    return seed % n + 1
+  end
+  local accepted = 0
+  for _ = 1, 3000 do
+    local t = valid()
+    for _ = 1, rand(3) do t[FIELDS[rand(#FIELDS)]] = POOL[rand(#POOL + 1)] end
+    local ok, c, msg = pcall(config.validate, t, "x.lua")
+    assert(ok, "validate raised: " .. tostring(c))
+    if c then
+      accepted = accepted + 1
+      assert(c.heads >= 1 and c.kv_heads >= 1 and c.heads % c.kv_heads == 0, "heads")
+      assert(#c.segments == #c.dilations and #c.segments >= 1 and #c.segments <= 16, "branches")
+      for i = 1, #c.segments do
+        assert(math.type(c.segments[i]) == "integer" and c.segments[i] >= 1, "segment")
+        assert(math.type(c.dilations[i]) == "integer" and c.dilations[i] >= 1, "dilation")
+      end
+      assert(c.scale > 0 and c.scale < math.huge, "scale")
+      assert(c.offsets ~= "group" or c.heads >= #c.segments, "group")
+    else
+      assert(type(msg) == "string" and msg:sub(1, 7) == "x.lua: " and not msg:find("\n"),
+             "message: " .. tostring(msg))
+    end
+  end
+  assert(accepted > 0 and accepted < 3000, "the mutations hit both outcomes")
+end)
+
+T.test("values are shown on one line and bounded", function()
+  assert(config.show("a\nb") == '"a\\nb"', config.show("a\nb"))
+  assert(config.show(2048.0) == "2048.0", "float")
+  assert(config.show({ 1, 2 }) == "{1, 2}", "list")
+  assert(#config.show(string.rep("x", 1000)) < 60, "long strings are cut")
+  local long = {}
+  for i = 1, 100 do long[i] = i end
+  assert(#config.show(long) < 60, "long lists are cut")
+  assert(config.show({ { 1 } }) == "{{...}}", "nesting is cut")
+end)
+
+T.test("the sandbox environment holds nothing unsafe", function()
+  local env = config.sandbox_env()
+  for _, name in ipairs { "io", "os", "require", "load", "loadstring", "dofile", "loadfile",
+                          "debug", "collectgarbage", "print", "getmetatable", "setmetatable",
+                          "rawset", "pcall", "xpcall", "coroutine", "package", "_G" } do
+    assert(rawget(env, name) == nil, "sandbox exposes " .. name)
+  end
+  testing.contains(testing.raises(function() return env.os end), "os is not available")
+  for _, name in ipairs { "dump", "find", "gsub", "gmatch", "match" } do
+    assert(env.string[name] == nil, "sandbox exposes string." .. name)
+  end
+  assert(env.math.random == nil, "math.random is not deterministic")
+  assert(env.string ~= string and env.table ~= table and env.math ~= math, "copies, not shared")
+  assert(env.string.rep and env.table.concat and env.math.floor and env.pairs, "helpers")
+end)
+
+T.test("each run gets a fresh environment", function()
+  local a, b = config.sandbox_env(), config.sandbox_env()
+  assert(a ~= b and a.string ~= b.string, "fresh tables")
+end)
+
+T.test("load runs the chunk with its own limits", function()
+  local _, msg = config.load("while true do end", "loop.lua", { instructions = 1000 })
+  testing.contains(msg, "loop.lua:1: config exceeds the instruction limit")
+  _, msg = config.load("return string.rep('x', 1 << 20)", "big.lua", { bytes = 1 << 16 })
+  testing.contains(msg, "config exceeds the memory limit")
+end)
+
+T.test("the generator's string library survives a config", function()
+  local c = assert(config.load("string.upper = nil return " ..
+                               "{ heads = 1, head_dim = 32, dtype = 'bf16', " ..
+                               "segments = { 8 }, dilations = { 1 } }", "s.lua"))
+  assert(c.heads == 1, "loaded")
+  assert(string.upper("a") == "A" and ("a"):upper() == "A", "string.upper is intact")
+  assert(("abc"):find("b") == 2, "string methods point at the full library again")
+  assert(string.dump == nil, "string.dump is gone from the generator")
+end)
+
+T.run()

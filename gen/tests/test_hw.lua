@@ -1,0 +1,62 @@
+-- test_hw.lua — the built-in hardware profiles: the documented numbers, fresh copies, and a
+-- clear error for an unknown target.
+
+local testing = require "gen.testing"
+local hw = require "gen.hw"
+
+local T = testing.suite("test_hw")
+
+T.test("known targets are sm_80, sm_86, sm_89, sm_90", function()
+  local k = hw.known()
+  assert(#k == 4 and k[1] == 80 and k[2] == 86 and k[3] == 89 and k[4] == 90,
+         "known(): " .. table.concat(k, ","))
+end)
+
+T.test("sm_80 is an A100", function()
+  local p = assert(hw.builtin(80))
+  assert(p.sm_count == 108, "sm_count")
+  assert(p.smem_per_block == 166912, "163 KiB opt-in per block")
+  assert(p.smem_per_sm == 167936, "164 KiB per SM")
+  assert(p.regs_per_sm == 65536 and p.regs_per_block == 65536, "registers")
+  assert(p.max_threads_per_sm == 2048, "threads per SM")
+  assert(p.arch == 80 and p.name == "sm_80 (built-in)" and p.live == false, "identity")
+end)
+
+T.test("sm_86 and sm_89 have 99 KiB per block and 1536 threads per SM", function()
+  for _, a in ipairs { 86, 89 } do
+    local p = assert(hw.builtin(a))
+    assert(p.smem_per_block == 101376 and p.smem_per_sm == 102400, "shared memory of sm_" .. a)
+    assert(p.max_threads_per_sm == 1536, "threads of sm_" .. a)
+  end
+  assert(hw.builtin(86).sm_count == 84 and hw.builtin(89).sm_count == 128, "SM counts")
+end)
+
+T.test("sm_90 is an H100 SXM", function()
+  local p = assert(hw.builtin(90))
+  assert(p.sm_count == 132 and p.smem_per_block == 232448 and p.smem_per_sm == 233472,
+         "sm_90 numbers")
+  assert(p.max_threads_per_sm == 2048, "threads")
+end)
+
+T.test("every profile passes check", function()
+  for _, a in ipairs(hw.known()) do hw.check(assert(hw.builtin(a))) end
+end)
+
+T.test("builtin returns a fresh copy", function()
+  local p = assert(hw.builtin(90))
+  p.smem_per_block = 1
+  assert(hw.builtin(90).smem_per_block == 232448, "a caller changed the table")
+end)
+
+T.test("unknown arch names itself and the known ones", function()
+  local p, msg = hw.builtin(75)
+  assert(p == nil, "sm_75 has no profile")
+  testing.contains(msg, "sm_75")
+  testing.contains(msg, "sm_80, sm_86, sm_89, sm_90")
+end)
+
+T.test("check rejects an incomplete profile", function()
+  testing.contains(testing.raises(hw.check, { arch = 90 }), "sm_count")
+end)
+
+T.run()

@@ -1,0 +1,212 @@
+-- test_plan.lua — the planner: every variant fits every target, variants are deduplicated and
+-- named deterministically, steps cover each head of each branch exactly once, small grids get
+-- small tiles, and a plan that cannot fit says why.
+
+local testing = require "gen.testing"
+local plan = require "gen.plan"
+local hw = require "gen.hw"
+local native = require "rda.native"
+
+local T = testing.suite("test_plan")
+
+local function config(over)
+  local c = { heads = 16, kv_heads = 4, head_dim = 128, dtype = "bf16",
+              segments = { 2048, 4096, 8192 }, dilations = { 1, 2, 4 }, offsets = "mod",
+              causal = true, scale = 1 / math.sqrt(128) }
+  for k, v in pairs(over or {}) do c[k] = v end
+  return c
+end
+
+-- A matrix of configs across head dims, dtypes, causal, offsets and branch shapes.
+local function matrix()
+  local out = {}
+  for _, d in ipairs { 32, 64, 96, 128, 256 } do
+    for _, dtype in ipairs { "bf16", "fp16" } do
+      for _, causal in ipairs { false, true } do
+        for _, offsets in ipairs { "mod", "block", "group" } do
+          out[#out + 1] = config { head_dim = d, dtype = dtype, causal = causal,
+                                   offsets = offsets, segments = { 16, 64, 1000, 65536 },
+                                   dilations = { 1, 3, 1, 16 } }
+        end
+      end
+    end
+  end
+  return out
+end
+
+local function each_target(fn)
+  for _, a in ipairs(hw.known()) do fn(assert(hw.builtin(a))) end
+end
+
+local function check_fits(space, p)
+  for _, c in ipairs(matrix()) do
+    local pl = assert(plan.build(c, p, space))
+    for _, v in ipairs(pl.variants) do
+      assert(v.smem_bytes <= p.smem_per_block,
+             v.name .. " needs more shared memory than " .. p.name .. " has")
+      assert(v.threads <= 1024 and v.threads <= p.max_threads_per_sm, v.name .. " threads")
+      if v.kind == "fwd" then
+        assert(v.smem_bytes == 2 * c.head_dim * (v.block_m + 2 * v.stages * v.block_n),
+               v.name .. " smem formula")
+        assert(v.threads == 32 * v.warps and v.block_m == 16 * v.warps, v.name .. " shape")
+      end
+    end
+  end
+end
+
+T.test("every variant fits every built-in target (stand-in space)", function()
+  each_target(function(p) check_fits(plan.STAND_IN, p) end)
+end)
+
+T.test("every variant fits every built-in target (the space in use)", function()
+  local space = assert(plan.load_space(native.home()))
+  each_target(function(p) check_fits(space, p) end)
+end)
+
+T.test("one step per branch, each with a fwd kernel of the branch's specialization", function()
+  local c = config { dilations = { 1, 2, 1 } }
+  local pl = assert(plan.build(c, hw.builtin(90)))
+  assert(#pl.steps == 3, "steps")
+  for i, s in ipairs(pl.steps) do
+    local v = pl.variants[s.kernel]
+    assert(s.branch == i - 1, "branch index is 0-based and in order")
+    assert(v.kind == "fwd" and v.head_dim == 128 and v.dtype == "bf16" and v.causal,
+           "variant specialization")
+    assert(v.dilated == (c.dilations[i] > 1), "dilated flag of branch " .. i)
+  end
+  assert(pl.variants[pl.init_kernel].name == "rda_init", "init kernel")
+  assert(pl.variants[pl.cast_kernel].name == "rda_cast_bf16", "cast kernel")
+end)
+
+T.test("variants are deduplicated by name", function()
+  local pl = assert(plan.build(config { segments = { 4096, 8192, 16384 },
+                                        dilations = { 2, 4, 8 } }, hw.builtin(90)))
+  assert(#pl.variants == 3, "one fwd variant plus init and cast, got " .. #pl.variants)
+  assert(pl.steps[1].kernel == pl.steps[2].kernel and pl.steps[2].kernel == pl.steps[3].kernel,
+         "steps share the variant")
+  local names = {}
+  for _, v in ipairs(pl.variants) do
+    assert(not names[v.name], "duplicate " .. v.name)
+    names[v.name] = true
+  end
+end)
+
+T.test("names are deterministic", function()
+  local a = assert(plan.build(config(), hw.builtin(80)))
+  local b = assert(plan.build(config(), hw.builtin(80)))
+  assert(#a.variants == #b.variants, "variant count")
+  for i = 1, #a.variants do
+    assert(a.variants[i].name == b.variants[i].name, "name " .. i)
+    assert(a.variants[i].source == b.variants[i].source, "source " .. i)
+  end
+end)
+
+T.test("group steps cover each head exactly once", function()
+  for heads = 3, 19 do
+    for k = 1, math.min(heads, 7) do
+      local segs, dils = {}, {}
+      for i = 1, k do segs[i], dils[i] = 64 * i, i end
+      local pl = assert(plan.build(config { heads = heads, kv_heads = 1, offsets = "group",
+                                            segments = segs, dilations = dils },
+                                   hw.builtin(90)))
+      local seen = {}
+      for _, s in ipairs(pl.steps) do
+        assert(s.nheads >= 1, "empty group")
+        for h = s.head0, s.head0 + s.nheads - 1 do
+          assert(not seen[h], string.format("head %d twice (H=%d, k=%d)", h, heads, k))
+          seen[h] = s.branch
+        end
+      end
+      for h = 0, heads - 1 do
+        assert(seen[h], string.format("head %d uncovered (H=%d, k=%d)", h, heads, k))
+      end
+      -- contiguous, in branch order, the first H mod k groups one head larger
+      for i, s in ipairs(pl.steps) do
+        local want = heads // k + ((i - 1) < heads % k and 1 or 0)
+        assert(s.nheads == want, string.format("group %d holds %d, want %d", i, s.nheads, want))
+      end
+    end
+  end
+end)
+
+T.test("mod and block steps run every head", function()
+  for _, offsets in ipairs { "mod", "block" } do
+    local pl = assert(plan.build(config { offsets = offsets }, hw.builtin(90)))
+    for _, s in ipairs(pl.steps) do
+      assert(s.head0 == 0 and s.nheads == 16, offsets .. " step covers all heads")
+    end
+  end
+end)
+
+T.test("small grids pick small tiles", function()
+  local p = hw.builtin(90)
+  local pl = assert(plan.build(config { segments = { 64, 512, 8192 },
+                                        dilations = { 1, 8, 1 } }, p))
+  assert(pl.variants[pl.steps[1].kernel].block_m <= 64, "w = 64, r = 1: 64 grid rows")
+  assert(pl.variants[pl.steps[2].kernel].block_m <= 64, "w = 512, r = 8: 64 grid rows")
+  assert(pl.variants[pl.steps[3].kernel].block_m == 128, "w = 8192: the best (large) tile")
+  local big = assert(plan.build(config { segments = { 130 }, dilations = { 2 } }, p))
+  assert(big.variants[big.steps[1].kernel].block_m == 128, "ceil(130/2) = 65 rows > 64")
+end)
+
+T.test("head_dim 256 gets a smaller tile where shared memory is scarce", function()
+  local c = config { head_dim = 256, segments = { 8192 }, dilations = { 1 } }
+  local on90 = assert(plan.build(c, hw.builtin(90))).variants[1]
+  local on86 = assert(plan.build(c, hw.builtin(86))).variants[1]
+  assert(on90.smem_bytes > on86.smem_bytes, "sm_86 has less shared memory than sm_90")
+  assert(on86.smem_bytes <= 101376, "fits sm_86")
+end)
+
+T.test("a plan that cannot fit names why", function()
+  local p = assert(hw.builtin(90))
+  p.smem_per_block = 16384
+  local pl, why = plan.build(config(), p)
+  assert(pl == nil, "nothing fits 16 KiB")
+  testing.contains(why, "head_dim = 128")
+  testing.contains(why, "shared memory")
+  testing.contains(why, "16384")
+end)
+
+T.test("choose_tile honours the thread limit", function()
+  local p = assert(hw.builtin(90))
+  p.max_threads_per_sm = 128
+  local t = assert(plan.choose_tile(plan.STAND_IN, 128, 8192, 1, p))
+  assert(t.warps * 32 <= 128, "a 4-warp tile")
+end)
+
+T.test("fwd_smem follows the documented formula", function()
+  assert(plan.fwd_smem(128, { block_m = 128, block_n = 64, stages = 2 }) == 98304, "d128")
+  assert(plan.fwd_smem(64, { block_m = 64, block_n = 64, stages = 3 }) == 2 * 64 * (64 + 384),
+         "d64")
+end)
+
+T.test("check_space rejects malformed spaces", function()
+  assert(plan.check_space(plan.STAND_IN), "the stand-in is well-formed")
+  local _, why = plan.check_space { [64] = {} }
+  testing.contains(why, "non-empty")
+  _, why = plan.check_space { [64] = { { block_m = 128, block_n = 64, warps = 4, stages = 2 } } }
+  testing.contains(why, "16 * warps")
+  _, why = plan.check_space { [64] = { { block_m = 64, block_n = 40, warps = 4, stages = 2 } } }
+  testing.contains(why, "multiple of 16")
+  _, why = plan.check_space { [64] = { { block_m = 64, block_n = 64, warps = 4 } } }
+  testing.contains(why, "stages")
+end)
+
+T.test("load_space uses the stand-in when there is no tuning file", function()
+  local space, origin = plan.load_space("/nonexistent-rda-home")
+  assert(space == plan.STAND_IN and origin == "built-in stand-in", "stand-in")
+end)
+
+T.test("a space without the head_dim is an error, not a crash", function()
+  local pl, why = plan.build(config(), hw.builtin(90), { [64] = plan.STAND_IN[64] })
+  assert(pl == nil, "no tiles for 128")
+  testing.contains(why, "head_dim = 128")
+end)
+
+T.test("build rejects configs that skipped validation", function()
+  testing.contains(testing.raises(plan.build, config { dtype = "fp32" }, hw.builtin(90)), "dtype")
+  testing.contains(testing.raises(plan.build, config { dilations = { 1 } }, hw.builtin(90)),
+                   "equal length")
+end)
+
+T.run()

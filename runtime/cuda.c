@@ -1,0 +1,375 @@
+/* cuda.c — the GPU backend: the CUDA driver API loaded with dlopen("libcuda.so.1") at run time
+ * (never linked, so rda runs and reports clearly where there is no driver), kernels compiled
+ * by NVRTC for the device's sm_XX, loaded as cubins and launched on one stream per backend. */
+#include <cuda.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "nvrtc.h"
+
+/* Every driver entry point rda uses, by its exact (versioned) exported name. */
+#define RDA_CUDA_ENTRY_POINTS(X)                                                             \
+  X(cuInit, (unsigned int flags))                                                            \
+  X(cuDriverGetVersion, (int *version))                                                      \
+  X(cuDeviceGetCount, (int *count))                                                          \
+  X(cuDeviceGet, (CUdevice * dev, int ordinal))                                              \
+  X(cuDeviceGetAttribute, (int *value, CUdevice_attribute attrib, CUdevice dev))             \
+  X(cuDeviceGetName, (char *name, int len, CUdevice dev))                                    \
+  X(cuDevicePrimaryCtxRetain, (CUcontext * ctx, CUdevice dev))                               \
+  X(cuDevicePrimaryCtxRelease_v2, (CUdevice dev))                                            \
+  X(cuCtxSetCurrent, (CUcontext ctx))                                                        \
+  X(cuStreamCreate, (CUstream * stream, unsigned int flags))                                 \
+  X(cuStreamSynchronize, (CUstream stream))                                                  \
+  X(cuStreamDestroy_v2, (CUstream stream))                                                   \
+  X(cuMemAlloc_v2, (CUdeviceptr * dptr, size_t bytes))                                       \
+  X(cuMemFree_v2, (CUdeviceptr dptr))                                                        \
+  X(cuMemcpyHtoDAsync_v2, (CUdeviceptr dst, const void *src, size_t bytes, CUstream stream)) \
+  X(cuMemcpyDtoHAsync_v2, (void *dst, CUdeviceptr src, size_t bytes, CUstream stream))       \
+  X(cuModuleLoadData, (CUmodule * module, const void *image))                                \
+  X(cuModuleUnload, (CUmodule module))                                                       \
+  X(cuModuleGetFunction, (CUfunction * fn, CUmodule module, const char *name))               \
+  X(cuFuncSetAttribute, (CUfunction fn, CUfunction_attribute attrib, int value))             \
+  X(cuFuncGetAttribute, (int *value, CUfunction_attribute attrib, CUfunction fn))            \
+  X(cuLaunchKernel, (CUfunction fn, unsigned int gx, unsigned int gy, unsigned int gz,       \
+                     unsigned int bx, unsigned int by, unsigned int bz, unsigned int smem,   \
+                     CUstream stream, void **params, void **extra))                          \
+  X(cuGetErrorString, (CUresult error, const char **str))                                    \
+  X(cuGetErrorName, (CUresult error, const char **str))
+
+typedef struct rda_cuda_api {
+#define RDA_CUDA_FIELD(sym, args) CUresult(CUDAAPI *sym) args;
+  RDA_CUDA_ENTRY_POINTS(RDA_CUDA_FIELD)
+#undef RDA_CUDA_FIELD
+} rda_cuda_api;
+
+static rda_cuda_api rda_cuda_api_;
+static int rda_cuda_loaded_;         /* 1 when every entry point resolved */
+static char rda_cuda_load_msg_[512]; /* why loading failed */
+static pthread_once_t rda_cuda_once_ = PTHREAD_ONCE_INIT;
+
+/* The pointer types above must be exactly cuda.h's: an unevaluated assignment checks each
+ * (it references no symbol, so libcuda stays unlinked). */
+static void rda_cuda_check_signatures(void) {
+#define RDA_CUDA_SIGCHECK(sym, args) (void)sizeof(rda_cuda_api_.sym = sym);
+  RDA_CUDA_ENTRY_POINTS(RDA_CUDA_SIGCHECK)
+#undef RDA_CUDA_SIGCHECK
+}
+
+/* Loads the driver once per process; it is never unloaded (libcuda does not support it). */
+static void rda_cuda_load_once(void) {
+  rda_cuda_check_signatures();
+  dlerror();
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == NULL) {
+    const char *why = dlerror();
+    if (why == NULL) why = "cannot be loaded";
+    /* dlerror() usually starts with the library's name already. */
+    const int named = strncmp(why, "libcuda.so.1", 12) == 0;
+    snprintf(rda_cuda_load_msg_, sizeof rda_cuda_load_msg_, "no CUDA driver: %s%s",
+             named ? "" : "libcuda.so.1: ", why);
+    return;
+  }
+#define RDA_CUDA_RESOLVE(sym, args)                                                       \
+  {                                                                                       \
+    void *p = dlsym(lib, #sym);                                                           \
+    if (p == NULL) {                                                                      \
+      const char *why = dlerror();                                                        \
+      snprintf(rda_cuda_load_msg_, sizeof rda_cuda_load_msg_,                             \
+               "CUDA driver too old: libcuda.so.1 has no %s (%s)", #sym, why ? why : ""); \
+      return;                                                                             \
+    }                                                                                     \
+    memcpy(&rda_cuda_api_.sym, &p, sizeof p);                                             \
+  }
+  RDA_CUDA_ENTRY_POINTS(RDA_CUDA_RESOLVE)
+#undef RDA_CUDA_RESOLVE
+  rda_cuda_loaded_ = 1;
+}
+
+static rda_status rda_cuda_load(rda_err *err) {
+  pthread_once(&rda_cuda_once_, rda_cuda_load_once);
+  if (!rda_cuda_loaded_) return rda_err_set(err, RDA_ERR_CUDA, "%s", rda_cuda_load_msg_);
+  return RDA_OK;
+}
+
+/* Records "file:line: cuXxx: CUDA_ERROR_NAME: description" for a failed call. */
+static rda_status rda_cuda_check(CUresult r, const char *call, const char *file, int line,
+                                 rda_err *err) {
+  if (r == CUDA_SUCCESS) return RDA_OK;
+  const char *slash = strrchr(file, '/');
+  if (slash != NULL) file = slash + 1;
+  const char *name = NULL, *desc = NULL;
+  if (rda_cuda_api_.cuGetErrorName == NULL ||
+      rda_cuda_api_.cuGetErrorName(r, &name) != CUDA_SUCCESS)
+    name = NULL;
+  if (rda_cuda_api_.cuGetErrorString == NULL ||
+      rda_cuda_api_.cuGetErrorString(r, &desc) != CUDA_SUCCESS)
+    desc = NULL;
+  const rda_status s = r == CUDA_ERROR_OUT_OF_MEMORY ? RDA_ERR_OUT_OF_MEMORY : RDA_ERR_CUDA;
+  if (name == NULL) return rda_err_set(err, s, "%s:%d: %s: CUresult %d", file, line, call, (int)r);
+  return rda_err_set(err, s, "%s:%d: %s: %s: %s", file, line, call, name, desc ? desc : "");
+}
+
+/* Calls the driver entry point `sym` and records a failure; evaluates to an rda_status. */
+#define RDA_CU(err, sym, ...) \
+  rda_cuda_check(rda_cuda_api_.sym(__VA_ARGS__), #sym, __FILE__, __LINE__, (err))
+#define RDA_CU_TRY(err, sym, ...) RDA_TRY(RDA_CU(err, sym, __VA_ARGS__))
+
+typedef struct rda_cuda_impl {
+  CUdevice dev;
+  CUcontext ctx; /* the device's primary context, retained */
+  CUstream stream;
+  int ordinal;
+  int smem_optin;     /* max dynamic shared memory per block, opt-in */
+  int driver_version; /* CUDA version the driver supports, as 13000 */
+} rda_cuda_impl;
+
+struct rda_module {
+  CUmodule module;
+  CUfunction fn;
+  int registers;
+  int spill_bytes;
+  int static_smem;  /* from ptxas */
+  int dynamic_smem; /* what the variant asks for */
+  char name[128];
+};
+
+static rda_cuda_impl *rda_cuda_impl_of(rda_backend *b) {
+  return (rda_cuda_impl *)b->impl;
+}
+
+/* The context is current on whichever thread calls into the backend. */
+static rda_status rda_cuda_enter(rda_backend *b, rda_err *err) {
+  return RDA_CU(err, cuCtxSetCurrent, rda_cuda_impl_of(b)->ctx);
+}
+
+static CUdeviceptr rda_cuda_dptr(const void *p) {
+  return (CUdeviceptr)(uintptr_t)p;
+}
+
+static rda_status rda_cuda_alloc(rda_backend *b, size_t bytes, void **dptr, rda_err *err) {
+  *dptr = NULL;
+  if (bytes == 0) return RDA_OK;
+  RDA_TRY(rda_cuda_enter(b, err));
+  CUdeviceptr p = 0;
+  RDA_CU_TRY(err, cuMemAlloc_v2, &p, bytes);
+  *dptr = (void *)(uintptr_t)p;
+  return RDA_OK;
+}
+
+static void rda_cuda_free(rda_backend *b, void *dptr) {
+  if (dptr == NULL) return;
+  if (rda_cuda_enter(b, NULL) != RDA_OK) return;
+  (void)RDA_CU(NULL, cuStreamSynchronize, rda_cuda_impl_of(b)->stream); /* kernels may use it */
+  (void)RDA_CU(NULL, cuMemFree_v2, rda_cuda_dptr(dptr));
+}
+
+static rda_status rda_cuda_upload(rda_backend *b, void *dst, const void *src, size_t bytes,
+                                  rda_err *err) {
+  if (bytes == 0) return RDA_OK;
+  RDA_TRY(rda_cuda_enter(b, err));
+  /* On the backend's stream, so the copy is ordered after the kernels queued before it; then
+   * wait, so src may be reused as soon as this returns. */
+  CUstream s = rda_cuda_impl_of(b)->stream;
+  RDA_CU_TRY(err, cuMemcpyHtoDAsync_v2, rda_cuda_dptr(dst), src, bytes, s);
+  return RDA_CU(err, cuStreamSynchronize, s);
+}
+
+static rda_status rda_cuda_download(rda_backend *b, void *dst, const void *src, size_t bytes,
+                                    rda_err *err) {
+  if (bytes == 0) return RDA_OK;
+  RDA_TRY(rda_cuda_enter(b, err));
+  CUstream s = rda_cuda_impl_of(b)->stream;
+  RDA_CU_TRY(err, cuMemcpyDtoHAsync_v2, dst, rda_cuda_dptr(src), bytes, s);
+  return RDA_CU(err, cuStreamSynchronize, s);
+}
+
+static void rda_cuda_unload(rda_backend *b, rda_module *m) {
+  if (m == NULL) return;
+  if (m->module != NULL && rda_cuda_enter(b, NULL) == RDA_OK)
+    (void)RDA_CU(NULL, cuModuleUnload, m->module);
+  free(m);
+}
+
+static rda_status rda_cuda_load_variant(rda_backend *b, const rda_variant *v, rda_module **out,
+                                        rda_err *err) {
+  *out = NULL;
+  if (v == NULL || v->source == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "cuda: load: variant without source");
+  rda_cuda_impl *impl = rda_cuda_impl_of(b);
+  rda_nvrtc_out img;
+  RDA_TRY(rda_nvrtc_compile(v->source, v->name, v->name, b->arch, 0, &img, err));
+  const int static_smem = img.smem_bytes;
+  if (v->smem_bytes < 0 || static_smem + v->smem_bytes > impl->smem_optin) {
+    rda_nvrtc_out_free(&img);
+    return rda_err_set(err, RDA_ERR_UNSUPPORTED,
+                       "cuda: %s needs %d + %d bytes of shared memory; sm_%d allows %d per block",
+                       v->name, static_smem, v->smem_bytes, b->arch, impl->smem_optin);
+  }
+  rda_module *m = calloc(1, sizeof *m);
+  if (m == NULL) {
+    rda_nvrtc_out_free(&img);
+    return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "cuda: no memory for a module");
+  }
+  snprintf(m->name, sizeof m->name, "%s", v->name);
+  m->registers = img.registers;
+  m->spill_bytes = img.spill_bytes;
+  m->static_smem = static_smem;
+  m->dynamic_smem = v->smem_bytes;
+  rda_status st = rda_cuda_enter(b, err);
+  if (st == RDA_OK) {
+    rda_err why = {0};
+    st = RDA_CU(&why, cuModuleLoadData, &m->module, img.image);
+    const int nv = rda_nvrtc_version(), dv = impl->driver_version;
+    if (st != RDA_OK && dv < nv) /* a cubin from a newer toolkit than the driver knows */
+      rda_err_set(err, st, "%s (the driver supports CUDA %d.%d, NVRTC is %d.%d: update the driver)",
+                  why.msg, dv / 1000, dv % 1000 / 10, nv / 1000, nv % 1000 / 10);
+    else if (st != RDA_OK)
+      rda_err_set(err, st, "%s", why.msg);
+  }
+  rda_nvrtc_out_free(&img);
+  if (st == RDA_OK) st = RDA_CU(err, cuModuleGetFunction, &m->fn, m->module, v->name);
+  if (st == RDA_OK && v->smem_bytes > 48 * 1024)
+    st = RDA_CU(err, cuFuncSetAttribute, m->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                v->smem_bytes);
+  if (st != RDA_OK) {
+    rda_cuda_unload(b, m);
+    return st;
+  }
+  *out = m;
+  return RDA_OK;
+}
+
+static rda_status rda_cuda_launch(rda_backend *b, rda_module *m, const unsigned grid[3],
+                                  unsigned threads, unsigned smem_bytes, const void *params,
+                                  size_t params_bytes, rda_err *err) {
+  if (m == NULL || params == NULL || params_bytes == 0)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "cuda: launch: no module or parameters");
+  if (smem_bytes > 48u * 1024u && (int)smem_bytes > m->dynamic_smem)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "cuda: launch of %s with %u bytes of dynamic shared memory; it was loaded "
+                       "for %d",
+                       m->name, smem_bytes, m->dynamic_smem);
+  if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return RDA_OK; /* nothing to do */
+  RDA_TRY(rda_cuda_enter(b, err));
+  /* The kernel takes one struct by value: one parameter, copied by the driver at launch. */
+  void *args[1];
+  memcpy(&args[0], &params, sizeof params);
+  return RDA_CU(err, cuLaunchKernel, m->fn, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes,
+                rda_cuda_impl_of(b)->stream, args, NULL);
+}
+
+static rda_status rda_cuda_synchronize(rda_backend *b, rda_err *err) {
+  RDA_TRY(rda_cuda_enter(b, err));
+  return RDA_CU(err, cuStreamSynchronize, rda_cuda_impl_of(b)->stream);
+}
+
+static void rda_cuda_destroy(rda_backend *b) {
+  if (b == NULL) return;
+  rda_cuda_impl *impl = rda_cuda_impl_of(b);
+  if (impl != NULL) {
+    if (impl->ctx != NULL) {
+      if (impl->stream != NULL && rda_cuda_enter(b, NULL) == RDA_OK) {
+        (void)RDA_CU(NULL, cuStreamSynchronize, impl->stream);
+        (void)RDA_CU(NULL, cuStreamDestroy_v2, impl->stream);
+      }
+      (void)RDA_CU(NULL, cuDevicePrimaryCtxRelease_v2, impl->dev);
+    }
+    free(impl);
+  }
+  free(b);
+}
+
+static rda_status rda_cuda_attr(CUdevice dev, CUdevice_attribute a, int *v, rda_err *err) {
+  return RDA_CU(err, cuDeviceGetAttribute, v, a, dev);
+}
+
+rda_status rda_backend_cuda_open(rda_backend **out, int ordinal, rda_err *err) {
+  if (out == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_backend_cuda_open: out is NULL");
+  *out = NULL;
+  if (ordinal < 0)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "cuda: GPU ordinal %d is negative", ordinal);
+  RDA_TRY(rda_cuda_load(err));
+  RDA_CU_TRY(err, cuInit, 0);
+  int count = 0;
+  RDA_CU_TRY(err, cuDeviceGetCount, &count);
+  if (ordinal >= count)
+    return rda_err_set(err, RDA_ERR_CUDA, "cuda: no GPU %d (the driver sees %d)", ordinal, count);
+
+  rda_backend *b = calloc(1, sizeof *b);
+  rda_cuda_impl *impl = calloc(1, sizeof *impl);
+  if (b == NULL || impl == NULL) {
+    free(b);
+    free(impl);
+    return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "cuda: no memory for a backend");
+  }
+  b->name = "cuda";
+  b->impl = impl;
+  b->alloc = rda_cuda_alloc;
+  b->free = rda_cuda_free;
+  b->upload = rda_cuda_upload;
+  b->download = rda_cuda_download;
+  b->load = rda_cuda_load_variant;
+  b->unload = rda_cuda_unload;
+  b->launch = rda_cuda_launch;
+  b->synchronize = rda_cuda_synchronize;
+  b->destroy = rda_cuda_destroy;
+  impl->ordinal = ordinal;
+
+  rda_status st = RDA_CU(err, cuDriverGetVersion, &impl->driver_version);
+  if (st == RDA_OK) st = RDA_CU(err, cuDeviceGet, &impl->dev, ordinal);
+  int major = 0, minor = 0;
+  if (st == RDA_OK)
+    st = rda_cuda_attr(impl->dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, &major, err);
+  if (st == RDA_OK)
+    st = rda_cuda_attr(impl->dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, &minor, err);
+  if (st == RDA_OK)
+    st = rda_cuda_attr(impl->dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                       &impl->smem_optin, err);
+  b->arch = major * 10 + minor;
+  if (st == RDA_OK && b->arch < 80)
+    st = rda_err_set(err, RDA_ERR_UNSUPPORTED,
+                     "cuda: GPU %d is sm_%d; rda's kernels need sm_80 or newer", ordinal, b->arch);
+  if (st == RDA_OK) st = RDA_CU(err, cuDevicePrimaryCtxRetain, &impl->ctx, impl->dev);
+  if (st == RDA_OK) st = rda_cuda_enter(b, err);
+  if (st == RDA_OK) st = RDA_CU(err, cuStreamCreate, &impl->stream, CU_STREAM_NON_BLOCKING);
+  if (st != RDA_OK) {
+    rda_cuda_destroy(b);
+    return st;
+  }
+  *out = b;
+  return RDA_OK;
+}
+
+rda_status rda_backend_cuda_hw(rda_backend *b, rda_hw *out, rda_err *err) {
+  if (b == NULL || out == NULL || b->name == NULL || strcmp(b->name, "cuda") != 0)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_backend_cuda_hw: not a cuda backend");
+  const rda_cuda_impl *impl = rda_cuda_impl_of(b);
+  rda_hw hw;
+  memset(&hw, 0, sizeof hw);
+  char name[256] = "";
+  RDA_CU_TRY(err, cuDeviceGetName, name, (int)sizeof name, impl->dev);
+  snprintf(hw.name, sizeof hw.name, "%.63s", name);
+  hw.arch = b->arch;
+  const struct {
+    CUdevice_attribute attr;
+    int *dst;
+  } attrs[] = {
+      {CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, &hw.sm_count},
+      {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, &hw.smem_per_block},
+      {CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, &hw.smem_per_sm},
+      {CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, &hw.regs_per_sm},
+      {CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK, &hw.regs_per_block},
+      {CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, &hw.max_threads_per_sm},
+  };
+  for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; ++i)
+    RDA_TRY(rda_cuda_attr(impl->dev, attrs[i].attr, attrs[i].dst, err));
+  hw.live = 1;
+  *out = hw;
+  return RDA_OK;
+}

@@ -1,0 +1,22 @@
+/* emu.h — extras of the CPU emulator backend (runtime/emu.c) beyond the backend table: a launch
+ * with a three-dimensional block (tests of the execution model), and the environment variables
+ * the backend reads. The generated kernels use one-dimensional blocks through b->launch. */
+#ifndef RDA_EMU_H
+#define RDA_EMU_H
+
+#include "backend.h"
+
+/* Read by rda_backend_emu_open:
+ *   RDA_EMU_THREADS   OS threads a launch spreads its blocks over (default 0: every hardware
+ *                     thread)
+ *   RDA_EMU_CXX       the C++ compiler (default: the one rda was built with)
+ *   RDA_EMU_CXXFLAGS  extra compiler flags, e.g. "-O0 -g" to debug a kernel (part of the key)
+ * Modules are cached under $RDA_CACHE_DIR, $XDG_CACHE_HOME/rda or $HOME/.cache/rda, in
+ * emu-<machine>/ (see cache_dir.h); each <hash>.so sits beside the <hash>.cu it was built from. */
+
+/* Like b->launch, with blockDim = (block[0], block[1], block[2]). b must be an emu backend. */
+rda_status rda_emu_launch3(rda_backend *b, rda_module *m, const unsigned grid[3],
+                           const unsigned block[3], unsigned smem_bytes, const void *params,
+                           size_t params_bytes, rda_err *err);
+
+#endif

@@ -1,0 +1,695 @@
+/* gen.c — the C side of the generator: one Lua 5.4 state running the gen/ scripts, every call made
+ * through lua_pcall with a traceback handler (lua.c's docall), config chunks run in a sandbox
+ * with a bounded instruction count and a bounded allocator, results copied into C structs. */
+#include "gen.h"
+
+#include <errno.h>
+#include <lauxlib.h>
+#include <limits.h>
+#include <lua.h>
+#include <lualib.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef RDA_SOURCE_DIR
+#define RDA_SOURCE_DIR "."
+#endif
+
+#define RDA_GEN_MAX_CONFIG_FILE (16 << 20) /* bytes of config source we are willing to read */
+
+struct rda_gen {
+  lua_State *L;
+  /* The allocator's ledger: bytes Lua holds now; while `armed` (a config chunk is running),
+   * a request that would take `used` past `limit` fails and sets `tripped`. */
+  size_t used, limit;
+  int armed, tripped;
+  long long byte_budget; /* the current sandbox run's budget, for its message */
+  const char *chunkname; /* the running config chunk's name, for the limits' messages */
+  int bridge;            /* registry reference to gen/bridge.lua's module table */
+  char trace[4096];      /* message and traceback of the last failed call */
+};
+
+const char *rda_gen_home(void) {
+  const char *h = getenv("RDA_HOME");
+  return h != NULL && h[0] != '\0' ? h : RDA_SOURCE_DIR;
+}
+
+const char *rda_gen_traceback(const rda_gen *g) {
+  return g != NULL ? g->trace : "";
+}
+
+/* ---- allocation ------------------------------------------------------------------------ */
+
+static void *rda_gen_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+  rda_gen *g = ud;
+  const size_t old = ptr != NULL ? osize : 0; /* with ptr == NULL, osize is a type tag */
+  if (nsize == 0) {
+    free(ptr);
+    g->used -= old;
+    return NULL;
+  }
+  if (g->armed && nsize > old && g->used - old + nsize > g->limit) {
+    g->tripped = 1;
+    return NULL;
+  }
+  void *p = realloc(ptr, nsize);
+  if (p == NULL) {
+    if (nsize > old) return NULL;
+    p = ptr; /* a failed shrink keeps the larger block, which still serves */
+  }
+  g->used = g->used - old + nsize;
+  return p;
+}
+
+static rda_gen *rda_gen_of(lua_State *L) {
+  void *ud = NULL;
+  (void)lua_getallocf(L, &ud);
+  return ud;
+}
+
+/* ---- messages ---------------------------------------------------------------------------- */
+
+/* Records msg as one line: control characters become spaces. */
+static rda_status rda_gen_fail_line(rda_err *err, rda_status s, const char *msg) {
+  char line[sizeof err->msg];
+  size_t i = 0;
+  for (; msg[i] != '\0' && i + 1 < sizeof line; i++)
+    line[i] = (msg[i] == '\n' || msg[i] == '\r' || msg[i] == '\t') ? ' ' : msg[i];
+  line[i] = '\0';
+  return rda_err_set(err, s, "%s", line);
+}
+
+/* Message handler (lua.c's msghandler): the message plus a traceback. */
+static int rda_gen_msghandler(lua_State *L) {
+  const char *msg = lua_tostring(L, 1);
+  if (msg == NULL) {
+    if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
+    msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+  }
+  luaL_traceback(L, L, msg, 1);
+  return 1;
+}
+
+/* lua.c's docall: calls the function below the top nargs values with a traceback handler.
+ * On failure the first line of the message goes to err with status `fail` (out of memory gets
+ * RDA_ERR_OUT_OF_MEMORY), the whole traceback to g->trace, and nothing stays on the stack. */
+static rda_status rda_gen_docall(rda_gen *g, int nargs, int nres, rda_status fail, rda_err *err) {
+  lua_State *L = g->L;
+  const int base = lua_gettop(L) - nargs;
+  lua_pushcfunction(L, rda_gen_msghandler);
+  lua_insert(L, base);
+  const int st = lua_pcall(L, nargs, nres, base);
+  lua_remove(L, base);
+  if (st == LUA_OK) return RDA_OK;
+  const char *msg = lua_tostring(L, -1);
+  if (msg == NULL) msg = "(error object is not a string)";
+  snprintf(g->trace, sizeof g->trace, "%s", msg);
+  const size_t first = strcspn(msg, "\n");
+  char line[sizeof err->msg];
+  snprintf(line, sizeof line, "%.*s", (int)(first < sizeof line ? first : sizeof line - 1), msg);
+  lua_pop(L, 1);
+  return rda_gen_fail_line(err, st == LUA_ERRMEM ? RDA_ERR_OUT_OF_MEMORY : fail, line);
+}
+
+/* Runs fn(ctx) protected: every Lua API call that can raise happens inside fn. */
+static rda_status rda_gen_protected(rda_gen *g, lua_CFunction fn, void *ctx, rda_status fail,
+                                    rda_err *err) {
+  if (!lua_checkstack(g->L, 8))
+    return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "generator: Lua stack exhausted");
+  lua_pushcfunction(g->L, fn);
+  lua_pushlightuserdata(g->L, ctx);
+  return rda_gen_docall(g, 1, 0, fail, err);
+}
+
+/* Pushes bridge.<fn> (inside a protected function). */
+static void rda_gen_push_bridge(lua_State *L, const char *fn) {
+  rda_gen *g = rda_gen_of(L);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, g->bridge);
+  if (lua_getfield(L, -1, fn) != LUA_TFUNCTION)
+    luaL_error(L, "gen/bridge.lua has no function %s", fn);
+  lua_remove(L, -2);
+}
+
+/* ---- the sandbox ------------------------------------------------------------------------- */
+
+/* Pushes "name:line" of the innermost frame of the config chunk itself on `co` (skipping the
+ * sandbox's own helpers and C functions), or the name alone. */
+static void rda_gen_push_where(lua_State *L, lua_State *co, const char *chunkname) {
+  const char *name = chunkname[0] == '=' || chunkname[0] == '@' ? chunkname + 1 : chunkname;
+  lua_Debug ar;
+  for (int level = 0; lua_getstack(co, level, &ar); level++) {
+    if (lua_getinfo(co, "Sl", &ar) && ar.currentline > 0 && strcmp(ar.source, chunkname) == 0) {
+      lua_pushfstring(L, "%s:%d", name, ar.currentline);
+      return;
+    }
+  }
+  lua_pushstring(L, name);
+}
+
+static void rda_gen_count_hook(lua_State *L, lua_Debug *ar) {
+  (void)ar;
+  rda_gen *g = rda_gen_of(L);
+  rda_gen_push_where(L, L, g->chunkname != NULL ? g->chunkname : "=config");
+  lua_pushliteral(L, ": config exceeds the instruction limit");
+  lua_concat(L, 2);
+  lua_error(L);
+}
+
+/* native.sandbox_run(text, chunkname, env, max_instructions, max_bytes) -> true, value | false, msg
+ * Loads text (source only) with env as its _ENV and runs it in a fresh coroutine whose
+ * instructions are counted by a hook and whose allocations are bounded; while it runs, string
+ * methods ("x"):rep() see env.string instead of the generator's string library. */
+static int rda_gen_l_sandbox_run(lua_State *L) {
+  size_t len;
+  const char *text = luaL_checklstring(L, 1, &len);
+  const char *chunkname = luaL_checkstring(L, 2);
+  luaL_checktype(L, 3, LUA_TTABLE);
+  const lua_Integer max_instr = luaL_checkinteger(L, 4);
+  const lua_Integer max_bytes = luaL_checkinteger(L, 5);
+  luaL_argcheck(L, max_instr > 0 && max_instr <= INT_MAX, 4, "instruction limit out of range");
+  luaL_argcheck(L, max_bytes > 0, 5, "byte limit must be positive");
+  luaL_argcheck(L, lua_getfield(L, 3, "string") == LUA_TTABLE, 3, "env.string must be a table");
+  lua_pop(L, 1);
+  const char *name = chunkname[0] == '=' || chunkname[0] == '@' ? chunkname + 1 : chunkname;
+  rda_gen *g = rda_gen_of(L);
+  lua_settop(L, 5);
+
+  if (len > 0 && text[0] == LUA_SIGNATURE[0]) {
+    lua_pushboolean(L, 0);
+    lua_pushfstring(L, "%s: binary chunks are not accepted: a config must be Lua source text",
+                    name);
+    return 2;
+  }
+  lua_State *co = lua_newthread(L); /* 6 */
+  if (luaL_loadbufferx(co, text, len, chunkname, "t") != LUA_OK) {
+    lua_pushboolean(L, 0);
+    lua_xmove(co, L, 1);
+    return 2;
+  }
+  lua_pushvalue(L, 3);
+  lua_xmove(L, co, 1);
+  if (lua_setupvalue(co, -2, 1) == NULL) lua_pop(co, 1); /* upvalue 1 of a main chunk: _ENV */
+
+  lua_pushliteral(L, "");
+  if (!lua_getmetatable(L, -1)) return luaL_error(L, "strings have no metatable");
+  lua_remove(L, -2);             /* 7: the string metatable */
+  lua_getfield(L, 7, "__index"); /* 8: the generator's string library */
+  lua_getfield(L, 3, "string");
+  lua_setfield(L, 7, "__index");
+
+  lua_sethook(co, rda_gen_count_hook, LUA_MASKCOUNT, (int)max_instr);
+  g->limit = g->used + (size_t)max_bytes;
+  g->byte_budget = (long long)max_bytes;
+  g->tripped = 0;
+  g->chunkname = chunkname;
+  g->armed = 1;
+  int nres = 0;
+  const int st = lua_resume(co, L, 0, &nres);
+  g->armed = 0;
+  g->chunkname = NULL;
+  lua_sethook(co, NULL, 0, 0);
+  lua_pushvalue(L, 8);
+  lua_setfield(L, 7, "__index");
+
+  if (st == LUA_OK) {
+    lua_pushboolean(L, 1);
+    if (nres > 0) {
+      lua_pop(co, nres - 1);
+      lua_xmove(co, L, 1);
+    } else {
+      lua_pushnil(L);
+    }
+    return 2;
+  }
+  lua_pushboolean(L, 0);
+  if (st == LUA_ERRMEM && g->tripped) {
+    rda_gen_push_where(L, co, chunkname);
+    lua_pushfstring(L, ": config exceeds the memory limit (%d MiB)", (int)(g->byte_budget >> 20));
+    lua_concat(L, 2);
+  } else if (st == LUA_YIELD) {
+    lua_pushfstring(L, "%s: the config yielded instead of returning a table", name);
+  } else if (lua_type(co, -1) == LUA_TSTRING) {
+    lua_xmove(co, L, 1);
+  } else {
+    lua_pushfstring(L, "%s: the config raised an error that is a %s, not a message", name,
+                    luaL_typename(co, -1));
+  }
+  return 2;
+}
+
+/* native.home() -> the directory holding gen/ and templates/ */
+static int rda_gen_l_home(lua_State *L) {
+  lua_pushstring(L, rda_gen_home());
+  return 1;
+}
+
+static const luaL_Reg rda_gen_native[] = {
+    {"sandbox_run", rda_gen_l_sandbox_run},
+    {"home", rda_gen_l_home},
+    {NULL, NULL},
+};
+
+static int rda_gen_open_native(lua_State *L) {
+  luaL_newlib(L, rda_gen_native);
+  lua_pushinteger(L, RDA_MAX_BRANCHES); /* one source of truth: runtime/config.h */
+  lua_setfield(L, -2, "max_branches");
+  return 1;
+}
+
+/* ---- open / close ------------------------------------------------------------------------ */
+
+static int rda_gen_p_open(lua_State *L) {
+  rda_gen *g = rda_gen_of(L);
+  luaL_openlibs(L);
+  /* No script of ours needs string.dump; removing it also hides it from string methods. */
+  lua_getglobal(L, "string");
+  lua_pushnil(L);
+  lua_setfield(L, -2, "dump");
+  lua_pop(L, 1);
+  lua_getglobal(L, "package");
+  lua_pushfstring(L, "%s/?.lua", rda_gen_home());
+  lua_setfield(L, -2, "path");
+  lua_pushliteral(L, "");
+  lua_setfield(L, -2, "cpath");
+  lua_getfield(L, -1, "preload");
+  lua_pushcfunction(L, rda_gen_open_native);
+  lua_setfield(L, -2, "rda.native");
+  lua_pop(L, 2);
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "gen.bridge");
+  lua_call(L, 1, 1);
+  if (!lua_istable(L, -1)) return luaL_error(L, "gen/bridge.lua did not return a table");
+  g->bridge = luaL_ref(L, LUA_REGISTRYINDEX);
+  return 0;
+}
+
+rda_status rda_gen_open(rda_gen **out, rda_err *err) {
+  if (out == NULL) return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_gen_open: out is NULL");
+  *out = NULL;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/gen/bridge.lua", rda_gen_home());
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return rda_err_set(err, RDA_ERR_IO, "%s: cannot open (%s): set RDA_HOME to the rda source tree",
+                       path, strerror(errno));
+  fclose(f);
+  rda_gen *g = calloc(1, sizeof *g);
+  if (g == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "generator: out of memory");
+  g->bridge = LUA_NOREF;
+  g->L = lua_newstate(rda_gen_alloc, g);
+  if (g->L == NULL) {
+    free(g);
+    return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "generator: cannot create a Lua state");
+  }
+  const rda_status s = rda_gen_protected(g, rda_gen_p_open, NULL, RDA_ERR_INTERNAL, err);
+  if (s != RDA_OK) {
+    rda_gen_close(g);
+    return s;
+  }
+  *out = g;
+  return RDA_OK;
+}
+
+void rda_gen_close(rda_gen *g) {
+  if (g == NULL) return;
+  if (g->L != NULL) lua_close(g->L);
+  free(g);
+}
+
+/* ---- field access inside protected functions --------------------------------------------- */
+
+static lua_Integer rda_gen_int_field(lua_State *L, int t, const char *key, lua_Integer lo,
+                                     lua_Integer hi) {
+  lua_getfield(L, t, key);
+  int ok = 0;
+  const lua_Integer v = lua_tointegerx(L, -1, &ok);
+  lua_pop(L, 1);
+  if (!ok || v < lo || v > hi)
+    return luaL_error(L, "generator returned a bad %s (want an integer in [%I, %I])", key, lo, hi);
+  return v;
+}
+
+static const char *rda_gen_str_field(lua_State *L, int t, const char *key) {
+  lua_getfield(L, t, key);
+  const char *s = lua_tostring(L, -1);
+  if (s == NULL) luaL_error(L, "generator returned no string %s", key);
+  lua_pop(L, 1); /* still referenced by the table, so s stays valid */
+  return s;
+}
+
+static int rda_gen_bool_field(lua_State *L, int t, const char *key) {
+  lua_getfield(L, t, key);
+  const int v = lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+/* ---- config ------------------------------------------------------------------------------ */
+
+typedef struct rda_gen_config_ctx {
+  const char *text;
+  size_t len;
+  const char *name;
+  rda_config *out;
+  rda_err *err;
+  rda_status status;
+} rda_gen_config_ctx;
+
+static void rda_gen_read_list(lua_State *L, int t, const char *key, int n, int64_t *out) {
+  lua_getfield(L, t, key);
+  if (!lua_istable(L, -1) || (int)luaL_len(L, -1) != n)
+    luaL_error(L, "generator returned a bad %s list", key);
+  for (int i = 0; i < n; i++) {
+    lua_geti(L, -1, i + 1);
+    int ok = 0;
+    const lua_Integer v = lua_tointegerx(L, -1, &ok);
+    if (!ok || v < 1) luaL_error(L, "generator returned a bad %s[%d]", key, i + 1);
+    out[i] = (int64_t)v;
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+}
+
+static int rda_gen_p_config(lua_State *L) {
+  rda_gen_config_ctx *c = lua_touserdata(L, 1);
+  rda_gen_push_bridge(L, "config");
+  lua_pushlstring(L, c->text, c->len);
+  lua_pushstring(L, c->name);
+  lua_call(L, 2, 2);
+  if (lua_isnil(L, -2)) {
+    c->status = rda_gen_fail_line(c->err, RDA_ERR_CONFIG, luaL_optstring(L, -1, "invalid config"));
+    return 0;
+  }
+  lua_pop(L, 1);
+  const int t = lua_gettop(L);
+  rda_config *o = c->out;
+  memset(o, 0, sizeof *o);
+  o->heads = (int)rda_gen_int_field(L, t, "heads", 1, INT_MAX);
+  o->kv_heads = (int)rda_gen_int_field(L, t, "kv_heads", 1, o->heads);
+  o->head_dim = (int)rda_gen_int_field(L, t, "head_dim", 1, 1024);
+  o->dtype =
+      strcmp(rda_gen_str_field(L, t, "dtype"), "fp16") == 0 ? RDA_DTYPE_FP16 : RDA_DTYPE_BF16;
+  lua_getfield(L, t, "segments");
+  const lua_Integer n = luaL_len(L, -1);
+  lua_pop(L, 1);
+  if (n < 1 || n > RDA_MAX_BRANCHES) return luaL_error(L, "generator returned %I branches", n);
+  o->nbranch = (int)n;
+  rda_gen_read_list(L, t, "segments", o->nbranch, o->segments);
+  rda_gen_read_list(L, t, "dilations", o->nbranch, o->dilations);
+  const char *off = rda_gen_str_field(L, t, "offsets");
+  o->offsets = strcmp(off, "block") == 0   ? RDA_OFFSETS_BLOCK
+               : strcmp(off, "group") == 0 ? RDA_OFFSETS_GROUP
+                                           : RDA_OFFSETS_MOD;
+  o->causal = rda_gen_bool_field(L, t, "causal");
+  lua_getfield(L, t, "scale");
+  o->scale = lua_tonumber(L, -1);
+  if (!(o->scale > 0) || !isfinite(o->scale))
+    return luaL_error(L, "generator returned a bad scale");
+  c->status = RDA_OK;
+  return 0;
+}
+
+static rda_status rda_gen_config_text(rda_gen *g, const char *text, size_t len, const char *name,
+                                      rda_config *out, rda_err *err) {
+  rda_gen_config_ctx c = {text, len, name, out, err, RDA_ERR_INTERNAL};
+  rda_status s = rda_gen_protected(g, rda_gen_p_config, &c, RDA_ERR_INTERNAL, err);
+  lua_gc(g->L, LUA_GCCOLLECT); /* drop what the config built */
+  if (s == RDA_OK) s = c.status;
+  if (s != RDA_OK) memset(out, 0, sizeof *out);
+  return s;
+}
+
+rda_status rda_gen_config_string(rda_gen *g, const char *chunk, const char *chunkname,
+                                 rda_config *out, rda_err *err) {
+  if (g == NULL || chunk == NULL || out == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_gen_config_string: NULL argument");
+  return rda_gen_config_text(g, chunk, strlen(chunk), chunkname != NULL ? chunkname : "config", out,
+                             err);
+}
+
+rda_status rda_gen_config_file(rda_gen *g, const char *path, rda_config *out, rda_err *err) {
+  if (g == NULL || path == NULL || out == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_gen_config_file: NULL argument");
+  FILE *f = fopen(path, "rb");
+  if (f == NULL) return rda_err_set(err, RDA_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  char *buf = malloc(RDA_GEN_MAX_CONFIG_FILE + 1);
+  if (buf == NULL) {
+    fclose(f);
+    return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "%s: out of memory reading it", path);
+  }
+  errno = 0;
+  const size_t len = fread(buf, 1, RDA_GEN_MAX_CONFIG_FILE + 1, f);
+  const int bad = ferror(f) ? (errno != 0 ? errno : EIO) : 0;
+  fclose(f);
+  rda_status s;
+  if (bad)
+    s = rda_err_set(err, RDA_ERR_IO, "%s: cannot read: %s", path, strerror(bad));
+  else if (len > RDA_GEN_MAX_CONFIG_FILE)
+    s = rda_err_set(err, RDA_ERR_CONFIG, "%s: larger than %d MiB: not a config", path,
+                    RDA_GEN_MAX_CONFIG_FILE >> 20);
+  else
+    s = rda_gen_config_text(g, buf, len, path, out, err);
+  free(buf);
+  return s;
+}
+
+/* ---- hardware ---------------------------------------------------------------------------- */
+
+typedef struct rda_gen_hw_ctx {
+  int arch;
+  rda_hw *out;
+  rda_err *err;
+  rda_status status;
+} rda_gen_hw_ctx;
+
+static void rda_gen_read_hw(lua_State *L, int t, rda_hw *o) {
+  memset(o, 0, sizeof *o);
+  snprintf(o->name, sizeof o->name, "%s", rda_gen_str_field(L, t, "name"));
+  o->arch = (int)rda_gen_int_field(L, t, "arch", 1, INT_MAX);
+  o->sm_count = (int)rda_gen_int_field(L, t, "sm_count", 1, INT_MAX);
+  o->smem_per_block = (int)rda_gen_int_field(L, t, "smem_per_block", 1, INT_MAX);
+  o->smem_per_sm = (int)rda_gen_int_field(L, t, "smem_per_sm", 1, INT_MAX);
+  o->regs_per_sm = (int)rda_gen_int_field(L, t, "regs_per_sm", 1, INT_MAX);
+  o->regs_per_block = (int)rda_gen_int_field(L, t, "regs_per_block", 1, INT_MAX);
+  o->max_threads_per_sm = (int)rda_gen_int_field(L, t, "max_threads_per_sm", 1, INT_MAX);
+  o->live = rda_gen_bool_field(L, t, "live");
+}
+
+static int rda_gen_p_hw(lua_State *L) {
+  rda_gen_hw_ctx *c = lua_touserdata(L, 1);
+  rda_gen_push_bridge(L, "hw");
+  lua_pushinteger(L, c->arch);
+  lua_call(L, 1, 2);
+  if (lua_isnil(L, -2)) {
+    c->status =
+        rda_gen_fail_line(c->err, RDA_ERR_INVALID_ARGUMENT, luaL_optstring(L, -1, "unknown arch"));
+    return 0;
+  }
+  lua_pop(L, 1);
+  rda_gen_read_hw(L, lua_gettop(L), c->out);
+  c->status = RDA_OK;
+  return 0;
+}
+
+rda_status rda_gen_hw_builtin(rda_gen *g, int arch, rda_hw *out, rda_err *err) {
+  if (g == NULL || out == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_gen_hw_builtin: NULL argument");
+  rda_gen_hw_ctx c = {arch, out, err, RDA_ERR_INTERNAL};
+  const rda_status s = rda_gen_protected(g, rda_gen_p_hw, &c, RDA_ERR_INTERNAL, err);
+  return s != RDA_OK ? s : c.status;
+}
+
+/* ---- plan -------------------------------------------------------------------------------- */
+
+typedef struct rda_gen_plan_ctx {
+  const rda_config *cfg;
+  const rda_hw *hw;
+  rda_plan_k *out;
+  rda_err *err;
+  rda_status status;
+} rda_gen_plan_ctx;
+
+static void rda_gen_push_list(lua_State *L, const int64_t *v, int n) {
+  lua_createtable(L, n, 0);
+  for (int i = 0; i < n; i++) {
+    lua_pushinteger(L, (lua_Integer)v[i]);
+    lua_seti(L, -2, i + 1);
+  }
+}
+
+static void rda_gen_push_config(lua_State *L, const rda_config *c) {
+  lua_createtable(L, 0, 9);
+  lua_pushinteger(L, c->heads);
+  lua_setfield(L, -2, "heads");
+  lua_pushinteger(L, c->kv_heads);
+  lua_setfield(L, -2, "kv_heads");
+  lua_pushinteger(L, c->head_dim);
+  lua_setfield(L, -2, "head_dim");
+  lua_pushstring(L, rda_dtype_name(c->dtype));
+  lua_setfield(L, -2, "dtype");
+  rda_gen_push_list(L, c->segments, c->nbranch);
+  lua_setfield(L, -2, "segments");
+  rda_gen_push_list(L, c->dilations, c->nbranch);
+  lua_setfield(L, -2, "dilations");
+  lua_pushstring(L, rda_offsets_name(c->offsets));
+  lua_setfield(L, -2, "offsets");
+  lua_pushboolean(L, c->causal);
+  lua_setfield(L, -2, "causal");
+  lua_pushnumber(L, c->scale);
+  lua_setfield(L, -2, "scale");
+}
+
+static void rda_gen_push_hw(lua_State *L, const rda_hw *h) {
+  lua_createtable(L, 0, 9);
+  lua_pushstring(L, h->name);
+  lua_setfield(L, -2, "name");
+#define RDA_GEN_SET_INT(field)  \
+  lua_pushinteger(L, h->field); \
+  lua_setfield(L, -2, #field)
+  RDA_GEN_SET_INT(arch);
+  RDA_GEN_SET_INT(sm_count);
+  RDA_GEN_SET_INT(smem_per_block);
+  RDA_GEN_SET_INT(smem_per_sm);
+  RDA_GEN_SET_INT(regs_per_sm);
+  RDA_GEN_SET_INT(regs_per_block);
+  RDA_GEN_SET_INT(max_threads_per_sm);
+#undef RDA_GEN_SET_INT
+  lua_pushboolean(L, h->live);
+  lua_setfield(L, -2, "live");
+}
+
+static void rda_gen_read_variant(lua_State *L, int t, rda_variant *v) {
+  const char *name = rda_gen_str_field(L, t, "name");
+  const char *kind = rda_gen_str_field(L, t, "kind");
+  if (strlen(name) >= sizeof v->name || strlen(kind) >= sizeof v->kind)
+    luaL_error(L, "generator returned an over-long variant name or kind: %s", name);
+  strcpy(v->name, name);
+  strcpy(v->kind, kind);
+  v->threads = (int)rda_gen_int_field(L, t, "threads", 1, 1024);
+  v->block_m = (int)rda_gen_int_field(L, t, "block_m", 0, INT_MAX);
+  v->block_n = (int)rda_gen_int_field(L, t, "block_n", 0, INT_MAX);
+  v->smem_bytes = (int)rda_gen_int_field(L, t, "smem_bytes", 0, INT_MAX);
+  size_t len;
+  lua_getfield(L, t, "source");
+  const char *src = lua_tolstring(L, -1, &len);
+  if (src == NULL) luaL_error(L, "generator returned no source for %s", name);
+  v->source = malloc(len + 1);
+  if (v->source == NULL) luaL_error(L, "out of memory copying the source of %s", name);
+  memcpy(v->source, src, len + 1);
+  lua_pop(L, 1);
+}
+
+static int rda_gen_p_plan(lua_State *L) {
+  rda_gen_plan_ctx *c = lua_touserdata(L, 1);
+  rda_plan_k *o = c->out;
+  rda_gen_push_bridge(L, "plan");
+  rda_gen_push_config(L, c->cfg);
+  rda_gen_push_hw(L, c->hw);
+  lua_call(L, 2, 2);
+  if (lua_isnil(L, -2)) {
+    c->status =
+        rda_gen_fail_line(c->err, RDA_ERR_UNSUPPORTED, luaL_optstring(L, -1, "no plan fits"));
+    return 0;
+  }
+  lua_pop(L, 1);
+  const int t = lua_gettop(L);
+
+  lua_getfield(L, t, "variants");
+  const lua_Integer nv = luaL_len(L, -1);
+  if (nv < 1 || nv > 64) return luaL_error(L, "generator returned %I variants", nv);
+  o->variants = calloc((size_t)nv, sizeof *o->variants);
+  if (o->variants == NULL) return luaL_error(L, "out of memory for %I variants", nv);
+  o->nvariants = (int)nv;
+  for (int i = 0; i < o->nvariants; i++) {
+    lua_geti(L, -1, i + 1);
+    rda_gen_read_variant(L, lua_gettop(L), &o->variants[i]);
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+
+  lua_getfield(L, t, "steps");
+  const lua_Integer ns = luaL_len(L, -1);
+  if (ns != c->cfg->nbranch) return luaL_error(L, "generator returned %I steps", ns);
+  o->nsteps = (int)ns;
+  for (int i = 0; i < o->nsteps; i++) {
+    lua_geti(L, -1, i + 1);
+    const int s = lua_gettop(L);
+    rda_step *st = &o->steps[i];
+    st->kernel = (int)rda_gen_int_field(L, s, "kernel", 1, o->nvariants) - 1;
+    st->branch = (int)rda_gen_int_field(L, s, "branch", 0, c->cfg->nbranch - 1);
+    st->head0 = (int)rda_gen_int_field(L, s, "head0", 0, c->cfg->heads - 1);
+    st->nheads = (int)rda_gen_int_field(L, s, "nheads", 1, c->cfg->heads - st->head0);
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  o->init_kernel = (int)rda_gen_int_field(L, t, "init_kernel", 1, o->nvariants) - 1;
+  o->cast_kernel = (int)rda_gen_int_field(L, t, "cast_kernel", 1, o->nvariants) - 1;
+  c->status = RDA_OK;
+  return 0;
+}
+
+/* The checks SPEC §3 validation guarantees, for configs that did not come from it. */
+static rda_status rda_gen_check_config(const rda_config *c, rda_err *err) {
+  static const int dims[] = {32, 64, 96, 128, 256};
+  int dim_ok = 0;
+  for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) dim_ok |= c->head_dim == dims[i];
+  if (c->nbranch < 1 || c->nbranch > RDA_MAX_BRANCHES || c->heads < 1 || c->kv_heads < 1 ||
+      c->kv_heads > c->heads || c->heads % c->kv_heads != 0 || !dim_ok ||
+      (c->dtype != RDA_DTYPE_BF16 && c->dtype != RDA_DTYPE_FP16) || c->offsets < RDA_OFFSETS_MOD ||
+      c->offsets > RDA_OFFSETS_GROUP ||
+      (c->offsets == RDA_OFFSETS_GROUP && c->heads < c->nbranch) || !(c->scale > 0) ||
+      !isfinite(c->scale))
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "rda_gen_plan: the config was not validated (SPEC §3)");
+  for (int i = 0; i < c->nbranch; i++)
+    if (c->segments[i] < 1 || c->dilations[i] < 1)
+      return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                         "rda_gen_plan: branch %d has a size below 1", i);
+  return RDA_OK;
+}
+
+rda_status rda_gen_plan(rda_gen *g, const rda_config *cfg, const rda_hw *hw, rda_plan_k *out,
+                        rda_err *err) {
+  if (g == NULL || cfg == NULL || hw == NULL || out == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_gen_plan: NULL argument");
+  memset(out, 0, sizeof *out);
+  RDA_TRY(rda_gen_check_config(cfg, err));
+  if (hw->smem_per_block < 1 || hw->max_threads_per_sm < 1 || hw->sm_count < 1)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_gen_plan: incomplete hardware profile");
+  out->cfg = *cfg;
+  out->hw = *hw;
+  rda_gen_plan_ctx c = {cfg, hw, out, err, RDA_ERR_INTERNAL};
+  rda_status s = rda_gen_protected(g, rda_gen_p_plan, &c, RDA_ERR_INTERNAL, err);
+  if (s == RDA_OK) s = c.status;
+  if (s != RDA_OK) rda_plan_k_free(out);
+  return s;
+}
+
+void rda_plan_k_free(rda_plan_k *p) {
+  if (p == NULL) return;
+  for (int i = 0; i < p->nvariants; i++) free(p->variants[i].source);
+  free(p->variants);
+  p->variants = NULL;
+  p->nvariants = 0;
+  p->nsteps = 0;
+}
+
+/* ---- scripts ----------------------------------------------------------------------------- */
+
+rda_status rda_gen_run_script(rda_gen *g, const char *path, rda_err *err) {
+  if (g == NULL || path == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_gen_run_script: NULL argument");
+  g->trace[0] = '\0';
+  if (luaL_loadfilex(g->L, path, "t") != LUA_OK) {
+    const char *msg = lua_tostring(g->L, -1);
+    snprintf(g->trace, sizeof g->trace, "%s", msg != NULL ? msg : "?");
+    rda_status s = rda_gen_fail_line(err, RDA_ERR_IO, msg != NULL ? msg : path);
+    lua_pop(g->L, 1);
+    return s;
+  }
+  const rda_status s = rda_gen_docall(g, 0, 0, RDA_ERR_INTERNAL, err);
+  lua_gc(g->L, LUA_GCCOLLECT);
+  return s;
+}

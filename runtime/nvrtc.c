@@ -1,0 +1,350 @@
+/* nvrtc.c — run-time compilation of generated kernels with NVRTC: one program per variant, a
+ * cubin (or its PTX) for one sm_XX, and the ptxas -v report parsed into registers, spill bytes
+ * and static shared memory. Needs no GPU and no driver; thread-safe (nothing shared). */
+#include "nvrtc.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gen.h"
+
+#define RDA_NVRTC_MAX_ARCHS 64
+
+/* The NVRTC API, as declared by the toolkit's nvrtc.h (CUDA 11.2-13.x; the library is linked).
+ * Declared here because <nvrtc.h> would resolve to this folder's own nvrtc.h. */
+typedef int nvrtcResult; /* an enum in nvrtc.h; NVRTC_SUCCESS is 0 */
+enum { NVRTC_SUCCESS = 0 };
+typedef struct _nvrtcProgram *nvrtcProgram;
+const char *nvrtcGetErrorString(nvrtcResult result);
+nvrtcResult nvrtcVersion(int *major, int *minor);
+nvrtcResult nvrtcGetNumSupportedArchs(int *numArchs);
+nvrtcResult nvrtcGetSupportedArchs(int *supportedArchs);
+nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, const char *name,
+                               int numHeaders, const char *const *headers,
+                               const char *const *includeNames);
+nvrtcResult nvrtcDestroyProgram(nvrtcProgram *prog);
+nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions, const char *const *options);
+nvrtcResult nvrtcGetPTXSize(nvrtcProgram prog, size_t *ptxSizeRet);
+nvrtcResult nvrtcGetPTX(nvrtcProgram prog, char *ptx);
+nvrtcResult nvrtcGetCUBINSize(nvrtcProgram prog, size_t *cubinSizeRet);
+nvrtcResult nvrtcGetCUBIN(nvrtcProgram prog, char *cubin);
+nvrtcResult nvrtcGetProgramLogSize(nvrtcProgram prog, size_t *logSizeRet);
+nvrtcResult nvrtcGetProgramLog(nvrtcProgram prog, char *log);
+
+/* What ptxas reported for the entry (and the non-entry functions it may call). */
+typedef struct rda_nvrtc_report {
+  int found; /* a "Used N registers" line for the entry */
+  int registers;
+  int smem_bytes;
+  int spill_bytes;
+} rda_nvrtc_report;
+
+static double rda_nvrtc_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int rda_nvrtc_version(void) {
+  int major = 0, minor = 0;
+  if (nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) return 0;
+  return major * 1000 + minor * 10;
+}
+
+/* Fills archs (as 80, 90, ...) with what this NVRTC can compile for; returns the count or -1. */
+static int rda_nvrtc_archs(int archs[RDA_NVRTC_MAX_ARCHS]) {
+  int n = 0;
+  if (nvrtcGetNumSupportedArchs(&n) != NVRTC_SUCCESS || n <= 0 || n > RDA_NVRTC_MAX_ARCHS)
+    return -1;
+  if (nvrtcGetSupportedArchs(archs) != NVRTC_SUCCESS) return -1;
+  return n;
+}
+
+int rda_nvrtc_arch_supported(int arch) {
+  int archs[RDA_NVRTC_MAX_ARCHS];
+  const int n = rda_nvrtc_archs(archs);
+  for (int i = 0; i < n; ++i)
+    if (archs[i] == arch) return 1;
+  return 0;
+}
+
+static rda_status rda_nvrtc_check_arch(int arch, rda_err *err) {
+  int archs[RDA_NVRTC_MAX_ARCHS];
+  const int n = rda_nvrtc_archs(archs);
+  if (n < 0)
+    return rda_err_set(err, RDA_ERR_NVRTC, "nvrtc: cannot list the supported architectures");
+  char list[256] = "";
+  size_t len = 0;
+  for (int i = 0; i < n; ++i) {
+    if (archs[i] == arch) return RDA_OK;
+    int w = snprintf(list + len, sizeof list - len, "%ssm_%d", i ? ", " : "", archs[i]);
+    if (w > 0 && (size_t)w < sizeof list - len) len += (size_t)w;
+  }
+  const int v = rda_nvrtc_version();
+  return rda_err_set(err, RDA_ERR_UNSUPPORTED,
+                     "nvrtc %d.%d cannot compile for sm_%d (supported: %s)", v / 1000,
+                     (v % 1000) / 10, arch, list);
+}
+
+/* The integer right before `what` in line (e.g. "1024 bytes smem"), or -1 when absent. */
+static int rda_nvrtc_count_before(const char *line, size_t len, const char *what) {
+  const size_t wl = strlen(what);
+  for (size_t i = 0; i + wl <= len; ++i) {
+    if (memcmp(line + i, what, wl) != 0) continue;
+    size_t j = i;
+    while (j > 0 && line[j - 1] == ' ') --j;
+    size_t end = j;
+    while (j > 0 && isdigit((unsigned char)line[j - 1])) --j;
+    if (j == end) continue;
+    long v = 0;
+    for (size_t k = j; k < end && v < 1000000000L; ++k) v = v * 10 + (line[k] - '0');
+    return (int)v;
+  }
+  return -1;
+}
+
+/* The integer right after `what` in line (e.g. "Used 10 registers"), or -1 when absent. */
+static int rda_nvrtc_count_after(const char *line, size_t len, const char *what) {
+  const size_t wl = strlen(what);
+  for (size_t i = 0; i + wl <= len; ++i) {
+    if (memcmp(line + i, what, wl) != 0) continue;
+    size_t j = i + wl;
+    while (j < len && line[j] == ' ') ++j;
+    if (j >= len || !isdigit((unsigned char)line[j])) continue;
+    long v = 0;
+    while (j < len && isdigit((unsigned char)line[j]) && v < 1000000000L)
+      v = v * 10 + (line[j++] - '0');
+    return (int)v;
+  }
+  return -1;
+}
+
+/* Copies the quoted (or bare, up to a blank) name after `what` into out; 0 when absent. */
+static int rda_nvrtc_name_after(const char *line, size_t len, const char *what, char *out,
+                                size_t cap) {
+  const char *p = NULL;
+  const size_t wl = strlen(what);
+  for (size_t i = 0; i + wl <= len; ++i)
+    if (memcmp(line + i, what, wl) == 0) {
+      p = line + i + wl;
+      break;
+    }
+  if (p == NULL) return 0;
+  const char *end = line + len;
+  while (p < end && *p == ' ') ++p;
+  const char quote = (p < end && (*p == '\'' || *p == '"')) ? *p++ : '\0';
+  size_t n = 0;
+  while (p < end && n + 1 < cap && *p != quote && !(quote == '\0' && isspace((unsigned char)*p)))
+    out[n++] = *p++;
+  out[n] = '\0';
+  return n > 0;
+}
+
+/* Parses ptxas -v output (CUDA 11-13 layouts, each item wherever its line break falls):
+ *   ptxas info    : Compiling entry function 'E' for 'sm_90'
+ *   ptxas info    : Function properties for E
+ *   ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ *   ptxas info    : Used 10 registers, used 1 barriers, 1024 bytes smem, 360 bytes cmem[0]
+ * Registers and smem are the entry's; spill bytes are the entry's plus those of every
+ * non-entry function in the program (callees that were not inlined). */
+static void rda_nvrtc_parse(const char *log, const char *entry, rda_nvrtc_report *rep) {
+  enum { MAX_ENTRIES = 64 };
+  char entries[MAX_ENTRIES][128];
+  int nentries = 0;
+  memset(rep, 0, sizeof *rep);
+
+  /* Pass 1: the names of all entry functions. */
+  for (const char *line = log; *line;) {
+    const char *nl = strchr(line, '\n');
+    const size_t len = nl ? (size_t)(nl - line) : strlen(line);
+    if (nentries < MAX_ENTRIES &&
+        rda_nvrtc_name_after(line, len, "Compiling entry function", entries[nentries], 128))
+      ++nentries;
+    line += len + (nl != NULL);
+  }
+
+  /* Pass 2: attribute each number to the function it describes. */
+  char compiling[128] = "", props[128] = "";
+  for (const char *line = log; *line;) {
+    const char *nl = strchr(line, '\n');
+    const size_t len = nl ? (size_t)(nl - line) : strlen(line);
+    char name[128];
+    if (rda_nvrtc_name_after(line, len, "Compiling entry function", name, sizeof name)) {
+      memcpy(compiling, name, sizeof name);
+      props[0] = '\0';
+    }
+    if (rda_nvrtc_name_after(line, len, "Function properties for", name, sizeof name))
+      memcpy(props, name, sizeof name);
+
+    const int in_entry = strcmp(compiling, entry) == 0;
+    const int stores = rda_nvrtc_count_before(line, len, "bytes spill stores");
+    const int loads = rda_nvrtc_count_before(line, len, "bytes spill loads");
+    if (stores >= 0 || loads >= 0) {
+      int props_is_entry = 0;
+      for (int i = 0; i < nentries; ++i) props_is_entry |= strcmp(props, entries[i]) == 0;
+      if (strcmp(props, entry) == 0 || (props[0] && !props_is_entry) || (!props[0] && in_entry))
+        rep->spill_bytes += (stores > 0 ? stores : 0) + (loads > 0 ? loads : 0);
+    }
+    if (in_entry) {
+      const int regs = rda_nvrtc_count_after(line, len, "Used");
+      if (regs >= 0 && rda_nvrtc_count_before(line, len, "registers") == regs) {
+        rep->found = 1;
+        rep->registers = regs;
+      }
+      const int smem = rda_nvrtc_count_before(line, len, "bytes smem");
+      if (smem >= 0) rep->smem_bytes = smem;
+    }
+    line += len + (nl != NULL);
+  }
+}
+
+int rda_nvrtc_parse_report(const char *log, const char *entry, rda_nvrtc_out *out) {
+  rda_nvrtc_report rep;
+  rda_nvrtc_parse(log ? log : "", entry ? entry : "", &rep);
+  if (!rep.found) return 0;
+  out->registers = rep.registers;
+  out->spill_bytes = rep.spill_bytes;
+  out->smem_bytes = rep.smem_bytes;
+  return 1;
+}
+
+/* The first error lines of a log, joined by " | ", into out. */
+static void rda_nvrtc_first_errors(const char *log, char *out, size_t cap) {
+  size_t used = 0;
+  int taken = 0;
+  out[0] = '\0';
+  for (const char *line = log; *line && taken < 3;) {
+    const char *nl = strchr(line, '\n');
+    const size_t len = nl ? (size_t)(nl - line) : strlen(line);
+    int is_error = 0;
+    for (size_t i = 0; i + 6 <= len && !is_error; ++i) is_error = memcmp(line + i, "error", 5) == 0;
+    if (is_error) {
+      int w = snprintf(out + used, cap - used, "%s%.*s", taken ? " | " : "", (int)len, line);
+      if (w < 0) break;
+      used += (size_t)w < cap - used ? (size_t)w : cap - used - 1;
+      ++taken;
+    }
+    line += len + (nl != NULL);
+  }
+  if (taken == 0) snprintf(out, cap, "%.200s", log[0] ? log : "(empty log)");
+}
+
+#define RDA_NVRTC_CALL(call, what)                                                    \
+  do {                                                                                \
+    nvrtcResult rda_nvrtc_r_ = (call);                                                \
+    if (rda_nvrtc_r_ != NVRTC_SUCCESS) {                                              \
+      st = rda_err_set(err, RDA_ERR_NVRTC, "nvrtc.c:%d: %s: %s (%s)", __LINE__, what, \
+                       nvrtcGetErrorString(rda_nvrtc_r_), name);                      \
+      goto done;                                                                      \
+    }                                                                                 \
+  } while (0)
+
+/* Options: -std=c++17 -default-device, the templates folder on the include path, -DRDA_NVRTC=1,
+ * --ptxas-options=-v for the report; no --use_fast_math (the kernels use ex2 explicitly). The
+ * target is always sm_XX, also for PTX (which is then the PTX the cubin was built from), so the
+ * report is there either way. On failure *out is empty (compile_s aside) and err carries the
+ * first error lines of the log. */
+rda_status rda_nvrtc_compile(const char *source, const char *name, const char *entry, int arch,
+                             int want_ptx, rda_nvrtc_out *out, rda_err *err) {
+  if (out == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_nvrtc_compile: out is NULL");
+  memset(out, 0, sizeof *out);
+  if (source == NULL || name == NULL || entry == NULL || name[0] == '\0')
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "rda_nvrtc_compile: source, name and entry are required");
+  RDA_TRY(rda_nvrtc_check_arch(arch, err));
+
+  const double t0 = rda_nvrtc_now();
+  rda_status st = RDA_OK;
+  nvrtcProgram prog = NULL;
+  int created = 0;
+  char file[160], opt_arch[48], opt_inc[4200];
+  snprintf(file, sizeof file, "%s.cu", name);
+  /* Always a real sm_XX: ptxas runs (so the report exists) and the PTX is available too. */
+  snprintf(opt_arch, sizeof opt_arch, "--gpu-architecture=sm_%d", arch);
+  const char *home = rda_gen_home();
+  if (home == NULL || home[0] == '\0')
+    return rda_err_set(err, RDA_ERR_NVRTC, "nvrtc: %s: no template folder (set RDA_HOME)", name);
+  if ((size_t)snprintf(opt_inc, sizeof opt_inc, "--include-path=%s/templates", home) >=
+      sizeof opt_inc)
+    return rda_err_set(err, RDA_ERR_NVRTC, "nvrtc: %s: RDA_HOME path too long", name);
+  const char *opts[] = {opt_arch, "-std=c++17",         "-default-device",
+                        opt_inc,  "--ptxas-options=-v", "-DRDA_NVRTC=1"};
+  const int nopts = (int)(sizeof opts / sizeof opts[0]);
+
+  RDA_NVRTC_CALL(nvrtcCreateProgram(&prog, source, file, 0, NULL, NULL), "nvrtcCreateProgram");
+  created = 1;
+  const nvrtcResult cr = nvrtcCompileProgram(prog, nopts, opts);
+
+  size_t log_bytes = 0;
+  RDA_NVRTC_CALL(nvrtcGetProgramLogSize(prog, &log_bytes), "nvrtcGetProgramLogSize");
+  out->log = malloc(log_bytes + 1);
+  if (out->log == NULL) {
+    st = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "nvrtc: %s: no memory for the log", name);
+    goto done;
+  }
+  out->log[0] = '\0';
+  if (log_bytes > 0) RDA_NVRTC_CALL(nvrtcGetProgramLog(prog, out->log), "nvrtcGetProgramLog");
+  out->log[log_bytes] = '\0';
+
+  if (cr != NVRTC_SUCCESS) {
+    char first[768];
+    rda_nvrtc_first_errors(out->log, first, sizeof first);
+    st = rda_err_set(err, RDA_ERR_NVRTC, "nvrtc: %s for sm_%d: %s: %s", file, arch,
+                     nvrtcGetErrorString(cr), first);
+    goto done;
+  }
+
+  size_t bytes = 0;
+  if (want_ptx) {
+    RDA_NVRTC_CALL(nvrtcGetPTXSize(prog, &bytes), "nvrtcGetPTXSize");
+  } else {
+    RDA_NVRTC_CALL(nvrtcGetCUBINSize(prog, &bytes), "nvrtcGetCUBINSize");
+  }
+  if (bytes == 0) {
+    st = rda_err_set(err, RDA_ERR_NVRTC, "nvrtc: %s: empty %s", file, want_ptx ? "PTX" : "cubin");
+    goto done;
+  }
+  out->image = malloc(bytes + 1);
+  if (out->image == NULL) {
+    st = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "nvrtc: %s: no memory for a %zu-byte image", file,
+                     bytes);
+    goto done;
+  }
+  if (want_ptx) {
+    RDA_NVRTC_CALL(nvrtcGetPTX(prog, (char *)out->image), "nvrtcGetPTX");
+    out->image[bytes] = '\0';
+    out->image_bytes = strlen((const char *)out->image);
+  } else {
+    RDA_NVRTC_CALL(nvrtcGetCUBIN(prog, (char *)out->image), "nvrtcGetCUBIN");
+    out->image_bytes = bytes;
+  }
+
+  if (!rda_nvrtc_parse_report(out->log, entry, out)) {
+    st = rda_err_set(err, RDA_ERR_NVRTC,
+                     "nvrtc: %s: no ptxas report for entry '%s' (is it an extern \"C\" "
+                     "__global__ function of the source?)",
+                     file, entry);
+    goto done;
+  }
+
+done:
+  if (created) nvrtcDestroyProgram(&prog);
+  out->compile_s = rda_nvrtc_now() - t0;
+  if (st != RDA_OK) { /* the message carries the first errors; nothing to free on failure */
+    const double t = out->compile_s;
+    rda_nvrtc_out_free(out);
+    out->compile_s = t;
+  }
+  return st;
+}
+
+void rda_nvrtc_out_free(rda_nvrtc_out *o) {
+  if (o == NULL) return;
+  free(o->image);
+  free(o->log);
+  memset(o, 0, sizeof *o);
+}

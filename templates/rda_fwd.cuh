@@ -1,0 +1,499 @@
+/* rda_fwd.cuh — the fused dilated-attention forward kernel (SPEC §1), FlashAttention-2 style:
+ * one block per (query tile of one segment's grid, head, batch), one warp per 16 query rows,
+ * mma.sync m16n8k16 from swizzled shared memory, a cp.async pipeline over K/V tiles, online
+ * softmax in fp32 with exp2, and an fp32 epilogue that merges branches by log-sum-exp. */
+#ifndef RDA_FWD_CUH
+#define RDA_FWD_CUH
+
+#include "ptx.cuh"
+
+namespace rda {
+namespace fwd_detail {
+
+/* Everything the kernel derives from the generated config struct. */
+template <class Cfg>
+struct Traits {
+  static constexpr int D = Cfg::head_dim;
+  static constexpr int BM = Cfg::block_m;
+  static constexpr int BN = Cfg::block_n;
+  static constexpr int WARPS = Cfg::warps;
+  static constexpr int STAGES = Cfg::stages;
+  static constexpr int THREADS = 32 * WARPS;
+  static constexpr int CHUNKS = D / 8;    /* 16-byte chunks per row of a Q/K/V tile */
+  static constexpr int ROW_BYTES = 2 * D; /* one row of a 16-bit tile */
+  static constexpr int Q_BYTES = BM * ROW_BYTES;
+  static constexpr int KV_BYTES = BN * ROW_BYTES; /* one K (or V) stage */
+  static constexpr int SMEM_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES;
+  static constexpr int NT = BN / 8; /* 8-key column tiles of S = Q K^T */
+  static constexpr int KS = D / 16; /* 16-wide k-steps over the head dim */
+  static constexpr int DT = D / 8;  /* 8-wide column tiles of O */
+  /* Q fragments stay in registers up to d = 128; at d = 256 they are reloaded per k-step. */
+  static constexpr bool Q_IN_REGS = D <= 128;
+  /* The epilogue stages the fp32 O tile plus two floats per row over the whole buffer. */
+  static constexpr int EPI_BYTES = BM * D * 4 + BM * 8;
+
+  static_assert(D == 32 || D == 64 || D == 96 || D == 128 || D == 256, "unsupported head_dim");
+  static_assert(BM == 16 * WARPS, "each warp owns 16 query rows");
+  static_assert(BN % 16 == 0 && BN >= 16, "block_n must be a multiple of 16");
+  static_assert(STAGES >= 2, "the K/V pipeline needs at least 2 stages");
+  static_assert(EPI_BYTES <= SMEM_BYTES, "epilogue staging does not fit: raise stages or block_n");
+};
+
+/* XOR swizzle of 16-byte chunks within a row of a 16-bit tile, so that the 8 rows an ldmatrix
+ * matrix reads (same logical chunk) fall into 8 distinct 16-byte bank groups. Rows of 8k
+ * chunks (>= 128 bytes) XOR with row % 8; rows of 4 or 12 chunks (64 or 192 bytes; two rows
+ * share a 128-byte line) XOR the low two bits with (row / 2) % 4, which stays inside the row. */
+template <int CHUNKS>
+__device__ __forceinline__ int swz(int row, int chunk) {
+  if constexpr (CHUNKS % 8 == 0) {
+    return chunk ^ (row & 7);
+  } else {
+    static_assert(CHUNKS % 4 == 0, "rows must hold a multiple of 4 chunks");
+    return chunk ^ ((row >> 1) & 3);
+  }
+}
+
+/* Byte offset of (row, chunk) in a swizzled tile of CHUNKS chunks per row. */
+template <int CHUNKS>
+__device__ __forceinline__ int tile_off(int row, int chunk) {
+  return row * (CHUNKS * 16) + swz<CHUNKS>(row, chunk) * 16;
+}
+
+template <int Dtype>
+__device__ __forceinline__ void mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+  if constexpr (Dtype == RDA_DTYPE_BF16) {
+    mma_bf16_16816(d, a, b, d);
+  } else {
+    mma_f16_16816(d, a, b, d);
+  }
+}
+
+template <int Dtype>
+__device__ __forceinline__ uint32_t pack(float lo, float hi) {
+  if constexpr (Dtype == RDA_DTYPE_BF16) {
+    return pack_bf16x2(lo, hi);
+  } else {
+    return pack_f16x2(lo, hi);
+  }
+}
+
+__device__ __forceinline__ float neg_inf() {
+  return __uint_as_float(0xff800000u);
+}
+__device__ __forceinline__ float fmax2(float a, float b) {
+  return a > b ? a : b;
+}
+
+struct alignas(16) f32x4 {
+  float x, y, z, w;
+};
+
+/* Copy rows [row0, row0 + ROWS) of a tile whose grid rows start at `base` with `row_stride`
+ * elements between them; grid rows >= ng are zero-filled. Every thread issues its share. */
+template <class T, int ROWS>
+__device__ __forceinline__ void load_tile(unsigned char *dst, const uint16_t *base,
+                                          long long row_stride, int t_first, int ng, int tid) {
+  constexpr int TOTAL = ROWS * T::CHUNKS;
+  if constexpr (T::THREADS % T::CHUNKS == 0 && ROWS % (T::THREADS / T::CHUNKS) == 0) {
+    /* Each thread owns one chunk column and walks rows RSTEP apart: one pointer, bumped. */
+    constexpr int RSTEP = T::THREADS / T::CHUNKS;
+    const int ch = tid % T::CHUNKS;
+    const int row0 = tid / T::CHUNKS;
+    const uint16_t *src = base + static_cast<long long>(t_first + row0) * row_stride + ch * 8;
+    const long long step = RSTEP * row_stride;
+#pragma unroll
+    for (int i = 0; i < ROWS / RSTEP; ++i) {
+      const int row = row0 + i * RSTEP;
+      const bool ok = t_first + row < ng;
+      cp_async_16(dst + tile_off<T::CHUNKS>(row, ch), ok ? src : base, ok);
+      src += step;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < (TOTAL + T::THREADS - 1) / T::THREADS; ++i) {
+      const int idx = tid + i * T::THREADS;
+      if (TOTAL % T::THREADS == 0 || idx < TOTAL) {
+        const int row = idx / T::CHUNKS;
+        const int ch = idx % T::CHUNKS;
+        const int t = t_first + row;
+        const bool ok = t < ng;
+        const uint16_t *src = base + (ok ? static_cast<long long>(t) * row_stride : 0) + ch * 8;
+        cp_async_16(dst + tile_off<T::CHUNKS>(row, ch), src, ok);
+      }
+    }
+  }
+}
+
+/* Where the block's work lies: segment, head, grid and strides. */
+struct Block {
+  long long a; /* first position of the segment */
+  long long j; /* grid offset within the segment */
+  long long r; /* dilation rate (1 when not dilated) */
+  int ng;      /* rows of the grid */
+  int t0;      /* first grid row of this query tile */
+  int h;       /* query head */
+  long long b; /* batch element */
+};
+
+/* Per-lane byte offsets of ldmatrix rows in a swizzled tile. An x4 ldmatrix reads chunk pair
+ * cp (chunks 2cp, 2cp+1) of 16 rows; lane L addresses row `row` (fixed per lane up to multiples
+ * of 16, which keep the swizzle) and chunk 2cp + odd. The swizzle repeats every PERIOD chunks,
+ * so PAIRS offsets per lane cover every cp: off(cp) = ofs[cp % PAIRS] + (cp / PAIRS) * PERIOD * 16.
+ * Keeping only these few offsets live (instead of one per chunk) saves registers. */
+template <int CHUNKS>
+struct LaneOfs {
+  static constexpr int PERIOD = CHUNKS % 8 == 0 ? 8 : 4;
+  static constexpr int PAIRS = PERIOD / 2;
+  int ofs[PAIRS];
+
+  __device__ __forceinline__ void init(int row, int odd) {
+#pragma unroll
+    for (int k = 0; k < PAIRS; ++k) ofs[k] = tile_off<CHUNKS>(row, 2 * k + odd);
+  }
+  /* Offset of chunk pair cp for this lane's row plus `row16` rows (a multiple of 16). */
+  __device__ __forceinline__ int at(int cp, int row16) const {
+    return ofs[cp % PAIRS] + (cp / PAIRS) * PERIOD * 16 + row16 * CHUNKS * 16;
+  }
+};
+
+/* One K/V tile: S = Q K^T for this warp's 16 rows, online softmax, O += P V. */
+template <class Cfg, bool Mask>
+__device__ __forceinline__ void tile_step(const unsigned char *sq, const unsigned char *sk,
+                                          const unsigned char *sv, const uint32_t (*qf)[4],
+                                          const LaneOfs<Cfg::head_dim / 8> &qo,
+                                          const LaneOfs<Cfg::head_dim / 8> &ko,
+                                          const LaneOfs<Cfg::head_dim / 8> &vo, uint32_t qflip,
+                                          float sl2, int n0, int ng, int wrow0, float (*acc)[4],
+                                          float m[2], float l[2]) {
+  using T = Traits<Cfg>;
+  const int lane = lane_id();
+
+  float s[T::NT][4];
+#pragma unroll
+  for (int nt = 0; nt < T::NT; ++nt) {
+    s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+  }
+
+  /* S = Q K^T: A from Q (rows), B from K rows (ldmatrix non-trans gives the col-major B). */
+#pragma unroll
+  for (int ks = 0; ks < T::KS; ++ks) {
+    uint32_t qa[4];
+    if constexpr (T::Q_IN_REGS) {
+      qa[0] = qf[ks][0];
+      qa[1] = qf[ks][1];
+      qa[2] = qf[ks][2];
+      qa[3] = qf[ks][3];
+    } else {
+      ldmatrix_x4(qa, sq + qo.at(ks, 0));
+      qa[0] ^= qflip;
+      qa[1] ^= qflip;
+      qa[2] ^= qflip;
+      qa[3] ^= qflip;
+    }
+#pragma unroll
+    for (int np = 0; np < T::NT / 2; ++np) {
+      uint32_t kb[4];
+      ldmatrix_x4(kb, sk + ko.at(ks, 16 * np));
+      mma<Cfg::dtype>(s[2 * np], qa, kb);
+      mma<Cfg::dtype>(s[2 * np + 1], qa, kb + 2);
+    }
+  }
+
+  /* Keys past the grid end, and (causal) keys after the query row, are masked. */
+  const int g = lane >> 2;
+  const int c2 = 2 * (lane & 3);
+  if constexpr (Mask) {
+#pragma unroll
+    for (int nt = 0; nt < T::NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = n0 + nt * 8 + c2 + (e & 1);
+        const int row = wrow0 + g + 8 * (e >> 1);
+        if (key >= ng || (Cfg::causal && key > row)) s[nt][e] = neg_inf();
+      }
+    }
+  }
+
+  /* Online softmax in the log2 domain; each row is spread over the 4 lanes of a quad. */
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float mx = neg_inf();
+#pragma unroll
+    for (int nt = 0; nt < T::NT; ++nt) mx = fmax2(mx, fmax2(s[nt][2 * hf], s[nt][2 * hf + 1]));
+    mx = fmax2(mx, shfl_xor(mx, 1));
+    mx = fmax2(mx, shfl_xor(mx, 2));
+    const float mnew = fmax2(m[hf], mx == neg_inf() ? neg_inf() : mx * sl2);
+    const float muse = mnew == neg_inf() ? 0.f : mnew;
+    const float corr = ex2(m[hf] - muse);
+    m[hf] = mnew;
+    l[hf] *= corr;
+#pragma unroll
+    for (int dt = 0; dt < T::DT; ++dt) {
+      acc[dt][2 * hf] *= corr;
+      acc[dt][2 * hf + 1] *= corr;
+    }
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < T::NT; ++nt) {
+#pragma unroll
+      for (int e = 2 * hf; e < 2 * hf + 2; ++e) {
+        float pv = ex2(s[nt][e] * sl2 - muse);
+        if constexpr (Mask) {
+          if (s[nt][e] == neg_inf()) pv = 0.f;
+        }
+        s[nt][e] = pv;
+        sum += pv;
+      }
+    }
+    l[hf] += sum;
+  }
+
+  /* O += P V: P's accumulator layout is exactly the A fragment; V through ldmatrix.trans. */
+#pragma unroll
+  for (int kk = 0; kk < T::BN / 16; ++kk) {
+    uint32_t pa[4];
+    pa[0] = pack<Cfg::dtype>(s[2 * kk][0], s[2 * kk][1]);
+    pa[1] = pack<Cfg::dtype>(s[2 * kk][2], s[2 * kk][3]);
+    pa[2] = pack<Cfg::dtype>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pa[3] = pack<Cfg::dtype>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+    for (int dp = 0; dp < T::D / 16; ++dp) {
+      uint32_t vb[4];
+      ldmatrix_x4_trans(vb, sv + vo.at(dp, 16 * kk));
+      mma<Cfg::dtype>(acc[2 * dp], pa, vb);
+      mma<Cfg::dtype>(acc[2 * dp + 1], pa, vb + 2);
+    }
+  }
+}
+
+/* Write the block's rows: o = acc / l and lse, or their log-sum-exp merge with what o and lse
+ * already hold (p.merge). Staged through shared memory so global stores are 16-byte vectors. */
+template <class Cfg>
+__device__ __forceinline__ void epilogue(const rda_fwd_params &p, const Block &bk,
+                                         unsigned char *smem, float (*acc)[4], const float m[2],
+                                         const float l[2]) {
+  using T = Traits<Cfg>;
+  constexpr int C4 = T::D / 4; /* 16-byte chunks per fp32 row */
+  const int tid = threadIdx.x;
+  const int lane = lane_id();
+  const int warp = tid >> 5;
+  float *so = reinterpret_cast<float *>(smem);
+  float *srow = so + T::BM * T::D;
+
+  cp_async_wait<0>();
+  sync_threads(); /* every warp is done with Q/K/V in shared memory */
+
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float lt = l[hf];
+    lt += shfl_xor(lt, 1);
+    lt += shfl_xor(lt, 2);
+    const int row = 16 * warp + (lane >> 2) + 8 * hf;
+#pragma unroll
+    for (int dt = 0; dt < T::DT; ++dt) {
+      const int chunk = 2 * dt + ((lane & 3) >> 1);
+      float *dst = so + row * T::D + swz<C4>(row, chunk) * 4 + 2 * (lane & 1);
+      dst[0] = acc[dt][2 * hf];
+      dst[1] = acc[dt][2 * hf + 1];
+    }
+    if ((lane & 3) == 0) {
+      srow[2 * row] = m[hf];
+      srow[2 * row + 1] = lt;
+    }
+  }
+  sync_threads();
+
+  /* Per row: the natural-log lse, and the weights of the old and the new output. */
+  constexpr float kLn2 = 0.693147180559945309f;
+  for (int row = tid; row < T::BM; row += T::THREADS) {
+    const int t = bk.t0 + row;
+    if (t < bk.ng) {
+      const float mm = srow[2 * row];
+      const float ll = srow[2 * row + 1];
+      float lse = (mm + log2f(ll)) * kLn2;
+      float w_new = 1.f / ll;
+      float w_old = 0.f;
+      float *lp = p.lse + bk.b * p.lse_sb + bk.h * p.lse_sh + (bk.a + bk.j + t * bk.r);
+      if (p.merge) {
+        const float old = *lp;
+        if (old != neg_inf()) {
+          const float mx = fmax2(old, lse);
+          const float merged = mx + logf(expf(old - mx) + expf(lse - mx));
+          w_old = expf(old - merged);
+          w_new = expf(lse - merged) / ll;
+          lse = merged;
+        }
+      }
+      *lp = lse;
+      srow[2 * row] = w_old;
+      srow[2 * row + 1] = w_new;
+    }
+  }
+  sync_threads();
+
+  float *obase = p.o + bk.b * p.o_sb + bk.h * p.o_sh + (bk.a + bk.j) * p.o_sn;
+  const long long o_rs = bk.r * p.o_sn;
+#pragma unroll 4
+  for (int idx = tid; idx < T::BM * C4; idx += T::THREADS) {
+    const int row = idx / C4;
+    const int ch = idx % C4;
+    const int t = bk.t0 + row;
+    if (t < bk.ng) {
+      const f32x4 v = *reinterpret_cast<const f32x4 *>(so + row * T::D + swz<C4>(row, ch) * 4);
+      const float w_old = srow[2 * row];
+      const float w_new = srow[2 * row + 1];
+      f32x4 *dst = reinterpret_cast<f32x4 *>(obase + t * o_rs + ch * 4);
+      f32x4 out;
+      out.x = v.x * w_new;
+      out.y = v.y * w_new;
+      out.z = v.z * w_new;
+      out.w = v.w * w_new;
+      if (w_old != 0.f) {
+        const f32x4 old = *dst;
+        out.x += old.x * w_old;
+        out.y += old.y * w_old;
+        out.z += old.z * w_old;
+        out.w += old.w * w_old;
+      }
+      *dst = out;
+    }
+  }
+}
+
+}  // namespace fwd_detail
+
+/* The forward kernel for one branch (w, r) of the params; see rda_params.h for the grid.
+ * Cfg: head_dim, dtype, causal, dilated, block_m (= 16 * warps), block_n, warps, stages.
+ * Dynamic shared memory: Traits<Cfg>::SMEM_BYTES = 2 * head_dim * (block_m + 2 * stages *
+ * block_n): the Q tile, then `stages` K tiles, then `stages` V tiles, all XOR-swizzled. */
+template <class Cfg>
+__device__ __forceinline__ void fwd_kernel(const rda_fwd_params &p) {
+  using T = fwd_detail::Traits<Cfg>;
+  using fwd_detail::Block;
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = lane_id();
+
+  Block bk;
+  const int seg = static_cast<int>(blockIdx.x) / p.tiles_per_seg;
+  /* Causal: the last query tiles of a segment have the most keys; blocks launched first take
+   * them so the short ones fill the tail of the grid. */
+  const int tile_in = static_cast<int>(blockIdx.x) % p.tiles_per_seg;
+  const int tile = Cfg::causal ? p.tiles_per_seg - 1 - tile_in : tile_in;
+  bk.h = p.head0 + static_cast<int>(blockIdx.y);
+  bk.b = blockIdx.z;
+  bk.a = seg * p.w;
+  const long long seg_end = bk.a + p.w < p.n ? bk.a + p.w : p.n;
+  bk.r = Cfg::dilated ? p.r : 1;
+  bk.j = 0;
+  if constexpr (Cfg::dilated) {
+    if (p.offset_mode == RDA_OFFSETS_MOD) {
+      bk.j = bk.h % bk.r;
+    } else if (p.offset_mode == RDA_OFFSETS_BLOCK) {
+      bk.j = bk.h / p.offset_arg;
+    } else {
+      bk.j = p.offset_arg % bk.r;
+    }
+  }
+  const long long len = seg_end - bk.a;
+  bk.ng = bk.j < len ? static_cast<int>((len - bk.j + bk.r - 1) / bk.r) : 0;
+  bk.t0 = tile * T::BM;
+  if (bk.t0 >= bk.ng) return;
+
+  const int kvh = bk.h / p.kv_group;
+  const uint16_t *qg =
+      static_cast<const uint16_t *>(p.q) + bk.b * p.q_sb + bk.h * p.q_sh + (bk.a + bk.j) * p.q_sn;
+  const uint16_t *kg =
+      static_cast<const uint16_t *>(p.k) + bk.b * p.k_sb + kvh * p.k_sh + (bk.a + bk.j) * p.k_sn;
+  const uint16_t *vg =
+      static_cast<const uint16_t *>(p.v) + bk.b * p.v_sb + kvh * p.v_sh + (bk.a + bk.j) * p.v_sn;
+  const long long q_rs = bk.r * p.q_sn;
+  const long long k_rs = bk.r * p.k_sn;
+  const long long v_rs = bk.r * p.v_sn;
+
+  unsigned char *smem = dynamic_smem();
+  unsigned char *sq = smem;
+  unsigned char *sk = smem + T::Q_BYTES;
+  unsigned char *sv = sk + T::STAGES * T::KV_BYTES;
+
+  /* Causal: keys t' <= t, so the last tile visited is the one holding the block's last row. */
+  const int n_end = Cfg::causal ? (bk.ng < bk.t0 + T::BM ? bk.ng : bk.t0 + T::BM) : bk.ng;
+  const int ntiles = (n_end + T::BN - 1) / T::BN;
+
+  /* Prologue: Q with K/V tile 0 in group 0, tiles 1 .. stages-2 in their own groups. */
+  fwd_detail::load_tile<T, T::BM>(sq, qg, q_rs, bk.t0, bk.ng, tid);
+#pragma unroll
+  for (int s = 0; s < T::STAGES - 1; ++s) {
+    if (s < ntiles) {
+      fwd_detail::load_tile<T, T::BN>(sk + s * T::KV_BYTES, kg, k_rs, s * T::BN, bk.ng, tid);
+      fwd_detail::load_tile<T, T::BN>(sv + s * T::KV_BYTES, vg, v_rs, s * T::BN, bk.ng, tid);
+    }
+    cp_async_commit();
+  }
+
+  /* A negative scale is folded into Q's sign so the softmax below needs sl2 >= 0. */
+  const uint32_t qflip = p.scale_log2 < 0.f ? 0x80008000u : 0u;
+  const float sl2 = p.scale_log2 < 0.f ? -p.scale_log2 : p.scale_log2;
+
+  float acc[T::DT][4];
+#pragma unroll
+  for (int dt = 0; dt < T::DT; ++dt) acc[dt][0] = acc[dt][1] = acc[dt][2] = acc[dt][3] = 0.f;
+  float m[2] = {fwd_detail::neg_inf(), fwd_detail::neg_inf()};
+  float l[2] = {0.f, 0.f};
+  uint32_t qf[T::Q_IN_REGS ? T::KS : 1][4];
+
+  const int wrow0 = bk.t0 + 16 * warp; /* this warp's first grid row */
+  /* ldmatrix x4: lanes 8i..8i+7 address the rows of matrix i (see ptx.cuh). */
+  const int mi = lane >> 3;
+  const int mr = lane & 7;
+  fwd_detail::LaneOfs<T::CHUNKS> qo, ko, vo;
+  qo.init(16 * warp + (mi & 1) * 8 + mr, mi >> 1); /* A: rows 0-7/8-15, k 0-7/8-15 */
+  ko.init((mi >> 1) * 8 + mr, mi & 1);             /* B of two n-tiles: keys, k halves */
+  vo.init((mi & 1) * 8 + mr, mi >> 1);             /* B (trans): keys 0-7/8-15, d tiles */
+
+  for (int it = 0; it < ntiles; ++it) {
+    cp_async_wait<T::STAGES - 2>();
+    sync_threads(); /* tile `it` landed; every warp is done with tile it-1's stage */
+    if constexpr (T::Q_IN_REGS) {
+      if (it == 0) {
+#pragma unroll
+        for (int ks = 0; ks < T::KS; ++ks) {
+          ldmatrix_x4(qf[ks], sq + qo.at(ks, 0));
+          qf[ks][0] ^= qflip;
+          qf[ks][1] ^= qflip;
+          qf[ks][2] ^= qflip;
+          qf[ks][3] ^= qflip;
+        }
+      }
+    }
+    const int nxt = it + T::STAGES - 1;
+    if (nxt < ntiles) {
+      const int st = nxt % T::STAGES;
+      fwd_detail::load_tile<T, T::BN>(sk + st * T::KV_BYTES, kg, k_rs, nxt * T::BN, bk.ng, tid);
+      fwd_detail::load_tile<T, T::BN>(sv + st * T::KV_BYTES, vg, v_rs, nxt * T::BN, bk.ng, tid);
+    }
+    cp_async_commit();
+
+    const int n0 = it * T::BN;
+    /* Warp-uniform skips: rows all past the grid end, or (causal) keys all in the future. */
+    if (wrow0 >= bk.ng) continue;
+    if (Cfg::causal && n0 > wrow0 + 15) continue;
+    const int st = it % T::STAGES;
+    const unsigned char *skt = sk + st * T::KV_BYTES;
+    const unsigned char *svt = sv + st * T::KV_BYTES;
+    const bool need_mask = n0 + T::BN > bk.ng || (Cfg::causal && n0 + T::BN - 1 > wrow0);
+    if (need_mask) {
+      fwd_detail::tile_step<Cfg, true>(sq, skt, svt, qf, qo, ko, vo, qflip, sl2, n0, bk.ng, wrow0,
+                                       acc, m, l);
+    } else {
+      fwd_detail::tile_step<Cfg, false>(sq, skt, svt, qf, qo, ko, vo, qflip, sl2, n0, bk.ng, wrow0,
+                                        acc, m, l);
+    }
+  }
+
+  fwd_detail::epilogue<Cfg>(p, bk, smem, acc, m, l);
+}
+
+}  // namespace rda
+
+#endif

@@ -1,0 +1,514 @@
+/* test_cli.c — `rdagen` as a subprocess (RDAGEN_PATH) against SPEC §4: --help and --version,
+ * bad usage (exit 2), every kind of bad input (exit 1, one "rdagen: error:" line naming the
+ * file, no output left behind), and real runs on the emu backend checked against the reference. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "gen.h"
+#include "npy.h"
+#include "rda_test.h"
+#include "reference.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+enum { MAX_ARGS = 48 };
+
+/* A temp folder with a small valid problem: config (H 4, Hkv 2, D 32, bf16), Q, K, V files. */
+typedef struct fixture {
+  char *dir;
+  char *config, *q, *k, *v, *o, *lse;
+} fixture;
+
+/* The first entry of the folder that is not an input (an output, a temporary, anything a
+ * failed run must not leave), or NULL; allow_o: o.npy and lse.npy may exist. Returns a static
+ * buffer. */
+static const char *stray_entry(const fixture *f, int allow_o) {
+  static char name[256];
+  static const char *const inputs[] = {"small.lua", "q.npy", "k.npy", "v.npy", "saved.tmp"};
+  DIR *d = opendir(f->dir);
+  assert_non_null(d);
+  const char *found = NULL;
+  struct dirent *e;
+  while (found == NULL && (e = readdir(d)) != NULL) {
+    int ok = strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
+             (allow_o && (strcmp(e->d_name, "o.npy") == 0 || strcmp(e->d_name, "lse.npy") == 0));
+    for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
+      if (strcmp(e->d_name, inputs[i]) == 0) ok = 1;
+    if (!ok) {
+      snprintf(name, sizeof name, "%s", e->d_name);
+      found = name;
+    }
+  }
+  closedir(d);
+  return found;
+}
+
+static const char small_config[] =
+    "return { heads = 4, kv_heads = 2, head_dim = 32, dtype = 'bf16',\n"
+    "  segments = { 16, 32 }, dilations = { 1, 2 }, causal = true }\n";
+
+static int setup(void **state) {
+  fixture *f = calloc(1, sizeof *f);
+  if (f == NULL || (f->dir = rt_mkdtemp()) == NULL) return -1;
+  f->config = rt_path(f->dir, "small.lua");
+  f->q = rt_path(f->dir, "q.npy");
+  f->k = rt_path(f->dir, "k.npy");
+  f->v = rt_path(f->dir, "v.npy");
+  f->o = rt_path(f->dir, "o.npy");
+  f->lse = rt_path(f->dir, "lse.npy");
+  const long long qs[4] = {1, 40, 4, 32}, ks[4] = {1, 40, 2, 32};
+  double *q = rt_normal(40 * 4 * 32, RDA_DTYPE_BF16);
+  double *k = rt_normal(40 * 2 * 32, RDA_DTYPE_BF16);
+  double *v = rt_normal(40 * 2 * 32, RDA_DTYPE_BF16);
+  const bool ok = rt_write_file(f->config, small_config, strlen(small_config)) &&
+                  rt_write_npy(f->q, "<f4", 0, 4, qs, q) &&
+                  rt_write_npy(f->k, "<f4", 0, 4, ks, k) && rt_write_npy(f->v, "<f4", 0, 4, ks, v);
+  free(q), free(k), free(v);
+  if (!ok) return -1;
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  fixture *f = *state;
+  rt_rmtree(f->dir);
+  free(f->dir), free(f->config), free(f->q), free(f->k), free(f->v), free(f->o), free(f->lse);
+  free(f);
+  return 0;
+}
+
+/* Run rdagen with the given arguments (NULL-terminated list after argv[0]). */
+static rt_proc run_rdagen(int timeout_s, const char *const *args) {
+  char *argv[MAX_ARGS];
+  int n = 0;
+  argv[n++] = (char *)(uintptr_t)RDAGEN_PATH;
+  for (int i = 0; args[i] != NULL && n < MAX_ARGS - 1; i++) argv[n++] = (char *)(uintptr_t)args[i];
+  argv[n] = NULL;
+  rt_proc p;
+  assert_true(rt_run(argv, timeout_s, &p));
+  return p;
+}
+
+static void show(const char *what, const rt_proc *p) {
+  fprintf(stderr, "--- %s: exit %d\nstdout: %s\nstderr: %s\n", what, p->exit_code, p->out, p->err);
+}
+
+/* --- help, version, usage --------------------------------------------------------------------- */
+
+static void test_cli_help_and_version_exit_0(void **state) {
+  (void)state;
+  static const char *const help[] = {"--help", NULL};
+  rt_proc p = run_rdagen(60, help);
+  assert_int_equal(p.exit_code, 0);
+  assert_non_null(strstr(p.out, "usage: rdagen"));
+  assert_non_null(strstr(p.out, "run CONFIG"));
+  rt_proc_free(&p);
+  static const char *const run_help[] = {"run", "--help", NULL};
+  p = run_rdagen(60, run_help);
+  assert_int_equal(p.exit_code, 0);
+  assert_non_null(strstr(p.out, "--backend"));
+  rt_proc_free(&p);
+  static const char *const version[] = {"--version", NULL};
+  p = run_rdagen(60, version);
+  assert_int_equal(p.exit_code, 0);
+  assert_non_null(strstr(p.out, "rdagen 0."));
+  rt_proc_free(&p);
+}
+
+/* Bad usage exits 2 and writes nothing. */
+static void test_cli_bad_usage_exits_2(void **state) {
+  fixture *f = *state;
+  const char *C = f->config, *Q = f->q, *K = f->k, *V = f->v, *O = f->o, *L = f->lse;
+  char *alias = rt_path(f->dir, "./o.npy"); /* O spelled differently */
+  const char *const cases[][MAX_ARGS] = {
+      {NULL},
+      {"frobnicate", NULL},
+      {"run", NULL},
+      {"run", "--q", Q, "--k", K, "--v", V, "--o", O, NULL},                /* no config */
+      {"run", C, "--k", K, "--v", V, "--o", O, NULL},                       /* no --q */
+      {"run", C, "--q", Q, "--v", V, "--o", O, NULL},                       /* no --k */
+      {"run", C, "--q", Q, "--k", K, "--o", O, NULL},                       /* no --v */
+      {"run", C, "--q", Q, "--k", K, "--v", V, NULL},                       /* no --o */
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--x", "1", NULL}, /* unknown flag */
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "-x", NULL},
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", NULL}, /* no value */
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--lse=", NULL},
+      {"run", C, "--q", "--k", K, "--v", V, "--o", O, NULL},
+      {"run", C, "--q", Q, "--q", Q, "--k", K, "--v", V, "--o", O, NULL}, /* twice */
+      {"run", C, C, "--q", Q, "--k", K, "--v", V, "--o", O, NULL},        /* two configs */
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--backend", "gpu", NULL},
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--ranks", "0", NULL},
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--ranks", "-1", NULL},
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--ranks", "two", NULL},
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--ranks=1.5", NULL},
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--do", Q, NULL}, /* partial backward */
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--dq", O, "--dk", L, NULL},
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--lse", O, NULL}, /* one file twice */
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--lse", alias, NULL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    rt_proc p = run_rdagen(60, cases[i]);
+    if (p.exit_code != 2 || p.err[0] == '\0' || stray_entry(f, 0) != NULL) {
+      char what[32];
+      snprintf(what, sizeof what, "usage case %zu", i);
+      show(what, &p);
+      fail();
+    }
+    assert_true(strncmp(p.err, "rdagen", 6) == 0 || strstr(p.err, "usage") != NULL);
+    rt_proc_free(&p);
+  }
+  free(alias);
+}
+
+/* --- bad input: exit 1, one line naming the file, nothing written ----------------------------- */
+
+static void expect_input_error(const fixture *f, const char *what, const char *const *args,
+                               const char *names) {
+  rt_proc p = run_rdagen(300, args);
+  const int lines = rt_count_lines(p.err);
+  if (p.exit_code != 1 || lines != 1 || strncmp(p.err, "rdagen: error: ", 15) != 0 ||
+      (names != NULL && strstr(p.err, names) == NULL) || stray_entry(f, 0) != NULL) {
+    const char *stray = stray_entry(f, 0);
+    show(what, &p);
+    fprintf(stderr,
+            "wanted exit 1, one 'rdagen: error:' line naming '%s', no new files "
+            "(found '%s')\n",
+            names ? names : "-", stray ? stray : "none");
+    fail();
+  }
+  rt_proc_free(&p);
+}
+
+/* Replace one input with a broken file, check the error names it, restore. */
+static void with_broken_input(fixture *f, const char *what, const char *path, const char *descr,
+                              int fortran, int ndim, const long long *shape, int raw_bytes) {
+  char *saved = rt_path(f->dir, "saved.tmp");
+  assert_int_equal(rename(path, saved), 0);
+  if (raw_bytes > 0) {
+    size_t len = 0;
+    char *b = rt_read_file(saved, &len);
+    assert_non_null(b);
+    assert_true(rt_write_file(path, b, (size_t)raw_bytes < len ? (size_t)raw_bytes : len));
+    free(b);
+  } else if (raw_bytes == 0) {
+    size_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+    double *x = rt_normal(n, RDA_DTYPE_BF16);
+    assert_true(rt_write_npy(path, descr, fortran, ndim, shape, x));
+    free(x);
+  } /* raw_bytes < 0: the file is missing */
+  const char *const args[] = {"run", f->config, "--q",   f->q,   "--k",       f->k,  "--v", f->v,
+                              "--o", f->o,      "--lse", f->lse, "--backend", "emu", NULL};
+  expect_input_error(f, what, args, path);
+  unlink(path);
+  assert_int_equal(rename(saved, path), 0);
+  free(saved);
+}
+
+static void test_cli_bad_input_files_exit_1_naming_the_file(void **state) {
+  fixture *f = *state;
+  const long long q_ok[4] = {1, 40, 4, 32}, kv_ok[4] = {1, 40, 2, 32};
+  with_broken_input(f, "missing q", f->q, NULL, 0, 0, NULL, -1);
+  with_broken_input(f, "truncated q", f->q, NULL, 0, 0, NULL, 200);
+  with_broken_input(f, "truncated k header", f->k, NULL, 0, 0, NULL, 40);
+  with_broken_input(f, "empty v", f->v, NULL, 0, 0, NULL, 1);
+  with_broken_input(f, "integer q", f->q, "<i4", 0, 4, q_ok, 0);
+  with_broken_input(f, "big-endian k", f->k, ">f4", 0, 4, kv_ok, 0);
+  with_broken_input(f, "fortran v", f->v, "<f4", 1, 4, kv_ok, 0);
+  with_broken_input(f, "q head_dim", f->q, "<f4", 0, 4, (const long long[]){1, 40, 4, 64}, 0);
+  with_broken_input(f, "q heads", f->q, "<f4", 0, 4, (const long long[]){1, 40, 2, 32}, 0);
+  with_broken_input(f, "q 3-d", f->q, "<f4", 0, 3, (const long long[]){40, 4, 32}, 0);
+  with_broken_input(f, "q empty", f->q, "<f4", 0, 4, (const long long[]){1, 0, 4, 32}, 0);
+  with_broken_input(f, "k kv_heads", f->k, "<f4", 0, 4, (const long long[]){1, 40, 4, 32}, 0);
+  with_broken_input(f, "k n", f->k, "<f4", 0, 4, (const long long[]){1, 39, 2, 32}, 0);
+  with_broken_input(f, "v batch", f->v, "<f8", 0, 4, (const long long[]){2, 40, 2, 32}, 0);
+  with_broken_input(f, "config missing", f->config, NULL, 0, 0, NULL, -1);
+}
+
+static void test_cli_bad_config_exits_1_naming_it(void **state) {
+  fixture *f = *state;
+  static const char *const bodies[] = {
+      "return { heads = 4, head_dim = 32, segments = {16}, dilations = {1}, dtype = 'bf16', x = 1 "
+      "}",
+      "return { heads = 4, head_dim = 33, segments = {16}, dilations = {1} }",
+      "return { heads = 4",
+      "os.execute('touch pwned') return {}",
+      "while true do end",
+  };
+  for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
+    assert_true(rt_write_file(f->config, bodies[i], strlen(bodies[i])));
+    const char *const args[] = {"run", f->config, "--q", f->q,        "--k", f->k, "--v",
+                                f->v,  "--o",     f->o,  "--backend", "emu", NULL};
+    expect_input_error(f, bodies[i], args, "small.lua");
+  }
+}
+
+static void test_cli_unwritable_outputs_exit_1_and_write_nothing(void **state) {
+  fixture *f = *state;
+  char *missing = rt_path(f->dir, "no/such/o.npy");
+  char *missing_lse = rt_path(f->dir, "none/lse.npy");
+  const char *const a1[] = {"run", f->config, "--q",   f->q,   "--k",       f->k,  "--v", f->v,
+                            "--o", missing,   "--lse", f->lse, "--backend", "emu", NULL};
+  expect_input_error(f, "--o in a missing folder", a1, missing);
+  const char *const a2[] = {"run", f->config, "--q",   f->q,        "--k",       f->k,  "--v", f->v,
+                            "--o", f->o,      "--lse", missing_lse, "--backend", "emu", NULL};
+  expect_input_error(f, "--lse in a missing folder", a2, missing_lse);
+  const char *const a3[] = {"run", f->config, "--q",  f->q,        "--k", f->k, "--v",
+                            f->v,  "--o",     f->dir, "--backend", "emu", NULL};
+  expect_input_error(f, "--o is a folder", a3, f->dir);
+  free(missing), free(missing_lse);
+}
+
+static void test_cli_unsupported_features_exit_1(void **state) {
+  fixture *f = *state;
+  char *dq = rt_path(f->dir, "dq.npy");
+  const char *const back[] = {"run",  f->config, "--q",  f->q,     "--k", f->k,   "--v",
+                              f->v,   "--o",     f->o,   "--do",   f->q,  "--dq", dq,
+                              "--dk", f->lse,    "--dv", "dv.npy", NULL};
+  expect_input_error(f, "backward", back,
+                     "the backward pass (--do/--dq/--dk/--dv) is not yet supported");
+  const char *const ranks[] = {"run", f->config, "--q", f->q,      "--k", f->k, "--v",
+                               f->v,  "--o",     f->o,  "--ranks", "4",   NULL};
+  expect_input_error(f, "ranks", ranks, "not yet supported");
+  free(dq);
+}
+
+/* A failed run leaves an existing output file exactly as it was. */
+static void test_cli_failure_keeps_existing_output_untouched(void **state) {
+  fixture *f = *state;
+  assert_true(rt_write_file(f->o, "precious", 8));
+  char *missing = rt_path(f->dir, "missing.npy");
+  const char *const args[] = {"run", f->config, "--q", missing,     "--k", f->k, "--v",
+                              f->v,  "--o",     f->o,  "--backend", "emu", NULL};
+  rt_proc p = run_rdagen(300, args);
+  assert_int_equal(p.exit_code, 1);
+  size_t len = 0;
+  char *b = rt_read_file(f->o, &len);
+  assert_non_null(b);
+  assert_int_equal(len, 8);
+  assert_memory_equal(b, "precious", 8);
+  assert_null(stray_entry(f, 1));
+  free(b), free(missing);
+  rt_proc_free(&p);
+}
+
+/* --- real runs on the emulator ---------------------------------------------------------------- */
+
+typedef struct run_case {
+  const char *name;
+  const char *config;
+  int heads, kv_heads, head_dim, dtype;
+  long long batch, n;
+  const char *descr; /* input file dtype */
+  int with_lse;
+  const char *backend_arg; /* how --backend is spelled */
+  int no_gpu_ok;           /* cuda: with no usable GPU, a clean exit 1 is the right answer */
+} run_case;
+
+static void run_and_compare(fixture *f, const run_case *rc) {
+  assert_true(rt_write_file(f->config, rc->config, strlen(rc->config)));
+  const long long B = rc->batch, N = rc->n, H = rc->heads, Hkv = rc->kv_heads, D = rc->head_dim;
+  const long long qs[4] = {B, N, H, D}, ks[4] = {B, N, Hkv, D};
+  /* Inputs drawn in float64 and written in descr; the CLI rounds to the config's dtype, so the
+   * reference runs on the same rounding of what the file holds. */
+  double *q = rt_normal((size_t)(B * N * H * D), RT_DTYPE_F64);
+  double *k = rt_normal((size_t)(B * N * Hkv * D), RT_DTYPE_F64);
+  double *v = rt_normal((size_t)(B * N * Hkv * D), RT_DTYPE_F64);
+  assert_true(rt_write_npy(f->q, rc->descr, 0, 4, qs, q));
+  assert_true(rt_write_npy(f->k, rc->descr, 0, 4, ks, k));
+  assert_true(rt_write_npy(f->v, rc->descr, 0, 4, ks, v));
+  double *arrays[3] = {q, k, v};
+  const char *paths[3] = {f->q, f->k, f->v};
+  for (int a = 0; a < 3; a++) { /* what the file holds, rounded to the config's dtype */
+    rda_npy in;
+    rda_err err = {0};
+    assert_int_equal(rda_npy_read(paths[a], &in, &err), RDA_OK);
+    for (size_t i = 0; i < in.count; i++) arrays[a][i] = rda_round_to_dtype(in.data[i], rc->dtype);
+    rda_npy_free(&in);
+  }
+
+  const char *args[MAX_ARGS];
+  int n = 0;
+  /* flags in a scrambled order, both spellings */
+  args[n++] = "run";
+  args[n++] = "--o";
+  args[n++] = f->o;
+  args[n++] = f->config;
+  if (rc->with_lse) args[n++] = "--lse", args[n++] = f->lse;
+  char qarg[600];
+  snprintf(qarg, sizeof qarg, "--q=%s", f->q);
+  args[n++] = "--v", args[n++] = f->v, args[n++] = qarg, args[n++] = "--k", args[n++] = f->k;
+  if (strchr(rc->backend_arg, '=') != NULL)
+    args[n++] = rc->backend_arg;
+  else
+    args[n++] = "--backend", args[n++] = rc->backend_arg;
+  args[n++] = "--ranks", args[n++] = "1";
+  args[n] = NULL;
+  assert_true(rt_write_file(f->o, "stale", 5)); /* a run replaces an existing output */
+  rt_proc p = run_rdagen(900, args);
+  if (rc->no_gpu_ok && p.exit_code == 1) {
+    /* No GPU here: the failure must follow SPEC §4 (one line, nothing written). */
+    size_t len = 0;
+    char *kept = rt_read_file(f->o, &len);
+    const int untouched = kept != NULL && len == 5 && memcmp(kept, "stale", 5) == 0;
+    free(kept);
+    if (rt_count_lines(p.err) != 1 || strncmp(p.err, "rdagen: error: ", 15) != 0 ||
+        stray_entry(f, 1) != NULL || !untouched || rt_exists(f->lse)) {
+      show(rc->name, &p);
+      fail();
+    }
+    fprintf(stderr, "note: %s: no usable GPU, checked the clean failure only: %s", rc->name, p.err);
+    rt_proc_free(&p);
+    free(q), free(k), free(v);
+    return;
+  }
+  if (p.exit_code != 0) {
+    show(rc->name, &p);
+    fail();
+  }
+  if (strstr(rc->backend_arg, "auto") != NULL) assert_non_null(strstr(p.err, "rdagen: backend: "));
+  assert_null(stray_entry(f, 1)); /* no temporaries left */
+  rt_proc_free(&p);
+
+  rda_npy o, lse;
+  rda_err err = {0};
+  assert_int_equal(rda_npy_read(f->o, &o, &err), RDA_OK);
+  assert_int_equal(o.ndim, 4);
+  for (int i = 0; i < 4; i++) assert_int_equal(o.shape[i], qs[i]);
+  float *of = malloc(o.count * sizeof *of);
+  float *lf = malloc((size_t)(B * H * N) * sizeof *lf);
+  assert_non_null(of), assert_non_null(lf);
+  for (size_t i = 0; i < o.count; i++) of[i] = (float)o.data[i];
+  if (rc->with_lse) {
+    assert_int_equal(rda_npy_read(f->lse, &lse, &err), RDA_OK);
+    assert_int_equal(lse.ndim, 3);
+    assert_int_equal(lse.shape[0], B);
+    assert_int_equal(lse.shape[1], H);
+    assert_int_equal(lse.shape[2], N);
+    for (size_t i = 0; i < lse.count; i++) lf[i] = (float)lse.data[i];
+    rda_npy_free(&lse);
+  } else {
+    assert_false(rt_exists(f->lse));
+  }
+  rda_npy_free(&o);
+
+  /* The config as the generator reads it, for the reference. */
+  rda_gen *g = NULL;
+  rda_config c;
+  assert_int_equal(rda_gen_open(&g, &err), RDA_OK);
+  assert_int_equal(rda_gen_config_string(g, rc->config, rc->name, &c, &err), RDA_OK);
+  rda_gen_close(g);
+  double *o_ref, *lse_ref;
+  rt_reference(&c, B, N, q, k, v, &o_ref, &lse_ref);
+  if (!rc->with_lse) /* O alone: judge LSE as matching so only O is compared */
+    for (long long i = 0; i < B * H * N; i++) lf[i] = (float)lse_ref[i];
+  const long long o_s[3] = {N * H * D, H * D, D}, l_s[2] = {H * N, N};
+  rt_report rep;
+  assert_true(rt_check_fwd(rc->name, &c, B, N, of, o_s, lf, l_s, o_ref, lse_ref, &rep));
+  assert_true(rep.covered_rows > 0);
+  free(of), free(lf), free(o_ref), free(lse_ref), free(q), free(k), free(v);
+}
+
+static void test_cli_run_emu_matches_reference_bf16_causal_gqa(void **state) {
+  const run_case rc = {"bf16 causal gqa",
+                       "return { heads = 4, kv_heads = 2, head_dim = 32, dtype = 'bf16',\n"
+                       "  segments = { 32, 64, 256 }, dilations = { 1, 2, 4 }, causal = true }\n",
+                       4,
+                       2,
+                       32,
+                       RDA_DTYPE_BF16,
+                       2,
+                       96,
+                       "<f4",
+                       1,
+                       "emu",
+                       0};
+  run_and_compare(*state, &rc);
+}
+
+static void test_cli_run_emu_matches_reference_fp16_group_offsets_f8_inputs(void **state) {
+  const run_case rc = {"fp16 group offsets",
+                       "return { heads = 3, head_dim = 64, dtype = 'fp16', offsets = 'group',\n"
+                       "  segments = { 24, 40 }, dilations = { 3, 2 }, scale = 0.2 }\n",
+                       3,
+                       3,
+                       64,
+                       RDA_DTYPE_FP16,
+                       1,
+                       70,
+                       "<f8",
+                       0,
+                       "--backend=emu",
+                       0};
+  run_and_compare(*state, &rc);
+}
+
+static void test_cli_run_auto_reads_f2_and_says_which_backend(void **state) {
+  const run_case rc = {
+      "auto backend f2 inputs",
+      "return { heads = 2, head_dim = 32, dtype = 'fp16', segments = { 64 }, dilations = { 1 } }\n",
+      2,
+      2,
+      32,
+      RDA_DTYPE_FP16,
+      1,
+      64,
+      "<f2",
+      1,
+      "auto",
+      0};
+  run_and_compare(*state, &rc);
+}
+
+/* --backend cuda runs on the GPU when there is one (checked against the reference), and
+ * otherwise fails with one clear line and no output. */
+static void test_cli_run_cuda_matches_reference_or_fails_cleanly(void **state) {
+  const run_case rc = {"cuda backend",
+                       "return { heads = 4, kv_heads = 1, head_dim = 64, dtype = 'bf16',\n"
+                       "  segments = { 32, 128 }, dilations = { 1, 4 }, causal = true }\n",
+                       4,
+                       1,
+                       64,
+                       RDA_DTYPE_BF16,
+                       2,
+                       100,
+                       "<f4",
+                       1,
+                       "cuda",
+                       1};
+  run_and_compare(*state, &rc);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_cli_help_and_version_exit_0),
+      cmocka_unit_test_setup_teardown(test_cli_bad_usage_exits_2, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cli_bad_input_files_exit_1_naming_the_file, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cli_bad_config_exits_1_naming_it, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cli_unwritable_outputs_exit_1_and_write_nothing, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cli_unsupported_features_exit_1, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cli_failure_keeps_existing_output_untouched, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cli_run_emu_matches_reference_bf16_causal_gqa, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(
+          test_cli_run_emu_matches_reference_fp16_group_offsets_f8_inputs, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cli_run_auto_reads_f2_and_says_which_backend, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cli_run_cuda_matches_reference_or_fails_cleanly, setup,
+                                      teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,793 @@
+/* test_config.c — config loading per SPEC §3: every validation rule (one line naming the key,
+ * the value and what is allowed), sandbox escapes, runaway loops, memory bombs, syntax errors,
+ * binary chunks, and valid configs loaded with their defaults resolved. */
+/* cmocka.h needs these four first. */
+/* clang-format off */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
+#include <dirent.h>
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gen.h"
+
+static int gen_setup(void **state) {
+  rda_err err = {0};
+  rda_gen *g = NULL;
+  if (rda_gen_open(&g, &err) != RDA_OK) {
+    fprintf(stderr, "rda_gen_open: %s\n", err.msg);
+    return -1;
+  }
+  *state = g;
+  return 0;
+}
+
+static int gen_teardown(void **state) {
+  rda_gen_close(*state);
+  return 0;
+}
+
+/* Loads text as "configs/x.lua"; on failure the error must be one line, start with the chunk
+ * name, carry the expected status, and contain every part (a NULL-terminated list). */
+static void expect_error_v(void **state, const char *text, rda_status want, va_list ap) {
+  rda_config c;
+  rda_err err = {0};
+  const rda_status s = rda_gen_config_string(*state, text, "configs/x.lua", &c, &err);
+  if (s != want)
+    fail_msg("status %s, want %s, for:\n%s\nmessage: %s", rda_status_string(s),
+             rda_status_string(want), text, err.msg);
+  if (strncmp(err.msg, "configs/x.lua", 13) != 0) fail_msg("message lacks the chunk: %s", err.msg);
+  if (strchr(err.msg, '\n') != NULL) fail_msg("message is not one line: %s", err.msg);
+  for (const char *part; (part = va_arg(ap, const char *)) != NULL;)
+    if (strstr(err.msg, part) == NULL) fail_msg("message \"%s\" lacks \"%s\"", err.msg, part);
+}
+
+static void expect_error(void **state, const char *text, ...) {
+  va_list ap;
+  va_start(ap, text);
+  expect_error_v(state, text, RDA_ERR_CONFIG, ap);
+  va_end(ap);
+}
+
+static void load_ok(void **state, const char *text, rda_config *c) {
+  rda_err err = {0};
+  if (rda_gen_config_string(*state, text, "configs/x.lua", c, &err) != RDA_OK)
+    fail_msg("rejected a valid config: %s", err.msg);
+}
+
+/* A valid config with `extra` inserted as more keys. */
+static void with(char *buf, size_t n, const char *extra) {
+  snprintf(buf, n,
+           "return { heads = 16, kv_heads = 4, head_dim = 128, dtype = 'bf16',"
+           " segments = { 2048, 4096, 8192 }, dilations = { 1, 2, 4 }, %s }",
+           extra);
+}
+
+/* Every piece of SPEC §3's example config, exactly as printed there. */
+static const char spec_example[] =
+    "return {\n"
+    "  heads = 16, kv_heads = 4, head_dim = 128, dtype = \"bf16\",   -- kv_heads defaults to "
+    "heads\n"
+    "  segments  = { 2048, 4096, 8192 },\n"
+    "  dilations = { 1,    2,    4    },\n"
+    "  offsets = \"mod\",          -- \"mod\" | \"block\" | \"group\"; default \"mod\"\n"
+    "  causal = true,            -- default false\n"
+    "  scale = nil,              -- default 1/sqrt(head_dim)\n"
+    "}\n";
+
+/* ---- valid configs ----------------------------------------------------------------------- */
+
+static void test_config_loads_spec_example(void **state) {
+  rda_config c;
+  load_ok(state, spec_example, &c);
+  assert_int_equal(c.heads, 16);
+  assert_int_equal(c.kv_heads, 4);
+  assert_int_equal(c.head_dim, 128);
+  assert_int_equal(c.dtype, RDA_DTYPE_BF16);
+  assert_int_equal(c.nbranch, 3);
+  assert_int_equal(c.segments[0], 2048);
+  assert_int_equal(c.segments[1], 4096);
+  assert_int_equal(c.segments[2], 8192);
+  assert_int_equal(c.dilations[0], 1);
+  assert_int_equal(c.dilations[1], 2);
+  assert_int_equal(c.dilations[2], 4);
+  assert_int_equal(c.offsets, RDA_OFFSETS_MOD);
+  assert_int_equal(c.causal, 1);
+  assert_true(fabs(c.scale - 1.0 / sqrt(128.0)) < 1e-15);
+}
+
+static void test_config_resolves_defaults(void **state) {
+  rda_config c;
+  load_ok(state,
+          "return { heads = 6, head_dim = 64, dtype = 'fp16', segments = { 100 },"
+          " dilations = { 3 } }",
+          &c);
+  assert_int_equal(c.kv_heads, 6);
+  assert_int_equal(c.dtype, RDA_DTYPE_FP16);
+  assert_int_equal(c.offsets, RDA_OFFSETS_MOD);
+  assert_int_equal(c.causal, 0);
+  assert_true(fabs(c.scale - 0.125) < 1e-15);
+}
+
+static void test_config_keeps_explicit_values(void **state) {
+  rda_config c;
+  load_ok(state,
+          "return { heads = 4, kv_heads = 1, head_dim = 32, dtype = 'bf16',"
+          " segments = { 8, 16, 32, 64 }, dilations = { 1, 1, 2, 5 }, offsets = 'group',"
+          " causal = false, scale = 0.3 }",
+          &c);
+  assert_int_equal(c.kv_heads, 1);
+  assert_int_equal(c.nbranch, 4);
+  assert_int_equal(c.dilations[3], 5);
+  assert_int_equal(c.offsets, RDA_OFFSETS_GROUP);
+  assert_int_equal(c.causal, 0);
+  assert_true(c.scale == 0.3);
+  load_ok(state,
+          "return { heads = 4, head_dim = 256, dtype = 'bf16', segments = { 8 },"
+          " dilations = { 1 }, offsets = 'block', scale = 2 }",
+          &c);
+  assert_int_equal(c.offsets, RDA_OFFSETS_BLOCK);
+  assert_true(c.scale == 2.0);
+}
+
+static void test_config_accepts_integral_floats(void **state) {
+  rda_config c;
+  load_ok(state,
+          "return { heads = 16.0, head_dim = 128.0, dtype = 'bf16',"
+          " segments = { 2048.0, 2^40 }, dilations = { 1.0, 4 } }",
+          &c);
+  assert_int_equal(c.heads, 16);
+  assert_int_equal(c.head_dim, 128);
+  assert_int_equal(c.segments[0], 2048);
+  assert_true(c.segments[1] == (int64_t)1 << 40);
+}
+
+static void test_config_accepts_sixteen_branches(void **state) {
+  rda_config c;
+  load_ok(state,
+          "local s, r = {}, {} for i = 1, 16 do s[i], r[i] = 64 * i, i end"
+          " return { heads = 16, head_dim = 64, dtype = 'bf16', segments = s,"
+          " dilations = r, offsets = 'group' }",
+          &c);
+  assert_int_equal(c.nbranch, 16);
+  assert_int_equal(c.segments[15], 1024);
+  assert_int_equal(c.dilations[15], 16);
+}
+
+static void test_config_can_compute_with_safe_helpers(void **state) {
+  rda_config c;
+  load_ok(state,
+          "local segs = {}\n"
+          "for i = 0, 2 do table.insert(segs, math.floor(2048 * 2 ^ i)) end\n"
+          "local name = string.format('%s%d', 'bf', 16)\n"
+          "assert(('x'):rep(3) == 'xxx' and #segs == 3)\n"
+          "local d = tonumber('64') * 2\n"
+          "return { heads = select('#', 1, 2, 3, 4), head_dim = d, dtype = name:lower(),\n"
+          "         segments = segs, dilations = { 1, 2, 4 }, causal = type(d) == 'number' }\n",
+          &c);
+  assert_int_equal(c.heads, 4);
+  assert_int_equal(c.head_dim, 128);
+  assert_int_equal(c.segments[2], 8192);
+  assert_int_equal(c.causal, 1);
+}
+
+static void test_config_loads_default_file(void **state) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/configs/default.lua", rda_gen_home());
+  rda_config c;
+  rda_err err = {0};
+  if (rda_gen_config_file(*state, path, &c, &err) != RDA_OK) fail_msg("%s", err.msg);
+  assert_true(c.nbranch >= 1);
+  assert_true(c.heads % c.kv_heads == 0);
+}
+
+static void test_config_every_example_in_configs_is_valid(void **state) {
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/configs", rda_gen_home());
+  DIR *d = opendir(dir);
+  assert_non_null(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    const size_t len = strlen(e->d_name);
+    if (len < 5 || strcmp(e->d_name + len - 4, ".lua") != 0) continue;
+    char path[8300];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    rda_config c;
+    rda_err err = {0};
+    if (rda_gen_config_file(*state, path, &c, &err) != RDA_OK) fail_msg("%s", err.msg);
+    n++;
+  }
+  closedir(d);
+  assert_true(n >= 1);
+}
+
+static void test_config_spec_example_file_matches_spec(void **state) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/configs/spec_example.lua", rda_gen_home());
+  rda_config a, b;
+  rda_err err = {0};
+  assert_int_equal(rda_gen_config_file(*state, path, &a, &err), RDA_OK);
+  load_ok(state, spec_example, &b);
+  assert_memory_equal(&a, &b, sizeof a);
+}
+
+static void test_config_file_errors_name_the_file(void **state) {
+  char path[] = "/tmp/rda_config_XXXXXX";
+  const int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  const char text[] =
+      "return { heads = 16, head_dim = 80, dtype = 'bf16', segments = { 8 },"
+      " dilations = { 1 } }\n";
+  assert_int_equal(write(fd, text, sizeof text - 1), (long)(sizeof text - 1));
+  close(fd);
+  rda_config c;
+  rda_err err = {0};
+  const rda_status s = rda_gen_config_file(*state, path, &c, &err);
+  unlink(path);
+  assert_int_equal(s, RDA_ERR_CONFIG);
+  char want[256];
+  snprintf(want, sizeof want, "%s: head_dim = 80: must be one of 32, 64, 96, 128, 256", path);
+  assert_string_equal(err.msg, want);
+}
+
+static void test_config_missing_file_is_io_error(void **state) {
+  rda_config c;
+  rda_err err = {0};
+  assert_int_equal(rda_gen_config_file(*state, "/nonexistent/x.lua", &c, &err), RDA_ERR_IO);
+  assert_non_null(strstr(err.msg, "/nonexistent/x.lua"));
+  rda_err_clear(&err);
+  assert_int_equal(rda_gen_config_file(*state, "/tmp", &c, &err), RDA_ERR_IO);
+  assert_non_null(strstr(err.msg, "/tmp: cannot read"));
+}
+
+/* ---- validation rules -------------------------------------------------------------------- */
+
+static void test_config_rejects_head_dim_with_exact_message(void **state) {
+  rda_config c;
+  rda_err err = {0};
+  assert_int_equal(rda_gen_config_string(*state,
+                                         "return { heads = 16, head_dim = 80, dtype = 'bf16',"
+                                         " segments = { 8 }, dilations = { 1 } }",
+                                         "configs/x.lua", &c, &err),
+                   RDA_ERR_CONFIG);
+  assert_string_equal(err.msg, "configs/x.lua: head_dim = 80: must be one of 32, 64, 96, 128, 256");
+}
+
+static void test_config_rejects_unknown_key(void **state) {
+  char buf[512];
+  with(buf, sizeof buf, "segment_len = 4");
+  expect_error(state, buf, "segment_len = 4", "unknown key", "allowed keys are heads", NULL);
+}
+
+static void test_config_rejects_non_string_key(void **state) {
+  char buf[512];
+  with(buf, sizeof buf, "'extra'");
+  expect_error(state, buf, "[1] = \"extra\"", "unknown key", NULL);
+}
+
+static void test_config_rejects_dropout_as_not_supported(void **state) {
+  char buf[512];
+  with(buf, sizeof buf, "dropout = 0.1");
+  expect_error(state, buf, "dropout = 0.1", "not supported", "dropout is not defined", NULL);
+}
+
+static void test_config_rejects_mask_as_not_supported(void **state) {
+  char buf[512];
+  with(buf, sizeof buf, "attn_mask = 'sliding'");
+  expect_error(state, buf, "attn_mask = \"sliding\"", "not supported", "masks", NULL);
+  with(buf, sizeof buf, "mask = true");
+  expect_error(state, buf, "mask = true", "not supported", NULL);
+}
+
+static void test_config_rejects_cross_attention_as_not_supported(void **state) {
+  char buf[512];
+  with(buf, sizeof buf, "cross_attention = true");
+  expect_error(state, buf, "cross_attention = true", "not supported", "Lq", NULL);
+  with(buf, sizeof buf, "kv_len = 4096");
+  expect_error(state, buf, "kv_len = 4096", "not supported", NULL);
+}
+
+static void test_config_rejects_missing_heads(void **state) {
+  expect_error(state,
+               "return { head_dim = 64, dtype = 'bf16', segments = { 8 }, dilations = { 1 } }",
+               "heads = nil", "required", "integer from 1", NULL);
+}
+
+static void test_config_rejects_heads_of_wrong_type(void **state) {
+  expect_error(state,
+               "return { heads = '16', head_dim = 64, dtype = 'bf16', segments = { 8 },"
+               " dilations = { 1 } }",
+               "heads = \"16\"", "must be an integer", NULL);
+}
+
+static void test_config_rejects_zero_heads(void **state) {
+  expect_error(state,
+               "return { heads = 0, head_dim = 64, dtype = 'bf16', segments = { 8 },"
+               " dilations = { 1 } }",
+               "heads = 0", "integer from 1 to 65535", NULL);
+}
+
+static void test_config_rejects_fractional_heads(void **state) {
+  expect_error(state,
+               "return { heads = 2.5, head_dim = 64, dtype = 'bf16', segments = { 8 },"
+               " dilations = { 1 } }",
+               "heads = 2.5", "integer", NULL);
+}
+
+static void test_config_rejects_kv_heads_not_dividing(void **state) {
+  expect_error(state,
+               "return { heads = 16, kv_heads = 3, head_dim = 64, dtype = 'bf16',"
+               " segments = { 8 }, dilations = { 1 } }",
+               "kv_heads = 3", "must divide heads = 16", NULL);
+}
+
+static void test_config_rejects_kv_heads_above_heads(void **state) {
+  expect_error(state,
+               "return { heads = 4, kv_heads = 8, head_dim = 64, dtype = 'bf16',"
+               " segments = { 8 }, dilations = { 1 } }",
+               "kv_heads = 8", "at most heads = 4", NULL);
+}
+
+static void test_config_rejects_negative_kv_heads(void **state) {
+  expect_error(state,
+               "return { heads = 4, kv_heads = -2, head_dim = 64, dtype = 'bf16',"
+               " segments = { 8 }, dilations = { 1 } }",
+               "kv_heads = -2", "integer", NULL);
+}
+
+static void test_config_rejects_missing_head_dim(void **state) {
+  expect_error(state, "return { heads = 4, dtype = 'bf16', segments = { 8 }, dilations = { 1 } }",
+               "head_dim = nil", "required", "32, 64, 96, 128, 256", NULL);
+}
+
+static void test_config_rejects_unsupported_dtype(void **state) {
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'fp32', segments = { 8 },"
+               " dilations = { 1 } }",
+               "dtype = \"fp32\"", "\"bf16\", \"fp16\"", NULL);
+}
+
+static void test_config_rejects_missing_dtype(void **state) {
+  expect_error(state, "return { heads = 4, head_dim = 64, segments = { 8 }, dilations = { 1 } }",
+               "dtype = nil", "required", NULL);
+}
+
+static void test_config_rejects_missing_segments(void **state) {
+  expect_error(state, "return { heads = 4, head_dim = 64, dtype = 'bf16', dilations = { 1 } }",
+               "segments = nil", "required", "list of 1 to 16", NULL);
+}
+
+static void test_config_rejects_missing_dilations(void **state) {
+  expect_error(state, "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 } }",
+               "dilations = nil", "required", NULL);
+}
+
+static void test_config_rejects_empty_segments(void **state) {
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = {},"
+               " dilations = {} }",
+               "segments = {}", "0 entries", "list of 1 to 16", NULL);
+}
+
+static void test_config_rejects_segments_not_a_list(void **state) {
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = 2048,"
+               " dilations = { 1 } }",
+               "segments = 2048", "must be a list", NULL);
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16',"
+               " segments = { 8, w = 16 }, dilations = { 1 } }",
+               "segments = ", "key w is not a list index", NULL);
+}
+
+static void test_config_rejects_zero_segment(void **state) {
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8, 0 },"
+               " dilations = { 1, 1 } }",
+               "segments[2] = 0", "integer >= 1", NULL);
+}
+
+static void test_config_rejects_fractional_segment(void **state) {
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8.5 },"
+               " dilations = { 1 } }",
+               "segments[1] = 8.5", "integer >= 1", NULL);
+}
+
+static void test_config_rejects_huge_segment(void **state) {
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 1e30 },"
+               " dilations = { 1 } }",
+               "segments[1] = 1e+30", "integer >= 1", NULL);
+}
+
+static void test_config_rejects_zero_dilation(void **state) {
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
+               " dilations = { 0 } }",
+               "dilations[1] = 0", "integer >= 1", NULL);
+}
+
+static void test_config_rejects_string_dilation(void **state) {
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
+               " dilations = { '2' } }",
+               "dilations[1] = \"2\"", "integer >= 1", NULL);
+}
+
+static void test_config_rejects_mismatched_lengths(void **state) {
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8, 16 },"
+               " dilations = { 1 } }",
+               "dilations = {1}", "1 entries but segments has 2", NULL);
+}
+
+static void test_config_rejects_seventeen_branches(void **state) {
+  expect_error(state,
+               "local s = {} for i = 1, 17 do s[i] = i end"
+               " return { heads = 4, head_dim = 64, dtype = 'bf16', segments = s,"
+               " dilations = s }",
+               "segments = {1, 2, 3", "17 entries", "1 to 16", NULL);
+}
+
+static void test_config_rejects_unknown_offsets(void **state) {
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
+               " dilations = { 1 }, offsets = 'ring' }",
+               "offsets = \"ring\"", "\"mod\", \"block\", \"group\"", NULL);
+}
+
+static void test_config_rejects_group_with_fewer_heads_than_branches(void **state) {
+  expect_error(state,
+               "return { heads = 2, head_dim = 64, dtype = 'bf16', segments = { 8, 16, 32 },"
+               " dilations = { 1, 2, 4 }, offsets = 'group' }",
+               "offsets = \"group\"", "heads = 2", "3 branches", NULL);
+}
+
+static void test_config_rejects_non_boolean_causal(void **state) {
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
+               " dilations = { 1 }, causal = 1 }",
+               "causal = 1", "true or false", NULL);
+}
+
+static void test_config_rejects_zero_scale(void **state) {
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
+               " dilations = { 1 }, scale = 0 }",
+               "scale = 0", "positive finite", NULL);
+}
+
+static void test_config_rejects_negative_scale(void **state) {
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
+               " dilations = { 1 }, scale = -0.5 }",
+               "scale = -0.5", "positive", NULL);
+}
+
+static void test_config_rejects_infinite_scale(void **state) {
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
+               " dilations = { 1 }, scale = math.huge }",
+               "scale = inf", "finite", NULL);
+}
+
+static void test_config_rejects_nan_scale(void **state) {
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
+               " dilations = { 1 }, scale = 0/0 }",
+               "scale = ", "nan", "finite", NULL);
+}
+
+static void test_config_rejects_string_scale(void **state) {
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
+               " dilations = { 1 }, scale = '0.1' }",
+               "scale = \"0.1\"", "number", NULL);
+}
+
+static void test_config_leaves_output_zeroed_on_failure(void **state) {
+  rda_config c;
+  memset(&c, 0x5a, sizeof c);
+  rda_err err = {0};
+  assert_int_equal(rda_gen_config_string(*state, "return 1", "x", &c, &err), RDA_ERR_CONFIG);
+  assert_int_equal(c.heads, 0);
+  assert_int_equal(c.nbranch, 0);
+}
+
+/* ---- what a chunk may be ----------------------------------------------------------------- */
+
+static void test_config_rejects_non_table_return(void **state) {
+  expect_error(state, "return 5", "must return a table, not 5", NULL);
+  expect_error(state, "local x = 1", "must return a table, not nothing", NULL);
+  expect_error(state, "return 'heads'", "must return a table, not \"heads\"", NULL);
+}
+
+static void test_config_syntax_error_carries_chunk_and_line(void **state) {
+  expect_error(state, "return {\n  heads = 16,\n  head_dim = = 64,\n}", "configs/x.lua:3:", NULL);
+  expect_error(state, "return {", "configs/x.lua:1:", NULL);
+}
+
+static void test_config_runtime_error_carries_chunk_and_line(void **state) {
+  expect_error(state, "local t = nil\nreturn t.x", "configs/x.lua:2:", "nil", NULL);
+  expect_error(state, "error('my own\\nmessage')", "configs/x.lua:1: my own message", NULL);
+  expect_error(state, "error({})", "error that is a table", NULL);
+}
+
+typedef struct dump_buf {
+  char data[65536];
+  size_t len;
+} dump_buf;
+
+static int dump_writer(lua_State *L, const void *p, size_t sz, void *ud) {
+  (void)L;
+  dump_buf *b = ud;
+  if (b->len + sz > sizeof b->data) return 1;
+  memcpy(b->data + b->len, p, sz);
+  b->len += sz;
+  return 0;
+}
+
+static void test_config_rejects_binary_chunk(void **state) {
+  lua_State *L = luaL_newstate();
+  assert_non_null(L);
+  assert_int_equal(luaL_loadstring(L,
+                                   "return { heads = 4, head_dim = 64, dtype = 'bf16',"
+                                   " segments = { 8 }, dilations = { 1 } }"),
+                   LUA_OK);
+  static dump_buf b;
+  b.len = 0;
+  assert_int_equal(lua_dump(L, dump_writer, &b, 0), 0);
+  lua_close(L);
+  const char *bin = b.data;
+  const size_t len = b.len;
+  char path[] = "/tmp/rda_config_binXXXXXX";
+  const int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, bin, len), (long)len);
+  close(fd);
+  rda_config c;
+  rda_err err = {0};
+  const rda_status s = rda_gen_config_file(*state, path, &c, &err);
+  unlink(path);
+  assert_int_equal(s, RDA_ERR_CONFIG);
+  assert_non_null(strstr(err.msg, "binary chunks are not accepted"));
+  assert_non_null(strstr(err.msg, path));
+}
+
+/* ---- sandbox ----------------------------------------------------------------------------- */
+
+static void test_config_sandbox_has_no_os(void **state) {
+  char marker[] = "/tmp/rda_sandbox_markerXXXXXX";
+  const int fd = mkstemp(marker);
+  assert_true(fd >= 0);
+  close(fd);
+  unlink(marker);
+  char text[512];
+  snprintf(text, sizeof text, "os.execute('touch %s') return {}", marker);
+  expect_error(state, text, "configs/x.lua:1:", "os", NULL);
+  struct stat st;
+  assert_int_not_equal(stat(marker, &st), 0);
+  expect_error(state, "return { heads = os.getenv('HOME') }", "os", NULL);
+}
+
+static void test_config_sandbox_has_no_io(void **state) {
+  expect_error(state, "local f = io.open('/etc/passwd') return {}", "configs/x.lua:1:", "io", NULL);
+  expect_error(state, "io.write('x') return {}", "io", NULL);
+}
+
+static void test_config_sandbox_has_no_loaders(void **state) {
+  expect_error(state, "require('os') return {}", "require", NULL);
+  expect_error(state, "load('return 1')() return {}", "load", NULL);
+  expect_error(state, "loadstring('return 1')() return {}", "loadstring", NULL);
+  expect_error(state, "dofile('/etc/passwd') return {}", "dofile", NULL);
+  expect_error(state, "loadfile('/etc/passwd') return {}", "loadfile", NULL);
+  expect_error(state, "package.loaded.os.execute('true') return {}", "package", NULL);
+}
+
+static void test_config_sandbox_has_no_debug(void **state) {
+  expect_error(state, "debug.sethook() return {}", "debug", NULL);
+  expect_error(state, "collectgarbage('stop') return {}", "collectgarbage", NULL);
+  expect_error(state, "print('hello') return {}", "print", NULL);
+}
+
+static void test_config_sandbox_has_no_metatables(void **state) {
+  expect_error(state, "local mt = getmetatable('') return {}", "getmetatable", NULL);
+  expect_error(state, "setmetatable({}, { __gc = function() end }) return {}", "setmetatable",
+               NULL);
+  expect_error(state, "rawset(_ENV, 'x', 1) return {}", "rawset", NULL);
+  expect_error(state, "local s = 'x' s.dump = 1 return {}", "configs/x.lua:1:", NULL);
+}
+
+static void test_config_sandbox_has_no_string_dump(void **state) {
+  expect_error(state, "local b = string.dump(function() end) return {}", "dump", NULL);
+  expect_error(state, "local b = ('').dump(function() end) return {}", "dump", NULL);
+}
+
+static void test_config_sandbox_string_methods_see_only_safe_functions(void **state) {
+  /* Pattern functions run in C, where the instruction count cannot see a pathological
+   * pattern; they are not in the sandbox, through the library or through string methods. */
+  expect_error(state, "local i = ('abc'):find('b') return {}", "find", NULL);
+  expect_error(state, "local i = ('abc'):gsub('b', 'c') return {}", "gsub", NULL);
+  expect_error(state, "return _G", "_G is not available", NULL);
+}
+
+static void test_config_sandbox_has_no_pcall(void **state) {
+  /* pcall would let a config catch its own limit errors and keep going. */
+  expect_error(state, "pcall(function() end) return {}", "pcall", NULL);
+  expect_error(state, "xpcall(function() end, error) return {}", "xpcall", NULL);
+  expect_error(state, "coroutine.wrap(function() end)() return {}", "coroutine", NULL);
+}
+
+static void test_config_sandbox_cannot_break_the_generator(void **state) {
+  /* A config that changes its copies of the libraries leaves the generator's intact: the
+   * next config (whose error message is built with string methods) still works. */
+  expect_error(state,
+               "string.format = nil table.concat = nil math.floor = nil"
+               " string.rep = error return 7",
+               "must return a table, not 7", NULL);
+  expect_error(state,
+               "return { heads = 4, head_dim = 80, dtype = 'bf16', segments = { 8 },"
+               " dilations = { 1 } }",
+               "head_dim = 80: must be one of 32, 64, 96", NULL);
+  rda_config c;
+  load_ok(state, spec_example, &c);
+  assert_int_equal(c.heads, 16);
+}
+
+/* ---- limits ------------------------------------------------------------------------------ */
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void test_config_stops_runaway_loop(void **state) {
+  const double t0 = now_s();
+  expect_error(state, "local x = 0\nwhile true do x = x + 1 end",
+               "configs/x.lua:2: config exceeds the instruction limit", NULL);
+  assert_true(now_s() - t0 < 20.0);
+}
+
+static void test_config_stops_runaway_recursion(void **state) {
+  expect_error(state, "local function f(n) return f(n + 1) end return f(1)",
+               "config exceeds the instruction limit", NULL);
+  expect_error(state, "local function f(n) return 1 + f(n + 1) end return f(1)",
+               "configs/x.lua:1:", NULL); /* stack overflow, or a limit: never a crash */
+}
+
+static void test_config_stops_string_bomb(void **state) {
+  expect_error(state, "local s = string.rep('x', 1e9) return {}",
+               "configs/x.lua:1: config exceeds the memory limit (64 MiB)", NULL);
+  expect_error(state, "local s = ('x'):rep(1 << 28, 'yy') return {}",
+               "config exceeds the memory limit", NULL);
+  /* Past 2 GiB the string library refuses before allocating: one clean line too. */
+  expect_error(state, "local s = string.rep('x', 1e10) return {}",
+               "configs/x.lua:1:", "string too large", NULL);
+  expect_error(state, "local s = 'xxxxxxxx'\nfor i = 1, 40 do s = s .. s end\nreturn {}",
+               "configs/x.lua:2: config exceeds the memory limit", NULL);
+}
+
+static void test_config_stops_table_bomb(void **state) {
+  /* Whichever bound comes first, the message names it. */
+  expect_error(state, "local t = {} for i = 1, 1e9 do t[i] = i end return {}", "config exceeds the",
+               "limit", NULL);
+  expect_error(state,
+               "local t = {} for i = 1, 1e9 do t[i] = { i, i, i, i, i, i, i, i } end"
+               " return {}",
+               "config exceeds the memory limit", NULL);
+}
+
+static void test_config_stops_c_loops_that_allocate_nothing(void **state) {
+  /* Loops inside C functions escape the instruction count; these would spin for years. */
+  const double t0 = now_s();
+  rda_config c;
+  load_ok(state,
+          "local e = ('').rep('', 1 << 60) .. string.rep('', 1e18, '')"
+          " assert(e == '') return { heads = 1, head_dim = 32, dtype = 'bf16',"
+          " segments = { 8 }, dilations = { 1 } }",
+          &c);
+  expect_error(state, "table.move({}, 1, 1 << 60, 2) return {}", "move", NULL);
+  assert_true(now_s() - t0 < 20.0);
+}
+
+static void test_config_generator_recovers_after_limits(void **state) {
+  expect_error(state, "while true do end", "instruction limit", NULL);
+  expect_error(state, "local s = string.rep('x', 1e9) return {}", "memory limit", NULL);
+  rda_config c;
+  load_ok(state, spec_example, &c);
+  assert_int_equal(c.nbranch, 3);
+  /* The generator itself is not limited after a config ran: a large plan still works. */
+  rda_hw hw;
+  rda_plan_k p;
+  rda_err err = {0};
+  assert_int_equal(rda_gen_hw_builtin(*state, 90, &hw, &err), RDA_OK);
+  assert_int_equal(rda_gen_plan(*state, &c, &hw, &p, &err), RDA_OK);
+  rda_plan_k_free(&p);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_config_loads_spec_example),
+      cmocka_unit_test(test_config_resolves_defaults),
+      cmocka_unit_test(test_config_keeps_explicit_values),
+      cmocka_unit_test(test_config_accepts_integral_floats),
+      cmocka_unit_test(test_config_accepts_sixteen_branches),
+      cmocka_unit_test(test_config_can_compute_with_safe_helpers),
+      cmocka_unit_test(test_config_loads_default_file),
+      cmocka_unit_test(test_config_every_example_in_configs_is_valid),
+      cmocka_unit_test(test_config_spec_example_file_matches_spec),
+      cmocka_unit_test(test_config_file_errors_name_the_file),
+      cmocka_unit_test(test_config_missing_file_is_io_error),
+      cmocka_unit_test(test_config_rejects_head_dim_with_exact_message),
+      cmocka_unit_test(test_config_rejects_unknown_key),
+      cmocka_unit_test(test_config_rejects_non_string_key),
+      cmocka_unit_test(test_config_rejects_dropout_as_not_supported),
+      cmocka_unit_test(test_config_rejects_mask_as_not_supported),
+      cmocka_unit_test(test_config_rejects_cross_attention_as_not_supported),
+      cmocka_unit_test(test_config_rejects_missing_heads),
+      cmocka_unit_test(test_config_rejects_heads_of_wrong_type),
+      cmocka_unit_test(test_config_rejects_zero_heads),
+      cmocka_unit_test(test_config_rejects_fractional_heads),
+      cmocka_unit_test(test_config_rejects_kv_heads_not_dividing),
+      cmocka_unit_test(test_config_rejects_kv_heads_above_heads),
+      cmocka_unit_test(test_config_rejects_negative_kv_heads),
+      cmocka_unit_test(test_config_rejects_missing_head_dim),
+      cmocka_unit_test(test_config_rejects_unsupported_dtype),
+      cmocka_unit_test(test_config_rejects_missing_dtype),
+      cmocka_unit_test(test_config_rejects_missing_segments),
+      cmocka_unit_test(test_config_rejects_missing_dilations),
+      cmocka_unit_test(test_config_rejects_empty_segments),
+      cmocka_unit_test(test_config_rejects_segments_not_a_list),
+      cmocka_unit_test(test_config_rejects_zero_segment),
+      cmocka_unit_test(test_config_rejects_fractional_segment),
+      cmocka_unit_test(test_config_rejects_huge_segment),
+      cmocka_unit_test(test_config_rejects_zero_dilation),
+      cmocka_unit_test(test_config_rejects_string_dilation),
+      cmocka_unit_test(test_config_rejects_mismatched_lengths),
+      cmocka_unit_test(test_config_rejects_seventeen_branches),
+      cmocka_unit_test(test_config_rejects_unknown_offsets),
+      cmocka_unit_test(test_config_rejects_group_with_fewer_heads_than_branches),
+      cmocka_unit_test(test_config_rejects_non_boolean_causal),
+      cmocka_unit_test(test_config_rejects_zero_scale),
+      cmocka_unit_test(test_config_rejects_negative_scale),
+      cmocka_unit_test(test_config_rejects_infinite_scale),
+      cmocka_unit_test(test_config_rejects_nan_scale),
+      cmocka_unit_test(test_config_rejects_string_scale),
+      cmocka_unit_test(test_config_leaves_output_zeroed_on_failure),
+      cmocka_unit_test(test_config_rejects_non_table_return),
+      cmocka_unit_test(test_config_syntax_error_carries_chunk_and_line),
+      cmocka_unit_test(test_config_runtime_error_carries_chunk_and_line),
+      cmocka_unit_test(test_config_rejects_binary_chunk),
+      cmocka_unit_test(test_config_sandbox_has_no_os),
+      cmocka_unit_test(test_config_sandbox_has_no_io),
+      cmocka_unit_test(test_config_sandbox_has_no_loaders),
+      cmocka_unit_test(test_config_sandbox_has_no_debug),
+      cmocka_unit_test(test_config_sandbox_has_no_metatables),
+      cmocka_unit_test(test_config_sandbox_has_no_string_dump),
+      cmocka_unit_test(test_config_sandbox_string_methods_see_only_safe_functions),
+      cmocka_unit_test(test_config_sandbox_has_no_pcall),
+      cmocka_unit_test(test_config_sandbox_cannot_break_the_generator),
+      cmocka_unit_test(test_config_stops_runaway_loop),
+      cmocka_unit_test(test_config_stops_runaway_recursion),
+      cmocka_unit_test(test_config_stops_string_bomb),
+      cmocka_unit_test(test_config_stops_table_bomb),
+      cmocka_unit_test(test_config_stops_c_loops_that_allocate_nothing),
+      cmocka_unit_test(test_config_generator_recovers_after_limits),
+  };
+  return cmocka_run_group_tests(tests, gen_setup, gen_teardown);
+}

@@ -1,0 +1,637 @@
+/* test_cuda.c — the CUDA driver backend (a clear error with no driver, a real kernel when there
+ * is a GPU) and `rdagen emit` end to end: sources, cubins and a manifest that parses, zero
+ * spills, sources rewritten only when changed, and exit codes 1 and 2 with no manifest. */
+/* cmocka.h needs these first. */
+// clang-format off
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+// clang-format on
+
+#include <ctype.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "backend.h"
+#include "json.h"
+#include "rda_test.h"
+
+/* NVRTC keeps process-lifetime allocations of its own; they are not rda's leaks. */
+const char *__lsan_default_suppressions(void);
+const char *__lsan_default_suppressions(void) {
+  return "leak:libnvrtc\nleak:libnvrtc-builtins\n";
+}
+
+/* --- a minimal JSON reader, enough to check the manifest --------------------------------- */
+
+enum { JV_NULL, JV_BOOL, JV_NUM, JV_STR, JV_ARR, JV_OBJ };
+
+typedef struct jv {
+  int type;
+  double num;
+  char *str;   /* JV_STR */
+  int n;       /* JV_ARR, JV_OBJ: count */
+  char **keys; /* JV_OBJ */
+  struct jv *items;
+} jv;
+
+typedef struct jparser {
+  const char *p;
+  int bad;
+} jparser;
+
+static void jv_free(jv *v) {
+  if (v == NULL) return;
+  free(v->str);
+  for (int i = 0; i < v->n; ++i) {
+    if (v->keys) free(v->keys[i]);
+    jv_free(&v->items[i]);
+  }
+  free(v->keys);
+  free(v->items);
+  memset(v, 0, sizeof *v);
+}
+
+static void jp_ws(jparser *j) {
+  while (*j->p == ' ' || *j->p == '\n' || *j->p == '\r' || *j->p == '\t') ++j->p;
+}
+
+static char *jp_string(jparser *j) {
+  if (*j->p != '"') {
+    j->bad = 1;
+    return NULL;
+  }
+  ++j->p;
+  size_t cap = 16, len = 0;
+  char *s = malloc(cap);
+  for (;;) {
+    char c = *j->p++;
+    if (c == '\0' || (unsigned char)c < 0x20) {
+      j->bad = 1;
+      free(s);
+      return NULL;
+    }
+    if (c == '"') break;
+    if (c == '\\') {
+      const char e = *j->p++;
+      switch (e) {
+        case '"':
+        case '\\':
+        case '/': c = e; break;
+        case 'n': c = '\n'; break;
+        case 't': c = '\t'; break;
+        case 'r': c = '\r'; break;
+        case 'b': c = '\b'; break;
+        case 'f': c = '\f'; break;
+        case 'u':
+          for (int k = 0; k < 4; ++k)
+            if (!isxdigit((unsigned char)*j->p++)) j->bad = 1;
+          c = '?';
+          break;
+        default:
+          j->bad = 1;
+          free(s);
+          return NULL;
+      }
+    }
+    if (len + 2 > cap) s = realloc(s, cap *= 2);
+    s[len++] = c;
+  }
+  s[len] = '\0';
+  return s;
+}
+
+static void jp_value(jparser *j, jv *v, int depth) {
+  memset(v, 0, sizeof *v);
+  jp_ws(j);
+  if (depth > 32) {
+    j->bad = 1;
+    return;
+  }
+  const char c = *j->p;
+  if (c == '{' || c == '[') {
+    const int obj = c == '{';
+    v->type = obj ? JV_OBJ : JV_ARR;
+    ++j->p;
+    jp_ws(j);
+    if (*j->p == (obj ? '}' : ']')) {
+      ++j->p;
+      return;
+    }
+    for (;;) {
+      v->items = realloc(v->items, (size_t)(v->n + 1) * sizeof *v->items);
+      if (obj) v->keys = realloc(v->keys, (size_t)(v->n + 1) * sizeof *v->keys);
+      if (obj) {
+        jp_ws(j);
+        v->keys[v->n] = jp_string(j);
+        jp_ws(j);
+        if (j->bad || *j->p != ':') {
+          j->bad = 1;
+          memset(&v->items[v->n], 0, sizeof *v->items);
+          ++v->n;
+          return;
+        }
+        ++j->p;
+      }
+      jp_value(j, &v->items[v->n], depth + 1);
+      ++v->n;
+      if (j->bad) return;
+      jp_ws(j);
+      if (*j->p == ',') {
+        ++j->p;
+        continue;
+      }
+      if (*j->p == (obj ? '}' : ']')) {
+        ++j->p;
+        return;
+      }
+      j->bad = 1;
+      return;
+    }
+  }
+  if (c == '"') {
+    v->type = JV_STR;
+    v->str = jp_string(j);
+    return;
+  }
+  if (strncmp(j->p, "true", 4) == 0 || strncmp(j->p, "false", 5) == 0) {
+    v->type = JV_BOOL;
+    v->num = c == 't';
+    j->p += c == 't' ? 4 : 5;
+    return;
+  }
+  if (strncmp(j->p, "null", 4) == 0) {
+    v->type = JV_NULL;
+    j->p += 4;
+    return;
+  }
+  if (c == '-' || isdigit((unsigned char)c)) {
+    char *end = NULL;
+    v->type = JV_NUM;
+    v->num = strtod(j->p, &end);
+    if (end == j->p) j->bad = 1;
+    j->p = end;
+    return;
+  }
+  j->bad = 1;
+}
+
+/* Parses a whole document; false (and *v empty) when it is not valid JSON. */
+static bool jv_parse(const char *text, jv *v) {
+  jparser j = {text, 0};
+  jp_value(&j, v, 0);
+  jp_ws(&j);
+  if (j.bad || *j.p != '\0') {
+    jv_free(v);
+    return false;
+  }
+  return true;
+}
+
+static const jv *jv_get(const jv *o, const char *key) {
+  if (o == NULL || o->type != JV_OBJ) return NULL;
+  for (int i = 0; i < o->n; ++i)
+    if (o->keys[i] && strcmp(o->keys[i], key) == 0) return &o->items[i];
+  return NULL;
+}
+
+static void test_json_reader_rejects_malformed_documents(void **state) {
+  (void)state;
+  jv v;
+  assert_true(jv_parse("{\"a\": [1, 2.5, \"x\\n\"], \"b\": {\"c\": null, \"d\": true}}", &v));
+  assert_int_equal(jv_get(&v, "a")->n, 3);
+  assert_string_equal(jv_get(&v, "a")->items[2].str, "x\n");
+  jv_free(&v);
+  assert_false(jv_parse("{\"a\": [1, 2,]}", &v));
+  assert_false(jv_parse("{\"a\" 1}", &v));
+  assert_false(jv_parse("{\"a\": 1} x", &v));
+  assert_false(jv_parse("", &v));
+}
+
+static void test_json_writer_escapes_nests_and_reads_back(void **state) {
+  (void)state;
+  rda_json w;
+  rda_err err = {0};
+  rda_json_init(&w);
+  rda_json_object_begin(&w);
+  rda_json_key(&w, "s");
+  rda_json_string(&w, "quote\" back\\ nl\n tab\t bell\a");
+  rda_json_key(&w, "list");
+  rda_json_array_begin(&w);
+  rda_json_int(&w, -42);
+  rda_json_double(&w, 0.125);
+  rda_json_double(&w, INFINITY);
+  rda_json_bool(&w, 1);
+  rda_json_array_begin(&w);
+  rda_json_array_end(&w);
+  rda_json_object_begin(&w);
+  rda_json_object_end(&w);
+  rda_json_array_end(&w);
+  rda_json_object_end(&w);
+  assert_int_equal(rda_json_finish(&w, &err), RDA_OK);
+  jv doc;
+  if (!jv_parse(w.buf, &doc)) fail_msg("not JSON:\n%s", w.buf);
+  assert_string_equal(jv_get(&doc, "s")->str, "quote\" back\\ nl\n tab\t bell?");
+  const jv *list = jv_get(&doc, "list");
+  assert_int_equal(list->n, 6);
+  assert_true(list->items[0].type == JV_NUM && list->items[0].num == -42.0);
+  assert_true(list->items[1].type == JV_NUM && list->items[1].num == 0.125);
+  assert_int_equal(list->items[2].type, JV_NULL); /* not a number JSON can hold */
+  assert_int_equal(list->items[3].type, JV_BOOL);
+  assert_true(list->items[4].type == JV_ARR && list->items[4].n == 0);
+  assert_true(list->items[5].type == JV_OBJ && list->items[5].n == 0);
+  jv_free(&doc);
+  rda_json_free(&w);
+
+  /* Misuse is reported, not written: a value without a key, an unclosed container. */
+  rda_json_init(&w);
+  rda_json_object_begin(&w);
+  rda_json_int(&w, 1);
+  rda_json_object_end(&w);
+  assert_int_equal(rda_json_finish(&w, &err), RDA_ERR_INTERNAL);
+  rda_json_free(&w);
+  rda_json_init(&w);
+  rda_json_array_begin(&w);
+  rda_err_clear(&err);
+  assert_int_equal(rda_json_finish(&w, &err), RDA_ERR_INTERNAL);
+  rda_json_free(&w);
+}
+
+/* --- the driver backend ------------------------------------------------------------------ */
+
+typedef struct saxpy_params {
+  float *y;
+  const float *x;
+  float a;
+  int n;
+} saxpy_params;
+
+/* y = a x + y through dynamic shared memory (64 KiB: above the 48 KiB default). */
+static const char saxpy_src[] =
+    "struct saxpy_params { float *y; const float *x; float a; int n; };\n"
+    "extern \"C\" __global__ void rda_test_saxpy(const saxpy_params p) {\n"
+    "  extern __shared__ float s[];\n"
+    "  const int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "  s[16383 - threadIdx.x] = i < p.n ? p.x[i] : 0.0f;\n"
+    "  __syncthreads();\n"
+    "  if (i < p.n) p.y[i] = p.a * s[16383 - threadIdx.x] + p.y[i];\n"
+    "}\n";
+
+static void run_saxpy_on_gpu(rda_backend *b) {
+  rda_err err = {0};
+  rda_hw hw;
+  assert_int_equal(rda_backend_cuda_hw(b, &hw, &err), RDA_OK);
+  print_message("GPU: %s sm_%d, %d SMs, %d B smem/block\n", hw.name, hw.arch, hw.sm_count,
+                hw.smem_per_block);
+  assert_int_equal(hw.live, 1);
+  assert_int_equal(hw.arch, b->arch);
+  assert_true(hw.sm_count > 0 && hw.smem_per_block >= 48 * 1024 && hw.smem_per_sm > 0);
+  assert_true(hw.regs_per_sm > 0 && hw.regs_per_block > 0 && hw.max_threads_per_sm > 0);
+
+  rda_variant v;
+  memset(&v, 0, sizeof v);
+  snprintf(v.name, sizeof v.name, "rda_test_saxpy");
+  snprintf(v.kind, sizeof v.kind, "fwd");
+  v.source = (char *)(uintptr_t)saxpy_src;
+  v.threads = 256;
+  v.smem_bytes = 64 * 1024;
+  rda_module *m = NULL;
+  if (b->load(b, &v, &m, &err) != RDA_OK) fail_msg("load: %s", err.msg);
+
+  enum { N = 1000 };
+  float x[N], y[N], out[N];
+  for (int i = 0; i < N; ++i) {
+    x[i] = (float)rt_rng_normal(rt_global_rng());
+    y[i] = (float)rt_rng_normal(rt_global_rng());
+  }
+  void *dx = NULL, *dy = NULL;
+  assert_int_equal(b->alloc(b, sizeof x, &dx, &err), RDA_OK);
+  assert_int_equal(b->alloc(b, sizeof y, &dy, &err), RDA_OK);
+  assert_int_equal(b->upload(b, dx, x, sizeof x, &err), RDA_OK);
+  assert_int_equal(b->upload(b, dy, y, sizeof y, &err), RDA_OK);
+  saxpy_params p = {(float *)dy, (const float *)dx, 1.5f, N};
+  const unsigned grid[3] = {(N + 255) / 256, 1, 1};
+  if (b->launch(b, m, grid, 256, 64 * 1024, &p, sizeof p, &err) != RDA_OK)
+    fail_msg("launch: %s", err.msg);
+  assert_int_equal(b->synchronize(b, &err), RDA_OK);
+  assert_int_equal(b->download(b, out, dy, sizeof out, &err), RDA_OK);
+  for (int i = 0; i < N; ++i) assert_float_equal(out[i], 1.5f * x[i] + y[i], 1e-5f);
+  b->free(b, dx);
+  b->free(b, dy);
+  b->unload(b, m);
+}
+
+static void test_cuda_open_fails_clearly_without_a_driver_or_runs_a_kernel(void **state) {
+  (void)state;
+  rda_backend *b = NULL;
+  rda_err err = {0};
+  const rda_status s = rda_backend_cuda_open(&b, 0, &err);
+  if (s == RDA_OK) {
+    assert_non_null(b);
+    assert_string_equal(b->name, "cuda");
+    run_saxpy_on_gpu(b);
+    b->destroy(b);
+    return;
+  }
+  assert_null(b);
+  print_message("no GPU: %s\n", err.msg);
+  assert_int_not_equal(s, RDA_ERR_INTERNAL);
+  assert_null(strchr(err.msg, '\n'));
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib == NULL) {
+    assert_int_equal(s, RDA_ERR_CUDA);
+    assert_non_null(strstr(err.msg, "no CUDA driver: libcuda.so.1: "));
+  } else {
+    /* A driver but no usable GPU: the failing call is named. */
+    dlclose(lib);
+    assert_true(s == RDA_ERR_CUDA || s == RDA_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "cu"));
+  }
+  /* A second attempt fails the same way (the driver is looked up once). */
+  rda_err again = {0};
+  assert_int_equal(rda_backend_cuda_open(&b, 0, &again), s);
+  assert_string_equal(again.msg, err.msg);
+}
+
+static void test_cuda_open_rejects_a_negative_ordinal(void **state) {
+  (void)state;
+  rda_backend *b = NULL;
+  rda_err err = {0};
+  assert_int_equal(rda_backend_cuda_open(&b, -1, &err), RDA_ERR_INVALID_ARGUMENT);
+  assert_null(b);
+  assert_non_null(strstr(err.msg, "-1"));
+}
+
+static void test_cuda_hw_rejects_what_is_not_a_cuda_backend(void **state) {
+  (void)state;
+  rda_backend fake;
+  memset(&fake, 0, sizeof fake);
+  fake.name = "emu";
+  rda_hw hw;
+  rda_err err = {0};
+  assert_int_equal(rda_backend_cuda_hw(&fake, &hw, &err), RDA_ERR_INVALID_ARGUMENT);
+  rda_err_clear(&err);
+  assert_int_equal(rda_backend_cuda_hw(NULL, &hw, &err), RDA_ERR_INVALID_ARGUMENT);
+}
+
+/* --- rdagen emit ------------------------------------------------------------------------- */
+
+static const char small_config[] =
+    "-- two branches, one dense and one dilated\n"
+    "return { heads = 4, kv_heads = 2, head_dim = 64, dtype = \"bf16\",\n"
+    "         segments = { 128, 256 }, dilations = { 1, 2 }, causal = true }\n";
+
+typedef struct emit_fixture {
+  char *dir;    /* temp folder */
+  char *config; /* dir/cfg.lua */
+  char *out;    /* dir/out (not created) */
+} emit_fixture;
+
+static int emit_setup(void **state) {
+  emit_fixture *f = calloc(1, sizeof *f);
+  if (f == NULL || (f->dir = rt_mkdtemp()) == NULL) return -1;
+  f->config = rt_path(f->dir, "cfg.lua");
+  f->out = rt_path(f->dir, "out");
+  if (!rt_write_file(f->config, small_config, strlen(small_config))) return -1;
+  *state = f;
+  return 0;
+}
+
+static int emit_teardown(void **state) {
+  emit_fixture *f = *state;
+  if (f == NULL) return 0;
+  rt_rmtree(f->dir);
+  free(f->dir);
+  free(f->config);
+  free(f->out);
+  free(f);
+  return 0;
+}
+
+/* Runs rdagen with the given arguments (NULL-terminated after "emit"). */
+static rt_proc run_emit(const char *first, ...) {
+  char *argv[32];
+  int n = 0;
+  argv[n++] = (char *)(uintptr_t)RDAGEN_PATH;
+  argv[n++] = (char *)(uintptr_t) "emit";
+  va_list ap;
+  va_start(ap, first);
+  for (const char *a = first; a != NULL && n < 31; a = va_arg(ap, const char *))
+    argv[n++] = (char *)(uintptr_t)a;
+  va_end(ap);
+  argv[n] = NULL;
+  rt_proc p;
+  assert_true(rt_run(argv, 600, &p));
+  return p;
+}
+
+static bool has_manifest(const char *out) {
+  char *m = rt_path(out, "manifest.json");
+  const bool e = rt_exists(m);
+  free(m);
+  return e;
+}
+
+/* Checks one manifest entry against the files in out; returns its arch. */
+static const char *check_entry(const jv *k, const char *out) {
+  static const char *const keys[] = {"name",      "arch",        "entry",      "cubin",
+                                     "registers", "spill_bytes", "smem_bytes", "compile_s"};
+  assert_int_equal(k->type, JV_OBJ);
+  assert_int_equal(k->n, 8);
+  for (size_t i = 0; i < 8; ++i)
+    if (jv_get(k, keys[i]) == NULL) fail_msg("manifest entry without \"%s\"", keys[i]);
+  const jv *name = jv_get(k, "name"), *arch = jv_get(k, "arch"), *entry = jv_get(k, "entry");
+  const jv *cubin = jv_get(k, "cubin");
+  assert_int_equal(name->type, JV_STR);
+  assert_int_equal(arch->type, JV_STR);
+  assert_int_equal(entry->type, JV_STR);
+  assert_int_equal(cubin->type, JV_STR);
+  assert_string_equal(entry->str, name->str);
+  assert_true(strcmp(arch->str, "sm_80") == 0 || strcmp(arch->str, "sm_90") == 0);
+  for (size_t i = 4; i < 8; ++i) assert_int_equal(jv_get(k, keys[i])->type, JV_NUM);
+  assert_true(jv_get(k, "registers")->num > 0);
+  if (jv_get(k, "spill_bytes")->num != 0)
+    fail_msg("%s %s spills %g bytes", name->str, arch->str, jv_get(k, "spill_bytes")->num);
+  assert_true(jv_get(k, "smem_bytes")->num >= 0);
+  assert_true(jv_get(k, "compile_s")->num > 0);
+
+  char expect[256];
+  snprintf(expect, sizeof expect, "%s.%s.cubin", name->str, arch->str);
+  assert_string_equal(cubin->str, expect);
+  char *path = rt_path(out, cubin->str);
+  size_t len = 0;
+  char *img = rt_read_file(path, &len);
+  if (img == NULL) fail_msg("manifest lists %s, which does not exist", path);
+  assert_true(len > 4);
+  assert_memory_equal(img,
+                      "\x7f"
+                      "ELF",
+                      4);
+  free(img);
+  free(path);
+  snprintf(expect, sizeof expect, "%s.cu", name->str);
+  path = rt_path(out, expect);
+  char *src = rt_read_file(path, NULL);
+  assert_non_null(src);
+  assert_non_null(strstr(src, name->str));
+  free(src);
+  free(path);
+  return arch->str;
+}
+
+static void test_emit_writes_sources_cubins_and_a_manifest(void **state) {
+  emit_fixture *f = *state;
+  rt_proc p =
+      run_emit(f->config, "--arch", "sm_80", "--arch=sm_90", "--out", f->out, "--ptx", NULL);
+  if (p.exit_code != 0) fail_msg("rdagen emit exited %d: %s", p.exit_code, p.err);
+  rt_proc_free(&p);
+
+  char *mpath = rt_path(f->out, "manifest.json");
+  char *text = rt_read_file(mpath, NULL);
+  assert_non_null(text);
+  jv doc;
+  if (!jv_parse(text, &doc)) fail_msg("manifest.json is not JSON:\n%s", text);
+  assert_int_equal(doc.type, JV_OBJ);
+  assert_int_equal(doc.n, 1);
+  const jv *kernels = jv_get(&doc, "kernels");
+  assert_non_null(kernels);
+  assert_int_equal(kernels->type, JV_ARR);
+  /* Per arch: a dense and a dilated forward kernel, init and cast. */
+  assert_true(kernels->n >= 8);
+  int per_arch[2] = {0, 0}, fwd = 0;
+  for (int i = 0; i < kernels->n; ++i) {
+    const char *arch = check_entry(&kernels->items[i], f->out);
+    ++per_arch[strcmp(arch, "sm_90") == 0];
+    const char *name = jv_get(&kernels->items[i], "name")->str;
+    fwd += strncmp(name, "rda_fwd_", 8) == 0;
+    char ptx[256];
+    snprintf(ptx, sizeof ptx, "%s.%s.ptx", name, arch);
+    char *path = rt_path(f->out, ptx);
+    char *text_ptx = rt_read_file(path, NULL);
+    if (text_ptx == NULL) fail_msg("--ptx did not write %s", path);
+    assert_non_null(strstr(text_ptx, ".entry"));
+    free(text_ptx);
+    free(path);
+  }
+  assert_int_equal(per_arch[0], per_arch[1]);
+  assert_true(fwd >= 4);
+  jv_free(&doc);
+  free(text);
+  free(mpath);
+}
+
+static void test_emit_rewrites_a_source_only_when_it_changed(void **state) {
+  emit_fixture *f = *state;
+  rt_proc p = run_emit(f->config, "--arch", "sm_90", "--out", f->out, NULL);
+  assert_int_equal(p.exit_code, 0);
+  rt_proc_free(&p);
+  char *cu = rt_path(f->out, "rda_init.cu");
+  struct stat before, after;
+  assert_int_equal(stat(cu, &before), 0);
+  p = run_emit(f->config, "--arch", "sm_90", "--out", f->out, NULL);
+  assert_int_equal(p.exit_code, 0);
+  rt_proc_free(&p);
+  assert_int_equal(stat(cu, &after), 0);
+  assert_true(before.st_ino == after.st_ino); /* not replaced */
+  /* A changed file is put back. */
+  assert_true(rt_write_file(cu, "stale\n", 6));
+  p = run_emit(f->config, "--arch", "sm_90", "--out", f->out, NULL);
+  assert_int_equal(p.exit_code, 0);
+  rt_proc_free(&p);
+  char *src = rt_read_file(cu, NULL);
+  assert_non_null(strstr(src, "rda_init"));
+  free(src);
+  free(cu);
+  assert_true(has_manifest(f->out));
+}
+
+static void expect_usage_error(emit_fixture *f, rt_proc p, const char *what) {
+  if (p.exit_code != 2) fail_msg("%s: exit %d, expected 2; stderr: %s", what, p.exit_code, p.err);
+  assert_non_null(strstr(p.err, "rdagen: "));
+  assert_false(has_manifest(f->out));
+  rt_proc_free(&p);
+}
+
+static void test_emit_bad_usage_exits_2_without_a_manifest(void **state) {
+  emit_fixture *f = *state;
+  expect_usage_error(f, run_emit(f->config, "--arch", "sm_90", NULL), "missing --out");
+  expect_usage_error(f, run_emit(f->config, "--out", f->out, NULL), "missing --arch");
+  expect_usage_error(f, run_emit("--arch", "sm_90", "--out", f->out, NULL), "missing CONFIG");
+  expect_usage_error(f, run_emit(f->config, "--arch", "sm_7x", "--out", f->out, NULL), "sm_7x");
+  expect_usage_error(f, run_emit(f->config, "--arch", "foo", "--out", f->out, NULL), "foo");
+  expect_usage_error(f, run_emit(f->config, "--arch", "sm_95", "--out", f->out, NULL),
+                     "an arch NVRTC cannot target");
+  expect_usage_error(f, run_emit(f->config, "--arch", "sm_75", "--out", f->out, NULL),
+                     "an arch without a built-in profile");
+  expect_usage_error(f, run_emit(f->config, "--arch", "sm_90", "--out", f->out, "--bogus", NULL),
+                     "an unknown flag");
+  expect_usage_error(f, run_emit(f->config, "--arch", NULL), "--arch without a value");
+}
+
+static void expect_input_error(emit_fixture *f, rt_proc p, const char *what) {
+  if (p.exit_code != 1) fail_msg("%s: exit %d, expected 1; stderr: %s", what, p.exit_code, p.err);
+  assert_int_equal(strncmp(p.err, "rdagen: error: ", 15), 0);
+  assert_int_equal(rt_count_lines(p.err), 1);
+  assert_false(has_manifest(f->out));
+  rt_proc_free(&p);
+}
+
+static void test_emit_bad_config_exits_1_without_a_manifest(void **state) {
+  emit_fixture *f = *state;
+  char *bad = rt_path(f->dir, "bad.lua");
+  static const char text[] =
+      "return { heads = 4, head_dim = 48, dtype = \"bf16\", segments = { 64 }, dilations = { 1 } "
+      "}\n";
+  assert_true(rt_write_file(bad, text, strlen(text)));
+  expect_input_error(f, run_emit(bad, "--arch", "sm_90", "--out", f->out, NULL), "head_dim 48");
+  char *missing = rt_path(f->dir, "missing.lua");
+  expect_input_error(f, run_emit(missing, "--arch", "sm_80", "--out", f->out, NULL),
+                     "a missing config");
+  free(bad);
+  free(missing);
+}
+
+static void test_emit_out_that_is_a_file_exits_1(void **state) {
+  emit_fixture *f = *state;
+  /* --out is a file, not a folder: nothing can be written, and the file is left alone. */
+  char *file_out = rt_path(f->dir, "cfg.lua");
+  rt_proc p = run_emit(f->config, "--arch", "sm_80", "--out", file_out, NULL);
+  assert_int_equal(p.exit_code, 1);
+  assert_int_equal(strncmp(p.err, "rdagen: error: ", 15), 0);
+  assert_non_null(strstr(p.err, "not a folder"));
+  rt_proc_free(&p);
+  char *cfg = rt_read_file(file_out, NULL);
+  assert_string_equal(cfg, small_config);
+  free(cfg);
+  free(file_out);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_json_reader_rejects_malformed_documents),
+      cmocka_unit_test(test_json_writer_escapes_nests_and_reads_back),
+      cmocka_unit_test(test_cuda_open_fails_clearly_without_a_driver_or_runs_a_kernel),
+      cmocka_unit_test(test_cuda_open_rejects_a_negative_ordinal),
+      cmocka_unit_test(test_cuda_hw_rejects_what_is_not_a_cuda_backend),
+      cmocka_unit_test_setup_teardown(test_emit_writes_sources_cubins_and_a_manifest, emit_setup,
+                                      emit_teardown),
+      cmocka_unit_test_setup_teardown(test_emit_rewrites_a_source_only_when_it_changed, emit_setup,
+                                      emit_teardown),
+      cmocka_unit_test_setup_teardown(test_emit_bad_usage_exits_2_without_a_manifest, emit_setup,
+                                      emit_teardown),
+      cmocka_unit_test_setup_teardown(test_emit_bad_config_exits_1_without_a_manifest, emit_setup,
+                                      emit_teardown),
+      cmocka_unit_test_setup_teardown(test_emit_out_that_is_a_file_exits_1, emit_setup,
+                                      emit_teardown),
+  };
+  const char *filter = getenv("RDA_TEST_FILTER"); /* e.g. "*parses*" while developing */
+  if (filter != NULL) cmocka_set_test_filter(filter);
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

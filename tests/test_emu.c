@@ -1,0 +1,865 @@
+/* test_emu.c — the CPU emulator: each emulated intrinsic of templates/ptx.cuh against a scalar
+ * model of its PTX ISA semantics written here (fragment layouts, rounding), the execution model
+ * (grids, barriers, shared-memory poison, deadlocks, traps) and the backend (cache, errors). */
+#include "backend.h"
+#include "emu.h"
+#include "rda_test.h"
+
+#include <float.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+/* Must match struct emu_test_params in tests/kernels/emu_*.cu. */
+typedef struct emu_test_params {
+  const void *in0, *in1, *in2;
+  void *out0, *out1;
+  long long n;
+  int op;
+  int pad;
+} emu_test_params;
+
+/* ------------------------------------------------------------------ fixture */
+
+typedef struct emu_loaded {
+  char name[64];
+  rda_module *m;
+} emu_loaded;
+
+static rda_backend *g_backend;
+static char *g_src_intrinsics;
+static char *g_src_model;
+static emu_loaded g_loaded[16];
+static int g_nloaded;
+
+static char *read_kernel(const char *file) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/tests/kernels/%s", RDA_SOURCE_DIR, file);
+  char *text = rt_read_file(path, NULL);
+  if (text == NULL) fprintf(stderr, "test_emu: cannot read %s\n", path);
+  return text;
+}
+
+static int group_setup(void **state) {
+  (void)state;
+  rda_err err = {0};
+  if (rda_backend_emu_open(&g_backend, 90, &err) != RDA_OK) {
+    fprintf(stderr, "test_emu: %s\n", err.msg);
+    return -1;
+  }
+  g_src_intrinsics = read_kernel("emu_intrinsics.cu");
+  g_src_model = read_kernel("emu_model.cu");
+  return g_src_intrinsics != NULL && g_src_model != NULL ? 0 : -1;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  for (int i = 0; i < g_nloaded; ++i) g_backend->unload(g_backend, g_loaded[i].m);
+  g_nloaded = 0;
+  if (g_backend != NULL) g_backend->destroy(g_backend);
+  g_backend = NULL;
+  free(g_src_intrinsics);
+  free(g_src_model);
+  return 0;
+}
+
+/* The module of entry `name` from `source` (loaded once per name). */
+static rda_module *module(const char *name, char *source) {
+  for (int i = 0; i < g_nloaded; ++i)
+    if (strcmp(g_loaded[i].name, name) == 0) return g_loaded[i].m;
+  rda_variant v;
+  memset(&v, 0, sizeof v);
+  snprintf(v.name, sizeof v.name, "%s", name);
+  snprintf(v.kind, sizeof v.kind, "test");
+  v.source = source;
+  rda_err err = {0};
+  rda_module *m = NULL;
+  if (g_backend->load(g_backend, &v, &m, &err) != RDA_OK) {
+    fprintf(stderr, "test_emu: load %s: %s\n", name, err.msg);
+    fail();
+  }
+  assert_true(g_nloaded < (int)(sizeof g_loaded / sizeof *g_loaded));
+  snprintf(g_loaded[g_nloaded].name, sizeof g_loaded[g_nloaded].name, "%s", name);
+  g_loaded[g_nloaded++].m = m;
+  return m;
+}
+
+static rda_status run3(const char *name, char *source, unsigned gx, unsigned gy, unsigned gz,
+                       unsigned bx, unsigned by, unsigned bz, unsigned smem,
+                       const emu_test_params *p, rda_err *err) {
+  rda_module *m = module(name, source);
+  const unsigned grid[3] = {gx, gy, gz};
+  const unsigned block[3] = {bx, by, bz};
+  return rda_emu_launch3(g_backend, m, grid, block, smem, p, sizeof *p, err);
+}
+
+/* A launch that must succeed. */
+static void run_ok(const char *name, char *source, unsigned gx, unsigned threads, unsigned smem,
+                   const emu_test_params *p) {
+  rda_err err = {0};
+  rda_module *m = module(name, source);
+  const unsigned grid[3] = {gx, 1, 1};
+  if (g_backend->launch(g_backend, m, grid, threads, smem, p, sizeof *p, &err) != RDA_OK) {
+    fprintf(stderr, "test_emu: %s: %s\n", name, err.msg);
+    fail();
+  }
+}
+
+static void *xmalloc(size_t n) {
+  void *p = malloc(n);
+  assert_non_null(p);
+  return p;
+}
+
+/* ------------------------------------------------------------------ scalar models */
+
+/* The exact value of finite bf16 bits as a double: sign, 8-bit exponent (bias 127), 7-bit
+ * mantissa; exponent 0 is subnormal (m * 2^-133). Exponent 255 is treated as the next binade
+ * (2^128) so that it can serve as the rounding neighbour of the largest finite value. */
+static double model_bf16_value(uint32_t bits) {
+  const int s = (bits >> 15) & 1, e = (bits >> 7) & 0xff, m = bits & 0x7f;
+  const double mag = e == 0 ? ldexp(m, -133) : ldexp(128 + m, e - 134);
+  return s ? -mag : mag;
+}
+
+/* IEEE half: 5-bit exponent (bias 15), 10-bit mantissa. */
+static double model_f16_value(uint32_t bits) {
+  const int s = (bits >> 15) & 1, e = (bits >> 10) & 0x1f, m = bits & 0x3ff;
+  double mag;
+  if (e == 0)
+    mag = ldexp(m, -24);
+  else if (e == 31)
+    mag = m == 0 ? INFINITY : NAN;
+  else
+    mag = ldexp(1024 + m, e - 25);
+  return s ? -mag : mag;
+}
+
+/* f32 -> 16-bit by round to nearest, ties to even, written as a search: the two neighbours
+ * of x on the 16-bit grid (magnitude bits lo and lo + 1), whichever is nearer, the even one on a
+ * tie. value() gives the exact value of a magnitude code; max_code is the infinity code. NaN in
+ * gives any NaN (checked separately). */
+static uint16_t model_round16(float x, double (*value)(uint32_t), uint32_t inf_code) {
+  const uint32_t sign = signbit(x) ? 0x8000u : 0;
+  const double a = fabs((double)x);
+  if (isinf(x)) return (uint16_t)(sign | inf_code);
+  uint32_t lo = 0, hi = inf_code; /* largest code with value <= a, by bisection */
+  while (lo + 1 < hi) {
+    const uint32_t mid = (lo + hi) / 2;
+    if (value(mid) <= a)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  if (value(lo) == a) return (uint16_t)(sign | lo);
+  const double below = a - value(lo), above = value(lo + 1) - a;
+  uint32_t pick;
+  if (below < above)
+    pick = lo;
+  else if (above < below)
+    pick = lo + 1;
+  else
+    pick = (lo & 1) ? lo + 1 : lo;
+  return (uint16_t)(sign | pick);
+}
+
+static double model_f16_value_ext(uint32_t bits) {
+  /* As model_f16_value, but the infinity code is the next binade (2^16) for rounding. */
+  if ((bits & 0x7fffu) == 0x7c00u) return ldexp(1.0, 16);
+  return model_f16_value(bits);
+}
+
+static uint16_t model_bf16(float x) { return model_round16(x, model_bf16_value, 0x7f80u); }
+static uint16_t model_f16(float x) { return model_round16(x, model_f16_value_ext, 0x7c00u); }
+
+static int bits_is_nan_bf16(uint32_t b) { return ((b >> 7) & 0xff) == 0xff && (b & 0x7f) != 0; }
+static int bits_is_nan_f16(uint32_t b) { return ((b >> 10) & 0x1f) == 0x1f && (b & 0x3ff) != 0; }
+
+
+/* ------------------------------------------------------------------ mma m16n8k16 */
+
+/* The PTX ISA fragment layout of mma.m16n8k16 for .bf16/.f16 A (16x16, row), B (16x8, col) and
+ * f32 C/D (16x8), per element: groupID = lane >> 2, threadID_in_group = lane % 4.
+ *   A: a_i, i = 0..7 (register i/2, half i%2): row = groupID for i in {0,1,4,5}, else
+ *      groupID + 8; col = 2 * tig + (i & 1), + 8 for i >= 4.
+ *   B: b_i, i = 0..3: row = 2 * tig + (i & 1), + 8 for i >= 2; col = groupID.
+ *   C/D: c_i, i = 0..3: row = groupID for i < 2, else groupID + 8; col = 2 * tig + (i & 1). */
+static void mma_a_pos(int lane, int i, int *row, int *col) {
+  const int g = lane >> 2, tig = lane % 4;
+  *row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
+  *col = 2 * tig + (i & 1) + (i >= 4 ? 8 : 0);
+}
+static void mma_b_pos(int lane, int i, int *row, int *col) {
+  const int g = lane >> 2, tig = lane % 4;
+  *row = 2 * tig + (i & 1) + (i >= 2 ? 8 : 0);
+  *col = g;
+}
+static void mma_c_pos(int lane, int i, int *row, int *col) {
+  const int g = lane >> 2, tig = lane % 4;
+  *row = i < 2 ? g : g + 8;
+  *col = 2 * tig + (i & 1);
+}
+
+static void set_half(uint32_t *reg, int hi, uint16_t v) {
+  if (hi)
+    *reg = (*reg & 0x0000ffffu) | ((uint32_t)v << 16);
+  else
+    *reg = (*reg & 0xffff0000u) | v;
+}
+
+static void check_mma(int f16) {
+  rt_rng *rng = rt_global_rng();
+  for (int trial = 0; trial < 4; ++trial) {
+    uint16_t A[16][16], B[16][8];
+    double Av[16][16], Bv[16][8];
+    float C[16][8];
+    for (int r = 0; r < 16; ++r)
+      for (int c = 0; c < 16; ++c) {
+        const float x = (float)rt_rng_normal(rng);
+        A[r][c] = f16 ? model_f16(x) : model_bf16(x);
+        Av[r][c] = f16 ? model_f16_value(A[r][c]) : model_bf16_value(A[r][c]);
+      }
+    for (int r = 0; r < 16; ++r)
+      for (int c = 0; c < 8; ++c) {
+        const float x = (float)rt_rng_normal(rng);
+        B[r][c] = f16 ? model_f16(x) : model_bf16(x);
+        Bv[r][c] = f16 ? model_f16_value(B[r][c]) : model_bf16_value(B[r][c]);
+        C[r][c] = (float)rt_rng_normal(rng);
+      }
+    uint32_t a[32][4], b[32][2];
+    float cf[32][4], d[32][4];
+    memset(a, 0, sizeof a);
+    memset(b, 0, sizeof b);
+    for (int lane = 0; lane < 32; ++lane) {
+      for (int i = 0; i < 8; ++i) {
+        int row, col;
+        mma_a_pos(lane, i, &row, &col);
+        set_half(&a[lane][i / 2], i % 2, A[row][col]);
+      }
+      for (int i = 0; i < 4; ++i) {
+        int row, col;
+        mma_b_pos(lane, i, &row, &col);
+        set_half(&b[lane][i / 2], i % 2, B[row][col]);
+        mma_c_pos(lane, i, &row, &col);
+        cf[lane][i] = C[row][col];
+      }
+    }
+    emu_test_params p = {.in0 = a, .in1 = b, .in2 = cf, .out0 = d, .op = f16};
+    run_ok("emu_mma", g_src_intrinsics, 1, 32, 0, &p);
+    for (int lane = 0; lane < 32; ++lane)
+      for (int i = 0; i < 4; ++i) {
+        int row, col;
+        mma_c_pos(lane, i, &row, &col);
+        double ref = C[row][col], mag = fabs(C[row][col]);
+        for (int k = 0; k < 16; ++k) {
+          ref += Av[row][k] * Bv[k][col];
+          mag += fabs(Av[row][k] * Bv[k][col]);
+        }
+        const double tol = 17 * FLT_EPSILON * mag;
+        if (!(fabs(d[lane][i] - ref) <= tol)) {
+          fprintf(stderr, "mma %s: D[%d][%d] (lane %d, d%d) = %.9g, expected %.9g (tol %.3g)\n",
+                  f16 ? "f16" : "bf16", row, col, lane, i, d[lane][i], ref, tol);
+          fail();
+        }
+      }
+  }
+}
+
+static void test_emu_mma_bf16_matches_ptx_fragment_model(void **state) {
+  (void)state;
+  check_mma(0);
+}
+
+static void test_emu_mma_f16_matches_ptx_fragment_model(void **state) {
+  (void)state;
+  check_mma(1);
+}
+
+/* The emulation rate of an mma-heavy kernel (reported, not asserted), and its exact result. */
+static void test_emu_mma_loop_rate_and_result(void **state) {
+  (void)state;
+  const int warps = 4;
+  const long long iters = 2000;
+  float *d = xmalloc(sizeof(float) * 4 * 32 * (size_t)warps);
+  for (int op = 0; op < 2; ++op) {
+    emu_test_params p = {.out0 = d, .n = iters, .op = op};
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    run_ok("emu_mma_loop", g_src_intrinsics, 1, 32 * (unsigned)warps, 0, &p);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    printf("emu: %lld warp-level mma.m16n8k16 (%s) in %.3f s on one OS thread: %.0f mma/s\n",
+           iters * warps, op ? "f16" : "bf16", s, (double)(iters * warps) / s);
+    for (int i = 0; i < 4 * 32 * warps; ++i) assert_true(d[i] == 16.0f * (float)iters);
+  }
+  free(d);
+}
+
+/* ------------------------------------------------------------------ ldmatrix */
+
+static void test_emu_ldmatrix_x4_and_trans_match_ptx_fragment_model(void **state) {
+  (void)state;
+  rt_rng *rng = rt_global_rng();
+  enum { kRows = 128 }; /* 16-byte rows of the shared area */
+  uint16_t area[kRows * 8];
+  for (int i = 0; i < kRows * 8; ++i) area[i] = (uint16_t)rt_rng_next(rng);
+  /* 32 distinct rows in random order: lane L gives the address of row L % 8 of matrix L / 8. */
+  int rows[kRows];
+  for (int i = 0; i < kRows; ++i) rows[i] = i;
+  for (int i = kRows - 1; i > 0; --i) {
+    const int j = (int)rt_rng_range(rng, 0, i);
+    const int t = rows[i];
+    rows[i] = rows[j];
+    rows[j] = t;
+  }
+  int offs[32];
+  for (int l = 0; l < 32; ++l) offs[l] = 16 * rows[l];
+  uint32_t plain[32][4], trans[32][4];
+  emu_test_params p = {.in0 = area, .in1 = offs, .out0 = plain, .out1 = trans,
+                       .n = (long long)sizeof area};
+  run_ok("emu_ldmatrix", g_src_intrinsics, 1, 32, sizeof area, &p);
+  /* Matrix j, as stored: M[r][c] = element c of the row whose address lane 8j + r gave. Each
+   * thread receives row lane / 4, columns 2 (lane % 4) and +1 of the delivered matrix (M, or
+   * its transpose with .trans), the lower column in the low half of register j. */
+  for (int j = 0; j < 4; ++j) {
+    uint16_t M[8][8];
+    for (int r = 0; r < 8; ++r)
+      for (int c = 0; c < 8; ++c) M[r][c] = area[offs[8 * j + r] / 2 + c];
+    for (int lane = 0; lane < 32; ++lane) {
+      const int r = lane / 4, c = 2 * (lane % 4);
+      const uint32_t want = (uint32_t)M[r][c] | ((uint32_t)M[r][c + 1] << 16);
+      const uint32_t want_t = (uint32_t)M[c][r] | ((uint32_t)M[c + 1][r] << 16);
+      if (plain[lane][j] != want || trans[lane][j] != want_t) {
+        fprintf(stderr, "ldmatrix matrix %d lane %d: got %08x / trans %08x, want %08x / %08x\n",
+                j, lane, plain[lane][j], trans[lane][j], want, want_t);
+        fail();
+      }
+    }
+  }
+}
+
+/* ------------------------------------------------------------------ shuffles */
+
+static void test_emu_shfl_xor_every_lane_mask(void **state) {
+  (void)state;
+  float in[32], out[32 * 32];
+  for (int l = 0; l < 32; ++l) in[l] = (float)rt_rng_normal(rt_global_rng());
+  emu_test_params p = {.in0 = in, .out0 = out};
+  run_ok("emu_shfl_xor", g_src_intrinsics, 1, 32, 0, &p);
+  for (int m = 0; m < 32; ++m)
+    for (int l = 0; l < 32; ++l) assert_true(out[m * 32 + l] == in[l ^ m]);
+}
+
+/* ------------------------------------------------------------------ conversions */
+
+/* Floats that stress round to nearest even: exact ties both ways, just off ties, subnormals,
+ * the overflow boundary, signed zeros, infinities, and normal draws. */
+static float *conversion_inputs(int f16, size_t *count) {
+  const size_t n = 8192;
+  float *x = xmalloc(n * sizeof *x);
+  rt_rng *rng = rt_global_rng();
+  size_t k = 0;
+  const float fixed[] = {0.0f, -0.0f, 1.0f, -1.0f, INFINITY, -INFINITY, FLT_MIN, -FLT_MIN,
+                         FLT_MAX, -FLT_MAX, 1e-45f, 65504.0f, 65519.99f, 65520.0f, 65536.0f,
+                         6.1035156e-05f, 5.9604645e-08f, 2.9802322e-08f, 2.9802326e-08f,
+                         8.940697e-08f, 3.3895314e38f, 3.3961775e38f};
+  for (size_t i = 0; i < sizeof fixed / sizeof *fixed; ++i) x[k++] = fixed[i];
+  while (k < n) {
+    uint32_t u;
+    float v = (float)rt_rng_normal(rng);
+    const int kind = (int)(k % 6);
+    memcpy(&u, &v, sizeof u);
+    if (f16) {
+      /* f16 keeps 10 of the 23 mantissa bits: the 13 dropped bits decide the rounding. */
+      if (kind == 0) u = (u & ~0x1fffu) | 0x1000u;                    /* exact tie */
+      if (kind == 1) u = (u & ~0x1fffu) | 0x1000u | (rt_rng_next(rng) & 1u); /* tie or just off */
+      if (kind == 2) u = (u & ~0x1fffu) | 0x0fffu;                    /* just below a tie */
+      memcpy(&v, &u, sizeof v);
+      if (kind == 3) v *= 1e-5f;                                         /* f16 subnormals */
+      if (kind == 4) v *= 3e4f;                                          /* near overflow */
+    } else {
+      if (kind == 0) u = (u & ~0xffffu) | 0x8000u;
+      if (kind == 1) u = (u & ~0xffffu) | 0x8000u | (rt_rng_next(rng) & 1u);
+      if (kind == 2) u = (u & ~0xffffu) | 0x7fffu;
+      if (kind == 3) u = (u & 0x807fffffu) | (uint32_t)rt_rng_range(rng, 0, 3) << 23; /* subnormal */
+      if (kind == 4) u = (u & 0x807fffffu) | 0x7f000000u;                          /* ~2^127 */
+      memcpy(&v, &u, sizeof v);
+    }
+    x[k++] = v;
+  }
+  *count = n;
+  return x;
+}
+
+static void check_pack(int f16) {
+  size_t n = 0;
+  float *x = conversion_inputs(f16, &n);
+  x[n - 1] = NAN;
+  x[n - 4] = -NAN;
+  uint32_t *out = xmalloc(n / 2 * sizeof *out);
+  emu_test_params p = {.in0 = x, .out0 = out, .n = (long long)(n / 2), .op = f16};
+  run_ok("emu_scalar", g_src_intrinsics, 3, 256, 0, &p);
+  for (size_t i = 0; i < n / 2; ++i) {
+    for (int h = 0; h < 2; ++h) {
+      const float in = x[2 * i + (size_t)h];
+      const uint32_t got = h ? out[i] >> 16 : out[i] & 0xffffu;
+      if (isnan(in)) {
+        assert_true(f16 ? bits_is_nan_f16(got) : bits_is_nan_bf16(got));
+        continue;
+      }
+      const uint32_t want = f16 ? model_f16(in) : model_bf16(in);
+      if (got != want) {
+        fprintf(stderr, "pack_%s: %.9g (%a) -> %04x, want %04x (%s half)\n",
+                f16 ? "f16x2" : "bf16x2", (double)in, (double)in, got, want, h ? "high" : "low");
+        fail();
+      }
+    }
+  }
+  free(out);
+  free(x);
+}
+
+static void test_emu_pack_bf16x2_rounds_to_nearest_even(void **state) {
+  (void)state;
+  check_pack(0);
+}
+
+static void test_emu_pack_f16x2_rounds_to_nearest_even(void **state) {
+  (void)state;
+  check_pack(1);
+}
+
+/* Every one of the 65536 bit patterns. */
+static void check_widen(int f16) {
+  uint16_t *h = xmalloc(65536 * sizeof *h);
+  float *out = xmalloc(65536 * sizeof *out);
+  for (uint32_t i = 0; i < 65536; ++i) h[i] = (uint16_t)i;
+  emu_test_params p = {.in0 = h, .out0 = out, .n = 65536, .op = f16 ? 2 : 3};
+  run_ok("emu_scalar", g_src_intrinsics, 16, 256, 0, &p);
+  for (uint32_t i = 0; i < 65536; ++i) {
+    const int nan = f16 ? bits_is_nan_f16(i) : bits_is_nan_bf16(i);
+    if (nan) {
+      assert_true(isnan(out[i]));
+      continue;
+    }
+    double want;
+    if (f16)
+      want = model_f16_value(i);
+    else if (((i >> 7) & 0xff) == 0xff)
+      want = (i & 0x8000u) ? -INFINITY : INFINITY;
+    else
+      want = model_bf16_value(i);
+    if (!((double)out[i] == want && !signbit(out[i]) == !signbit(want))) {
+      fprintf(stderr, "%s_to_float(%04x) = %a, want %a\n", f16 ? "f16" : "bf16", i,
+              (double)out[i], want);
+      fail();
+    }
+  }
+  free(out);
+  free(h);
+}
+
+static void test_emu_f16_to_float_every_bit_pattern(void **state) {
+  (void)state;
+  check_widen(1);
+}
+
+static void test_emu_bf16_to_float_every_bit_pattern(void **state) {
+  (void)state;
+  check_widen(0);
+}
+
+/* ex2.approx.ftz.f32: 2^x with at most 2 ulp of error; subnormal inputs count as zero and
+ * results below 2^-126 flush to +0; ex2(-inf) = +0, ex2(+inf) = +inf, NaN stays NaN. */
+static void test_emu_ex2_matches_ptx_approx_ftz(void **state) {
+  (void)state;
+  const size_t n = 4096;
+  float *x = xmalloc(n * sizeof *x), *y = xmalloc(n * sizeof *y);
+  rt_rng *rng = rt_global_rng();
+  for (size_t i = 0; i < n; ++i) x[i] = (float)(260.0 * rt_rng_uniform(rng) - 130.0);
+  const float special[] = {0.0f, -0.0f, 1e-40f, -1e-40f, INFINITY, -INFINITY, NAN, 1.0f,
+                           -126.0f, -127.0f, -149.5f, 127.0f, 128.0f, 0.5f};
+  for (size_t i = 0; i < sizeof special / sizeof *special; ++i) x[i] = special[i];
+  emu_test_params p = {.in0 = x, .out0 = y, .n = (long long)n, .op = 4};
+  run_ok("emu_scalar", g_src_intrinsics, 2, 256, 0, &p);
+  for (size_t i = 0; i < n; ++i) {
+    const double in = fabs(x[i]) < FLT_MIN ? 0.0 : x[i];
+    const double exact = exp2(in);
+    const float got = y[i];
+    if (isnan(x[i])) {
+      assert_true(isnan(got));
+      continue;
+    }
+    if (exact < FLT_MIN) {
+      if (!(got == 0.0f && !signbit(got))) {
+        fprintf(stderr, "ex2(%a) = %a, want +0 (flushed)\n", (double)x[i], (double)got);
+        fail();
+      }
+      continue;
+    }
+    if (isinf(exact) || exact > FLT_MAX) {
+      assert_true(isinf(got) && got > 0);
+      continue;
+    }
+    const double ulp = ldexp(1.0, ilogb(exact) - 23);
+    if (!(fabs((double)got - exact) <= 2 * ulp)) {
+      fprintf(stderr, "ex2(%a) = %a, want %a within 2 ulp\n", (double)x[i], (double)got, exact);
+      fail();
+    }
+  }
+  free(x);
+  free(y);
+}
+
+/* ------------------------------------------------------------------ cp.async and barriers */
+
+static void test_emu_cp_async_groups_complete_only_at_wait(void **state) {
+  (void)state;
+  enum { T = 128, kChunks = 3 * T };
+  unsigned char *src = xmalloc(16 * kChunks);
+  for (int i = 0; i < 16 * kChunks; ++i) src[i] = (unsigned char)(rt_rng_next(rt_global_rng()) % 255);
+  unsigned char *out = xmalloc(16 * kChunks);
+  int *seen = xmalloc(sizeof(int) * T * 12);
+  memset(out, 0xab, 16 * kChunks);
+  emu_test_params p = {.in0 = src, .out0 = out, .out1 = seen};
+  run_ok("emu_cp_async", g_src_intrinsics, 1, T, 16 * kChunks, &p);
+  /* After wait_group N with 3 groups committed, the oldest 3 - N are complete, the others not. */
+  for (int t = 0; t < T; ++t)
+    for (int point = 0; point < 4; ++point)
+      for (int g = 0; g < 3; ++g) {
+        const int complete = point > 0 && g < point;
+        const int got = seen[12 * t + 3 * point + g];
+        if (got != (complete ? 1 : 0)) {
+          fprintf(stderr, "cp.async thread %d group %d after %s: saw %s\n", t, g,
+                  point == 0 ? "no wait" : point == 1 ? "wait_group 2" : point == 2 ? "wait_group 1" : "wait_group 0",
+                  got == 1 ? "the data" : got == 0 ? "poison" : "something else");
+          fail();
+        }
+      }
+  for (int c = 0; c < kChunks; ++c)
+    for (int i = 0; i < 16; ++i) {
+      const unsigned char want = c % 7 == 3 ? 0 : src[16 * c + i]; /* valid = false: zero-fill */
+      assert_int_equal(out[16 * c + i], want);
+    }
+  free(seen);
+  free(out);
+  free(src);
+}
+
+static void test_emu_block_barrier_orders_shared_memory(void **state) {
+  (void)state;
+  enum { T = 256, B = 3 };
+  float *in = xmalloc(sizeof(float) * T * B), *sums = xmalloc(sizeof(float) * B);
+  float *neigh = xmalloc(sizeof(float) * T * B);
+  for (int i = 0; i < T * B; ++i) in[i] = (float)rt_rng_normal(rt_global_rng());
+  emu_test_params p = {.in0 = in, .out0 = sums, .out1 = neigh};
+  run_ok("emu_block_sum", g_src_intrinsics, B, T, sizeof(float) * T, &p);
+  for (int b = 0; b < B; ++b) {
+    float s[T];
+    memcpy(s, in + b * T, sizeof s);
+    for (int t = 0; t < T; ++t) assert_true(neigh[b * T + t] == s[(t + 37) % T]);
+    for (int half = T / 2; half > 0; half /= 2)
+      for (int t = 0; t < half; ++t) s[t] += s[t + half];
+    assert_true(sums[b] == s[0]);
+  }
+  free(neigh);
+  free(sums);
+  free(in);
+}
+
+/* ------------------------------------------------------------------ execution model */
+
+static void check_grid(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                       unsigned bz) {
+  const size_t nthreads = (size_t)gx * gy * gz * bx * by * bz;
+  int *count = calloc(nthreads, sizeof *count);
+  unsigned *ids = xmalloc(nthreads * 12 * sizeof *ids);
+  assert_non_null(count);
+  emu_test_params p = {.out0 = count, .out1 = ids};
+  rda_err err = {0};
+  if (run3("emu_grid_ids", g_src_model, gx, gy, gz, bx, by, bz, 0, &p, &err) != RDA_OK) {
+    fprintf(stderr, "%s\n", err.msg);
+    fail();
+  }
+  size_t id = 0;
+  for (unsigned z = 0; z < gz; ++z)
+    for (unsigned y = 0; y < gy; ++y)
+      for (unsigned x = 0; x < gx; ++x)
+        for (unsigned tz = 0; tz < bz; ++tz)
+          for (unsigned ty = 0; ty < by; ++ty)
+            for (unsigned tx = 0; tx < bx; ++tx, ++id) {
+              assert_int_equal(count[id], 1);
+              const unsigned want[12] = {tx, ty, tz, x, y, z, bx, by, bz, gx, gy, gz};
+              assert_memory_equal(ids + 12 * id, want, sizeof want);
+            }
+  free(ids);
+  free(count);
+}
+
+static void test_emu_every_block_and_thread_runs_once_3d(void **state) {
+  (void)state;
+  check_grid(3, 2, 2, 8, 4, 2); /* 64-thread blocks */
+  check_grid(2, 3, 1, 5, 3, 3); /* 45 threads: a partial second warp */
+  check_grid(7, 1, 1, 1, 1, 1);
+}
+
+static void test_emu_shared_memory_poisoned_at_every_block_start(void **state) {
+  (void)state;
+  enum { T = 64, B = 8 };
+  uint32_t *words = xmalloc(sizeof(uint32_t) * T * B), align[B];
+  emu_test_params p = {.out0 = words, .out1 = align};
+  run_ok("emu_smem_poison", g_src_model, B, T, 4 * T, &p);
+  for (int i = 0; i < T * B; ++i) assert_int_equal(words[i], 0xffffffffu);
+  for (int b = 0; b < B; ++b) assert_int_equal(align[b], 0);
+  free(words);
+}
+
+/* Launch emu_faults with `op` (grid B blocks of T threads); expect a failure whose message
+ * contains every string of `want` (NULL-terminated), then a clean run of the same module. */
+static void check_fault(int op, long long n, const char *const *want) {
+  enum { T = 64, B = 4 };
+  int *out = xmalloc(sizeof(int) * T * B);
+  _Alignas(16) unsigned char src[64] = {0};
+  emu_test_params p = {.in0 = src, .out0 = out, .n = n, .op = op};
+  rda_err err = {0};
+  const rda_status st = run3("emu_faults", g_src_model, B, 1, 1, T, 1, 1, 256, &p, &err);
+  assert_int_equal(st, RDA_ERR_EMULATOR);
+  for (const char *const *w = want; *w != NULL; ++w) {
+    if (strstr(err.msg, *w) == NULL) {
+      fprintf(stderr, "fault %d: message lacks '%s': %s\n", op, *w, err.msg);
+      fail();
+    }
+  }
+  memset(out, 0, sizeof(int) * T * B);
+  p.op = 99;
+  rda_err err2 = {0};
+  assert_int_equal(run3("emu_faults", g_src_model, B, 1, 1, T, 1, 1, 256, &p, &err2), RDA_OK);
+  for (int i = 0; i < T * B; ++i) assert_int_equal(out[i], 1);
+  free(out);
+}
+
+static void test_emu_skipped_barrier_is_a_deadlock_error(void **state) {
+  (void)state;
+  const char *want[] = {"deadlock", "63 wait at __syncthreads", "1 exited", NULL};
+  check_fault(0, 5, want);
+}
+
+static void test_emu_partial_warp_collective_is_a_deadlock_error(void **state) {
+  (void)state;
+  const char *want[] = {"deadlock", "16 at a warp collective", NULL};
+  check_fault(1, 0, want);
+}
+
+static void test_emu_barrier_and_shuffle_mixed_is_a_deadlock_error(void **state) {
+  (void)state;
+  const char *want[] = {"deadlock", "48 wait at __syncthreads", "16 at a warp collective", NULL};
+  check_fault(5, 0, want);
+}
+
+static void test_emu_trap_reports_block_thread_and_message(void **state) {
+  (void)state;
+  const char *want[] = {"emu_faults", "block (2,0,0) thread (3,0,0): custom trap message 42",
+                        NULL};
+  check_fault(2, 0, want);
+}
+
+static void test_emu_cp_async_misaligned_traps(void **state) {
+  (void)state;
+  const char *want[] = {"thread (5,0,0)", "16-byte aligned", NULL};
+  check_fault(3, 0, want);
+}
+
+static void test_emu_cp_async_outside_shared_memory_traps(void **state) {
+  (void)state;
+  const char *want[] = {"thread (6,0,0)", "outside dynamic shared memory", NULL};
+  check_fault(4, 0, want);
+}
+
+static void test_emu_launch_rejects_wrong_params_size(void **state) {
+  (void)state;
+  rda_module *m = module("emu_faults", g_src_model);
+  emu_test_params p = {.op = 99};
+  const unsigned grid[3] = {1, 1, 1};
+  rda_err err = {0};
+  assert_int_equal(g_backend->launch(g_backend, m, grid, 32, 0, &p, sizeof p - 8, &err),
+                   RDA_ERR_EMULATOR);
+  assert_non_null(strstr(err.msg, "kernel parameters"));
+  rda_err err2 = {0};
+  assert_int_equal(g_backend->launch(g_backend, m, grid, 2048, 0, &p, sizeof p, &err2),
+                   RDA_ERR_EMULATOR);
+  assert_non_null(strstr(err2.msg, "at most 1024 threads"));
+}
+
+/* ------------------------------------------------------------------ the backend */
+
+static void test_emu_compile_error_is_reported_with_compiler_output(void **state) {
+  (void)state;
+  char src[] =
+      "#include \"rda_device.cuh\"\n"
+      "struct emu_test_params { int x; };\n"
+      "extern \"C\" __global__ void emu_broken(const emu_test_params p) {\n"
+      "  (void)p; int y = undefined_thing_in_emu_test;\n"
+      "}\n"
+      "RDA_EMU_EXPORT(emu_broken, emu_test_params)\n";
+  rda_variant v;
+  memset(&v, 0, sizeof v);
+  snprintf(v.name, sizeof v.name, "emu_broken");
+  v.source = src;
+  rda_module *m = NULL;
+  rda_err err = {0};
+  assert_int_equal(g_backend->load(g_backend, &v, &m, &err), RDA_ERR_EMULATOR);
+  assert_null(m);
+  assert_non_null(strstr(err.msg, "emu_broken"));
+  assert_non_null(strstr(err.msg, "undefined_thing_in_emu_test"));
+  assert_null(strchr(err.msg, '\n'));
+}
+
+static void test_emu_load_of_missing_entry_fails(void **state) {
+  (void)state;
+  (void)module("emu_grid_ids", g_src_model); /* built */
+  rda_variant v;
+  memset(&v, 0, sizeof v);
+  snprintf(v.name, sizeof v.name, "emu_no_such_entry");
+  v.source = g_src_model;
+  rda_module *m = NULL;
+  rda_err err = {0};
+  assert_int_equal(g_backend->load(g_backend, &v, &m, &err), RDA_ERR_EMULATOR);
+  assert_null(m);
+  assert_non_null(strstr(err.msg, "emu_no_such_entry__emu"));
+}
+
+/* The emulator's folder under cache root `root`. */
+static void emu_cache_folder(const char *root, char *dir, size_t cap) {
+  struct utsname un;
+  assert_int_equal(uname(&un), 0);
+  snprintf(dir, cap, "%s/emu-%s", root, un.machine);
+}
+
+/* The runtime's .so, then one .cu and one .so per distinct source; a second load compiles
+ * nothing; a failed compile leaves nothing behind. Runs in a private cache folder. */
+static void test_emu_cache_reuses_module_and_leaves_no_temp_files(void **state) {
+  (void)state;
+  char *root = rt_mkdtemp();
+  assert_non_null(root);
+  const char *old = getenv("RDA_CACHE_DIR");
+  char *saved = old ? strdup(old) : NULL;
+  setenv("RDA_CACHE_DIR", root, 1);
+  char dir[2048];
+  emu_cache_folder(root, dir, sizeof dir);
+
+  char src[] =
+      "#include \"rda_device.cuh\"\n"
+      "struct emu_tiny_params { int *out; };\n"
+      "extern \"C\" __global__ void emu_tiny(const emu_tiny_params p) { p.out[threadIdx.x] = 7; }\n"
+      "RDA_EMU_EXPORT(emu_tiny, emu_tiny_params)\n";
+  rda_variant v;
+  memset(&v, 0, sizeof v);
+  snprintf(v.name, sizeof v.name, "emu_tiny");
+  v.source = src;
+  rda_module *m1 = NULL, *m2 = NULL, *m3 = NULL;
+  rda_err err = {0};
+  assert_int_equal(g_backend->load(g_backend, &v, &m1, &err), RDA_OK);
+  assert_int_equal(rt_count_entries(dir), 3);
+  char *so = NULL;
+  {
+    /* The module's path: the one entry ending in .so. */
+    char cmd_dir[2100];
+    snprintf(cmd_dir, sizeof cmd_dir, "%s", dir);
+    DIR *d = opendir(cmd_dir);
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+      const size_t n = strlen(e->d_name);
+      if (n > 3 && strcmp(e->d_name + n - 3, ".so") == 0 && strncmp(e->d_name, "rt-", 3) != 0)
+        so = rt_path(dir, e->d_name);
+    }
+    closedir(d);
+  }
+  assert_non_null(so);
+  struct stat st1, st2;
+  assert_int_equal(stat(so, &st1), 0);
+  assert_int_equal(g_backend->load(g_backend, &v, &m2, &err), RDA_OK);
+  assert_int_equal(stat(so, &st2), 0);
+  assert_true(st1.st_ino == st2.st_ino && st1.st_mtime == st2.st_mtime);
+  assert_int_equal(rt_count_entries(dir), 3);
+
+  int out[32];
+  struct {
+    int *out;
+  } tp = {out};
+  const unsigned grid[3] = {1, 1, 1};
+  assert_int_equal(g_backend->launch(g_backend, m2, grid, 32, 0, &tp, sizeof tp, &err), RDA_OK);
+  for (int i = 0; i < 32; ++i) assert_int_equal(out[i], 7);
+
+  char broken[] = "#include \"rda_device.cuh\"\nint emu_tiny_broken = ;\n";
+  v.source = broken;
+  assert_int_equal(g_backend->load(g_backend, &v, &m3, &err), RDA_ERR_EMULATOR);
+  assert_int_equal(rt_count_entries(dir), 3);
+
+  g_backend->unload(g_backend, m1);
+  g_backend->unload(g_backend, m2);
+  if (saved != NULL)
+    setenv("RDA_CACHE_DIR", saved, 1);
+  else
+    unsetenv("RDA_CACHE_DIR");
+  free(saved);
+  free(so);
+  rt_rmtree(root);
+  free(root);
+}
+
+static void test_emu_alloc_is_aligned_and_copies_round_trip(void **state) {
+  (void)state;
+  void *d = NULL;
+  rda_err err = {0};
+  assert_int_equal(g_backend->alloc(g_backend, 1000, &d, &err), RDA_OK);
+  assert_int_equal((uintptr_t)d % 64, 0);
+  double x[125], y[125];
+  for (int i = 0; i < 125; ++i) x[i] = rt_rng_normal(rt_global_rng());
+  assert_int_equal(g_backend->upload(g_backend, d, x, sizeof x, &err), RDA_OK);
+  assert_int_equal(g_backend->download(g_backend, y, d, sizeof y, &err), RDA_OK);
+  assert_memory_equal(x, y, sizeof x);
+  assert_int_equal(g_backend->synchronize(g_backend, &err), RDA_OK);
+  g_backend->free(g_backend, d);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_emu_mma_bf16_matches_ptx_fragment_model),
+      cmocka_unit_test(test_emu_mma_f16_matches_ptx_fragment_model),
+      cmocka_unit_test(test_emu_mma_loop_rate_and_result),
+      cmocka_unit_test(test_emu_ldmatrix_x4_and_trans_match_ptx_fragment_model),
+      cmocka_unit_test(test_emu_shfl_xor_every_lane_mask),
+      cmocka_unit_test(test_emu_pack_bf16x2_rounds_to_nearest_even),
+      cmocka_unit_test(test_emu_pack_f16x2_rounds_to_nearest_even),
+      cmocka_unit_test(test_emu_f16_to_float_every_bit_pattern),
+      cmocka_unit_test(test_emu_bf16_to_float_every_bit_pattern),
+      cmocka_unit_test(test_emu_ex2_matches_ptx_approx_ftz),
+      cmocka_unit_test(test_emu_cp_async_groups_complete_only_at_wait),
+      cmocka_unit_test(test_emu_block_barrier_orders_shared_memory),
+      cmocka_unit_test(test_emu_every_block_and_thread_runs_once_3d),
+      cmocka_unit_test(test_emu_shared_memory_poisoned_at_every_block_start),
+      cmocka_unit_test(test_emu_skipped_barrier_is_a_deadlock_error),
+      cmocka_unit_test(test_emu_partial_warp_collective_is_a_deadlock_error),
+      cmocka_unit_test(test_emu_barrier_and_shuffle_mixed_is_a_deadlock_error),
+      cmocka_unit_test(test_emu_trap_reports_block_thread_and_message),
+      cmocka_unit_test(test_emu_cp_async_misaligned_traps),
+      cmocka_unit_test(test_emu_cp_async_outside_shared_memory_traps),
+      cmocka_unit_test(test_emu_launch_rejects_wrong_params_size),
+      cmocka_unit_test(test_emu_compile_error_is_reported_with_compiler_output),
+      cmocka_unit_test(test_emu_load_of_missing_entry_fails),
+      cmocka_unit_test(test_emu_cache_reuses_module_and_leaves_no_temp_files),
+      cmocka_unit_test(test_emu_alloc_is_aligned_and_copies_round_trip),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

@@ -1,0 +1,544 @@
+/* test_fwd.c — the generated forward kernels (templates/rda_fwd.cuh, rda_util.cuh) against the
+ * float64 reference (SPEC §1, §5): a covering set of configs over dtype, head dim, causal,
+ * offset rule, GQA, segment edge cases, batch, scale and strided layouts, on every backend here. */
+#include "backend.h"
+#include "fwd.h"
+#include "gen.h"
+#include "reference.h"
+#include "rda_test.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+/* ------------------------------------------------------------------ fixture */
+
+/* A backend the kernels run on, with the hardware profile its plans target. */
+typedef struct fwd_backend {
+  rda_backend *b;
+  rda_hw hw;
+} fwd_backend;
+
+static rda_gen *g_gen;
+static fwd_backend g_backends[2];
+static int g_nbackends;
+
+static int group_setup(void **state) {
+  (void)state;
+  rda_err err = {0};
+  if (rda_gen_open(&g_gen, &err) != RDA_OK) {
+    fprintf(stderr, "test_fwd: rda_gen_open: %s\n", err.msg);
+    return -1;
+  }
+  fwd_backend *e = &g_backends[g_nbackends];
+  if (rda_backend_emu_open(&e->b, 90, &err) != RDA_OK ||
+      rda_gen_hw_builtin(g_gen, e->b->arch, &e->hw, &err) != RDA_OK) {
+    fprintf(stderr, "test_fwd: emu backend: %s\n", err.msg);
+    return -1;
+  }
+  g_nbackends++;
+  rda_err cerr = {0};
+  fwd_backend *c = &g_backends[g_nbackends];
+  if (rda_backend_cuda_open(&c->b, 0, &cerr) == RDA_OK) {
+    if (rda_backend_cuda_hw(c->b, &c->hw, &cerr) == RDA_OK) {
+      g_nbackends++;
+    } else {
+      c->b->destroy(c->b);
+      c->b = NULL;
+    }
+  }
+  if (g_nbackends == 1)
+    fprintf(stderr, "test_fwd: no usable GPU (%s); the cuda backend is skipped, emu only\n",
+            cerr.msg);
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  for (int i = 0; i < g_nbackends; ++i) g_backends[i].b->destroy(g_backends[i].b);
+  g_nbackends = 0;
+  rda_gen_close(g_gen);
+  g_gen = NULL;
+  return 0;
+}
+
+/* ------------------------------------------------------------------ one case */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+enum {
+  LAYOUT_CONTIG = 0,    /* [B, N, H, D] everywhere */
+  LAYOUT_FUSED_QKV = 1, /* Q, K, V are slices of one [B, N, 3, H, D] tensor */
+  LAYOUT_SEQ_FIRST = 2  /* [N, B, H, D] with padded heads for Q, K, V and O; padded LSE rows */
+};
+
+typedef struct fwd_case {
+  int heads, kv_heads, head_dim, dtype, causal, offsets;
+  int nbranch;
+  long long w[4], r[4];
+  long long batch, n;
+  double scale; /* 0: the default 1/sqrt(head_dim) */
+  int layout;
+  int check_cast; /* also round O with the cast kernel and compare bit for bit */
+} fwd_case;
+
+/* Element strides (batch, n, head) of a [B, N, heads, d] tensor in a layout; pad is extra
+ * elements per head row (keeps rows 16-byte aligned). */
+static void layout_strides(int layout, long long b, long long n, long long heads, long long d,
+                           long long pad, long long s[3]) {
+  (void)b;
+  if (layout == LAYOUT_SEQ_FIRST) {
+    s[2] = d + pad;
+    s[0] = heads * s[2];
+    s[1] = b * s[0];
+  } else {
+    rt_strides_contig(n, heads, d, s);
+  }
+}
+
+static void *dev_alloc(rda_backend *b, size_t bytes) {
+  rda_err err = {0};
+  void *p = NULL;
+  if (b->alloc(b, bytes, &p, &err) != RDA_OK) fail_msg("%s alloc: %s", b->name, err.msg);
+  return p;
+}
+
+static void dev_upload(rda_backend *b, void *dst, const void *src, size_t bytes) {
+  rda_err err = {0};
+  if (b->upload(b, dst, src, bytes, &err) != RDA_OK) fail_msg("%s upload: %s", b->name, err.msg);
+}
+
+static void dev_download(rda_backend *b, void *dst, const void *src, size_t bytes) {
+  rda_err err = {0};
+  if (b->download(b, dst, src, bytes, &err) != RDA_OK)
+    fail_msg("%s download: %s", b->name, err.msg);
+}
+
+/* The cast kernel on o (fp32, strides o_s) into a fresh contiguous storage tensor; every
+ * element must equal the round-to-nearest-even of its fp32 value. */
+static void check_cast(fwd_backend *be, const rda_plan_k *plan, const rda_fwd_kernels *k,
+                       const fwd_case *fc, const float *o_dev, const float *o_host,
+                       const long long o_s[3]) {
+  rda_backend *b = be->b;
+  const long long B = fc->batch, N = fc->n, H = fc->heads, D = fc->head_dim;
+  long long out_s[3];
+  rt_strides_contig(N, H, D, out_s);
+  const size_t count = rt_span(B, N, H, D, out_s);
+  uint16_t *host = rt_alloc_bits(count, fc->dtype); /* NaN bits: unwritten elements show */
+  uint16_t *dev = dev_alloc(b, count * sizeof *dev);
+  dev_upload(b, dev, host, count * sizeof *dev);
+
+  rda_cast_params cp;
+  memset(&cp, 0, sizeof cp);
+  cp.o = o_dev;
+  cp.out = dev;
+  cp.o_sb = o_s[0], cp.o_sn = o_s[1], cp.o_sh = o_s[2];
+  cp.out_sb = out_s[0], cp.out_sn = out_s[1], cp.out_sh = out_s[2];
+  cp.batch = B;
+  cp.n = N;
+  cp.heads = (int)H;
+  cp.head_dim = (int)D;
+  const rda_variant *v = &plan->variants[plan->cast_kernel];
+  long long blocks = (B * N * H * D / 8 + v->threads - 1) / v->threads;
+  if (blocks > 7) blocks = 7; /* fewer blocks than elements: the grid-stride loop must cover */
+  const unsigned grid[3] = {(unsigned)blocks, 1, 1};
+  rda_err err = {0};
+  if (b->launch(b, k->modules[plan->cast_kernel], grid, (unsigned)v->threads, 0, &cp, sizeof cp,
+                &err) != RDA_OK ||
+      b->synchronize(b, &err) != RDA_OK)
+    fail_msg("%s cast: %s", b->name, err.msg);
+  dev_download(b, host, dev, count * sizeof *dev);
+
+  long long bad = 0;
+  for (long long ib = 0; ib < B; ++ib)
+    for (long long in = 0; in < N; ++in)
+      for (long long ih = 0; ih < H; ++ih)
+        for (long long id = 0; id < D; ++id) {
+          const float x = o_host[ib * o_s[0] + in * o_s[1] + ih * o_s[2] + id];
+          const uint16_t want = rda_to_dtype_bits((double)x, fc->dtype);
+          const uint16_t got = host[ib * out_s[0] + in * out_s[1] + ih * out_s[2] + id];
+          if (got != want && bad++ < 5)
+            fprintf(stderr,
+                    "  cast[b=%lld n=%lld h=%lld d=%lld] of %.8g = 0x%04x, expected 0x%04x\n", ib,
+                    in, ih, id, (double)x, got, want);
+        }
+  b->free(b, dev);
+  free(host);
+  if (bad > 0) fail_msg("%s cast: %lld elements differ", b->name, bad);
+}
+
+/* Plan, load and run the forward pass of one case on one backend; compare with the reference. */
+static void run_case_on(fwd_backend *be, const char *what, const fwd_case *fc) {
+  rda_backend *b = be->b;
+  const long long B = fc->batch, N = fc->n, H = fc->heads, Hkv = fc->kv_heads, D = fc->head_dim;
+  rda_config cfg;
+  rt_config_make(&cfg, fc->heads, fc->kv_heads, fc->head_dim, fc->dtype, fc->causal, fc->offsets,
+                 fc->nbranch, fc->w, fc->r);
+  if (fc->scale != 0.0) cfg.scale = fc->scale;
+
+  rda_err err = {0};
+  rda_plan_k plan;
+  memset(&plan, 0, sizeof plan);
+  if (rda_gen_plan(g_gen, &cfg, &be->hw, &plan, &err) != RDA_OK)
+    fail_msg("%s: plan: %s", what, err.msg);
+  rda_fwd_kernels kern = {0, NULL};
+  const double t_load = now_s();
+  if (rda_fwd_load(b, &plan, &kern, &err) != RDA_OK) fail_msg("%s: load: %s", what, err.msg);
+  const double load_s = now_s() - t_load;
+
+  /* Inputs: normal(0, 1) rounded to the storage dtype. */
+  double *q = rt_normal((size_t)(B * N * H * D), fc->dtype);
+  double *k = rt_normal((size_t)(B * N * Hkv * D), fc->dtype);
+  double *v = rt_normal((size_t)(B * N * Hkv * D), fc->dtype);
+
+  long long q_s[3], k_s[3], v_s[3], o_s[3], lse_s[2];
+  size_t q_off = 0, k_off = 0, v_off = 0, in_count;
+  if (fc->layout == LAYOUT_FUSED_QKV) {
+    assert_int_equal(H, Hkv);
+    long long s[3] = {N * 3 * H * D, 3 * H * D, D};
+    memcpy(q_s, s, sizeof s);
+    memcpy(k_s, s, sizeof s);
+    memcpy(v_s, s, sizeof s);
+    q_off = 0;
+    k_off = (size_t)(H * D);
+    v_off = (size_t)(2 * H * D);
+    in_count = (size_t)(B * N * 3 * H * D);
+  } else {
+    layout_strides(fc->layout, B, N, H, D, fc->layout == LAYOUT_SEQ_FIRST ? 8 : 0, q_s);
+    layout_strides(fc->layout, B, N, Hkv, D, fc->layout == LAYOUT_SEQ_FIRST ? 16 : 0, k_s);
+    layout_strides(fc->layout, B, N, Hkv, D, fc->layout == LAYOUT_SEQ_FIRST ? 24 : 0, v_s);
+    const size_t qn = rt_span(B, N, H, D, q_s), kn = rt_span(B, N, Hkv, D, k_s);
+    q_off = 0;
+    k_off = qn;
+    v_off = qn + kn;
+    in_count = qn + kn + rt_span(B, N, Hkv, D, v_s);
+  }
+  uint16_t *in_host = rt_alloc_bits(in_count, fc->dtype); /* gaps stay NaN */
+  rt_pack_bits(in_host + q_off, q, B, N, H, D, q_s, fc->dtype);
+  rt_pack_bits(in_host + k_off, k, B, N, Hkv, D, k_s, fc->dtype);
+  rt_pack_bits(in_host + v_off, v, B, N, Hkv, D, v_s, fc->dtype);
+  uint16_t *in_dev = dev_alloc(b, in_count * sizeof *in_dev);
+  dev_upload(b, in_dev, in_host, in_count * sizeof *in_dev);
+
+  if (fc->layout == LAYOUT_SEQ_FIRST) {
+    layout_strides(fc->layout, B, N, H, D, 4, o_s);
+    lse_s[1] = N + 3;
+    lse_s[0] = H * lse_s[1] + 1;
+  } else {
+    rt_strides_contig(N, H, D, o_s);
+    lse_s[1] = N;
+    lse_s[0] = H * N;
+  }
+  const size_t o_count = rt_span(B, N, H, D, o_s);
+  const size_t lse_count = (size_t)((B - 1) * lse_s[0] + (H - 1) * lse_s[1] + N);
+  float *o_host = malloc(o_count * sizeof *o_host);
+  float *lse_host = malloc(lse_count * sizeof *lse_host);
+  assert_non_null(o_host);
+  assert_non_null(lse_host);
+  rt_poison_f32(o_host, o_count);
+  rt_poison_f32(lse_host, lse_count);
+  float *o_dev = dev_alloc(b, o_count * sizeof *o_dev);
+  float *lse_dev = dev_alloc(b, lse_count * sizeof *lse_dev);
+  dev_upload(b, o_dev, o_host, o_count * sizeof *o_dev);
+  dev_upload(b, lse_dev, lse_host, lse_count * sizeof *lse_dev);
+
+  rda_fwd_args a;
+  memset(&a, 0, sizeof a);
+  a.batch = B;
+  a.n = N;
+  a.q = in_dev + q_off;
+  a.k = in_dev + k_off;
+  a.v = in_dev + v_off;
+  memcpy(a.q_s, q_s, sizeof q_s);
+  memcpy(a.k_s, k_s, sizeof k_s);
+  memcpy(a.v_s, v_s, sizeof v_s);
+  a.o = o_dev;
+  memcpy(a.o_s, o_s, sizeof o_s);
+  a.lse = lse_dev;
+  memcpy(a.lse_s, lse_s, sizeof lse_s);
+  const double t_run = now_s();
+  if (rda_fwd_run(b, &plan, &kern, &a, &err) != RDA_OK || b->synchronize(b, &err) != RDA_OK)
+    fail_msg("%s: run: %s", what, err.msg);
+  const double run_s = now_s() - t_run;
+  dev_download(b, o_host, o_dev, o_count * sizeof *o_dev);
+  dev_download(b, lse_host, lse_dev, lse_count * sizeof *lse_dev);
+
+  double *o_ref, *lse_ref;
+  rt_reference(&cfg, B, N, q, k, v, &o_ref, &lse_ref);
+  rt_report rep;
+  const bool ok =
+      rt_check_fwd(what, &cfg, B, N, o_host, o_s, lse_host, lse_s, o_ref, lse_ref, &rep);
+  fprintf(stderr, "  %-4s %-52s O %.2e  LSE %.2e  rows %lld+%lld  load %.1fs run %.2fs\n", b->name,
+          what, rep.o_rel_l2, rep.lse_max_abs, rep.covered_rows, rep.uncovered_rows, load_s, run_s);
+  if (ok && fc->check_cast) check_cast(be, &plan, &kern, fc, o_dev, o_host, o_s);
+
+  free(o_ref);
+  free(lse_ref);
+  b->free(b, o_dev);
+  b->free(b, lse_dev);
+  b->free(b, in_dev);
+  free(o_host);
+  free(lse_host);
+  free(in_host);
+  free(q);
+  free(k);
+  free(v);
+  rda_fwd_unload(b, &kern);
+  rda_plan_k_free(&plan);
+  assert_true(ok);
+}
+
+static void run_case(const char *what, const fwd_case *fc) {
+  for (int i = 0; i < g_nbackends; ++i) run_case_on(&g_backends[i], what, fc);
+}
+
+#define BR1(w0, r0) \
+  1, {w0}, {        \
+    r0              \
+  }
+#define BR2(w0, r0, w1, r1) \
+  2, {w0, w1}, {            \
+    r0, r1                  \
+  }
+#define BR3(w0, r0, w1, r1, w2, r2) \
+  3, {w0, w1, w2}, {                \
+    r0, r1, r2                      \
+  }
+
+/* ------------------------------------------------------------------ the cases */
+/* Each case names what it adds to the cover; pairwise causal x dilated x GQA x dtype holds over
+ * the set, every head dim runs in both dtypes and both causal modes. */
+
+/* Three branches merged by LSE; a dense branch with several query tiles per segment and a
+ * partial last segment; w > N clamped; block_m 128 and 64 variants both planned. */
+static void test_fwd_matches_reference_causal_gqa_bf16_d64_three_branches(void **state) {
+  (void)state;
+  const fwd_case c = {.heads = 4,
+                      .kv_heads = 2,
+                      .head_dim = 64,
+                      .dtype = RDA_DTYPE_BF16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR3(200, 1, 128, 2, 512, 4),
+                      .batch = 1,
+                      .n = 300};
+  run_case(__func__, &c);
+}
+
+/* Dilation 3 not dividing w = 100, block offsets, rows no branch covers, batch 2. */
+static void test_fwd_matches_reference_fp16_d64_block_offsets_uncovered_rows(void **state) {
+  (void)state;
+  const fwd_case c = {.heads = 4,
+                      .kv_heads = 4,
+                      .head_dim = 64,
+                      .dtype = RDA_DTYPE_FP16,
+                      .causal = 0,
+                      .offsets = RDA_OFFSETS_BLOCK,
+                      BR1(100, 3),
+                      .batch = 2,
+                      .n = 200};
+  run_case(__func__, &c);
+}
+
+/* Group offsets (each head one branch), MQA, segment > N, batch 2. */
+static void test_fwd_matches_reference_mqa_bf16_d128_group_offsets(void **state) {
+  (void)state;
+  const fwd_case c = {.heads = 3,
+                      .kv_heads = 1,
+                      .head_dim = 128,
+                      .dtype = RDA_DTYPE_BF16,
+                      .causal = 0,
+                      .offsets = RDA_OFFSETS_GROUP,
+                      BR3(64, 1, 96, 2, 300, 3),
+                      .batch = 2,
+                      .n = 257};
+  run_case(__func__, &c);
+}
+
+/* Causal dilated only, w > N, a custom scale, GQA. */
+static void test_fwd_matches_reference_causal_gqa_fp16_d128_custom_scale(void **state) {
+  (void)state;
+  const fwd_case c = {.heads = 2,
+                      .kv_heads = 1,
+                      .head_dim = 128,
+                      .dtype = RDA_DTYPE_FP16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR1(1000, 2),
+                      .batch = 1,
+                      .n = 200,
+                      .scale = 0.3};
+  run_case(__func__, &c);
+}
+
+/* Q, K, V as slices of a fused [B, N, 3, H, D] tensor; causal; batch 2. */
+static void test_fwd_matches_reference_causal_bf16_d32_fused_qkv(void **state) {
+  (void)state;
+  const fwd_case c = {.heads = 4,
+                      .kv_heads = 4,
+                      .head_dim = 32,
+                      .dtype = RDA_DTYPE_BF16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR2(128, 1, 512, 2),
+                      .batch = 2,
+                      .n = 333,
+                      .layout = LAYOUT_FUSED_QKV};
+  run_case(__func__, &c);
+}
+
+/* Sequence-first [N, B, H, D] with padded rows for every tensor, r = 5, GQA, the cast kernel
+ * on a strided accumulator. */
+static void test_fwd_matches_reference_gqa_fp16_d96_seq_first_strides(void **state) {
+  (void)state;
+  const fwd_case c = {.heads = 4,
+                      .kv_heads = 2,
+                      .head_dim = 96,
+                      .dtype = RDA_DTYPE_FP16,
+                      .causal = 0,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR2(50, 1, 150, 5),
+                      .batch = 2,
+                      .n = 222,
+                      .layout = LAYOUT_SEQ_FIRST,
+                      .check_cast = 1};
+  run_case(__func__, &c);
+}
+
+/* The d = 256 kernel (Q reloaded from shared memory), causal, group offsets. */
+static void test_fwd_matches_reference_causal_bf16_d256_group_offsets(void **state) {
+  (void)state;
+  const fwd_case c = {.heads = 2,
+                      .kv_heads = 2,
+                      .head_dim = 256,
+                      .dtype = RDA_DTYPE_BF16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_GROUP,
+                      BR2(100, 1, 200, 3),
+                      .batch = 1,
+                      .n = 150};
+  run_case(__func__, &c);
+}
+
+/* d = 256, dilated only, block offsets, MQA, batch 2. */
+static void test_fwd_matches_reference_mqa_fp16_d256_block_offsets(void **state) {
+  (void)state;
+  const fwd_case c = {.heads = 3,
+                      .kv_heads = 1,
+                      .head_dim = 256,
+                      .dtype = RDA_DTYPE_FP16,
+                      .causal = 0,
+                      .offsets = RDA_OFFSETS_BLOCK,
+                      BR2(64, 2, 256, 2),
+                      .batch = 2,
+                      .n = 130};
+  run_case(__func__, &c);
+}
+
+/* Dense only, one segment of 300 rows: three query tiles, ragged last key tile; cast checked. */
+static void test_fwd_matches_reference_bf16_d32_dense_ragged_tiles(void **state) {
+  (void)state;
+  const fwd_case c = {.heads = 2,
+                      .kv_heads = 2,
+                      .head_dim = 32,
+                      .dtype = RDA_DTYPE_BF16,
+                      .causal = 0,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR1(300, 1),
+                      .batch = 1,
+                      .n = 300,
+                      .check_cast = 1};
+  run_case(__func__, &c);
+}
+
+/* Causal, dilated branches only: rows first covered by the second branch (merge into -inf),
+ * rows covered by none; GQA 4:1. */
+static void test_fwd_matches_reference_causal_gqa_fp16_d32_dilated_merge(void **state) {
+  (void)state;
+  const fwd_case c = {.heads = 4,
+                      .kv_heads = 1,
+                      .head_dim = 32,
+                      .dtype = RDA_DTYPE_FP16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR2(96, 2, 160, 4),
+                      .batch = 1,
+                      .n = 250};
+  run_case(__func__, &c);
+}
+
+/* d = 96 causal with block offsets and a dense branch, GQA. */
+static void test_fwd_matches_reference_causal_gqa_bf16_d96_block_offsets(void **state) {
+  (void)state;
+  const fwd_case c = {.heads = 2,
+                      .kv_heads = 1,
+                      .head_dim = 96,
+                      .dtype = RDA_DTYPE_BF16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_BLOCK,
+                      BR2(64, 1, 192, 2),
+                      .batch = 1,
+                      .n = 190};
+  run_case(__func__, &c);
+}
+
+/* Causal dense, one segment of 256 rows: diagonal tiles of both query tiles, GQA, batch 2. */
+static void test_fwd_matches_reference_causal_gqa_fp16_d64_dense_diagonal(void **state) {
+  (void)state;
+  const fwd_case c = {.heads = 2,
+                      .kv_heads = 1,
+                      .head_dim = 64,
+                      .dtype = RDA_DTYPE_FP16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR1(256, 1),
+                      .batch = 2,
+                      .n = 256};
+  run_case(__func__, &c);
+}
+
+/* N = 1: segments clamp to one row; head 1's dilated grid (offset 1) is empty. */
+static void test_fwd_matches_reference_single_row_sequence(void **state) {
+  (void)state;
+  const fwd_case c = {.heads = 2,
+                      .kv_heads = 2,
+                      .head_dim = 64,
+                      .dtype = RDA_DTYPE_BF16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR2(4, 1, 8, 2),
+                      .batch = 1,
+                      .n = 1};
+  run_case(__func__, &c);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fwd_matches_reference_causal_gqa_bf16_d64_three_branches),
+      cmocka_unit_test(test_fwd_matches_reference_fp16_d64_block_offsets_uncovered_rows),
+      cmocka_unit_test(test_fwd_matches_reference_mqa_bf16_d128_group_offsets),
+      cmocka_unit_test(test_fwd_matches_reference_causal_gqa_fp16_d128_custom_scale),
+      cmocka_unit_test(test_fwd_matches_reference_causal_bf16_d32_fused_qkv),
+      cmocka_unit_test(test_fwd_matches_reference_gqa_fp16_d96_seq_first_strides),
+      cmocka_unit_test(test_fwd_matches_reference_causal_bf16_d256_group_offsets),
+      cmocka_unit_test(test_fwd_matches_reference_mqa_fp16_d256_block_offsets),
+      cmocka_unit_test(test_fwd_matches_reference_bf16_d32_dense_ragged_tiles),
+      cmocka_unit_test(test_fwd_matches_reference_causal_gqa_fp16_d32_dilated_merge),
+      cmocka_unit_test(test_fwd_matches_reference_causal_gqa_bf16_d96_block_offsets),
+      cmocka_unit_test(test_fwd_matches_reference_causal_gqa_fp16_d64_dense_diagonal),
+      cmocka_unit_test(test_fwd_matches_reference_single_row_sequence),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

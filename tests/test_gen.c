@@ -1,0 +1,406 @@
+/* test_gen.c — the generator through its C API: the Lua unit tests under gen/tests/ run in the
+ * embedded interpreter, built-in hardware profiles, plans copied into rda_plan_k (steps,
+ * variants, sources), the tuning-file switch, and failures reported as one line. */
+/* cmocka.h needs these four first. */
+/* clang-format off */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "gen.h"
+
+/* Every Lua test file; test_gen_every_lua_test_is_registered keeps this list complete. */
+static const char *const lua_tests[] = {"test_config.lua", "test_emit.lua", "test_hw.lua",
+                                        "test_plan.lua"};
+enum { n_lua_tests = sizeof lua_tests / sizeof lua_tests[0] };
+
+static int gen_setup(void **state) {
+  rda_err err = {0};
+  rda_gen *g = NULL;
+  if (rda_gen_open(&g, &err) != RDA_OK) {
+    fprintf(stderr, "rda_gen_open: %s\n", err.msg);
+    return -1;
+  }
+  *state = g;
+  return 0;
+}
+
+static int gen_teardown(void **state) {
+  rda_gen_close(*state);
+  return 0;
+}
+
+static void run_lua_test(void **state, const char *file) {
+  rda_gen *g = *state;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/gen/tests/%s", rda_gen_home(), file);
+  rda_err err = {0};
+  const rda_status s = rda_gen_run_script(g, path, &err);
+  if (s != RDA_OK) fail_msg("%s: %s\n%s", file, err.msg, rda_gen_traceback(g));
+}
+
+static void test_gen_lua_config(void **state) {
+  run_lua_test(state, "test_config.lua");
+}
+static void test_gen_lua_emit(void **state) {
+  run_lua_test(state, "test_emit.lua");
+}
+static void test_gen_lua_hw(void **state) {
+  run_lua_test(state, "test_hw.lua");
+}
+static void test_gen_lua_plan(void **state) {
+  run_lua_test(state, "test_plan.lua");
+}
+
+static void test_gen_every_lua_test_is_registered(void **state) {
+  (void)state;
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/gen/tests", rda_gen_home());
+  DIR *d = opendir(dir);
+  assert_non_null(d);
+  int found = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    const size_t n = strlen(e->d_name);
+    if (n < 5 || strcmp(e->d_name + n - 4, ".lua") != 0) continue;
+    int listed = 0;
+    for (int i = 0; i < n_lua_tests; i++) listed |= strcmp(lua_tests[i], e->d_name) == 0;
+    if (!listed) fail_msg("gen/tests/%s is not run by tests/test_gen.c", e->d_name);
+    found++;
+  }
+  closedir(d);
+  assert_int_equal(found, n_lua_tests);
+}
+
+static void test_gen_run_script_reports_failure_with_location(void **state) {
+  rda_gen *g = *state;
+  char path[] = "/tmp/rda_gen_failXXXXXX";
+  const int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  const char text[] = "local x = 1\nassert(x == 2, 'x is not two')\n";
+  assert_int_equal(write(fd, text, sizeof text - 1), (long)(sizeof text - 1));
+  close(fd);
+  rda_err err = {0};
+  assert_int_equal(rda_gen_run_script(g, path, &err), RDA_ERR_INTERNAL);
+  unlink(path);
+  assert_non_null(strstr(err.msg, ":2: x is not two"));
+  assert_null(strchr(err.msg, '\n'));
+  assert_non_null(strstr(rda_gen_traceback(g), "stack traceback"));
+}
+
+static void test_gen_run_script_rejects_missing_file(void **state) {
+  rda_err err = {0};
+  assert_int_equal(rda_gen_run_script(*state, "/nonexistent/rda.lua", &err), RDA_ERR_IO);
+  assert_non_null(strstr(err.msg, "/nonexistent/rda.lua"));
+}
+
+static void test_gen_hw_builtin_profiles(void **state) {
+  rda_gen *g = *state;
+  rda_err err = {0};
+  rda_hw hw;
+  assert_int_equal(rda_gen_hw_builtin(g, 80, &hw, &err), RDA_OK);
+  assert_int_equal(hw.arch, 80);
+  assert_int_equal(hw.sm_count, 108);
+  assert_int_equal(hw.smem_per_block, 166912);
+  assert_int_equal(hw.smem_per_sm, 167936);
+  assert_int_equal(hw.regs_per_sm, 65536);
+  assert_int_equal(hw.regs_per_block, 65536);
+  assert_int_equal(hw.max_threads_per_sm, 2048);
+  assert_int_equal(hw.live, 0);
+  assert_string_equal(hw.name, "sm_80 (built-in)");
+  assert_int_equal(rda_gen_hw_builtin(g, 86, &hw, &err), RDA_OK);
+  assert_int_equal(hw.smem_per_block, 101376);
+  assert_int_equal(hw.max_threads_per_sm, 1536);
+  assert_int_equal(rda_gen_hw_builtin(g, 89, &hw, &err), RDA_OK);
+  assert_int_equal(hw.sm_count, 128);
+  assert_int_equal(rda_gen_hw_builtin(g, 90, &hw, &err), RDA_OK);
+  assert_int_equal(hw.sm_count, 132);
+  assert_int_equal(hw.smem_per_block, 232448);
+  assert_int_equal(hw.smem_per_sm, 233472);
+}
+
+static void test_gen_hw_unknown_arch_lists_known(void **state) {
+  rda_err err = {0};
+  rda_hw hw;
+  assert_int_equal(rda_gen_hw_builtin(*state, 75, &hw, &err), RDA_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(err.msg, "sm_75"));
+  assert_non_null(strstr(err.msg, "sm_80, sm_86, sm_89, sm_90"));
+}
+
+static void load_config(rda_gen *g, const char *text, rda_config *c) {
+  rda_err err = {0};
+  if (rda_gen_config_string(g, text, "t.lua", c, &err) != RDA_OK) fail_msg("%s", err.msg);
+}
+
+static void plan_for(rda_gen *g, const char *text, int arch, rda_plan_k *p) {
+  rda_config c;
+  rda_hw hw;
+  rda_err err = {0};
+  load_config(g, text, &c);
+  assert_int_equal(rda_gen_hw_builtin(g, arch, &hw, &err), RDA_OK);
+  if (rda_gen_plan(g, &c, &hw, p, &err) != RDA_OK) fail_msg("%s", err.msg);
+}
+
+static void test_gen_plan_default_config(void **state) {
+  rda_gen *g = *state;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/configs/default.lua", rda_gen_home());
+  rda_config c;
+  rda_hw hw;
+  rda_plan_k p;
+  rda_err err = {0};
+  assert_int_equal(rda_gen_config_file(g, path, &c, &err), RDA_OK);
+  assert_int_equal(rda_gen_hw_builtin(g, 90, &hw, &err), RDA_OK);
+  assert_int_equal(rda_gen_plan(g, &c, &hw, &p, &err), RDA_OK);
+  assert_int_equal(p.nsteps, c.nbranch);
+  assert_int_equal(p.cfg.heads, c.heads);
+  assert_int_equal(p.hw.arch, 90);
+  for (int i = 0; i < p.nsteps; i++) {
+    const rda_step *s = &p.steps[i];
+    assert_int_equal(s->branch, i);
+    assert_int_equal(s->head0, 0);
+    assert_int_equal(s->nheads, c.heads);
+    assert_in_range(s->kernel, 0, p.nvariants - 1);
+    const rda_variant *v = &p.variants[s->kernel];
+    assert_string_equal(v->kind, "fwd");
+    assert_true(strncmp(v->name, "rda_fwd_d64_bf16_causal_", 24) == 0);
+    assert_non_null(strstr(v->name, c.dilations[i] > 1 ? "_dil_" : "_dense_"));
+    assert_true(v->smem_bytes > 0 && v->smem_bytes <= hw.smem_per_block);
+    assert_true(v->smem_bytes >= 2 * 64 * (v->block_m + 2 * v->block_n)); /* stages >= 1 */
+    assert_int_equal(v->threads, 2 * v->block_m); /* 32 * warps, block_m = 16 * warps */
+    assert_non_null(strstr(v->source, v->name));
+    assert_non_null(strstr(v->source, "static constexpr int head_dim = 64;"));
+  }
+  assert_string_equal(p.variants[p.init_kernel].name, "rda_init");
+  assert_string_equal(p.variants[p.init_kernel].kind, "init");
+  assert_int_equal(p.variants[p.init_kernel].threads, 256);
+  assert_int_equal(p.variants[p.init_kernel].smem_bytes, 0);
+  assert_string_equal(p.variants[p.cast_kernel].name, "rda_cast_bf16");
+  assert_string_equal(p.variants[p.cast_kernel].kind, "cast");
+  assert_non_null(strstr(p.variants[p.cast_kernel].source, "rda::cast_kernel<"));
+  for (int i = 0; i < p.nvariants; i++)
+    for (int j = i + 1; j < p.nvariants; j++)
+      assert_string_not_equal(p.variants[i].name, p.variants[j].name);
+  rda_plan_k_free(&p);
+  assert_int_equal(p.nvariants, 0);
+  rda_plan_k_free(&p); /* twice is harmless */
+  rda_plan_k_free(NULL);
+}
+
+static void test_gen_plan_group_steps_match_config_heads(void **state) {
+  rda_plan_k p;
+  plan_for(*state,
+           "return { heads = 7, head_dim = 32, dtype = 'fp16', offsets = 'group',"
+           " segments = { 16, 32, 64 }, dilations = { 1, 2, 4 } }",
+           80, &p);
+  assert_int_equal(p.nsteps, 3);
+  int covered[7] = {0};
+  for (int i = 0; i < p.nsteps; i++) {
+    int h0, n;
+    rda_config_branch_heads(&p.cfg, i, &h0, &n);
+    assert_int_equal(p.steps[i].head0, h0);
+    assert_int_equal(p.steps[i].nheads, n);
+    for (int h = h0; h < h0 + n; h++) covered[h]++;
+  }
+  for (int h = 0; h < 7; h++) assert_int_equal(covered[h], 1);
+  assert_string_equal(p.variants[p.cast_kernel].name, "rda_cast_fp16");
+  rda_plan_k_free(&p);
+}
+
+static void test_gen_plan_dedups_equal_specializations(void **state) {
+  rda_plan_k p;
+  plan_for(*state,
+           "return { heads = 4, head_dim = 128, dtype = 'bf16',"
+           " segments = { 4096, 8192, 16384 }, dilations = { 2, 4, 8 } }",
+           90, &p);
+  assert_int_equal(p.nvariants, 3); /* one fwd + init + cast */
+  assert_int_equal(p.steps[0].kernel, p.steps[1].kernel);
+  assert_int_equal(p.steps[1].kernel, p.steps[2].kernel);
+  rda_plan_k_free(&p);
+}
+
+static void test_gen_plan_small_grid_gets_small_tile(void **state) {
+  rda_plan_k p;
+  plan_for(*state,
+           "return { heads = 2, head_dim = 64, dtype = 'bf16',"
+           " segments = { 64, 65536 }, dilations = { 1, 1 } }",
+           90, &p);
+  assert_true(p.variants[p.steps[0].kernel].block_m <= 64);
+  assert_true(p.variants[p.steps[1].kernel].block_m >= p.variants[p.steps[0].kernel].block_m);
+  rda_plan_k_free(&p);
+}
+
+static void test_gen_plan_that_cannot_fit_names_why(void **state) {
+  rda_gen *g = *state;
+  rda_config c;
+  rda_hw hw;
+  rda_plan_k p;
+  rda_err err = {0};
+  load_config(g,
+              "return { heads = 1, head_dim = 256, dtype = 'bf16', segments = { 8 },"
+              " dilations = { 1 } }",
+              &c);
+  assert_int_equal(rda_gen_hw_builtin(g, 90, &hw, &err), RDA_OK);
+  hw.smem_per_block = 8192;
+  assert_int_equal(rda_gen_plan(g, &c, &hw, &p, &err), RDA_ERR_UNSUPPORTED);
+  assert_non_null(strstr(err.msg, "head_dim = 256"));
+  assert_non_null(strstr(err.msg, "shared memory"));
+  assert_null(strchr(err.msg, '\n'));
+  assert_int_equal(p.nvariants, 0);
+  assert_null(p.variants);
+}
+
+static void test_gen_plan_rejects_unvalidated_config(void **state) {
+  rda_gen *g = *state;
+  rda_config c;
+  rda_hw hw;
+  rda_plan_k p;
+  rda_err err = {0};
+  load_config(g,
+              "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
+              " dilations = { 1 } }",
+              &c);
+  assert_int_equal(rda_gen_hw_builtin(g, 90, &hw, &err), RDA_OK);
+  c.head_dim = 80;
+  assert_int_equal(rda_gen_plan(g, &c, &hw, &p, &err), RDA_ERR_INVALID_ARGUMENT);
+  rda_err_clear(&err);
+  c.head_dim = 64;
+  c.nbranch = RDA_MAX_BRANCHES + 1;
+  assert_int_equal(rda_gen_plan(g, &c, &hw, &p, &err), RDA_ERR_INVALID_ARGUMENT);
+  rda_err_clear(&err);
+  c.nbranch = 1;
+  c.dilations[0] = 0;
+  assert_int_equal(rda_gen_plan(g, &c, &hw, &p, &err), RDA_ERR_INVALID_ARGUMENT);
+  assert_int_equal(rda_gen_plan(NULL, &c, &hw, &p, &err), RDA_ERR_INVALID_ARGUMENT);
+}
+
+static void test_gen_names_are_deterministic_across_states(void **state) {
+  rda_gen *other = NULL;
+  rda_err err = {0};
+  assert_int_equal(rda_gen_open(&other, &err), RDA_OK);
+  const char *text =
+      "return { heads = 8, kv_heads = 2, head_dim = 96, dtype = 'fp16',"
+      " causal = true, segments = { 100, 1000 }, dilations = { 1, 3 } }";
+  rda_plan_k a, b;
+  plan_for(*state, text, 86, &a);
+  plan_for(other, text, 86, &b);
+  assert_int_equal(a.nvariants, b.nvariants);
+  for (int i = 0; i < a.nvariants; i++) {
+    assert_string_equal(a.variants[i].name, b.variants[i].name);
+    assert_string_equal(a.variants[i].source, b.variants[i].source);
+  }
+  rda_plan_k_free(&a);
+  rda_plan_k_free(&b);
+  rda_gen_close(other);
+}
+
+/* A home whose gen/ is the real one and whose tuning/fwd_space.lua holds one odd tile: the
+ * planner must pick it up without being told. */
+static void test_gen_plan_uses_tuning_file_when_present(void **state) {
+  (void)state;
+  const char *real = rda_gen_home();
+  char saved[4096], home[] = "/tmp/rda_gen_homeXXXXXX", p[4200];
+  snprintf(saved, sizeof saved, "%s", real);
+  assert_non_null(mkdtemp(home));
+  snprintf(p, sizeof p, "%s/gen", saved);
+  char link_path[4200];
+  snprintf(link_path, sizeof link_path, "%s/gen", home);
+  assert_int_equal(symlink(p, link_path), 0);
+  snprintf(p, sizeof p, "%s/tuning", home);
+  assert_int_equal(mkdir(p, 0700), 0);
+  snprintf(p, sizeof p, "%s/tuning/fwd_space.lua", home);
+  FILE *f = fopen(p, "w");
+  assert_non_null(f);
+  fputs("return { [64] = { { block_m = 32, block_n = 48, warps = 2, stages = 3 } } }\n", f);
+  fclose(f);
+
+  assert_int_equal(setenv("RDA_HOME", home, 1), 0);
+  rda_gen *g = NULL;
+  rda_err err = {0};
+  const rda_status s = rda_gen_open(&g, &err);
+  rda_plan_k plan = {0};
+  if (s == RDA_OK)
+    plan_for(g,
+             "return { heads = 1, head_dim = 64, dtype = 'bf16', segments = { 4096 },"
+             " dilations = { 1 } }",
+             90, &plan);
+  setenv("RDA_HOME", saved, 1);
+  unlink(p);
+  snprintf(p, sizeof p, "%s/tuning", home);
+  rmdir(p);
+  unlink(link_path);
+  rmdir(home);
+  assert_int_equal(s, RDA_OK);
+  assert_string_equal(plan.variants[plan.steps[0].kernel].name,
+                      "rda_fwd_d64_bf16_full_dense_bm32_bn48_w2_s3");
+  rda_plan_k_free(&plan);
+  rda_gen_close(g);
+}
+
+static void test_gen_open_fails_clearly_without_home(void **state) {
+  (void)state;
+  char saved[4096];
+  snprintf(saved, sizeof saved, "%s", rda_gen_home());
+  assert_int_equal(setenv("RDA_HOME", "/nonexistent-rda-home", 1), 0);
+  rda_gen *g = (rda_gen *)&saved; /* must be reset to NULL */
+  rda_err err = {0};
+  const rda_status s = rda_gen_open(&g, &err);
+  setenv("RDA_HOME", saved, 1);
+  assert_int_equal(s, RDA_ERR_IO);
+  assert_null(g);
+  assert_non_null(strstr(err.msg, "/nonexistent-rda-home/gen/bridge.lua"));
+  assert_non_null(strstr(err.msg, "RDA_HOME"));
+}
+
+static void test_gen_home_prefers_environment(void **state) {
+  (void)state;
+  char saved[4096];
+  snprintf(saved, sizeof saved, "%s", rda_gen_home());
+  setenv("RDA_HOME", "/some/where", 1);
+  assert_string_equal(rda_gen_home(), "/some/where");
+  setenv("RDA_HOME", "", 1);
+  assert_string_equal(rda_gen_home(), RDA_SOURCE_DIR);
+  setenv("RDA_HOME", saved, 1);
+}
+
+static void test_gen_close_accepts_null(void **state) {
+  (void)state;
+  rda_gen_close(NULL);
+  assert_string_equal(rda_gen_traceback(NULL), "");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_gen_lua_config),
+      cmocka_unit_test(test_gen_lua_emit),
+      cmocka_unit_test(test_gen_lua_hw),
+      cmocka_unit_test(test_gen_lua_plan),
+      cmocka_unit_test(test_gen_every_lua_test_is_registered),
+      cmocka_unit_test(test_gen_run_script_reports_failure_with_location),
+      cmocka_unit_test(test_gen_run_script_rejects_missing_file),
+      cmocka_unit_test(test_gen_hw_builtin_profiles),
+      cmocka_unit_test(test_gen_hw_unknown_arch_lists_known),
+      cmocka_unit_test(test_gen_plan_default_config),
+      cmocka_unit_test(test_gen_plan_group_steps_match_config_heads),
+      cmocka_unit_test(test_gen_plan_dedups_equal_specializations),
+      cmocka_unit_test(test_gen_plan_small_grid_gets_small_tile),
+      cmocka_unit_test(test_gen_plan_that_cannot_fit_names_why),
+      cmocka_unit_test(test_gen_plan_rejects_unvalidated_config),
+      cmocka_unit_test(test_gen_names_are_deterministic_across_states),
+      cmocka_unit_test(test_gen_plan_uses_tuning_file_when_present),
+      cmocka_unit_test(test_gen_open_fails_clearly_without_home),
+      cmocka_unit_test(test_gen_home_prefers_environment),
+      cmocka_unit_test(test_gen_close_accepts_null),
+  };
+  return cmocka_run_group_tests(tests, gen_setup, gen_teardown);
+}

@@ -1,0 +1,488 @@
+/* test_npy.c — .npy reading and writing: round trips, format versions 1-3, float16/32/64
+ * decoding (float16 exactly), header parsing robust to spacing and key order, every rejection
+ * rule on hand-made byte files, and atomic writes that leave nothing behind on failure. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "npy.h"
+#include "rda_test.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct fixture {
+  char *dir;
+} fixture;
+
+static int setup(void **state) {
+  fixture *f = calloc(1, sizeof *f);
+  if (f == NULL) return -1;
+  f->dir = rt_mkdtemp();
+  if (f->dir == NULL) {
+    free(f);
+    return -1;
+  }
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  fixture *f = *state;
+  rt_rmtree(f->dir);
+  free(f->dir);
+  free(f);
+  return 0;
+}
+
+/* A .npy file from parts: magic, version major.0, the header length (u16 for v1, u32 for v2/3),
+ * the header text padded with spaces and '\n' to a multiple of 64 (when pad), then data. */
+static char *make_file(const fixture *f, const char *name, int major, const char *dict, int pad,
+                       const void *data, size_t data_len) {
+  const size_t pre = major == 1 ? 10 : 12;
+  size_t hlen = strlen(dict) + (pad ? 1 : 0);
+  if (pad) hlen = (pre + hlen + 63) / 64 * 64 - pre;
+  const size_t total = pre + hlen + data_len;
+  unsigned char *buf = malloc(total);
+  assert_non_null(buf);
+  memcpy(buf, "\x93NUMPY", 6);
+  buf[6] = (unsigned char)major;
+  buf[7] = 0;
+  if (major == 1) {
+    buf[8] = (unsigned char)(hlen & 0xff), buf[9] = (unsigned char)(hlen >> 8);
+  } else {
+    for (int i = 0; i < 4; i++) buf[8 + i] = (unsigned char)((hlen >> (8 * i)) & 0xff);
+  }
+  memcpy(buf + pre, dict, strlen(dict));
+  if (pad) {
+    memset(buf + pre + strlen(dict), ' ', hlen - strlen(dict));
+    buf[pre + hlen - 1] = '\n';
+  }
+  if (data_len) memcpy(buf + pre + hlen, data, data_len);
+  char *path = rt_path(f->dir, name);
+  assert_true(rt_write_file(path, buf, total));
+  free(buf);
+  return path;
+}
+
+static void le_f32(unsigned char *out, const float *x, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &x[i], 4);
+    for (int b = 0; b < 4; b++) out[4 * i + (size_t)b] = (unsigned char)((u >> (8 * b)) & 0xff);
+  }
+}
+
+static void le_f64(unsigned char *out, const double *x, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    uint64_t u;
+    memcpy(&u, &x[i], 8);
+    for (int b = 0; b < 8; b++) out[8 * i + (size_t)b] = (unsigned char)((u >> (8 * b)) & 0xff);
+  }
+}
+
+/* --- reading ---------------------------------------------------------------------------------- */
+
+static void test_npy_reads_versions_1_2_3(void **state) {
+  fixture *f = *state;
+  const float x[6] = {1.5f, -2.25f, 3.0e-7f, 1e30f, -0.0f, 7.0f};
+  unsigned char data[24];
+  le_f32(data, x, 6);
+  for (int major = 1; major <= 3; major++) {
+    char name[32];
+    snprintf(name, sizeof name, "v%d.npy", major);
+    char *path =
+        make_file(f, name, major, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 1,
+                  data, sizeof data);
+    rda_npy a;
+    rda_err err = {0};
+    assert_int_equal(rda_npy_read(path, &a, &err), RDA_OK);
+    assert_int_equal(a.ndim, 2);
+    assert_int_equal(a.shape[0], 2);
+    assert_int_equal(a.shape[1], 3);
+    assert_int_equal(a.count, 6);
+    for (int i = 0; i < 6; i++) assert_true(a.data[i] == (double)x[i]);
+    assert_true(signbit(a.data[4]));
+    rda_npy_free(&a);
+    free(path);
+  }
+}
+
+static void test_npy_decodes_float16_exactly(void **state) {
+  fixture *f = *state;
+  const unsigned short bits[] = {0x3c00, 0xc100, 0x0001, 0x03ff, 0x0400, 0x7bff,
+                                 0x7c00, 0xfc00, 0x7e00, 0x8000, 0x2e66, 0x8001};
+  const size_t n = sizeof bits / sizeof bits[0];
+  unsigned char data[sizeof bits];
+  for (size_t i = 0; i < n; i++)
+    data[2 * i] = bits[i] & 0xff, data[2 * i + 1] = (unsigned char)(bits[i] >> 8);
+  char *path =
+      make_file(f, "h.npy", 1, "{'descr': '<f2', 'fortran_order': False, 'shape': (12,), }", 1,
+                data, sizeof data);
+  rda_npy a;
+  rda_err err = {0};
+  assert_int_equal(rda_npy_read(path, &a, &err), RDA_OK);
+  assert_int_equal(a.ndim, 1);
+  assert_int_equal(a.count, n);
+  assert_true(a.data[0] == 1.0);
+  assert_true(a.data[1] == -2.5);
+  assert_true(a.data[2] == 0x1p-24);
+  assert_true(a.data[3] == 1023 * 0x1p-24);
+  assert_true(a.data[4] == 0x1p-14);
+  assert_true(a.data[5] == 65504.0);
+  assert_true(isinf(a.data[6]) && a.data[6] > 0);
+  assert_true(isinf(a.data[7]) && a.data[7] < 0);
+  assert_true(isnan(a.data[8]));
+  assert_true(a.data[9] == 0.0 && signbit(a.data[9]));
+  assert_true(a.data[10] == 0.0999755859375);
+  assert_true(a.data[11] == -0x1p-24);
+  rda_npy_free(&a);
+  free(path);
+}
+
+static void test_npy_reads_float64_exactly(void **state) {
+  fixture *f = *state;
+  double x[5] = {0.1, -1e300, 5e-324, 123456789.123456789, 0};
+  rt_fill_normal(&x[4], 1, RT_DTYPE_F64);
+  unsigned char data[40];
+  le_f64(data, x, 5);
+  char *path = make_file(f, "d.npy", 1, "{'descr': '<f8', 'fortran_order': False, 'shape': (5,), }",
+                         1, data, sizeof data);
+  rda_npy a;
+  rda_err err = {0};
+  assert_int_equal(rda_npy_read(path, &a, &err), RDA_OK);
+  for (int i = 0; i < 5; i++) assert_true(a.data[i] == x[i]);
+  rda_npy_free(&a);
+  free(path);
+}
+
+static void test_npy_header_parsing_tolerates_spacing_order_and_quotes(void **state) {
+  fixture *f = *state;
+  const float x[4] = {1, 2, 3, 4};
+  unsigned char data[16];
+  le_f32(data, x, 4);
+  static const char *const dicts[] = {
+      "{'shape': (2, 2), 'fortran_order': False, 'descr': '<f4'}",
+      "{ \"descr\" :\"<f4\",\"fortran_order\":False,\"shape\":(2,2) }",
+      "{'fortran_order': False,'descr': '<f4','shape': (2L, 2L),}",
+      "{'descr':'<f4',\n 'fortran_order' : False ,\t'shape' : ( 2 , 2 , ) }",
+  };
+  for (size_t i = 0; i < sizeof dicts / sizeof dicts[0]; i++) {
+    char *path = make_file(f, "s.npy", (int)(1 + i % 3), dicts[i], (int)(i % 2), data, sizeof data);
+    rda_npy a;
+    rda_err err = {0};
+    if (rda_npy_read(path, &a, &err) != RDA_OK) {
+      fprintf(stderr, "header %zu: %s\n", i, err.msg);
+      fail();
+    }
+    assert_int_equal(a.ndim, 2);
+    assert_int_equal(a.shape[0] * a.shape[1], 4);
+    assert_true(a.data[3] == 4.0);
+    rda_npy_free(&a);
+    free(path);
+  }
+}
+
+static void test_npy_reads_scalar_and_empty_shapes(void **state) {
+  fixture *f = *state;
+  const float x[1] = {42.0f};
+  unsigned char data[4];
+  le_f32(data, x, 1);
+  char *path = make_file(f, "0d.npy", 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (), }",
+                         1, data, 4);
+  rda_npy a;
+  rda_err err = {0};
+  assert_int_equal(rda_npy_read(path, &a, &err), RDA_OK);
+  assert_int_equal(a.ndim, 0);
+  assert_int_equal(a.count, 1);
+  assert_true(a.data[0] == 42.0);
+  rda_npy_free(&a);
+  free(path);
+  path = make_file(f, "empty.npy", 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 3), }",
+                   1, NULL, 0);
+  assert_int_equal(rda_npy_read(path, &a, &err), RDA_OK);
+  assert_int_equal(a.count, 0);
+  rda_npy_free(&a);
+  free(path);
+}
+
+/* --- rejections: each names the file and what was wrong --------------------------------------- */
+
+typedef struct bad_case {
+  const char *what;
+  int major;
+  const char *dict;
+  size_t data_len;    /* bytes of data appended */
+  const char *expect; /* a phrase the message must hold */
+} bad_case;
+
+static void expect_rejected(const char *path, const char *what, const char *phrase) {
+  rda_npy a;
+  rda_err err = {0};
+  const rda_status s = rda_npy_read(path, &a, &err);
+  if (s != RDA_ERR_IO || strstr(err.msg, path) == NULL || strstr(err.msg, phrase) == NULL) {
+    fprintf(stderr, "%s: status %s, message '%s' (wanted RDA_ERR_IO naming the file and '%s')\n",
+            what, rda_status_string(s), err.msg, phrase);
+    fail();
+  }
+  assert_null(a.data);
+  assert_null(strchr(err.msg, '\n'));
+}
+
+static void test_npy_rejects_each_bad_header(void **state) {
+  fixture *f = *state;
+  static const bad_case cases[] = {
+      {"integers", 1, "{'descr': '<i4', 'fortran_order': False, 'shape': (2,), }", 8, "integer"},
+      {"unsigned", 1, "{'descr': '<u2', 'fortran_order': False, 'shape': (2,), }", 4, "'<f4'"},
+      {"big-endian", 1, "{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", 8,
+       "big-endian"},
+      {"no byte order", 1, "{'descr': '|f4', 'fortran_order': False, 'shape': (2,), }", 8, "'<f2'"},
+      {"native order", 1, "{'descr': '=f4', 'fortran_order': False, 'shape': (2,), }", 8, "'=f4'"},
+      {"complex", 1, "{'descr': '<c8', 'fortran_order': False, 'shape': (2,), }", 16, "complex"},
+      {"bfloat", 1, "{'descr': '<V2', 'fortran_order': False, 'shape': (2,), }", 4, "'<f8'"},
+      {"structured", 1, "{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (2,), }", 8,
+       "structured"},
+      {"fortran", 1, "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }", 16, "Fortran"},
+      {"missing shape", 1, "{'descr': '<f4', 'fortran_order': False, }", 0, "missing key 'shape'"},
+      {"missing descr", 2, "{'fortran_order': False, 'shape': (2,)}", 8, "missing key 'descr'"},
+      {"unknown key", 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'x': 1}", 8,
+       "unexpected key 'x'"},
+      {"duplicate key", 1,
+       "{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (2,)}", 8, "twice"},
+      {"not a dict", 1, "['descr', '<f4']", 8, "not a dict"},
+      {"text after", 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,)} x", 8, "after"},
+      {"negative dim", 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (-2,), }", 8, "shape"},
+      {"float dim", 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2.5,), }", 8, "shape"},
+      {"shape list", 1, "{'descr': '<f4', 'fortran_order': False, 'shape': [2], }", 8, "tuple"},
+      {"bad bool", 3, "{'descr': '<f4', 'fortran_order': 0, 'shape': (2,), }", 8, "True or False"},
+      {"absurd shape", 1,
+       "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296, 16), }", 0,
+       "absurd"},
+      {"huge dim", 1,
+       "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }", 0, "absurd"},
+      {"lying shape", 1, "{'descr': '<f8', 'fortran_order': False, 'shape': (1099511627776,), }", 8,
+       "truncated"},
+      {"lying shape 2", 1,
+       "{'descr': '<f2', 'fortran_order': False, 'shape': (65536, 65536, 65536), }", 8,
+       "truncated"},
+      {"too many dims", 1,
+       "{'descr': '<f4', 'fortran_order': False, 'shape': (1,1,1,1,1,1,1,1,1), }", 4, "dimensions"},
+      {"unterminated", 1, "{'descr': '<f4, 'fortran_order': False, 'shape': (2,), }", 8, "header"},
+  };
+  unsigned char zeros[64] = {0};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char name[48];
+    snprintf(name, sizeof name, "bad%zu.npy", i);
+    char *path = make_file(f, name, cases[i].major, cases[i].dict, 1, zeros, cases[i].data_len);
+    expect_rejected(path, cases[i].what, cases[i].expect);
+    free(path);
+  }
+}
+
+static void test_npy_rejects_bad_magic_version_and_truncation(void **state) {
+  fixture *f = *state;
+  const float x[4] = {1, 2, 3, 4};
+  unsigned char data[16];
+  le_f32(data, x, 4);
+  const char *dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }";
+
+  char *good = make_file(f, "good.npy", 1, dict, 1, data, sizeof data);
+  size_t len = 0;
+  char *bytes = rt_read_file(good, &len);
+  assert_non_null(bytes);
+  assert_int_equal(len, 128 + 16);
+
+  char *path = rt_path(f->dir, "cut.npy");
+  /* truncated data: every length between the header and the full file */
+  for (size_t cut = 128; cut < len; cut += 3) {
+    assert_true(rt_write_file(path, bytes, cut));
+    expect_rejected(path, "truncated data", "truncated");
+  }
+  /* truncated header and pre-header */
+  const size_t cuts[] = {0, 3, 6, 8, 9, 10, 30, 127};
+  for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+    assert_true(rt_write_file(path, bytes, cuts[i]));
+    expect_rejected(path, "truncated header", cuts[i] < 8 ? "magic" : "truncated");
+  }
+  /* trailing bytes after the data */
+  char *longer = malloc(len + 1);
+  assert_non_null(longer);
+  memcpy(longer, bytes, len);
+  longer[len] = 0;
+  assert_true(rt_write_file(path, longer, len + 1));
+  expect_rejected(path, "trailing data", "after");
+  /* bad magic */
+  memcpy(longer, bytes, len);
+  longer[1] = 'X';
+  assert_true(rt_write_file(path, longer, len));
+  expect_rejected(path, "bad magic", "magic");
+  /* unknown versions */
+  memcpy(longer, bytes, len);
+  longer[6] = 4;
+  assert_true(rt_write_file(path, longer, len));
+  expect_rejected(path, "version 4", "version");
+  memcpy(longer, bytes, len);
+  longer[7] = 1;
+  assert_true(rt_write_file(path, longer, len));
+  expect_rejected(path, "version 1.1", "version");
+  /* a header length past the end of the file (v2: u32) */
+  char *v2 = make_file(f, "v2.npy", 2, dict, 1, data, sizeof data);
+  char *v2b = rt_read_file(v2, &len);
+  assert_non_null(v2b);
+  v2b[11] = 0x01; /* 16 MiB header */
+  assert_true(rt_write_file(path, v2b, len));
+  expect_rejected(path, "huge header", "header");
+  free(v2b);
+  free(v2);
+  free(longer);
+  free(path);
+  free(bytes);
+  free(good);
+}
+
+static void test_npy_rejects_missing_file_and_folder(void **state) {
+  fixture *f = *state;
+  char *path = rt_path(f->dir, "nope.npy");
+  expect_rejected(path, "missing file", "cannot open");
+  expect_rejected(f->dir, "a folder", "folder");
+  free(path);
+}
+
+/* --- writing ---------------------------------------------------------------------------------- */
+
+static void test_npy_write_then_read_round_trips(void **state) {
+  fixture *f = *state;
+  const long long shapes[][4] = {{2, 3, 4, 5}, {1, 1, 1, 1}, {7, 0, 0, 0}, {3, 65, 2, 0}};
+  const int ndims[] = {4, 4, 1, 3};
+  for (size_t s = 0; s < 4; s++) {
+    size_t n = 1;
+    for (int i = 0; i < ndims[s]; i++) n *= (size_t)shapes[s][i];
+    float *x = malloc(n * sizeof *x);
+    double *d = rt_normal(n, RT_DTYPE_F64);
+    assert_non_null(x);
+    for (size_t i = 0; i < n; i++) x[i] = (float)d[i];
+    if (n > 1) x[1] = -INFINITY;
+    char *path = rt_path(f->dir, "rt.npy");
+    rda_err err = {0};
+    assert_int_equal(rda_npy_write_f32(path, ndims[s], shapes[s], x, &err), RDA_OK);
+    rda_npy a;
+    assert_int_equal(rda_npy_read(path, &a, &err), RDA_OK);
+    assert_int_equal(a.ndim, ndims[s]);
+    for (int i = 0; i < ndims[s]; i++) assert_int_equal(a.shape[i], shapes[s][i]);
+    assert_int_equal(a.count, n);
+    for (size_t i = 0; i < n; i++) assert_true(a.data[i] == (double)x[i]);
+    rda_npy_free(&a);
+    assert_int_equal(rt_count_entries(f->dir), 1); /* no temporary left */
+    free(path), free(x), free(d);
+  }
+}
+
+/* The exact bytes numpy writes: version 1.0, the dict, spaces, '\n', data at a multiple of 64
+ * (128 here, as numpy's own files of this shape). */
+static void test_npy_write_header_is_numpy_v1_padded_to_64(void **state) {
+  fixture *f = *state;
+  const long long shape[3] = {2, 1, 3};
+  const float x[6] = {1, 2, 3, 4, 5, 6};
+  char *path = rt_path(f->dir, "h.npy");
+  rda_err err = {0};
+  assert_int_equal(rda_npy_write_f32(path, 3, shape, x, &err), RDA_OK);
+  size_t len = 0;
+  char *b = rt_read_file(path, &len);
+  assert_non_null(b);
+  assert_int_equal(len, 128 + 24);
+  assert_memory_equal(b, "\x93NUMPY\x01\x00", 8);
+  assert_int_equal((unsigned char)b[8] | ((unsigned char)b[9] << 8), 118);
+  const char *dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 1, 3), }";
+  assert_memory_equal(b + 10, dict, strlen(dict));
+  for (size_t i = 10 + strlen(dict); i < 127; i++) assert_int_equal(b[i], ' ');
+  assert_int_equal(b[127], '\n');
+  unsigned char want[24];
+  le_f32(want, x, 6);
+  assert_memory_equal(b + 128, want, 24);
+  free(b);
+  /* 1-D shapes carry the tuple comma */
+  const long long one[1] = {6};
+  assert_int_equal(rda_npy_write_f32(path, 1, one, x, &err), RDA_OK);
+  b = rt_read_file(path, &len);
+  assert_non_null(strstr(b + 10, "'shape': (6,), }"));
+  free(b);
+  free(path);
+}
+
+static void test_npy_write_replaces_existing_file_atomically(void **state) {
+  fixture *f = *state;
+  char *path = rt_path(f->dir, "o.npy");
+  assert_true(rt_write_file(path, "old contents", 12));
+  const long long shape[1] = {3};
+  const float x[3] = {1, 2, 3};
+  rda_err err = {0};
+  assert_int_equal(rda_npy_write_f32(path, 1, shape, x, &err), RDA_OK);
+  rda_npy a;
+  assert_int_equal(rda_npy_read(path, &a, &err), RDA_OK);
+  assert_true(a.data[2] == 3.0);
+  rda_npy_free(&a);
+  assert_int_equal(rt_count_entries(f->dir), 1);
+  free(path);
+}
+
+static void test_npy_write_failure_leaves_nothing_behind(void **state) {
+  fixture *f = *state;
+  const long long shape[1] = {3};
+  const float x[3] = {1, 2, 3};
+  rda_err err = {0};
+  /* a missing folder */
+  char *missing = rt_path(f->dir, "no/such/folder/o.npy");
+  assert_int_equal(rda_npy_write_f32(missing, 1, shape, x, &err), RDA_ERR_IO);
+  assert_non_null(strstr(err.msg, missing));
+  assert_int_equal(rt_count_entries(f->dir), 0);
+  /* the target is a folder: the rename fails, and the temporary goes away */
+  char *sub = rt_path(f->dir, "sub");
+  assert_int_equal(mkdir(sub, 0755), 0);
+  rda_err_clear(&err);
+  assert_int_equal(rda_npy_write_f32(sub, 1, shape, x, &err), RDA_ERR_IO);
+  assert_non_null(strstr(err.msg, sub));
+  assert_int_equal(rt_count_entries(f->dir), 1);
+  assert_int_equal(rt_count_entries(sub), 0);
+  /* a read-only folder (meaningless for root, who may write anyway) */
+  if (geteuid() != 0) {
+    assert_int_equal(chmod(sub, 0500), 0);
+    char *ro = rt_path(sub, "o.npy");
+    rda_err_clear(&err);
+    assert_int_equal(rda_npy_write_f32(ro, 1, shape, x, &err), RDA_ERR_IO);
+    assert_int_equal(rt_count_entries(sub), 0);
+    chmod(sub, 0755);
+    free(ro);
+  }
+  free(sub);
+  free(missing);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_npy_reads_versions_1_2_3, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_npy_decodes_float16_exactly, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_npy_reads_float64_exactly, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_npy_header_parsing_tolerates_spacing_order_and_quotes,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_npy_reads_scalar_and_empty_shapes, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_npy_rejects_each_bad_header, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_npy_rejects_bad_magic_version_and_truncation, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_npy_rejects_missing_file_and_folder, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_npy_write_then_read_round_trips, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_npy_write_header_is_numpy_v1_padded_to_64, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_npy_write_replaces_existing_file_atomically, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_npy_write_failure_leaves_nothing_behind, setup,
+                                      teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,429 @@
+/* cmd_emit.c — `rdagen emit`: plan a config for offline targets (built-in hardware profiles),
+ * compile every variant with NVRTC (in parallel), and write DIR/<name>.cu, <name>.<sm_XX>.cubin
+ * (and .ptx) and DIR/manifest.json. Nothing is written unless every variant compiled. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "commands.h"
+#include "gen.h"
+#include "json.h"
+#include "nvrtc.h"
+
+#define EMIT_MAX_ARCHS 8
+#define EMIT_MAX_THREADS 8
+
+static const char emit_usage_text[] =
+    "usage: rdagen emit CONFIG --arch sm_XX [--arch sm_YY ...] --out DIR [--ptx]\n"
+    "\n"
+    "Plans the kernels of CONFIG for each target (built-in profiles: sm_80, sm_86, sm_89,\n"
+    "sm_90), compiles every one with NVRTC and writes, into DIR (created if missing):\n"
+    "  <name>.cu               the generated source (rewritten only when it changed)\n"
+    "  <name>.<sm_XX>.cubin    the cubin for each target\n"
+    "  <name>.<sm_XX>.ptx      its PTX, with --ptx\n"
+    "  manifest.json           {\"kernels\": [{name, arch, entry, cubin, registers,\n"
+    "                          spill_bytes, smem_bytes, compile_s}, ...]}\n"
+    "Flags may come in any order, as '--flag value' or '--flag=value'.\n";
+
+typedef struct emit_opts {
+  const char *config;
+  const char *out;
+  int archs[EMIT_MAX_ARCHS];
+  int narchs;
+  int ptx;
+} emit_opts;
+
+/* One (variant, arch) to compile. */
+typedef struct emit_job {
+  const rda_variant *v;
+  int arch;
+  int want_ptx;
+  rda_nvrtc_out cubin;
+  rda_nvrtc_out ptx;
+  rda_status status;
+  rda_err err;
+} emit_job;
+
+typedef struct emit_queue {
+  emit_job *jobs;
+  int njobs;
+  int next;
+  pthread_mutex_t lock;
+} emit_queue;
+
+/* "sm_90" -> 90; -1 when not of the form sm_<2 or 3 digits>. */
+static int emit_parse_arch(const char *s) {
+  if (strncmp(s, "sm_", 3) != 0) return -1;
+  const char *d = s + 3;
+  const size_t n = strlen(d);
+  if (n < 2 || n > 3) return -1;
+  int v = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (d[i] < '0' || d[i] > '9') return -1;
+    v = v * 10 + (d[i] - '0');
+  }
+  return v >= 10 ? v : -1;
+}
+
+/* Returns -1 to go on, else the exit status (0 for --help). */
+static int emit_parse(int argc, char **argv, emit_opts *o) {
+  memset(o, 0, sizeof *o);
+  for (int i = 0; i < argc; ++i) {
+    const char *a = argv[i];
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      fputs(emit_usage_text, stdout);
+      return 0;
+    }
+    if (strcmp(a, "--ptx") == 0) {
+      o->ptx = 1;
+      continue;
+    }
+    if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
+      if (a[0] == '-' && a[1] != '\0') return rdagen_usage("emit: unknown option '%s'", a);
+      if (o->config != NULL)
+        return rdagen_usage("emit: one CONFIG only ('%s' and '%s')", o->config, a);
+      o->config = a;
+      continue;
+    }
+    const char *name = a + 2, *value = NULL;
+    size_t name_len = strlen(name);
+    const char *eq = strchr(name, '=');
+    if (eq != NULL) {
+      name_len = (size_t)(eq - name);
+      value = eq + 1;
+    }
+    const int is_arch = name_len == 4 && strncmp(name, "arch", 4) == 0;
+    const int is_out = name_len == 3 && strncmp(name, "out", 3) == 0;
+    if (!is_arch && !is_out) return rdagen_usage("emit: unknown option '%s'", a);
+    if (value == NULL) {
+      if (i + 1 >= argc) return rdagen_usage("emit: --%.*s needs a value", (int)name_len, name);
+      value = argv[++i];
+    }
+    if (is_out) {
+      if (value[0] == '\0') return rdagen_usage("emit: --out needs a folder");
+      if (o->out != NULL) return rdagen_usage("emit: --out given twice");
+      o->out = value;
+      continue;
+    }
+    const int arch = emit_parse_arch(value);
+    if (arch < 0) return rdagen_usage("emit: --arch '%s': expected sm_XX, e.g. sm_90", value);
+    if (!rda_nvrtc_arch_supported(arch)) {
+      const int v = rda_nvrtc_version();
+      return rdagen_usage("emit: --arch %s: NVRTC %d.%d cannot compile for it", value, v / 1000,
+                          v % 1000 / 10);
+    }
+    int dup = 0;
+    for (int k = 0; k < o->narchs; ++k) dup |= o->archs[k] == arch;
+    if (dup) continue;
+    if (o->narchs == EMIT_MAX_ARCHS)
+      return rdagen_usage("emit: at most %d different --arch", EMIT_MAX_ARCHS);
+    o->archs[o->narchs++] = arch;
+  }
+  if (o->config == NULL) return rdagen_usage("emit: missing CONFIG");
+  if (o->narchs == 0) return rdagen_usage("emit: missing --arch sm_XX");
+  if (o->out == NULL) return rdagen_usage("emit: missing --out DIR");
+  return -1;
+}
+
+static void *emit_worker(void *arg) {
+  emit_queue *q = arg;
+  for (;;) {
+    pthread_mutex_lock(&q->lock);
+    const int i = q->next < q->njobs ? q->next++ : -1;
+    pthread_mutex_unlock(&q->lock);
+    if (i < 0) return NULL;
+    emit_job *j = &q->jobs[i];
+    j->status =
+        rda_nvrtc_compile(j->v->source, j->v->name, j->v->name, j->arch, 0, &j->cubin, &j->err);
+    if (j->status == RDA_OK && j->want_ptx)
+      j->status =
+          rda_nvrtc_compile(j->v->source, j->v->name, j->v->name, j->arch, 1, &j->ptx, &j->err);
+  }
+}
+
+/* Compiles every job, on up to one thread per core. */
+static void emit_compile_all(emit_job *jobs, int njobs) {
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int nthreads = cores < 1 ? 1 : cores > EMIT_MAX_THREADS ? EMIT_MAX_THREADS : (int)cores;
+  if (nthreads > njobs) nthreads = njobs;
+  emit_queue q = {.jobs = jobs, .njobs = njobs, .next = 0};
+  pthread_mutex_init(&q.lock, NULL);
+  pthread_t threads[EMIT_MAX_THREADS];
+  int started = 0;
+  for (int t = 1; t < nthreads; ++t) {
+    if (pthread_create(&threads[started], NULL, emit_worker, &q) != 0) break;
+    ++started;
+  }
+  emit_worker(&q); /* this thread works too, so one thread is enough if creation fails */
+  for (int t = 0; t < started; ++t) pthread_join(threads[t], NULL);
+  pthread_mutex_destroy(&q.lock);
+}
+
+/* mkdir -p. */
+static int emit_mkdirs(const char *path, char *why, size_t why_len) {
+  char buf[4096];
+  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
+    snprintf(why, why_len, "%s: path too long", path);
+    return -1;
+  }
+  for (char *p = buf + 1;; ++p) {
+    const char c = *p;
+    if (c != '/' && c != '\0') continue;
+    *p = '\0';
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST) {
+      snprintf(why, why_len, "cannot create folder %s: %s", buf, strerror(errno));
+      return -1;
+    }
+    *p = c;
+    if (c == '\0') break;
+  }
+  struct stat st;
+  if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    snprintf(why, why_len, "--out %s is not a folder", path);
+    return -1;
+  }
+  return 0;
+}
+
+/* 1 when the file at path holds exactly data. */
+static int emit_same_content(const char *path, const void *data, size_t len) {
+  FILE *f = fopen(path, "rb");
+  if (f == NULL) return 0;
+  int same = 1;
+  size_t off = 0;
+  char buf[65536];
+  for (;;) {
+    const size_t n = fread(buf, 1, sizeof buf, f);
+    if (n == 0) break;
+    if (off + n > len || memcmp(buf, (const char *)data + off, n) != 0) {
+      same = 0;
+      break;
+    }
+    off += n;
+  }
+  if (ferror(f)) same = 0;
+  fclose(f);
+  return same && off == len;
+}
+
+/* Writes dir/name atomically (a temporary file renamed over it); with only_if_changed, leaves
+ * an identical file untouched (its time stamp too). */
+static int emit_write(const char *dir, const char *name, const void *data, size_t len,
+                      int only_if_changed, char *why, size_t why_len) {
+  char path[4096], tmp[4200];
+  if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path) {
+    snprintf(why, why_len, "%s/%s: path too long", dir, name);
+    return -1;
+  }
+  if (only_if_changed && emit_same_content(path, data, len)) return 0;
+  snprintf(tmp, sizeof tmp, "%s/.%s.tmp%ld", dir, name, (long)getpid());
+  const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+  if (fd < 0) {
+    snprintf(why, why_len, "cannot write %s: %s", path, strerror(errno));
+    return -1;
+  }
+  const char *p = data;
+  size_t left = len;
+  while (left > 0) {
+    const ssize_t w = write(fd, p, left);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      snprintf(why, why_len, "cannot write %s: %s", path, w < 0 ? strerror(errno) : "short write");
+      close(fd);
+      unlink(tmp);
+      return -1;
+    }
+    p += w;
+    left -= (size_t)w;
+  }
+  if (close(fd) != 0 || rename(tmp, path) != 0) {
+    snprintf(why, why_len, "cannot write %s: %s", path, strerror(errno));
+    unlink(tmp);
+    return -1;
+  }
+  return 0;
+}
+
+/* The manifest: one entry per job, in --arch order then plan order. smem_bytes is the total a
+ * block needs: ptxas' static shared memory plus the variant's dynamic shared memory. */
+static rda_status emit_manifest(const emit_job *jobs, int njobs, rda_json *j, rda_err *err) {
+  rda_json_init(j);
+  rda_json_object_begin(j);
+  rda_json_key(j, "kernels");
+  rda_json_array_begin(j);
+  for (int i = 0; i < njobs; ++i) {
+    const emit_job *k = &jobs[i];
+    char arch[16], cubin[192];
+    snprintf(arch, sizeof arch, "sm_%d", k->arch);
+    snprintf(cubin, sizeof cubin, "%s.%s.cubin", k->v->name, arch);
+    rda_json_object_begin(j);
+    rda_json_key(j, "name");
+    rda_json_string(j, k->v->name);
+    rda_json_key(j, "arch");
+    rda_json_string(j, arch);
+    rda_json_key(j, "entry");
+    rda_json_string(j, k->v->name);
+    rda_json_key(j, "cubin");
+    rda_json_string(j, cubin);
+    rda_json_key(j, "registers");
+    rda_json_int(j, k->cubin.registers);
+    rda_json_key(j, "spill_bytes");
+    rda_json_int(j, k->cubin.spill_bytes);
+    rda_json_key(j, "smem_bytes");
+    rda_json_int(j, (long long)k->cubin.smem_bytes + k->v->smem_bytes);
+    rda_json_key(j, "compile_s");
+    rda_json_double(j, k->cubin.compile_s);
+    rda_json_object_end(j);
+  }
+  rda_json_array_end(j);
+  rda_json_object_end(j);
+  return rda_json_finish(j, err);
+}
+
+/* Writes every artifact, the manifest last. Returns the exit status. */
+static int emit_write_all(const emit_opts *o, const emit_job *jobs, int njobs) {
+  char why[4400];
+  if (emit_mkdirs(o->out, why, sizeof why) != 0) return rdagen_fail("emit: %s", why);
+  /* An old manifest would describe files about to change: drop it first, so a failure below
+   * leaves no manifest at all. */
+  char mpath[4200];
+  snprintf(mpath, sizeof mpath, "%s/manifest.json", o->out);
+  if (unlink(mpath) != 0 && errno != ENOENT)
+    return rdagen_fail("emit: cannot replace %s: %s", mpath, strerror(errno));
+  for (int i = 0; i < njobs; ++i) {
+    const emit_job *k = &jobs[i];
+    char fname[192];
+    snprintf(fname, sizeof fname, "%s.cu", k->v->name);
+    if (emit_write(o->out, fname, k->v->source, strlen(k->v->source), 1, why, sizeof why) != 0)
+      return rdagen_fail("emit: %s", why);
+    snprintf(fname, sizeof fname, "%s.sm_%d.cubin", k->v->name, k->arch);
+    if (emit_write(o->out, fname, k->cubin.image, k->cubin.image_bytes, 1, why, sizeof why) != 0)
+      return rdagen_fail("emit: %s", why);
+    if (k->want_ptx) {
+      snprintf(fname, sizeof fname, "%s.sm_%d.ptx", k->v->name, k->arch);
+      if (emit_write(o->out, fname, k->ptx.image, k->ptx.image_bytes, 1, why, sizeof why) != 0)
+        return rdagen_fail("emit: %s", why);
+    }
+  }
+  rda_json j;
+  rda_err err = {0};
+  if (emit_manifest(jobs, njobs, &j, &err) != RDA_OK) {
+    rda_json_free(&j);
+    return rdagen_fail("emit: %s", err.msg);
+  }
+  const int rc = emit_write(o->out, "manifest.json", j.buf, j.len, 0, why, sizeof why);
+  rda_json_free(&j);
+  if (rc != 0) return rdagen_fail("emit: %s", why);
+  return 0;
+}
+
+static double emit_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int rdagen_cmd_emit(int argc, char **argv) {
+  emit_opts o;
+  const int rc_parse = emit_parse(argc, argv, &o);
+  if (rc_parse >= 0) return rc_parse;
+
+  const double t0 = emit_now();
+  int rc = 1;
+  rda_err err = {0};
+  rda_gen *g = NULL;
+  rda_plan_k plans[EMIT_MAX_ARCHS];
+  int nplans = 0;
+  emit_job *jobs = NULL;
+  int njobs = 0;
+  rda_hw hws[EMIT_MAX_ARCHS];
+  rda_config cfg;
+
+  if (rda_gen_open(&g, &err) != RDA_OK) {
+    rc = rdagen_fail("%s", err.msg);
+    goto done;
+  }
+  for (int a = 0; a < o.narchs; ++a) {
+    const rda_status s = rda_gen_hw_builtin(g, o.archs[a], &hws[a], &err);
+    if (s != RDA_OK) { /* an unknown target is bad usage; anything else is a failure */
+      rc = s == RDA_ERR_INVALID_ARGUMENT
+               ? rdagen_usage("emit: --arch sm_%d: %s", o.archs[a], err.msg)
+               : rdagen_fail("%s", err.msg);
+      goto done;
+    }
+  }
+  if (rda_gen_config_file(g, o.config, &cfg, &err) != RDA_OK) {
+    rc = rdagen_fail("%s", err.msg);
+    goto done;
+  }
+  int total = 0;
+  for (int a = 0; a < o.narchs; ++a) {
+    if (rda_gen_plan(g, &cfg, &hws[a], &plans[a], &err) != RDA_OK) {
+      rc = rdagen_fail("%s", err.msg);
+      goto done;
+    }
+    ++nplans;
+    total += plans[a].nvariants;
+  }
+  jobs = calloc(total > 0 ? (size_t)total : 1, sizeof *jobs);
+  if (jobs == NULL) {
+    rc = rdagen_fail("emit: out of memory");
+    goto done;
+  }
+  for (int a = 0; a < nplans; ++a) {
+    for (int i = 0; i < plans[a].nvariants; ++i) {
+      const rda_variant *v = &plans[a].variants[i];
+      int dup = 0;
+      for (int k = 0; k < njobs; ++k) {
+        if (strcmp(jobs[k].v->name, v->name) != 0) continue;
+        if (strcmp(jobs[k].v->source, v->source) != 0) {
+          rc = rdagen_fail("emit: two different sources named %s (a generator bug)", v->name);
+          goto done;
+        }
+        dup |= jobs[k].arch == o.archs[a];
+      }
+      if (dup) continue;
+      jobs[njobs].v = v;
+      jobs[njobs].arch = o.archs[a];
+      jobs[njobs].want_ptx = o.ptx;
+      ++njobs;
+    }
+  }
+
+  emit_compile_all(jobs, njobs);
+  for (int k = 0; k < njobs; ++k) {
+    if (jobs[k].status != RDA_OK) {
+      rc = rdagen_fail("%s", jobs[k].err.msg);
+      goto done;
+    }
+  }
+  rc = emit_write_all(&o, jobs, njobs);
+  if (rc == 0) {
+    printf("%-56s %-6s %5s %6s %7s %8s\n", "kernel", "arch", "regs", "spill", "smem", "compile");
+    double sum = 0;
+    for (int k = 0; k < njobs; ++k) {
+      const emit_job *j = &jobs[k];
+      printf("%-56s sm_%-3d %5d %6d %7d %6.2f s\n", j->v->name, j->arch, j->cubin.registers,
+             j->cubin.spill_bytes, j->cubin.smem_bytes + j->v->smem_bytes, j->cubin.compile_s);
+      sum += j->cubin.compile_s;
+    }
+    printf("%d kernels in %s/manifest.json (compile %.2f s, wall %.2f s)\n", njobs, o.out, sum,
+           emit_now() - t0);
+  }
+
+done:
+  for (int k = 0; k < njobs; ++k) {
+    rda_nvrtc_out_free(&jobs[k].cubin);
+    rda_nvrtc_out_free(&jobs[k].ptx);
+  }
+  free(jobs);
+  for (int a = 0; a < nplans; ++a) rda_plan_k_free(&plans[a]);
+  rda_gen_close(g);
+  return rc;
+}
