@@ -41,10 +41,11 @@ rda_status rda_cache_dir_get(const char *sub, char *out, size_t cap, rda_err *er
     suffix = "/.cache/rda";
   }
   if (root == NULL || root[0] == '\0')
-    return rda_err_set(err, RDA_ERR_CACHE,
-                       "no cache folder: set RDA_CACHE_DIR (neither XDG_CACHE_HOME nor HOME is set)");
-  const int len = snprintf(out, cap, "%s%s%s%s", root, suffix, (sub && sub[0]) ? "/" : "",
-                           sub ? sub : "");
+    return rda_err_set(
+        err, RDA_ERR_CACHE,
+        "no cache folder: set RDA_CACHE_DIR (neither XDG_CACHE_HOME nor HOME is set)");
+  const int len =
+      snprintf(out, cap, "%s%s%s%s", root, suffix, (sub && sub[0]) ? "/" : "", sub ? sub : "");
   if (len < 0 || (size_t)len >= cap)
     return rda_err_set(err, RDA_ERR_CACHE, "cache folder under '%s': path too long", root);
   return rda_cache_dir_mkdirs(out, err);

@@ -4,9 +4,9 @@
 #ifndef RDA_CACHE_DIR_H
 #define RDA_CACHE_DIR_H
 
-#include "err.h"
-
 #include <stddef.h>
+
+#include "err.h"
 
 /* Resolve the cache root, append "/sub" (sub may be NULL or ""), create the folders that do
  * not exist (mode 0755) and write the path to out (cap bytes). RDA_ERR_CACHE when no root can

@@ -335,6 +335,13 @@ rda_status rda_backend_cuda_open(rda_backend **out, int ordinal, rda_err *err) {
   if (st == RDA_OK && b->arch < 80)
     st = rda_err_set(err, RDA_ERR_UNSUPPORTED,
                      "cuda: GPU %d is sm_%d; rda's kernels need sm_80 or newer", ordinal, b->arch);
+  if (st == RDA_OK && !rda_nvrtc_arch_supported(b->arch)) {
+    const int v = rda_nvrtc_version();
+    st = rda_err_set(err, RDA_ERR_UNSUPPORTED,
+                     "cuda: GPU %d is sm_%d, which NVRTC %d.%d cannot compile for (a newer CUDA "
+                     "toolkit is needed)",
+                     ordinal, b->arch, v / 1000, v % 1000 / 10);
+  }
   if (st == RDA_OK) st = RDA_CU(err, cuDevicePrimaryCtxRetain, &impl->ctx, impl->dev);
   if (st == RDA_OK) st = rda_cuda_enter(b, err);
   if (st == RDA_OK) st = RDA_CU(err, cuStreamCreate, &impl->stream, CU_STREAM_NON_BLOCKING);

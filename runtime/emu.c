@@ -3,10 +3,6 @@
  * the emulator runtime (templates/emu/emu_runtime.cc, cached alike); launches run synchronously. */
 #include "emu.h"
 
-#include "../templates/emu/emu_launch.h"
-#include "cache_dir.h"
-#include "gen.h"
-
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -24,6 +20,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../templates/emu/emu_launch.h"
+#include "cache_dir.h"
+#include "gen.h"
+
 extern char **environ;
 
 #ifndef RDA_HOST_CXX
@@ -36,18 +36,25 @@ extern char **environ;
 enum { kEmuPath = 4096, kEmuMaxArgs = 64, kEmuOutputCap = 1 << 16 };
 
 /* The fixed compiler flags; RDA_EMU_EXTRA_FLAGS and $RDA_EMU_CXXFLAGS follow them. */
-static const char *const rda_emu_base_flags[] = {
-    "-x", "c++", "-std=c++17", "-O2", "-g0", "-fPIC", "-shared", "-fvisibility=hidden",
-    "-fno-strict-aliasing", "-DRDA_EMU"};
+static const char *const rda_emu_base_flags[] = {"-x",
+                                                 "c++",
+                                                 "-std=c++17",
+                                                 "-O2",
+                                                 "-g0",
+                                                 "-fPIC",
+                                                 "-shared",
+                                                 "-fvisibility=hidden",
+                                                 "-fno-strict-aliasing",
+                                                 "-DRDA_EMU"};
 
 typedef int (*rda_emu_entry_fn)(rda_emu_launch *l, const void *params);
 
 typedef struct rda_emu_impl {
-  pthread_mutex_t mu;       /* guards version */
-  char cxx[kEmuPath];       /* the compiler */
-  char version[256];        /* first line of `cxx --version`, "" until known */
-  char extra[1024];         /* RDA_EMU_EXTRA_FLAGS + $RDA_EMU_CXXFLAGS */
-  unsigned os_threads;      /* $RDA_EMU_THREADS, 0: all hardware threads */
+  pthread_mutex_t mu;  /* guards version */
+  char cxx[kEmuPath];  /* the compiler */
+  char version[256];   /* first line of `cxx --version`, "" until known */
+  char extra[1024];    /* RDA_EMU_EXTRA_FLAGS + $RDA_EMU_CXXFLAGS */
+  unsigned os_threads; /* $RDA_EMU_THREADS, 0: all hardware threads */
 } rda_emu_impl;
 
 struct rda_module {
@@ -75,7 +82,9 @@ typedef struct rda_emu_hash {
   uint64_t h;
 } rda_emu_hash;
 
-static void rda_emu_hash_init(rda_emu_hash *s) { s->h = 0xcbf29ce484222325ull; }
+static void rda_emu_hash_init(rda_emu_hash *s) {
+  s->h = 0xcbf29ce484222325ull;
+}
 
 static void rda_emu_hash_bytes(rda_emu_hash *s, const void *data, size_t n) {
   const unsigned char *p = data;
@@ -144,7 +153,8 @@ static int rda_emu_cmp_names(const void *a, const void *b) {
 
 static int rda_emu_is_header(const char *name) {
   const size_t n = strlen(name);
-  return (n > 2 && strcmp(name + n - 2, ".h") == 0) || (n > 3 && strcmp(name + n - 3, ".cc") == 0) ||
+  return (n > 2 && strcmp(name + n - 2, ".h") == 0) ||
+         (n > 3 && strcmp(name + n - 3, ".cc") == 0) ||
          (n > 4 && strcmp(name + n - 4, ".cuh") == 0) ||
          (n > 4 && strcmp(name + n - 4, ".hpp") == 0);
 }
@@ -153,8 +163,8 @@ static int rda_emu_is_header(const char *name) {
 static rda_status rda_emu_hash_headers(rda_emu_hash *s, const char *dir, rda_err *err) {
   DIR *d = opendir(dir);
   if (d == NULL)
-    return rda_err_set(err, RDA_ERR_EMULATOR, "emu: templates folder '%s': %s (set RDA_HOME)",
-                       dir, strerror(errno));
+    return rda_err_set(err, RDA_ERR_EMULATOR, "emu: templates folder '%s': %s (set RDA_HOME)", dir,
+                       strerror(errno));
   char **names = NULL;
   size_t count = 0, cap = 0;
   rda_status st = RDA_OK;
@@ -207,8 +217,7 @@ static rda_status rda_emu_spawn(char *const argv[], char *out, size_t cap, int *
                                 rda_err *err) {
   int fds[2];
   out[0] = '\0';
-  if (pipe(fds) != 0)
-    return rda_err_set(err, RDA_ERR_EMULATOR, "emu: pipe: %s", strerror(errno));
+  if (pipe(fds) != 0) return rda_err_set(err, RDA_ERR_EMULATOR, "emu: pipe: %s", strerror(errno));
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addclose(&fa, fds[0]);
@@ -221,8 +230,8 @@ static rda_status rda_emu_spawn(char *const argv[], char *out, size_t cap, int *
   close(fds[1]);
   if (rc != 0) {
     close(fds[0]);
-    return rda_err_set(err, RDA_ERR_EMULATOR, "emu: cannot run the C++ compiler '%s': %s",
-                       argv[0], strerror(rc));
+    return rda_err_set(err, RDA_ERR_EMULATOR, "emu: cannot run the C++ compiler '%s': %s", argv[0],
+                       strerror(rc));
   }
   size_t n = 0;
   for (;;) {
@@ -242,7 +251,8 @@ static rda_status rda_emu_spawn(char *const argv[], char *out, size_t cap, int *
     if (errno != EINTR)
       return rda_err_set(err, RDA_ERR_EMULATOR, "emu: waitpid: %s", strerror(errno));
   }
-  *code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  *code =
+      WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
   return RDA_OK;
 }
 
@@ -256,8 +266,8 @@ static rda_status rda_emu_version(rda_emu_impl *im, rda_err *err) {
     int code = 0;
     st = rda_emu_spawn(argv, out, sizeof out, &code, err);
     if (st == RDA_OK && code != 0)
-      st = rda_err_set(err, RDA_ERR_EMULATOR, "emu: '%s --version' failed (exit %d)", im->cxx,
-                       code);
+      st =
+          rda_err_set(err, RDA_ERR_EMULATOR, "emu: '%s --version' failed (exit %d)", im->cxx, code);
     if (st == RDA_OK) {
       size_t n = strcspn(out, "\n");
       if (n >= sizeof im->version) n = sizeof im->version - 1;
@@ -270,16 +280,25 @@ static rda_status rda_emu_version(rda_emu_impl *im, rda_err *err) {
   return st;
 }
 
-/* "first lines of the compiler output" as one line: newlines become " | ". */
-static void rda_emu_one_line(const char *in, char *out, size_t cap) {
+/* "first lines of the compiler output" as one line: newlines become " | ", and the temporary
+ * source path `tmp` reads as `shown` (the kernel's name). */
+static void rda_emu_one_line(const char *in, const char *tmp, const char *shown, char *out,
+                             size_t cap) {
+  const size_t tmp_len = strlen(tmp), shown_len = strlen(shown);
   size_t n = 0;
-  for (const char *p = in; *p != '\0' && n + 4 < cap; ++p) {
-    if (*p == '\n') {
+  for (const char *p = in; *p != '\0' && n + 4 < cap;) {
+    if (tmp_len > 0 && strncmp(p, tmp, tmp_len) == 0 && n + shown_len + 4 < cap) {
+      memcpy(out + n, shown, shown_len);
+      n += shown_len;
+      p += tmp_len;
+    } else if (*p == '\n') {
       if (p[1] == '\0') break;
       memcpy(out + n, " | ", 3);
       n += 3;
-    } else if (*p != '\r') {
-      out[n++] = *p;
+      ++p;
+    } else {
+      if (*p != '\r') out[n++] = *p;
+      ++p;
     }
   }
   out[n] = '\0';
@@ -340,9 +359,10 @@ static rda_status rda_emu_open_module(const char *so_path, const char *name, rda
   void *p = dlsym(dl, sym);
   if (p == NULL) {
     dlclose(dl);
-    return rda_err_set(err, RDA_ERR_EMULATOR,
-                       "emu: kernel module '%s' has no entry '%s' (RDA_EMU_EXPORT(%s, ...) missing?)",
-                       so_path, sym, name);
+    return rda_err_set(
+        err, RDA_ERR_EMULATOR,
+        "emu: kernel module '%s' has no entry '%s' (RDA_EMU_EXPORT(%s, ...) missing?)", so_path,
+        sym, name);
   }
   rda_module *m = calloc(1, sizeof *m);
   if (m == NULL) {
@@ -375,10 +395,10 @@ static rda_status rda_emu_compile(rda_emu_impl *im, const char *home, const char
   static atomic_ulong counter;
   const unsigned long k = atomic_fetch_add(&counter, 1);
   char tmp_cu[kEmuPath], tmp_so[kEmuPath], cu[kEmuPath], so[kEmuPath], inc[kEmuPath];
-  RDA_TRY(rda_emu_path(tmp_cu, sizeof tmp_cu, err, "%s/%s.tmp%ld-%lu.cu", dir, base,
-                       (long)getpid(), k));
-  RDA_TRY(rda_emu_path(tmp_so, sizeof tmp_so, err, "%s/%s.tmp%ld-%lu.so", dir, base,
-                       (long)getpid(), k));
+  RDA_TRY(rda_emu_path(tmp_cu, sizeof tmp_cu, err, "%s/%s.tmp%ld-%lu.cu", dir, base, (long)getpid(),
+                       k));
+  RDA_TRY(rda_emu_path(tmp_so, sizeof tmp_so, err, "%s/%s.tmp%ld-%lu.so", dir, base, (long)getpid(),
+                       k));
   RDA_TRY(rda_emu_path(cu, sizeof cu, err, "%s/%s.cu", dir, base));
   RDA_TRY(rda_emu_path(so, sizeof so, err, "%s/%s.so", dir, base));
   RDA_TRY(rda_emu_path(inc, sizeof inc, err, "-I%s/templates", home));
@@ -399,8 +419,9 @@ static rda_status rda_emu_compile(rda_emu_impl *im, const char *home, const char
   else
     st = rda_emu_spawn(argv, out, kEmuOutputCap, &code, err);
   if (st == RDA_OK && code != 0) {
-    char line[900];
-    rda_emu_one_line(out, line, sizeof line);
+    char line[900], shown[160];
+    snprintf(shown, sizeof shown, "%s.cu", what);
+    rda_emu_one_line(out, source != NULL ? src_path : "", shown, line, sizeof line);
     st = rda_err_set(err, RDA_ERR_EMULATOR, "emu: compiling %s failed (exit %d): %s", what, code,
                      line);
   }
@@ -452,6 +473,9 @@ static rda_status rda_emu_load(rda_backend *b, const rda_variant *v, rda_module 
   if (v == NULL || v->source == NULL || v->name[0] == '\0')
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "emu: variant without a name or source");
   const char *home = rda_gen_home();
+  if (home == NULL || home[0] == '\0')
+    return rda_err_set(err, RDA_ERR_EMULATOR, "emu: %s: no template folder (set RDA_HOME)",
+                       v->name);
   struct utsname un;
   if (uname(&un) != 0) snprintf(un.machine, sizeof un.machine, "unknown");
   char sub[128], dir[kEmuPath];

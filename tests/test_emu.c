@@ -1,25 +1,28 @@
 /* test_emu.c — the CPU emulator: each emulated intrinsic of templates/ptx.cuh against a scalar
  * model of its PTX ISA semantics written here (fragment layouts, rounding), the execution model
  * (grids, barriers, shared-memory poison, deadlocks, traps) and the backend (cache, errors). */
-#include "backend.h"
-#include "emu.h"
-#include "rda_test.h"
-
-#include <float.h>
-#include <math.h>
+/* cmocka.h needs these four first. */
+/* clang-format off */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
+#include <dirent.h>
+#include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <dirent.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
 #include <time.h>
 
-#include <cmocka.h>
+#include "backend.h"
+#include "emu.h"
+#include "rda_test.h"
 
 /* Must match struct emu_test_params in tests/kernels/emu_*.cu. */
 typedef struct emu_test_params {
@@ -180,12 +183,19 @@ static double model_f16_value_ext(uint32_t bits) {
   return model_f16_value(bits);
 }
 
-static uint16_t model_bf16(float x) { return model_round16(x, model_bf16_value, 0x7f80u); }
-static uint16_t model_f16(float x) { return model_round16(x, model_f16_value_ext, 0x7c00u); }
+static uint16_t model_bf16(float x) {
+  return model_round16(x, model_bf16_value, 0x7f80u);
+}
+static uint16_t model_f16(float x) {
+  return model_round16(x, model_f16_value_ext, 0x7c00u);
+}
 
-static int bits_is_nan_bf16(uint32_t b) { return ((b >> 7) & 0xff) == 0xff && (b & 0x7f) != 0; }
-static int bits_is_nan_f16(uint32_t b) { return ((b >> 10) & 0x1f) == 0x1f && (b & 0x3ff) != 0; }
-
+static int bits_is_nan_bf16(uint32_t b) {
+  return ((b >> 7) & 0xff) == 0xff && (b & 0x7f) != 0;
+}
+static int bits_is_nan_f16(uint32_t b) {
+  return ((b >> 10) & 0x1f) == 0x1f && (b & 0x3ff) != 0;
+}
 
 /* ------------------------------------------------------------------ mma m16n8k16 */
 
@@ -326,8 +336,8 @@ static void test_emu_ldmatrix_x4_and_trans_match_ptx_fragment_model(void **state
   int offs[32];
   for (int l = 0; l < 32; ++l) offs[l] = 16 * rows[l];
   uint32_t plain[32][4], trans[32][4];
-  emu_test_params p = {.in0 = area, .in1 = offs, .out0 = plain, .out1 = trans,
-                       .n = (long long)sizeof area};
+  emu_test_params p = {
+      .in0 = area, .in1 = offs, .out0 = plain, .out1 = trans, .n = (long long)sizeof area};
   run_ok("emu_ldmatrix", g_src_intrinsics, 1, 32, sizeof area, &p);
   /* Matrix j, as stored: M[r][c] = element c of the row whose address lane 8j + r gave. Each
    * thread receives row lane / 4, columns 2 (lane % 4) and +1 of the delivered matrix (M, or
@@ -341,8 +351,8 @@ static void test_emu_ldmatrix_x4_and_trans_match_ptx_fragment_model(void **state
       const uint32_t want = (uint32_t)M[r][c] | ((uint32_t)M[r][c + 1] << 16);
       const uint32_t want_t = (uint32_t)M[c][r] | ((uint32_t)M[c + 1][r] << 16);
       if (plain[lane][j] != want || trans[lane][j] != want_t) {
-        fprintf(stderr, "ldmatrix matrix %d lane %d: got %08x / trans %08x, want %08x / %08x\n",
-                j, lane, plain[lane][j], trans[lane][j], want, want_t);
+        fprintf(stderr, "ldmatrix matrix %d lane %d: got %08x / trans %08x, want %08x / %08x\n", j,
+                lane, plain[lane][j], trans[lane][j], want, want_t);
         fail();
       }
     }
@@ -358,7 +368,7 @@ static void test_emu_shfl_xor_every_lane_mask(void **state) {
   emu_test_params p = {.in0 = in, .out0 = out};
   run_ok("emu_shfl_xor", g_src_intrinsics, 1, 32, 0, &p);
   for (int m = 0; m < 32; ++m)
-    for (int l = 0; l < 32; ++l) assert_true(out[m * 32 + l] == in[l ^ m]);
+    for (int l = 0; l < 32; ++l) assert_true(out[m * 32 + l] == in[l ^ m] * (float)(m + 1));
 }
 
 /* ------------------------------------------------------------------ conversions */
@@ -370,10 +380,11 @@ static float *conversion_inputs(int f16, size_t *count) {
   float *x = xmalloc(n * sizeof *x);
   rt_rng *rng = rt_global_rng();
   size_t k = 0;
-  const float fixed[] = {0.0f, -0.0f, 1.0f, -1.0f, INFINITY, -INFINITY, FLT_MIN, -FLT_MIN,
-                         FLT_MAX, -FLT_MAX, 1e-45f, 65504.0f, 65519.99f, 65520.0f, 65536.0f,
-                         6.1035156e-05f, 5.9604645e-08f, 2.9802322e-08f, 2.9802326e-08f,
-                         8.940697e-08f, 3.3895314e38f, 3.3961775e38f};
+  const float fixed[] = {
+      0.0f,           -0.0f,         1.0f,          -1.0f,          INFINITY,       -INFINITY,
+      FLT_MIN,        -FLT_MIN,      FLT_MAX,       -FLT_MAX,       1e-45f,         65504.0f,
+      65519.99f,      65520.0f,      65536.0f,      6.1035156e-05f, 5.9604645e-08f, 2.9802322e-08f,
+      2.9802326e-08f, 8.940697e-08f, 3.3895314e38f, 3.3961775e38f};
   for (size_t i = 0; i < sizeof fixed / sizeof *fixed; ++i) x[k++] = fixed[i];
   while (k < n) {
     uint32_t u;
@@ -382,18 +393,19 @@ static float *conversion_inputs(int f16, size_t *count) {
     memcpy(&u, &v, sizeof u);
     if (f16) {
       /* f16 keeps 10 of the 23 mantissa bits: the 13 dropped bits decide the rounding. */
-      if (kind == 0) u = (u & ~0x1fffu) | 0x1000u;                    /* exact tie */
+      if (kind == 0) u = (u & ~0x1fffu) | 0x1000u;                           /* exact tie */
       if (kind == 1) u = (u & ~0x1fffu) | 0x1000u | (rt_rng_next(rng) & 1u); /* tie or just off */
-      if (kind == 2) u = (u & ~0x1fffu) | 0x0fffu;                    /* just below a tie */
+      if (kind == 2) u = (u & ~0x1fffu) | 0x0fffu;                           /* just below a tie */
       memcpy(&v, &u, sizeof v);
-      if (kind == 3) v *= 1e-5f;                                         /* f16 subnormals */
-      if (kind == 4) v *= 3e4f;                                          /* near overflow */
+      if (kind == 3) v *= 1e-5f; /* f16 subnormals */
+      if (kind == 4) v *= 3e4f;  /* near overflow */
     } else {
       if (kind == 0) u = (u & ~0xffffu) | 0x8000u;
       if (kind == 1) u = (u & ~0xffffu) | 0x8000u | (rt_rng_next(rng) & 1u);
       if (kind == 2) u = (u & ~0xffffu) | 0x7fffu;
-      if (kind == 3) u = (u & 0x807fffffu) | (uint32_t)rt_rng_range(rng, 0, 3) << 23; /* subnormal */
-      if (kind == 4) u = (u & 0x807fffffu) | 0x7f000000u;                          /* ~2^127 */
+      if (kind == 3)
+        u = (u & 0x807fffffu) | (uint32_t)rt_rng_range(rng, 0, 3) << 23; /* subnormal */
+      if (kind == 4) u = (u & 0x807fffffu) | 0x7f000000u;                /* ~2^127 */
       memcpy(&v, &u, sizeof v);
     }
     x[k++] = v;
@@ -461,8 +473,8 @@ static void check_widen(int f16) {
     else
       want = model_bf16_value(i);
     if (!((double)out[i] == want && !signbit(out[i]) == !signbit(want))) {
-      fprintf(stderr, "%s_to_float(%04x) = %a, want %a\n", f16 ? "f16" : "bf16", i,
-              (double)out[i], want);
+      fprintf(stderr, "%s_to_float(%04x) = %a, want %a\n", f16 ? "f16" : "bf16", i, (double)out[i],
+              want);
       fail();
     }
   }
@@ -488,8 +500,8 @@ static void test_emu_ex2_matches_ptx_approx_ftz(void **state) {
   float *x = xmalloc(n * sizeof *x), *y = xmalloc(n * sizeof *y);
   rt_rng *rng = rt_global_rng();
   for (size_t i = 0; i < n; ++i) x[i] = (float)(260.0 * rt_rng_uniform(rng) - 130.0);
-  const float special[] = {0.0f, -0.0f, 1e-40f, -1e-40f, INFINITY, -INFINITY, NAN, 1.0f,
-                           -126.0f, -127.0f, -149.5f, 127.0f, 128.0f, 0.5f};
+  const float special[] = {0.0f, -0.0f,   1e-40f,  -1e-40f, INFINITY, -INFINITY, NAN,
+                           1.0f, -126.0f, -127.0f, -149.5f, 127.0f,   128.0f,    0.5f};
   for (size_t i = 0; i < sizeof special / sizeof *special; ++i) x[i] = special[i];
   emu_test_params p = {.in0 = x, .out0 = y, .n = (long long)n, .op = 4};
   run_ok("emu_scalar", g_src_intrinsics, 2, 256, 0, &p);
@@ -528,7 +540,8 @@ static void test_emu_cp_async_groups_complete_only_at_wait(void **state) {
   (void)state;
   enum { T = 128, kChunks = 3 * T };
   unsigned char *src = xmalloc(16 * kChunks);
-  for (int i = 0; i < 16 * kChunks; ++i) src[i] = (unsigned char)(rt_rng_next(rt_global_rng()) % 255);
+  for (int i = 0; i < 16 * kChunks; ++i)
+    src[i] = (unsigned char)(rt_rng_next(rt_global_rng()) % 255);
   unsigned char *out = xmalloc(16 * kChunks);
   int *seen = xmalloc(sizeof(int) * T * 12);
   memset(out, 0xab, 16 * kChunks);
@@ -542,8 +555,13 @@ static void test_emu_cp_async_groups_complete_only_at_wait(void **state) {
         const int got = seen[12 * t + 3 * point + g];
         if (got != (complete ? 1 : 0)) {
           fprintf(stderr, "cp.async thread %d group %d after %s: saw %s\n", t, g,
-                  point == 0 ? "no wait" : point == 1 ? "wait_group 2" : point == 2 ? "wait_group 1" : "wait_group 0",
-                  got == 1 ? "the data" : got == 0 ? "poison" : "something else");
+                  point == 0   ? "no wait"
+                  : point == 1 ? "wait_group 2"
+                  : point == 2 ? "wait_group 1"
+                               : "wait_group 0",
+                  got == 1   ? "the data"
+                  : got == 0 ? "poison"
+                             : "something else");
           fail();
         }
       }
@@ -614,6 +632,82 @@ static void test_emu_every_block_and_thread_runs_once_3d(void **state) {
   check_grid(7, 1, 1, 1, 1, 1);
 }
 
+/* Blocks spread over more OS threads than there are cores (RDA_EMU_THREADS=4), each thread
+ * with its own fibers: still every block and thread exactly once, and barriers still hold. */
+static void test_emu_many_os_threads_run_every_block_once(void **state) {
+  (void)state;
+  const char *old = getenv("RDA_EMU_THREADS");
+  char *saved = old ? strdup(old) : NULL;
+  setenv("RDA_EMU_THREADS", "4", 1);
+  rda_backend *b = NULL;
+  rda_err err = {0};
+  const rda_status opened = rda_backend_emu_open(&b, 90, &err);
+  if (saved != NULL)
+    setenv("RDA_EMU_THREADS", saved, 1);
+  else
+    unsetenv("RDA_EMU_THREADS");
+  free(saved);
+  assert_int_equal(opened, RDA_OK);
+
+  rda_variant v;
+  memset(&v, 0, sizeof v);
+  snprintf(v.name, sizeof v.name, "emu_grid_ids");
+  v.source = g_src_model;
+  rda_module *ids = NULL, *sum = NULL;
+  assert_int_equal(b->load(b, &v, &ids, &err), RDA_OK);
+  snprintf(v.name, sizeof v.name, "emu_block_sum");
+  v.source = g_src_intrinsics;
+  assert_int_equal(b->load(b, &v, &sum, &err), RDA_OK);
+
+  enum { B = 37, T = 64 };
+  int *count = calloc(B * T, sizeof *count);
+  unsigned *coords = xmalloc(sizeof(unsigned) * 12 * B * T);
+  assert_non_null(count);
+  emu_test_params p = {.out0 = count, .out1 = coords};
+  const unsigned grid[3] = {B, 1, 1};
+  assert_int_equal(b->launch(b, ids, grid, T, 0, &p, sizeof p, &err), RDA_OK);
+  for (int i = 0; i < B * T; ++i) assert_int_equal(count[i], 1);
+
+  float *in = xmalloc(sizeof(float) * B * T), *sums = xmalloc(sizeof(float) * B);
+  float *neigh = xmalloc(sizeof(float) * B * T);
+  for (int i = 0; i < B * T; ++i) in[i] = (float)rt_rng_normal(rt_global_rng());
+  emu_test_params q = {.in0 = in, .out0 = sums, .out1 = neigh};
+  assert_int_equal(b->launch(b, sum, grid, T, sizeof(float) * T, &q, sizeof q, &err), RDA_OK);
+  for (int blk = 0; blk < B; ++blk) {
+    float s[T];
+    memcpy(s, in + blk * T, sizeof s);
+    for (int half = T / 2; half > 0; half /= 2)
+      for (int t = 0; t < half; ++t) s[t] += s[t + half];
+    assert_true(sums[blk] == s[0]);
+  }
+  free(neigh);
+  free(sums);
+  free(in);
+  free(coords);
+  free(count);
+  b->unload(b, ids);
+  b->unload(b, sum);
+  b->destroy(b);
+}
+
+static void test_emu_open_rejects_bad_thread_count(void **state) {
+  (void)state;
+  const char *old = getenv("RDA_EMU_THREADS");
+  char *saved = old ? strdup(old) : NULL;
+  setenv("RDA_EMU_THREADS", "lots", 1);
+  rda_backend *b = NULL;
+  rda_err err = {0};
+  const rda_status st = rda_backend_emu_open(&b, 90, &err);
+  if (saved != NULL)
+    setenv("RDA_EMU_THREADS", saved, 1);
+  else
+    unsetenv("RDA_EMU_THREADS");
+  free(saved);
+  assert_int_equal(st, RDA_ERR_INVALID_ARGUMENT);
+  assert_null(b);
+  assert_non_null(strstr(err.msg, "RDA_EMU_THREADS='lots'"));
+}
+
 static void test_emu_shared_memory_poisoned_at_every_block_start(void **state) {
   (void)state;
   enum { T = 64, B = 8 };
@@ -667,10 +761,15 @@ static void test_emu_barrier_and_shuffle_mixed_is_a_deadlock_error(void **state)
   check_fault(5, 0, want);
 }
 
+static void test_emu_lanes_at_different_collectives_trap(void **state) {
+  (void)state;
+  const char *want[] = {"warp collective mismatch", "lane 16 passes 8 bytes", NULL};
+  check_fault(6, 0, want);
+}
+
 static void test_emu_trap_reports_block_thread_and_message(void **state) {
   (void)state;
-  const char *want[] = {"emu_faults", "block (2,0,0) thread (3,0,0): custom trap message 42",
-                        NULL};
+  const char *want[] = {"emu_faults", "block (2,0,0) thread (3,0,0): custom trap message 42", NULL};
   check_fault(2, 0, want);
 }
 
@@ -701,6 +800,32 @@ static void test_emu_launch_rejects_wrong_params_size(void **state) {
   assert_non_null(strstr(err2.msg, "at most 1024 threads"));
 }
 
+/* The shim's CUDA built-ins, per the CUDA programming guide: __shfl_sync reads lane
+ * srcLane % width of the caller's width-group; down/up read lane +- delta and keep their own
+ * value past the group's edge; xor reads lane ^ mask unless that lies in a later group. Many
+ * blocks on several OS threads add to one float with atomicAdd. */
+static void test_emu_cuda_builtins_follow_the_programming_guide(void **state) {
+  (void)state;
+  enum { B = 24 };
+  int in[32], out[B][6][32];
+  float total = 0.0f;
+  for (int l = 0; l < 32; ++l) in[l] = (int)rt_rng_range(rt_global_rng(), -1000000, 1000000);
+  emu_test_params p = {.in0 = in, .out0 = out, .out1 = &total};
+  run_ok("emu_builtins", g_src_model, B, 32, 0, &p);
+  assert_true(total == 32.0f * B);
+  for (int b = 0; b < B; ++b)
+    for (int l = 0; l < 32; ++l) {
+      const int down = l + 3 < 32 ? l + 3 : l, up = l - 5 >= 0 ? l - 5 : l;
+      const int x = l ^ 9, xor16 = (x / 16) > (l / 16) ? l : x;
+      assert_int_equal(out[b][0][l], in[(7 * l) % 32]);
+      assert_int_equal(out[b][1][l], in[down]);
+      assert_int_equal(out[b][2][l], in[up]);
+      assert_int_equal(out[b][3][l], in[xor16]);
+      assert_int_equal(out[b][4][l], in[(l / 8) * 8 + 3]);
+      assert_int_equal(out[b][5][l], (l < 11 ? l : 11) | ((l > 11 ? l : 11) << 16));
+    }
+}
+
 /* ------------------------------------------------------------------ the backend */
 
 static void test_emu_compile_error_is_reported_with_compiler_output(void **state) {
@@ -722,6 +847,8 @@ static void test_emu_compile_error_is_reported_with_compiler_output(void **state
   assert_null(m);
   assert_non_null(strstr(err.msg, "emu_broken"));
   assert_non_null(strstr(err.msg, "undefined_thing_in_emu_test"));
+  assert_non_null(strstr(err.msg, "emu_broken.cu:4:")); /* the line, under the kernel's name */
+  assert_null(strstr(err.msg, ".tmp"));
   assert_null(strchr(err.msg, '\n'));
 }
 
@@ -848,14 +975,18 @@ int main(void) {
       cmocka_unit_test(test_emu_cp_async_groups_complete_only_at_wait),
       cmocka_unit_test(test_emu_block_barrier_orders_shared_memory),
       cmocka_unit_test(test_emu_every_block_and_thread_runs_once_3d),
+      cmocka_unit_test(test_emu_many_os_threads_run_every_block_once),
+      cmocka_unit_test(test_emu_open_rejects_bad_thread_count),
       cmocka_unit_test(test_emu_shared_memory_poisoned_at_every_block_start),
       cmocka_unit_test(test_emu_skipped_barrier_is_a_deadlock_error),
       cmocka_unit_test(test_emu_partial_warp_collective_is_a_deadlock_error),
       cmocka_unit_test(test_emu_barrier_and_shuffle_mixed_is_a_deadlock_error),
+      cmocka_unit_test(test_emu_lanes_at_different_collectives_trap),
       cmocka_unit_test(test_emu_trap_reports_block_thread_and_message),
       cmocka_unit_test(test_emu_cp_async_misaligned_traps),
       cmocka_unit_test(test_emu_cp_async_outside_shared_memory_traps),
       cmocka_unit_test(test_emu_launch_rejects_wrong_params_size),
+      cmocka_unit_test(test_emu_cuda_builtins_follow_the_programming_guide),
       cmocka_unit_test(test_emu_compile_error_is_reported_with_compiler_output),
       cmocka_unit_test(test_emu_load_of_missing_entry_fails),
       cmocka_unit_test(test_emu_cache_reuses_module_and_leaves_no_temp_files),

@@ -47,11 +47,21 @@ constexpr int warpSize = 32;
 
 /* ------------------------------------------------------------------ device built-ins */
 
-inline void __syncthreads() { ::rda_emu::block_barrier(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { ::rda_emu::warp_gather(nullptr, 0); }
-inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-[[noreturn]] inline void __trap() { ::rda_emu::trap("__trap()"); }
+inline void __syncthreads() {
+  ::rda_emu::block_barrier();
+}
+inline void __syncwarp(unsigned = 0xffffffffu) {
+  ::rda_emu::warp_gather(nullptr, 0);
+}
+inline void __threadfence() {
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+inline void __threadfence_block() {
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+[[noreturn]] inline void __trap() {
+  ::rda_emu::trap("__trap()");
+}
 
 inline float __uint_as_float(unsigned u) {
   float f;
@@ -74,23 +84,47 @@ inline int __float_as_int(float f) {
   return i;
 }
 
-inline float __expf(float x) { return std::exp(x); }
-inline float __logf(float x) { return std::log(x); }
-inline float __fdividef(float a, float b) { return a / b; }
-inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __expf(float x) {
+  return std::exp(x);
+}
+inline float __logf(float x) {
+  return std::log(x);
+}
+inline float __fdividef(float a, float b) {
+  return a / b;
+}
+inline float rsqrtf(float x) {
+  return 1.0f / std::sqrt(x);
+}
 template <typename T>
 inline T __ldg(const T *p) {
   return *p;
 }
 
-inline int min(int a, int b) { return a < b ? a : b; }
-inline int max(int a, int b) { return a > b ? a : b; }
-inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
-inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
-inline long long min(long long a, long long b) { return a < b ? a : b; }
-inline long long max(long long a, long long b) { return a > b ? a : b; }
-inline float min(float a, float b) { return std::fmin(a, b); }
-inline float max(float a, float b) { return std::fmax(a, b); }
+inline int min(int a, int b) {
+  return a < b ? a : b;
+}
+inline int max(int a, int b) {
+  return a > b ? a : b;
+}
+inline unsigned min(unsigned a, unsigned b) {
+  return a < b ? a : b;
+}
+inline unsigned max(unsigned a, unsigned b) {
+  return a > b ? a : b;
+}
+inline long long min(long long a, long long b) {
+  return a < b ? a : b;
+}
+inline long long max(long long a, long long b) {
+  return a > b ? a : b;
+}
+inline float min(float a, float b) {
+  return std::fmin(a, b);
+}
+inline float max(float a, float b) {
+  return std::fmax(a, b);
+}
 
 /* Warp shuffles over the full warp (the emulator requires all 32 lanes, like mask 0xffffffff). */
 namespace rda_emu {
@@ -115,7 +149,7 @@ template <typename T>
 inline T __shfl_xor_sync(unsigned, T v, int lane_mask, int width = 32) {
   const int l = ::rda_emu::lane();
   int src = l ^ lane_mask;
-  if ((src & ~(width - 1)) != (l & ~(width - 1))) src = l;
+  if ((src & ~(width - 1)) > (l & ~(width - 1))) src = l; /* later groups: own value (CUDA) */
   return ::rda_emu::detail::shfl_from(v, src);
 }
 template <typename T>
@@ -134,7 +168,9 @@ inline T __shfl_up_sync(unsigned, T v, unsigned delta, int width = 32) {
 }
 
 /* Atomics: blocks run concurrently on several OS threads, so these are real atomics. */
-inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+inline int atomicAdd(int *p, int v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+}
 inline unsigned atomicAdd(unsigned *p, unsigned v) {
   return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 }
@@ -163,11 +199,11 @@ inline int atomicMax(int *p, int v) {
 /* Defines `extern "C" int <entry>__emu(rda_emu_launch *l, const void *params)`: runs the whole
  * grid of `entry(params_type)` on the CPU; 0 on success, else nonzero with l->err set. */
 #define RDA_EMU_EXPORT(entry, params_type)                                                   \
-  extern "C" __attribute__((visibility("default"))) int entry##__emu(rda_emu_launch *l,        \
-                                                                    const void *params) {      \
-    return ::rda_emu::detail::run_launch(l, params, sizeof(params_type), [](const void *p) {  \
-      entry(*static_cast<const params_type *>(p));                                            \
-    });                                                                                       \
+  extern "C" __attribute__((visibility("default"))) int entry##__emu(rda_emu_launch *l,      \
+                                                                     const void *params) {   \
+    return ::rda_emu::detail::run_launch(l, params, sizeof(params_type), [](const void *p) { \
+      entry(*static_cast<const params_type *>(p));                                           \
+    });                                                                                      \
   }
 
 #endif

@@ -11,13 +11,13 @@
 /* Filled by the host, passed to `<entry>__emu(rda_emu_launch *l, const void *params)`, which
  * returns 0 on success; on failure it returns nonzero with a one-line message in err. */
 typedef struct rda_emu_launch {
-  unsigned abi;          /* RDA_EMU_ABI of the caller */
-  unsigned grid[3];      /* gridDim.x, .y, .z (each >= 1) */
-  unsigned block[3];     /* blockDim.x, .y, .z (product 1..1024) */
-  unsigned smem_bytes;   /* dynamic shared memory per block */
-  unsigned os_threads;   /* OS threads to spread blocks over; 0: one per hardware thread */
-  size_t params_bytes;   /* sizeof the kernel's parameter struct (checked by the entry) */
-  char err[512];         /* the failure, NUL-terminated */
+  unsigned abi;        /* RDA_EMU_ABI of the caller */
+  unsigned grid[3];    /* gridDim.x, .y, .z (each >= 1) */
+  unsigned block[3];   /* blockDim.x, .y, .z (product 1..1024) */
+  unsigned smem_bytes; /* dynamic shared memory per block */
+  unsigned os_threads; /* OS threads to spread blocks over; 0: one per hardware thread */
+  size_t params_bytes; /* sizeof the kernel's parameter struct (checked by the entry) */
+  char err[512];       /* the failure, NUL-terminated */
 } rda_emu_launch;
 
 #endif

@@ -3,6 +3,10 @@
  * block is a fiber (own stack, hand-written context switch), blocks spread over OS threads. */
 #include "emu_runtime.h"
 
+#include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdarg>
 #include <cstdint>
@@ -14,10 +18,6 @@
 #include <new>
 #include <thread>
 #include <vector>
-
-#include <pthread.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -143,8 +143,8 @@ namespace rda_emu {
 namespace detail {
 
 constexpr int kMaxThreads = 1024;
-constexpr size_t kStackBytes = 256 * 1024; /* per fiber: room for -O0 / ASan frames */
-constexpr size_t kGuardBytes = 4096;       /* PROT_NONE below each stack */
+constexpr size_t kStackBytes = 256 * 1024;  /* per fiber: room for -O0 / ASan frames */
+constexpr size_t kGuardBytes = 4096;        /* PROT_NONE below each stack */
 constexpr unsigned char kSmemPoison = 0xff; /* NaN in bf16, fp16 and fp32 */
 
 struct ThreadIdx {
@@ -212,7 +212,7 @@ struct Launch {
 };
 
 /* One OS thread's emulation state. The resources (stacks, fibers, shared memory) are pooled and
- * reused by later launches of the same module. */
+ * reused by later launches (of any kernel module: they all share this runtime). */
 struct Worker {
   /* resources */
   unsigned char *region = nullptr; /* fiber stacks with guard pages */
@@ -280,7 +280,9 @@ static void jump(Ctx *from, Ctx *to, bool from_dies) {
 [[noreturn]] static void fiber_main(Fiber *f);
 
 #if RDA_EMU_ASM_SWITCH
-static void fiber_entry_c(void *arg) { fiber_main(static_cast<Fiber *>(arg)); }
+static void fiber_entry_c(void *arg) {
+  fiber_main(static_cast<Fiber *>(arg));
+}
 #else
 static void fiber_entry_uc(unsigned lo, unsigned hi) {
   const uintptr_t p = (static_cast<uintptr_t>(hi) << 32) | lo;
@@ -329,7 +331,9 @@ static void fiber_init(Fiber *f) {
 
 /* ------------------------------------------------------------------ scheduling */
 
-static unsigned lane_mask(int size) { return size >= 32 ? 0xffffffffu : (1u << size) - 1u; }
+static unsigned lane_mask(int size) {
+  return size >= 32 ? 0xffffffffu : (1u << size) - 1u;
+}
 
 /* The next fiber to run after f blocks or exits: a ready lane of f's own warp first (in lane
  * order after f), else the first ready lane of the following warps. nullptr: none is ready. */
@@ -561,6 +565,12 @@ static void worker_run(Launch *L) noexcept {
   w->nwarps = (nthreads + 31) / 32;
   w->smem_bytes = l->smem_bytes;
 #if RDA_EMU_ASAN
+  /* Shared memory past the launch's dynamic size is out of bounds: ASan reports a kernel that
+   * touches it. */
+  ASAN_UNPOISON_MEMORY_REGION(w->smem, w->smem_capacity);
+  ASAN_POISON_MEMORY_REGION(w->smem + w->smem_bytes, w->smem_capacity - w->smem_bytes);
+#endif
+#if RDA_EMU_ASAN
   {
     pthread_attr_t a;
     void *addr = nullptr;
@@ -581,6 +591,9 @@ static void worker_run(Launch *L) noexcept {
   }
   tls_worker = nullptr;
   w->launch = nullptr;
+#if RDA_EMU_ASAN
+  ASAN_UNPOISON_MEMORY_REGION(w->smem, w->smem_capacity);
+#endif
   worker_release(w);
 }
 
@@ -594,7 +607,7 @@ static unsigned os_threads_for(const rda_emu_launch *l, long long nblocks) {
 
 /* The body of every `<entry>__emu`: validate the launch, run all blocks, report. */
 int run_launch(rda_emu_launch *l, const void *params, size_t params_bytes,
-                      void (*body)(const void *)) noexcept {
+               void (*body)(const void *)) noexcept {
   l->err[0] = '\0';
   if (l->abi != RDA_EMU_ABI) {
     snprintf(l->err, sizeof l->err, "emulator ABI mismatch: host %u, kernel module %u", l->abi,
@@ -655,9 +668,13 @@ static Fiber *current_fiber() {
 
 /* ------------------------------------------------------------------ emu_api.h */
 
-int lane() { return detail::current_fiber()->lane; }
+int lane() {
+  return detail::current_fiber()->lane;
+}
 
-int warp() { return detail::current_fiber()->warp; }
+int warp() {
+  return detail::current_fiber()->warp;
+}
 
 void block_barrier() {
   detail::Worker *w = detail::tls_worker;
@@ -703,9 +720,13 @@ const unsigned char *warp_gather(const void *mine, size_t bytes) {
   return buf;
 }
 
-unsigned char *dynamic_smem() { return detail::tls_worker->smem; }
+unsigned char *dynamic_smem() {
+  return detail::tls_worker->smem;
+}
 
-size_t dynamic_smem_bytes() { return detail::tls_worker->smem_bytes; }
+size_t dynamic_smem_bytes() {
+  return detail::tls_worker->smem_bytes;
+}
 
 void cp_async_16(void *smem_dst, const void *gmem_src, bool valid) {
   detail::Worker *w = detail::tls_worker;
@@ -762,21 +783,28 @@ void cp_async_wait(int pending_groups_allowed) {
 [[noreturn]] void trap(const char *what) {
   detail::Worker *w = detail::tls_worker;
   detail::Fiber *f = detail::current_fiber();
-  detail::fail(w->launch, "block (%u,%u,%u) thread (%u,%u,%u): %s", w->block_idx.x,
-               w->block_idx.y, w->block_idx.z, f->tid.x, f->tid.y, f->tid.z, what);
+  detail::fail(w->launch, "block (%u,%u,%u) thread (%u,%u,%u): %s", w->block_idx.x, w->block_idx.y,
+               w->block_idx.z, f->tid.x, f->tid.y, f->tid.z, what);
   detail::abandon_block(w, f);
 }
 
 }  // namespace rda_emu
 
-
 namespace rda_emu {
 namespace detail {
 
-const unsigned *thread_idx() { return &current_fiber()->tid.x; }
-const unsigned *block_idx() { return &tls_worker->block_idx.x; }
-const unsigned *block_dim() { return &tls_worker->block_dim.x; }
-const unsigned *grid_dim() { return &tls_worker->grid_dim.x; }
+const unsigned *thread_idx() {
+  return &current_fiber()->tid.x;
+}
+const unsigned *block_idx() {
+  return &tls_worker->block_idx.x;
+}
+const unsigned *block_dim() {
+  return &tls_worker->block_dim.x;
+}
+const unsigned *grid_dim() {
+  return &tls_worker->grid_dim.x;
+}
 
 }  // namespace detail
 }  // namespace rda_emu

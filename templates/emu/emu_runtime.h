@@ -4,9 +4,9 @@
 #ifndef RDA_EMU_RUNTIME_H
 #define RDA_EMU_RUNTIME_H
 
-#include "emu_launch.h"
-
 #include <cstddef>
+
+#include "emu_launch.h"
 
 #pragma GCC visibility push(default)
 #include "emu_api.h"

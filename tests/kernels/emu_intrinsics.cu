@@ -65,11 +65,13 @@ extern "C" __global__ void __launch_bounds__(32) emu_ldmatrix(const emu_test_par
   }
 }
 
-// One warp: out0[m][l] = shfl_xor(in0[l], m) for every lane mask m in 0..31.
+// One warp: out0[m][l] = shfl_xor(in0[l] * (m + 1), m) for every lane mask m in 0..31 (a new
+// value per round, so a deposit overwritten before every lane read it would show).
 extern "C" __global__ void __launch_bounds__(32) emu_shfl_xor(const emu_test_params p) {
   const float v = static_cast<const float *>(p.in0)[threadIdx.x];
   float *out = static_cast<float *>(p.out0);
-  for (int m = 0; m < 32; ++m) out[m * 32 + threadIdx.x] = rda::shfl_xor(v, m);
+  for (int m = 0; m < 32; ++m)
+    out[m * 32 + threadIdx.x] = rda::shfl_xor(v * static_cast<float>(m + 1), m);
 }
 
 // Elementwise conversions over n elements (any grid): op 0 pack_bf16x2(in0[2i], in0[2i+1]),

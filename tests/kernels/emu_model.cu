@@ -13,16 +13,16 @@ struct emu_test_params {
 
 // out0[global thread id] += 1 (int); out1[id][0..11] = threadIdx, blockIdx, blockDim, gridDim.
 extern "C" __global__ void emu_grid_ids(const emu_test_params p) {
-  const long long block = blockIdx.x + static_cast<long long>(gridDim.x) *
-                                           (blockIdx.y + static_cast<long long>(gridDim.y) * blockIdx.z);
+  const long long block =
+      blockIdx.x + static_cast<long long>(gridDim.x) *
+                       (blockIdx.y + static_cast<long long>(gridDim.y) * blockIdx.z);
   const long long nthreads = static_cast<long long>(blockDim.x) * blockDim.y * blockDim.z;
   const long long id =
       block * nthreads + threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
   atomicAdd(static_cast<int *>(p.out0) + id, 1);
   unsigned *o = static_cast<unsigned *>(p.out1) + 12 * id;
-  const unsigned v[12] = {threadIdx.x, threadIdx.y, threadIdx.z, blockIdx.x, blockIdx.y,
-                          blockIdx.z,  blockDim.x,  blockDim.y,  blockDim.z, gridDim.x,
-                          gridDim.y,   gridDim.z};
+  const unsigned v[12] = {threadIdx.x, threadIdx.y, threadIdx.z, blockIdx.x, blockIdx.y, blockIdx.z,
+                          blockDim.x,  blockDim.y,  blockDim.z,  gridDim.x,  gridDim.y,  gridDim.z};
   for (int i = 0; i < 12; ++i) o[i] = v[i];
 }
 
@@ -45,7 +45,8 @@ extern "C" __global__ void emu_smem_poison(const emu_test_params p) {
 
 // op 0: thread p.n of the block skips the barrier (returns). op 1: lanes 16..31 of warp 0 skip a
 // shuffle. op 2: thread 3 of block 2 traps. op 3: a misaligned cp.async. op 4: a cp.async
-// outside shared memory. op 5: half a warp at a barrier, half at a shuffle.
+// outside shared memory. op 5: half a warp at a barrier, half at a shuffle. op 6: half a warp
+// shuffles a float, half a double (different collectives).
 // Otherwise (and in every block the fault is not in) out0[block * T + t] = 1.
 extern "C" __global__ void emu_faults(const emu_test_params p) {
   const int t = threadIdx.x;
@@ -81,11 +82,36 @@ extern "C" __global__ void emu_faults(const emu_test_params p) {
       else
         rda::sync_threads();
       break;
+    case 6:
+      if (t < 16)
+        (void)rda::shfl_xor(1.0f, 1);
+      else if (t < 32)
+        (void)__shfl_xor_sync(0xffffffffu, 1.0, 1);
+      break;
     default: break;
   }
   static_cast<int *>(p.out0)[blockIdx.x * blockDim.x + t] = 1;
 }
 
+// The CUDA built-ins of the shim, one warp per block: out0[block][k][lane] for k = 0
+// __shfl_sync(v, 7 lane % 32), 1 __shfl_down_sync(v, 3), 2 __shfl_up_sync(v, 5),
+// 3 __shfl_xor_sync(v, 9, width 16), 4 __shfl_sync(v, 3, width 8), 5 min(lane, 11) and
+// max(lane, 11) as lo/hi 16 bits; v = in0[lane] (ints). out1[0] += 1.0f per thread (atomicAdd).
+extern "C" __global__ void emu_builtins(const emu_test_params p) {
+  const int l = threadIdx.x;
+  const int v = static_cast<const int *>(p.in0)[l];
+  int *o = static_cast<int *>(p.out0) + blockIdx.x * 6 * 32;
+  o[0 * 32 + l] = __shfl_sync(0xffffffffu, v, (7 * l) % 32);
+  o[1 * 32 + l] = __shfl_down_sync(0xffffffffu, v, 3);
+  o[2 * 32 + l] = __shfl_up_sync(0xffffffffu, v, 5);
+  o[3 * 32 + l] = __shfl_xor_sync(0xffffffffu, v, 9, 16);
+  o[4 * 32 + l] = __shfl_sync(0xffffffffu, v, 3, 8);
+  __syncwarp();
+  o[5 * 32 + l] = min(l, 11) | (max(l, 11) << 16);
+  atomicAdd(static_cast<float *>(p.out1), 1.0f);
+}
+
 RDA_EMU_EXPORT(emu_grid_ids, emu_test_params)
+RDA_EMU_EXPORT(emu_builtins, emu_test_params)
 RDA_EMU_EXPORT(emu_smem_poison, emu_test_params)
 RDA_EMU_EXPORT(emu_faults, emu_test_params)
