@@ -13,26 +13,12 @@
 
 #define RDA_NVRTC_MAX_ARCHS 64
 
-/* The NVRTC API, as declared by the toolkit's nvrtc.h (CUDA 11.2-13.x; the library is linked).
- * Declared here because <nvrtc.h> would resolve to this folder's own nvrtc.h. */
-typedef int nvrtcResult; /* an enum in nvrtc.h; NVRTC_SUCCESS is 0 */
-enum { NVRTC_SUCCESS = 0 };
-typedef struct _nvrtcProgram *nvrtcProgram;
-const char *nvrtcGetErrorString(nvrtcResult result);
-nvrtcResult nvrtcVersion(int *major, int *minor);
-nvrtcResult nvrtcGetNumSupportedArchs(int *numArchs);
-nvrtcResult nvrtcGetSupportedArchs(int *supportedArchs);
-nvrtcResult nvrtcCreateProgram(nvrtcProgram *prog, const char *src, const char *name,
-                               int numHeaders, const char *const *headers,
-                               const char *const *includeNames);
-nvrtcResult nvrtcDestroyProgram(nvrtcProgram *prog);
-nvrtcResult nvrtcCompileProgram(nvrtcProgram prog, int numOptions, const char *const *options);
-nvrtcResult nvrtcGetPTXSize(nvrtcProgram prog, size_t *ptxSizeRet);
-nvrtcResult nvrtcGetPTX(nvrtcProgram prog, char *ptx);
-nvrtcResult nvrtcGetCUBINSize(nvrtcProgram prog, size_t *cubinSizeRet);
-nvrtcResult nvrtcGetCUBIN(nvrtcProgram prog, char *cubin);
-nvrtcResult nvrtcGetProgramLogSize(nvrtcProgram prog, size_t *logSizeRet);
-nvrtcResult nvrtcGetProgramLog(nvrtcProgram prog, char *log);
+/* The toolkit's own declarations, by full path: a plain <nvrtc.h> would resolve to this
+ * folder's nvrtc.h, which comes first on the include path. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wundef" /* the toolkit header tests undefined macros */
+#include RDA_CUDA_NVRTC_H
+#pragma GCC diagnostic pop
 
 /* What ptxas reported for the entry (and the non-entry functions it may call). */
 typedef struct rda_nvrtc_report {
