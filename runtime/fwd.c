@@ -4,6 +4,7 @@
 #include "fwd.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -68,6 +69,23 @@ static rda_status check_args(const rda_plan_k *p, const rda_fwd_args *a, rda_err
                        a->batch);
   if (a->q == NULL || a->k == NULL || a->v == NULL || a->o == NULL || a->lse == NULL)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "a tensor pointer is NULL");
+  /* The kernels move 16-byte vectors: 8 storage elements of Q/K/V rows, 4 floats of O. */
+  const struct { const char *name; const void *ptr; const long long *s; int nstride, elems; } t[4] = {
+      {"q", a->q, a->q_s, 3, 8}, {"k", a->k, a->k_s, 3, 8}, {"v", a->v, a->v_s, 3, 8},
+      {"o", a->o, a->o_s, 3, 4}};
+  for (int i = 0; i < 4; ++i) {
+    if ((uintptr_t)t[i].ptr % 16 != 0)
+      return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: pointer %p is not 16-byte aligned",
+                         t[i].name, t[i].ptr);
+    for (int d = 0; d < t[i].nstride; ++d)
+      if (t[i].s[d] % t[i].elems != 0)
+        return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                           "%s: stride %d = %lld elements is not a multiple of %d (16 bytes)",
+                           t[i].name, d, t[i].s[d], t[i].elems);
+  }
+  if ((uintptr_t)a->lse % 4 != 0)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "lse: pointer %p is not 4-byte aligned",
+                       (const void *)a->lse);
   if (p->init_kernel < 0 || p->init_kernel >= p->nvariants)
     return rda_err_set(err, RDA_ERR_INTERNAL, "plan has no init kernel");
   return RDA_OK;

@@ -53,6 +53,11 @@ __device__ __forceinline__ int swz(int row, int chunk) {
   }
 }
 
+/* Swizzle of the epilogue's fp32 staging tile (rows of D/4 >= 8 chunks). A float2 store phase
+ * covers 4 rows x 2 adjacent chunks; XOR with 2 * (row % 4) spreads them over 8 bank groups,
+ * and a float4 read phase (8 chunks of one row) stays a permutation. */
+__device__ __forceinline__ int swz_o(int row, int chunk) { return chunk ^ ((row & 3) << 1); }
+
 /* Byte offset of (row, chunk) in a swizzled tile of CHUNKS chunks per row. */
 template <int CHUNKS>
 __device__ __forceinline__ int tile_off(int row, int chunk) {
@@ -292,7 +297,7 @@ __device__ __forceinline__ void epilogue(const rda_fwd_params &p, const Block &b
 #pragma unroll
     for (int dt = 0; dt < T::DT; ++dt) {
       const int chunk = 2 * dt + ((lane & 3) >> 1);
-      float *dst = so + row * T::D + swz<C4>(row, chunk) * 4 + 2 * (lane & 1);
+      float *dst = so + row * T::D + swz_o(row, chunk) * 4 + 2 * (lane & 1);
       dst[0] = acc[dt][2 * hf];
       dst[1] = acc[dt][2 * hf + 1];
     }
@@ -339,7 +344,7 @@ __device__ __forceinline__ void epilogue(const rda_fwd_params &p, const Block &b
     const int ch = idx % C4;
     const int t = bk.t0 + row;
     if (t < bk.ng) {
-      const f32x4 v = *reinterpret_cast<const f32x4 *>(so + row * T::D + swz<C4>(row, ch) * 4);
+      const f32x4 v = *reinterpret_cast<const f32x4 *>(so + row * T::D + swz_o(row, ch) * 4);
       const float w_old = srow[2 * row];
       const float w_new = srow[2 * row + 1];
       f32x4 *dst = reinterpret_cast<f32x4 *>(obase + t * o_rs + ch * 4);
@@ -365,7 +370,10 @@ __device__ __forceinline__ void epilogue(const rda_fwd_params &p, const Block &b
 /* The forward kernel for one branch (w, r) of the params; see rda_params.h for the grid.
  * Cfg: head_dim, dtype, causal, dilated, block_m (= 16 * warps), block_n, warps, stages.
  * Dynamic shared memory: Traits<Cfg>::SMEM_BYTES = 2 * head_dim * (block_m + 2 * stages *
- * block_n): the Q tile, then `stages` K tiles, then `stages` V tiles, all XOR-swizzled. */
+ * block_n): the Q tile, then `stages` K tiles, then `stages` V tiles, all XOR-swizzled.
+ * Alignment (the launcher must check; the GPU faults otherwise): q, k, v 16-byte aligned with
+ * strides that are multiples of 8 elements (16-byte cp.async per row chunk); o 16-byte aligned
+ * with strides that are multiples of 4 (float4 stores). lse has no alignment requirement. */
 template <class Cfg>
 __device__ __forceinline__ void fwd_kernel(const rda_fwd_params &p) {
   using T = fwd_detail::Traits<Cfg>;

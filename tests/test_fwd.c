@@ -524,6 +524,87 @@ static void test_fwd_matches_reference_single_row_sequence(void **state) {
   run_case(__func__, &c);
 }
 
+/* The d = 128 bf16 block_m = 128 variants (the performance target's): several query tiles of a
+ * dense and of a dilated grid, ragged last tiles, a partial second segment, GQA. */
+static void test_fwd_matches_reference_gqa_bf16_d128_multi_tile_grids(void **state) {
+  (void)state;
+  const fwd_case c = {.heads = 2,
+                      .kv_heads = 1,
+                      .head_dim = 128,
+                      .dtype = RDA_DTYPE_BF16,
+                      .causal = 0,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR2(384, 1, 400, 2),
+                      .batch = 1,
+                      .n = 400};
+  run_case(__func__, &c);
+}
+
+/* Causal with three query tiles of one segment (heaviest tile first) and two diagonal key tiles
+ * per query tile. */
+static void test_fwd_matches_reference_causal_bf16_d128_multi_tile_diagonal(void **state) {
+  (void)state;
+  const fwd_case c = {.heads = 2,
+                      .kv_heads = 2,
+                      .head_dim = 128,
+                      .dtype = RDA_DTYPE_BF16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR1(320, 1),
+                      .batch = 2,
+                      .n = 320};
+  run_case(__func__, &c);
+}
+
+/* The kernels move 16-byte vectors; a misaligned pointer or stride is refused before launch
+ * (a GPU would fault on it), naming the tensor. */
+static void test_fwd_rejects_misaligned_tensors(void **state) {
+  (void)state;
+  fwd_backend *be = &g_backends[0];
+  rda_config cfg;
+  const long long w[1] = {64}, r[1] = {1};
+  rt_config_make(&cfg, 2, 2, 32, RDA_DTYPE_BF16, 0, RDA_OFFSETS_MOD, 1, w, r);
+  rda_err err = {0};
+  rda_plan_k plan;
+  memset(&plan, 0, sizeof plan);
+  assert_int_equal(rda_gen_plan(g_gen, &cfg, &be->hw, &plan, &err), RDA_OK);
+  rda_fwd_kernels kern = {0, NULL};
+  assert_int_equal(rda_fwd_load(be->b, &plan, &kern, &err), RDA_OK);
+  const long long N = 64, H = 2, D = 32;
+  uint16_t *in = dev_alloc(be->b, (size_t)(3 * N * H * D + 8) * sizeof *in);
+  float *o = dev_alloc(be->b, (size_t)(N * H * D + 4) * sizeof *o);
+  float *lse = dev_alloc(be->b, (size_t)(H * N) * sizeof *lse);
+  rda_fwd_args a;
+  memset(&a, 0, sizeof a);
+  a.batch = 1, a.n = N;
+  a.q = in, a.k = in + N * H * D, a.v = in + 2 * N * H * D;
+  rt_strides_contig(N, H, D, a.q_s);
+  rt_strides_contig(N, H, D, a.k_s);
+  rt_strides_contig(N, H, D, a.v_s);
+  rt_strides_contig(N, H, D, a.o_s);
+  a.o = o, a.lse = lse, a.lse_s[0] = H * N, a.lse_s[1] = N;
+
+  a.q = in + 1; /* 2 bytes off */
+  assert_int_equal(rda_fwd_run(be->b, &plan, &kern, &a, &err), RDA_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(err.msg, "q: pointer"));
+  a.q = in;
+  rda_err_clear(&err);
+  a.k_s[2] = 36; /* head stride of 72 bytes */
+  assert_int_equal(rda_fwd_run(be->b, &plan, &kern, &a, &err), RDA_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(err.msg, "k: stride 2"));
+  a.k_s[2] = D;
+  rda_err_clear(&err);
+  a.o = o + 2; /* 8 bytes off */
+  assert_int_equal(rda_fwd_run(be->b, &plan, &kern, &a, &err), RDA_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(err.msg, "o: pointer"));
+
+  be->b->free(be->b, in);
+  be->b->free(be->b, o);
+  be->b->free(be->b, lse);
+  rda_fwd_unload(be->b, &kern);
+  rda_plan_k_free(&plan);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fwd_matches_reference_causal_gqa_bf16_d64_three_branches),
@@ -539,6 +620,9 @@ int main(void) {
       cmocka_unit_test(test_fwd_matches_reference_causal_gqa_bf16_d96_block_offsets),
       cmocka_unit_test(test_fwd_matches_reference_causal_gqa_fp16_d64_dense_diagonal),
       cmocka_unit_test(test_fwd_matches_reference_single_row_sequence),
+      cmocka_unit_test(test_fwd_matches_reference_gqa_bf16_d128_multi_tile_grids),
+      cmocka_unit_test(test_fwd_matches_reference_causal_bf16_d128_multi_tile_diagonal),
+      cmocka_unit_test(test_fwd_rejects_misaligned_tensors),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
