@@ -20,12 +20,19 @@ function M.hw(arch)
 end
 
 -- Validated config + profile -> plan (see gen/plan.lua), with the tile space from
--- tuning/fwd_space.lua when it exists.
-function M.plan(cfg, profile)
+-- tuning/fwd_space.lua when it exists; with `backward`, also the backward kernels (tiles
+-- from tuning/bwd_space.lua); with `atomic` too, the atomic-dQ variants of the dK/dV kernels.
+function M.plan(cfg, profile, backward, atomic)
   hw.check(profile)
-  local space, origin = plan.load_space(native.home())
+  local space, origin = plan.load_space(native.home(), native.source)
   if not space then return nil, "tile space: " .. origin end
-  local p, why = plan.build(cfg, profile, space)
+  local bspace
+  if backward then
+    local borigin
+    bspace, borigin = plan.load_bwd_space(native.home(), native.source)
+    if not bspace then return nil, "backward tile space: " .. borigin end
+  end
+  local p, why = plan.build(cfg, profile, space, bspace, backward and atomic)
   if not p then return nil, why end
   p.space = origin
   return p

@@ -89,6 +89,84 @@ function M.cast_source(dtype)
   }, SMALL_THREADS, "rda::cast_kernel", "rda_cast_params")
 end
 
+-- Backward variants (templates/rda_bwd.cuh).
+
+local function check_bwd(v, keys)
+  assert(type(v) == "table", "variant must be a table")
+  assert(DTYPE_ENUM[v.dtype], "variant dtype must be bf16 or fp16")
+  for _, k in ipairs(keys) do
+    assert(math.type(v[k]) == "integer" and v[k] > 0, "variant " .. k .. " must be a positive integer")
+  end
+  assert(type(v.causal) == "boolean" and type(v.dilated) == "boolean",
+         "variant causal and dilated must be booleans")
+end
+
+local DKDV_KEYS <const> = { "head_dim", "block_n", "block_m", "warps", "stages", "dsplit" }
+local DQ_KEYS <const> = { "head_dim", "block_m", "block_n", "warps", "stages" }
+
+-- dq_atomic (optional, default false): the variant also adds dQ by atomics ("_qa").
+function M.bwd_dkdv_name(v)
+  check_bwd(v, DKDV_KEYS)
+  assert(v.dq_atomic == nil or type(v.dq_atomic) == "boolean", "variant dq_atomic must be a boolean")
+  return string.format("rda_bwd_dkdv_d%d_%s_%s_%s_bn%d_bm%d_w%d_s%d_x%d%s", v.head_dim, v.dtype,
+                       v.causal and "causal" or "full", v.dilated and "dil" or "dense",
+                       v.block_n, v.block_m, v.warps, v.stages, v.dsplit,
+                       v.dq_atomic and "_qa" or "")
+end
+
+function M.bwd_dq_name(v)
+  check_bwd(v, DQ_KEYS)
+  return string.format("rda_bwd_dq_d%d_%s_%s_%s_bm%d_bn%d_w%d_s%d", v.head_dim, v.dtype,
+                       v.causal and "causal" or "full", v.dilated and "dil" or "dense",
+                       v.block_m, v.block_n, v.warps, v.stages)
+end
+
+function M.bwd_prep_name(dtype)
+  assert(DTYPE_ENUM[dtype], "prep dtype must be bf16 or fp16")
+  return "rda_bwd_prep_" .. dtype
+end
+
+-- dK/dV of a branch: { head_dim, dtype, causal, dilated, block_n, block_m, warps, stages, dsplit }.
+function M.bwd_dkdv_source(v)
+  local name = M.bwd_dkdv_name(v)
+  return source(name, "rda_bwd.cuh", {
+    { "int", "head_dim", v.head_dim },
+    { "int", "dtype", DTYPE_ENUM[v.dtype] },
+    { "bool", "causal", tostring(v.causal) },
+    { "bool", "dilated", tostring(v.dilated), "r > 1 (false: r == 1, rows contiguous, offset 0)" },
+    { "int", "block_n", v.block_n, "key rows per block = 16 * warps" },
+    { "int", "block_m", v.block_m, "query rows per step" },
+    { "int", "warps", v.warps },
+    { "int", "stages", v.stages, "cp.async pipeline depth for Q/dO" },
+    { "int", "dsplit", v.dsplit, "blocks per key tile, each owning head_dim / dsplit columns" },
+    { "bool", "dq_atomic", tostring(v.dq_atomic == true), "also dQ, by fp32 atomics" },
+  }, 32 * v.warps, "rda::bwd_dkdv_kernel", "rda_bwd_params")
+end
+
+-- dQ of a branch: { head_dim, dtype, causal, dilated, block_m, block_n, warps, stages }.
+function M.bwd_dq_source(v)
+  local name = M.bwd_dq_name(v)
+  return source(name, "rda_bwd.cuh", {
+    { "int", "head_dim", v.head_dim },
+    { "int", "dtype", DTYPE_ENUM[v.dtype] },
+    { "bool", "causal", tostring(v.causal) },
+    { "bool", "dilated", tostring(v.dilated), "r > 1 (false: r == 1, rows contiguous, offset 0)" },
+    { "int", "block_m", v.block_m, "query rows per block = 16 * warps" },
+    { "int", "block_n", v.block_n, "key rows per inner step" },
+    { "int", "warps", v.warps },
+    { "int", "stages", v.stages, "cp.async pipeline depth for K/V" },
+  }, 32 * v.warps, "rda::bwd_dq_kernel", "rda_bwd_params")
+end
+
+-- Dp = <dO, O> - dLSE and zeroed dq, dk, dv before the branches.
+function M.bwd_prep_source(dtype)
+  local name = M.bwd_prep_name(dtype)
+  return source(name, "rda_bwd.cuh", {
+    { "int", "dtype", DTYPE_ENUM[dtype] },
+    { "int", "threads", SMALL_THREADS },
+  }, SMALL_THREADS, "rda::bwd_prep_kernel", "rda_bwd_prep_params")
+end
+
 M.SMALL_THREADS = SMALL_THREADS
 
 return M

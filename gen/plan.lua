@@ -61,15 +61,25 @@ function M.check_space(space)
   return space
 end
 
--- The tile space: `home`/tuning/fwd_space.lua when it exists, else the stand-in above.
+-- The tile space: `home`/tuning/fwd_space.lua when it exists, else the stand-in above. With
+-- `read` (e.g. native.source, which also serves librda's embedded copy), the text comes from
+-- read("tuning/fwd_space.lua") instead of the file system.
 -- Returns space, origin (the file, or "built-in stand-in"), or nil and a message.
-function M.load_space(home)
+function M.load_space(home, read)
   assert(type(home) == "string", "load_space needs the rda home directory")
   local path = home .. "/tuning/fwd_space.lua"
-  local f = io.open(path, "r")
-  if not f then return STAND_IN, "built-in stand-in" end
-  f:close()
-  local chunk, err = loadfile(path, "t", {})
+  local text
+  if read then
+    text = read("tuning/fwd_space.lua")
+  else
+    local f = io.open(path, "r")
+    if f then
+      text = f:read("a")
+      f:close()
+    end
+  end
+  if not text then return STAND_IN, "built-in stand-in" end
+  local chunk, err = load(text, "@" .. path, "t", {})
   if not chunk then return nil, err end
   local ok, space = pcall(chunk)
   if not ok then return nil, path .. ": " .. tostring(space) end
@@ -154,7 +164,9 @@ end
 -- The plan: { variants = { {name, kind, source, threads, block_m, block_n, smem_bytes, ...} },
 -- steps = { {kernel (index into variants), branch (0-based), head0, nheads} },
 -- init_kernel, cast_kernel (indices into variants) }, or nil and why it cannot fit.
-function M.build(cfg, hw, space)
+-- With `bspace` (a backward tile space), the backward kernels too (and with `atomic` their
+-- atomic-dQ variants): see M.add_backward.
+function M.build(cfg, hw, space, bspace, atomic)
   check_cfg(cfg)
   assert(type(hw) == "table" and positive_int(hw.smem_per_block), "hw must be a profile")
   space = space or STAND_IN
@@ -180,7 +192,185 @@ function M.build(cfg, hw, space)
   small = { kind = "cast", name = emit.cast_name(cfg.dtype), source = emit.cast_source(cfg.dtype),
             threads = emit.SMALL_THREADS, block_m = 0, block_n = 0, smem_bytes = 0 }
   plan.cast_kernel = add_variant(plan, index, small)
+  if bspace then
+    local ok, why = M.add_backward(plan, index, cfg, hw, bspace, atomic)
+    if not ok then return nil, why end
+  end
   return plan
+end
+
+-- ---------------------------------------------------------------- backward
+
+-- Backward tile candidates per head_dim when tuning/bwd_space.lua is absent (same format).
+local BWD_STAND_IN <const> = {
+  [32] = { dkdv = { { block_n = 32, block_m = 32, warps = 2, stages = 2, dsplit = 1 } },
+           dq = { { block_m = 32, block_n = 32, warps = 2, stages = 2 } } },
+  [64] = { dkdv = { { block_n = 32, block_m = 32, warps = 2, stages = 2, dsplit = 1 } },
+           dq = { { block_m = 32, block_n = 32, warps = 2, stages = 2 } } },
+  [96] = { dkdv = { { block_n = 32, block_m = 32, warps = 2, stages = 2, dsplit = 1 } },
+           dq = { { block_m = 32, block_n = 32, warps = 2, stages = 2 } } },
+  [128] = { dkdv = { { block_n = 32, block_m = 32, warps = 2, stages = 2, dsplit = 1 } },
+            dq = { { block_m = 32, block_n = 32, warps = 2, stages = 2 } } },
+  [256] = { dkdv = { { block_n = 32, block_m = 16, warps = 2, stages = 2, dsplit = 2 } },
+            dq = { { block_m = 32, block_n = 16, warps = 2, stages = 2 } } },
+}
+M.BWD_STAND_IN = BWD_STAND_IN
+
+local function bwd_tile_name(kind, c)
+  if kind == "dkdv" then
+    return string.format("bn%d_bm%d_w%d_s%d_x%d", c.block_n, c.block_m, c.warps, c.stages,
+                         c.dsplit)
+  end
+  return tile_name(c)
+end
+
+-- Checks a backward space { [head_dim] = { dkdv = {tiles}, dq = {tiles} } }.
+-- Returns the space, or nil and what is wrong.
+function M.check_bwd_space(space)
+  if type(space) ~= "table" then return nil, "the backward tile space must be a table" end
+  for d, e in pairs(space) do
+    if not positive_int(d) or type(e) ~= "table" then
+      return nil, string.format("entry [%s] must map a head_dim to { dkdv = ..., dq = ... }",
+                                tostring(d))
+    end
+    for _, kind in ipairs { "dkdv", "dq" } do
+      local list = e[kind]
+      if type(list) ~= "table" or #list == 0 then
+        return nil, string.format("[%d].%s must be a non-empty list of tiles", d, kind)
+      end
+      for i, c in ipairs(list) do
+        if type(c) ~= "table" or not (positive_int(c.block_m) and positive_int(c.block_n)
+                                       and positive_int(c.warps) and positive_int(c.stages)) then
+          return nil, string.format("[%d].%s[%d] needs positive integers block_m, block_n, "
+                                    .. "warps, stages", d, kind, i)
+        end
+        local rows, steps = c.block_m, c.block_n -- dq: rows per block, keys per step
+        if kind == "dkdv" then
+          rows, steps = c.block_n, c.block_m
+          if not positive_int(c.dsplit) or d % (16 * c.dsplit) ~= 0 then
+            return nil, string.format("[%d].dkdv[%d]: dsplit must be a positive integer with "
+                                      .. "head_dim %% (16 * dsplit) == 0", d, i)
+          end
+        end
+        if rows ~= 16 * c.warps then
+          return nil, string.format("[%d].%s[%d] %s: rows per block must be 16 * warps", d, kind,
+                                    i, bwd_tile_name(kind, c))
+        end
+        if steps % 16 ~= 0 or c.stages < 2 then
+          return nil, string.format("[%d].%s[%d] %s: the step must be a multiple of 16 and "
+                                    .. "stages >= 2", d, kind, i, bwd_tile_name(kind, c))
+        end
+      end
+    end
+  end
+  return space
+end
+
+-- `home`/tuning/bwd_space.lua when it exists, else the stand-in above; with `read` (e.g.
+-- native.source) the text comes from read("tuning/bwd_space.lua"), as in load_space.
+-- Returns space, origin, or nil and a message.
+function M.load_bwd_space(home, read)
+  assert(type(home) == "string", "load_bwd_space needs the rda home directory")
+  local path = home .. "/tuning/bwd_space.lua"
+  local text
+  if read then
+    text = read("tuning/bwd_space.lua")
+  else
+    local f = io.open(path, "r")
+    if f then
+      text = f:read("a")
+      f:close()
+    end
+  end
+  if not text then return BWD_STAND_IN, "built-in stand-in" end
+  local chunk, err = load(text, "@" .. path, "t", {})
+  if not chunk then return nil, err end
+  local ok, space = pcall(chunk)
+  if not ok then return nil, path .. ": " .. tostring(space) end
+  local checked, why = M.check_bwd_space(space)
+  if not checked then return nil, path .. ": " .. why end
+  return checked, path
+end
+
+-- Dynamic shared memory of the backward kernels (16-bit tiles, fp32 row statistics).
+function M.bwd_smem(kind, head_dim, c)
+  if kind == "dkdv" then
+    return 4 * head_dim * c.block_n + c.stages * (4 * head_dim + 8) * c.block_m
+           + (c.dq_atomic and 2 * c.block_n * c.block_m or 0)
+  end
+  return 4 * head_dim * c.block_m + 4 * head_dim * c.stages * c.block_n
+end
+
+local function choose_bwd_tile(space, kind, head_dim, hw)
+  local e = space[head_dim]
+  if not e then
+    return nil, string.format("the backward tile space has no candidates for head_dim = %d",
+                              head_dim)
+  end
+  local max_threads = math.min(MAX_THREADS_PER_BLOCK, hw.max_threads_per_sm)
+  for _, c in ipairs(e[kind]) do
+    if M.bwd_smem(kind, head_dim, c) <= hw.smem_per_block and 32 * c.warps <= max_threads then
+      return c
+    end
+  end
+  return nil, string.format("no backward %s tile for head_dim = %d fits %s (%d bytes of shared "
+                            .. "memory per block)", kind, head_dim, hw.name or "?",
+                            hw.smem_per_block)
+end
+
+-- Adds the backward kernels to a forward plan: one dkdv and one dq variant per distinct
+-- (causal, dilated) branch kind, the prep kernel, and plan.bwd_steps = { {dkdv_kernel,
+-- dq_kernel, dsplit, branch, head0, nheads} } (one per branch, in branch order) and
+-- plan.bwd_prep_kernel. With `atomic`, each step also gets dkdv_atomic_kernel: the dkdv
+-- variant that adds dQ by atomics (for the non-deterministic mode), when the tile has dsplit 1
+-- and fits (else the step has none). Returns true, or nil and why no tile fits.
+function M.add_backward(plan, index, cfg, hw, bspace, atomic)
+  local dk, why = choose_bwd_tile(bspace, "dkdv", cfg.head_dim, hw)
+  if not dk then return nil, why end
+  local dq
+  dq, why = choose_bwd_tile(bspace, "dq", cfg.head_dim, hw)
+  if not dq then return nil, why end
+  plan.bwd_steps = {}
+  for i = 1, #cfg.segments do
+    local dilated = cfg.dilations[i] > 1
+    local v = {
+      kind = "bwd_dkdv", head_dim = cfg.head_dim, dtype = cfg.dtype, causal = cfg.causal,
+      dilated = dilated, block_n = dk.block_n, block_m = dk.block_m, warps = dk.warps,
+      stages = dk.stages, dsplit = dk.dsplit, threads = 32 * dk.warps,
+      smem_bytes = M.bwd_smem("dkdv", cfg.head_dim, dk),
+    }
+    v.name = emit.bwd_dkdv_name(v)
+    v.source = emit.bwd_dkdv_source(v)
+    local q = {
+      kind = "bwd_dq", head_dim = cfg.head_dim, dtype = cfg.dtype, causal = cfg.causal,
+      dilated = dilated, block_m = dq.block_m, block_n = dq.block_n, warps = dq.warps,
+      stages = dq.stages, threads = 32 * dq.warps, smem_bytes = M.bwd_smem("dq", cfg.head_dim, dq),
+    }
+    q.name = emit.bwd_dq_name(q)
+    q.source = emit.bwd_dq_source(q)
+    local head0, nheads = M.branch_heads(cfg, i - 1)
+    plan.bwd_steps[i] = { dkdv_kernel = add_variant(plan, index, v),
+                          dq_kernel = add_variant(plan, index, q), dsplit = dk.dsplit,
+                          branch = i - 1, head0 = head0, nheads = nheads }
+    if atomic and dk.dsplit == 1 then -- at dsplit > 1 the whole-width dK/dV would not fit
+      local a = {}
+      for key, val in pairs(v) do a[key] = val end
+      a.dq_atomic, a.dsplit = true, 1
+      local mt = a.block_m // 16
+      a.smem_bytes = M.bwd_smem("dkdv", cfg.head_dim, a)
+      if a.warps % mt == 0 and cfg.head_dim % (16 * (a.warps // mt)) == 0
+         and a.smem_bytes <= hw.smem_per_block then
+        a.name = emit.bwd_dkdv_name(a)
+        a.source = emit.bwd_dkdv_source(a)
+        plan.bwd_steps[i].dkdv_atomic_kernel = add_variant(plan, index, a)
+      end
+    end
+  end
+  local prep = { kind = "bwd_prep", name = emit.bwd_prep_name(cfg.dtype),
+                 source = emit.bwd_prep_source(cfg.dtype), threads = emit.SMALL_THREADS,
+                 block_m = 0, block_n = 0, smem_bytes = 0 }
+  plan.bwd_prep_kernel = add_variant(plan, index, prep)
+  return true
 end
 
 return M

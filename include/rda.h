@@ -1,8 +1,10 @@
-/* rda.h — the public C API of librda: ring dilated attention kernels generated at run time.
- * Status codes and version only for now; contexts, plans and launches arrive with the library issue.
- * Every value below is pinned: it never changes between releases. */
+/* rda.h — the public C API of librda: ring dilated attention (LongNet) kernels generated and
+ * compiled at run time, launched on the caller's device pointers and CUDA stream.
+ * Every enum value and struct layout below is pinned: it never changes within a major version. */
 #ifndef RDA_H
 #define RDA_H
+
+#include <stddef.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -20,6 +22,8 @@ extern "C" {
 #define RDA_API __attribute__((visibility("default")))
 #endif
 
+/* ---- status ------------------------------------------------------------------------------- */
+
 typedef enum {
   RDA_OK = 0,
   RDA_ERR_INVALID_ARGUMENT = 1, /* a NULL, a bad shape, a bad stride, a bad flag */
@@ -35,11 +39,178 @@ typedef enum {
   RDA_ERR_EMULATOR = 11         /* the CPU emulator could not build or run a kernel */
 } rda_status;
 
-/* A static, never-NULL name for a status. */
+/* A static, never-NULL name for a status ("RDA_ERR_CONFIG"; "RDA_ERR_UNKNOWN" for other values). */
 RDA_API const char *rda_status_string(rda_status s);
 
-/* RDA_VERSION_NUMBER of the library actually linked. */
+/* RDA_VERSION_NUMBER of the library actually linked (compare with the macro to detect a header
+ * and library mismatch). */
 RDA_API unsigned rda_version(void);
+
+/* ---- thread-safety ------------------------------------------------------------------------
+ * - Every function may be called from any thread.
+ * - rda_plan_create_* on one context may run concurrently from several threads: the context's
+ *   generator is used under its own lock (compilation of different plans is serialized).
+ * - rda_forward / rda_backward on one plan may run concurrently from several threads (a plan is
+ *   read-only once created), each with its own workspace and outputs.
+ * - rda_*_destroy must not run concurrently with any other call on the same handle. A context
+ *   may be destroyed before its plans: it lives until its last plan is destroyed.
+ * - rda_last_error(ctx) is the context's most recent failure from any thread; with several
+ *   threads failing at once on one context, it may describe another thread's call. */
+
+/* ---- handles ------------------------------------------------------------------------------ */
+
+typedef struct rda_ctx rda_ctx;   /* one per device (a GPU, or the CPU emulator) */
+typedef struct rda_plan rda_plan; /* one per attention config on a context; holds its kernels */
+
+/* The detail of the last failure on ctx: one line naming the argument or the call that failed,
+ * "" when none. Owned by ctx, valid until the next failing call on ctx or its destruction.
+ * With ctx NULL (or not a context): the last failure on the calling thread of a call that had no
+ * usable context (e.g. a failed rda_ctx_create_*, a NULL or foreign handle). Never NULL. */
+RDA_API const char *rda_last_error(const rda_ctx *ctx);
+
+/* A context on CUDA GPU `ordinal` (driver API, loaded at run time; no CUDA library is needed to
+ * link). Pointers given to this context are CUDA device pointers on that GPU; streams are
+ * CUstreams of the device's primary context (the one the CUDA runtime uses), which calls on
+ * this context make current on the calling thread. *out is NULL on failure (RDA_ERR_CUDA with
+ * no driver or no such GPU). Free with rda_ctx_destroy. */
+RDA_API rda_status rda_ctx_create_cuda(rda_ctx **out, int ordinal);
+
+/* A context on the CPU emulator: the same generated kernels, compiled by the host C++ compiler
+ * and run on the CPU. "Device" pointers are HOST pointers; launches run to completion before
+ * the call returns and the stream argument is ignored. It plans for sm_90. For tests and
+ * machines without a GPU; it is slow. *out is NULL on failure. Free with rda_ctx_destroy. */
+RDA_API rda_status rda_ctx_create_emulator(rda_ctx **out);
+
+/* Release the caller's reference to ctx; the context is freed when its last plan is gone.
+ * Accepts NULL. */
+RDA_API void rda_ctx_destroy(rda_ctx *ctx);
+
+/* ---- attention config (SPEC §3) ----------------------------------------------------------- */
+
+typedef enum { RDA_BF16 = 0, RDA_FP16 = 1, RDA_FP32 = 2 } rda_dtype;
+
+/* How a branch's grid offset depends on the head (SPEC §1). */
+typedef enum { RDA_OFFSET_MOD = 0, RDA_OFFSET_BLOCK = 1, RDA_OFFSET_GROUP = 2 } rda_offset_rule;
+
+#define RDA_CONFIG_MAX_BRANCHES 16
+
+typedef struct rda_attn_config {
+  size_t struct_size; /* sizeof(rda_attn_config): set by RDA_CONFIG_INIT, checked */
+  unsigned version;   /* RDA_VERSION_NUMBER compiled against: set by RDA_CONFIG_INIT */
+  int heads;          /* H >= 1 */
+  int kv_heads;       /* Hkv dividing H; 0 means H */
+  int head_dim;       /* D: 32, 64, 96, 128 or 256 */
+  rda_dtype dtype;    /* storage type of Q, K, V: RDA_BF16 or RDA_FP16 */
+  int nbranch;        /* k: 1 .. RDA_CONFIG_MAX_BRANCHES */
+  long long segments[RDA_CONFIG_MAX_BRANCHES];  /* w_i >= 1, the first nbranch used */
+  long long dilations[RDA_CONFIG_MAX_BRANCHES]; /* r_i >= 1 */
+  rda_offset_rule offsets;                      /* RDA_OFFSET_MOD by default */
+  int causal;                                   /* 0 or 1 */
+  double scale;                                 /* softmax scale; 0 means 1/sqrt(head_dim) */
+} rda_attn_config;
+
+/* Every field zero except the size, the version, dtype RDA_BF16 and offsets RDA_OFFSET_MOD. */
+#define RDA_CONFIG_INIT                                                                          \
+  {                                                                                              \
+    sizeof(rda_attn_config), RDA_VERSION_NUMBER, 0, 0, 0, RDA_BF16, 0, {0}, {0}, RDA_OFFSET_MOD, \
+        0, 0.0                                                                                   \
+  }
+
+/* ---- plans -------------------------------------------------------------------------------- */
+
+/* What a plan is for (bits, OR-ed): the forward pass always; the backward pass too with
+ * RDA_PLAN_WITH_BACKWARD (its kernels are compiled at creation as well). */
+typedef enum { RDA_PLAN_FORWARD = 0, RDA_PLAN_WITH_BACKWARD = 1 } rda_plan_flags;
+
+/* A plan for one attention config on ctx. Validates the config (SPEC §3), generates every kernel
+ * the passes in `flags` need and compiles it, or loads it from the kernel cache, so that running
+ * never compiles. Plans of one config on one context share their kernels. Takes a reference on
+ * ctx. *out is NULL on failure: RDA_ERR_CONFIG with the key, the value and what is allowed in
+ * rda_last_error(ctx); RDA_ERR_NVRTC / RDA_ERR_EMULATOR when a kernel does not compile;
+ * RDA_ERR_INVALID_ARGUMENT for unknown flags. cfg is only read during the call. Free with
+ * rda_plan_destroy. */
+RDA_API rda_status rda_plan_create(rda_plan **out, rda_ctx *ctx, const rda_attn_config *cfg,
+                                   unsigned flags);
+
+/* The same from a Lua config chunk (SPEC §3: `return { heads = 16, ... }`), run in a sandbox.
+ * chunk is NUL-terminated and only read during the call. */
+RDA_API rda_status rda_plan_create_from_string(rda_plan **out, rda_ctx *ctx, const char *chunk,
+                                               unsigned flags);
+
+/* The same from a Lua config file (RDA_ERR_IO when it cannot be read). */
+RDA_API rda_status rda_plan_create_from_file(rda_plan **out, rda_ctx *ctx, const char *path,
+                                             unsigned flags);
+
+/* The validated config of a plan, with defaults resolved (kv_heads, scale). */
+RDA_API rda_status rda_plan_get_config(const rda_plan *plan, rda_attn_config *out);
+
+/* Free a plan and its kernels, and drop its reference on the context. Work already enqueued
+ * with the plan must have completed (synchronize the stream first). Accepts NULL. */
+RDA_API void rda_plan_destroy(rda_plan *plan);
+
+/* ---- tensors (SPEC §2) -------------------------------------------------------------------- */
+
+/* A strided view of device memory (host memory on the emulator context). Q, O, dQ, dO are
+ * [B, N, H, D]; K, V, dK, dV are [B, N, Hkv, D]; LSE and dLSE are [B, H, N]. Strides are in
+ * elements; the last dimension must be contiguous (stride 1). Rows of 16-bit tensors must start
+ * at 16-byte boundaries (data 16-byte aligned, strides multiples of 8 elements; 4 for fp32). */
+typedef struct rda_tensor {
+  void *data;
+  rda_dtype dtype;
+  int ndim; /* 4, or 3 for LSE */
+  long long shape[4];
+  long long stride[4];
+} rda_tensor;
+
+/* Fill t as a contiguous (row-major) tensor of the given shape over data. Returns
+ * RDA_ERR_INVALID_ARGUMENT for t NULL, ndim not 3 or 4, or a shape entry < 1. */
+RDA_API rda_status rda_tensor_contiguous(rda_tensor *t, void *data, rda_dtype dtype, int ndim,
+                                         const long long *shape);
+
+/* ---- forward ------------------------------------------------------------------------------ */
+
+/* Bytes of workspace rda_forward needs for batch B and sequence length N (the fp32 O
+ * accumulator and the fp32 LSE when the caller asks for neither). Host-only; never fails for a
+ * valid plan and B, N >= 1. */
+RDA_API rda_status rda_plan_workspace_size(const rda_plan *plan, long long batch, long long n,
+                                           size_t *bytes);
+
+/* Dilated attention (SPEC §1) of q [B, N, H, D], k and v [B, N, Hkv, D] (the plan's dtype) into
+ * o [B, N, H, D] (the plan's dtype, or RDA_FP32) and, when lse is not NULL, lse [B, H, N]
+ * (RDA_FP32; -inf for rows no branch covers).
+ * - Asynchronous on `stream` (a CUstream given as void *; NULL is the default stream): no host
+ *   synchronization and no allocation; outputs are ready when the stream reaches this point.
+ *   The emulator context runs to completion before returning and ignores stream.
+ * - workspace: rda_plan_workspace_size() bytes of device memory, 16-byte aligned, owned by the
+ *   caller; it must not be used by other work until this call's kernels complete. Less is
+ *   enough when o is RDA_FP32 (no accumulator) or lse is given; with both, it may be NULL.
+ * - o, lse and workspace must not overlap each other or q, k, v; q, k, v may alias each other
+ *   (e.g. views of one fused QKV tensor). Nothing is freed or retained after the call.
+ * RDA_ERR_INVALID_ARGUMENT with the argument named in rda_last_error for a NULL, a shape or
+ * dtype that does not match the plan, a misaligned pointer or stride, or a small workspace. */
+RDA_API rda_status rda_forward(const rda_plan *plan, const rda_tensor *q, const rda_tensor *k,
+                               const rda_tensor *v, const rda_tensor *o, const rda_tensor *lse,
+                               void *workspace, size_t workspace_bytes, void *stream);
+
+/* ---- backward (plans created with RDA_PLAN_WITH_BACKWARD) ---------------------------------- */
+
+/* Bytes of workspace rda_backward needs for batch B and sequence length N. Host-only. */
+RDA_API rda_status rda_plan_backward_workspace_size(const rda_plan *plan, long long batch,
+                                                    long long n, size_t *bytes);
+
+/* Gradients of dilated attention (SPEC §1, "Backward, exact"): given the forward's inputs q, k,
+ * v (the plan's dtype), its output o [B, N, H, D] in RDA_FP32 (run rda_forward with an RDA_FP32
+ * o to train) and lse [B, H, N] (RDA_FP32), and the incoming dout [B, N, H, D] (the plan's dtype)
+ * and dlse [B, H, N] (RDA_FP32, or NULL for zero), writes dq [B, N, H, D] and dk, dv
+ * [B, N, Hkv, D], all RDA_FP32 and overwritten (not accumulated into). Results are
+ * bit-identical run to run. Same stream, workspace, aliasing and checking rules as rda_forward:
+ * workspace of rda_plan_backward_workspace_size() bytes; dq, dk, dv and workspace must not
+ * overlap each other or any input. */
+RDA_API rda_status rda_backward(const rda_plan *plan, const rda_tensor *q, const rda_tensor *k,
+                                const rda_tensor *v, const rda_tensor *o, const rda_tensor *lse,
+                                const rda_tensor *dout, const rda_tensor *dlse,
+                                const rda_tensor *dq, const rda_tensor *dk, const rda_tensor *dv,
+                                void *workspace, size_t workspace_bytes, void *stream);
 
 #ifdef __cplusplus
 }

@@ -35,6 +35,11 @@ struct rda_backend {
 rda_status rda_backend_emu_open(rda_backend **out, int arch, rda_err *err);
 /* GPU `ordinal` through the driver API (loaded with dlopen). Fails cleanly with no driver. */
 rda_status rda_backend_cuda_open(rda_backend **out, int ordinal, rda_err *err);
+/* Launches on cuda backends made by the calling thread go to `stream` (a CUstream; NULL is the
+ * default stream) until rda_backend_cuda_own_stream(); by default, to the backend's own stream.
+ * Thread-local, so threads sharing a backend may each target their own stream. */
+void rda_backend_cuda_use_stream(void *stream);
+void rda_backend_cuda_own_stream(void);
 /* The live profile of the GPU behind a cuda backend. */
 rda_status rda_backend_cuda_hw(rda_backend *b, rda_hw *out, rda_err *err);
 

@@ -19,7 +19,7 @@ rda_status rda_cache_dir_mkdirs(const char *path, rda_err *err) {
     if (buf[i] != '/' && buf[i] != '\0') continue;
     const char saved = buf[i];
     buf[i] = '\0';
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+    if (mkdir(buf, 0700) != 0 && errno != EEXIST)
       return rda_err_set(err, RDA_ERR_CACHE, "cache folder '%s': mkdir: %s", buf, strerror(errno));
     buf[i] = saved;
   }

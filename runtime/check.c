@@ -1,6 +1,6 @@
-/* check.c — compare a forward result with the float64 reference under SPEC §5's tolerances:
- * relative L2 of O, max LSE error on covered rows, exact 0 / -inf on uncovered rows, and no
- * NaN or Inf anywhere else. */
+/* check.c — compare forward and backward results with the float64 reference under SPEC §5's
+ * tolerances: relative L2 of O, dQ, dK, dV; max LSE error on covered rows; exact 0 / -inf on
+ * uncovered rows; no NaN or Inf anywhere else. */
 #include "check.h"
 
 #include <math.h>
@@ -82,4 +82,58 @@ void rda_check_forward(const rda_config *c, long long batch, long long n, const 
     snprintf(out->first_failure, sizeof out->first_failure,
              "O rel L2 %.3g (tol %.1g), LSE max err %.3g (tol %.1g)", out->o_rel_l2, t.o_rel_l2,
              out->lse_max_abs, t.lse_abs);
+}
+
+double rda_check_grad_rel_l2(const float *got, const long long got_s[3], const double *ref,
+                             long long batch, long long n, int heads, int head_dim,
+                             long long *nonfinite) {
+  double err2 = 0, ref2 = 0;
+  long long bad = 0;
+  for (long long b = 0; b < batch; ++b)
+    for (long long p = 0; p < n; ++p)
+      for (long long h = 0; h < heads; ++h) {
+        const float *g = got + b * got_s[0] + p * got_s[1] + h * got_s[2];
+        const double *r = ref + ((b * n + p) * heads + h) * head_dim;
+        for (int d = 0; d < head_dim; ++d) {
+          if (!isfinite(g[d])) {
+            ++bad;
+            continue;
+          }
+          const double diff = (double)g[d] - r[d];
+          err2 += diff * diff;
+          ref2 += r[d] * r[d];
+        }
+      }
+  if (nonfinite != NULL) *nonfinite = bad;
+  return ref2 > 0 ? sqrt(err2 / ref2) : sqrt(err2);
+}
+
+void rda_check_grad(const rda_config *c, long long batch, long long n, const float *dq,
+                    const long long dq_s[3], const float *dk, const long long dk_s[3],
+                    const float *dv, const long long dv_s[3], const double *dq_ref,
+                    const double *dk_ref, const double *dv_ref, rda_check_grad_result *out) {
+  memset(out, 0, sizeof *out);
+  const rda_tolerance t = rda_tolerance_for(c->dtype);
+  const char *names[3] = {"dQ", "dK", "dV"};
+  const float *got[3] = {dq, dk, dv};
+  const long long *strides[3] = {dq_s, dk_s, dv_s};
+  const double *refs[3] = {dq_ref, dk_ref, dv_ref};
+  const int heads[3] = {c->heads, c->kv_heads, c->kv_heads};
+  double *rel[3] = {&out->dq_rel_l2, &out->dk_rel_l2, &out->dv_rel_l2};
+  out->pass = 1;
+  for (int i = 0; i < 3; ++i) {
+    long long bad = 0;
+    *rel[i] =
+        rda_check_grad_rel_l2(got[i], strides[i], refs[i], batch, n, heads[i], c->head_dim, &bad);
+    out->nonfinite += bad;
+    if (bad == 0 && *rel[i] <= t.grad_rel_l2) continue;
+    out->pass = 0;
+    if (out->first_failure[0] != '\0') continue;
+    if (bad != 0)
+      snprintf(out->first_failure, sizeof out->first_failure, "%s: %lld NaN/Inf elements", names[i],
+               bad);
+    else
+      snprintf(out->first_failure, sizeof out->first_failure, "%s rel L2 %.3g (tol %.1g)", names[i],
+               *rel[i], t.grad_rel_l2);
+  }
 }

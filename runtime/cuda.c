@@ -1,6 +1,6 @@
 /* cuda.c — the GPU backend: the CUDA driver API loaded with dlopen("libcuda.so.1") at run time
- * (never linked, so rda runs and reports clearly where there is no driver), kernels compiled
- * by NVRTC for the device's sm_XX, loaded as cubins and launched on one stream per backend. */
+ * (never linked, so rda runs and reports clearly where there is no driver), kernels from a
+ * bundle, the kernel cache or NVRTC for the device's sm_XX, loaded as cubins and launched. */
 #include <cuda.h>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -10,6 +10,8 @@
 #include <string.h>
 
 #include "backend.h"
+#include "cache.h"
+#include "log.h"
 #include "nvrtc.h"
 
 /* Every driver entry point rda uses, by its exact (versioned) exported name. */
@@ -195,35 +197,46 @@ static void rda_cuda_unload(rda_backend *b, rda_module *m) {
   free(m);
 }
 
+/* The cubin of a variant for b->arch, from the first place that has it: an ahead-of-time
+ * bundle in $RDA_KERNEL_PATH (read-only, matched by name, arch and source hash), the kernel
+ * cache (memory, then disk), else NVRTC (and the result is stored in the cache). */
+static rda_status rda_cuda_image(rda_backend *b, const rda_variant *v, unsigned char **image,
+                                 size_t *bytes, rda_err *err) {
+  *image = NULL;
+  *bytes = 0;
+  char file[4096];
+  int found = 0;
+  RDA_TRY(rda_cache_bundle_find(getenv("RDA_KERNEL_PATH"), v->name, b->arch, v->source, file,
+                                sizeof file, &found, err));
+  if (found) {
+    RDA_TRY(rda_cache_read_file(file, image, bytes, err));
+    rda_log(RDA_LOG_INFO, "loaded %s for sm_%d from %s (ahead-of-time bundle, RDA_KERNEL_PATH)",
+            v->name, b->arch, file);
+    return RDA_OK;
+  }
+  return rda_cache_cubin(b->arch, v->name, v->source, image, bytes, NULL, err);
+}
+
 static rda_status rda_cuda_load_variant(rda_backend *b, const rda_variant *v, rda_module **out,
                                         rda_err *err) {
   *out = NULL;
   if (v == NULL || v->source == NULL)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "cuda: load: variant without source");
   rda_cuda_impl *impl = rda_cuda_impl_of(b);
-  rda_nvrtc_out img;
-  RDA_TRY(rda_nvrtc_compile(v->source, v->name, v->name, b->arch, 0, &img, err));
-  const int static_smem = img.smem_bytes;
-  if (v->smem_bytes < 0 || static_smem + v->smem_bytes > impl->smem_optin) {
-    rda_nvrtc_out_free(&img);
-    return rda_err_set(err, RDA_ERR_UNSUPPORTED,
-                       "cuda: %s needs %d + %d bytes of shared memory; sm_%d allows %d per block",
-                       v->name, static_smem, v->smem_bytes, b->arch, impl->smem_optin);
-  }
+  unsigned char *image = NULL;
+  size_t image_bytes = 0;
+  RDA_TRY(rda_cuda_image(b, v, &image, &image_bytes, err));
   rda_module *m = calloc(1, sizeof *m);
   if (m == NULL) {
-    rda_nvrtc_out_free(&img);
+    free(image);
     return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "cuda: no memory for a module");
   }
   snprintf(m->name, sizeof m->name, "%s", v->name);
-  m->registers = img.registers;
-  m->spill_bytes = img.spill_bytes;
-  m->static_smem = static_smem;
   m->dynamic_smem = v->smem_bytes;
   rda_status st = rda_cuda_enter(b, err);
   if (st == RDA_OK) {
     rda_err why = {0};
-    st = RDA_CU(&why, cuModuleLoadData, &m->module, img.image);
+    st = RDA_CU(&why, cuModuleLoadData, &m->module, image);
     const int nv = rda_nvrtc_version(), dv = impl->driver_version;
     if (st != RDA_OK && dv < nv) /* a cubin from a newer toolkit than the driver knows */
       rda_err_set(err, st, "%s (the driver supports CUDA %d.%d, NVRTC is %d.%d: update the driver)",
@@ -231,8 +244,21 @@ static rda_status rda_cuda_load_variant(rda_backend *b, const rda_variant *v, rd
     else if (st != RDA_OK)
       rda_err_set(err, st, "%s", why.msg);
   }
-  rda_nvrtc_out_free(&img);
+  free(image);
   if (st == RDA_OK) st = RDA_CU(err, cuModuleGetFunction, &m->fn, m->module, v->name);
+  /* What ptxas reported, asked of the loaded function (a cached cubin has no log). */
+  if (st == RDA_OK)
+    st = RDA_CU(err, cuFuncGetAttribute, &m->registers, CU_FUNC_ATTRIBUTE_NUM_REGS, m->fn);
+  if (st == RDA_OK)
+    st = RDA_CU(err, cuFuncGetAttribute, &m->static_smem, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                m->fn);
+  if (st == RDA_OK)
+    st = RDA_CU(err, cuFuncGetAttribute, &m->spill_bytes, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                m->fn);
+  if (st == RDA_OK && (v->smem_bytes < 0 || m->static_smem + v->smem_bytes > impl->smem_optin))
+    st = rda_err_set(err, RDA_ERR_UNSUPPORTED,
+                     "cuda: %s needs %d + %d bytes of shared memory; sm_%d allows %d per block",
+                     v->name, m->static_smem, v->smem_bytes, b->arch, impl->smem_optin);
   if (st == RDA_OK && v->smem_bytes > 48 * 1024)
     st = RDA_CU(err, cuFuncSetAttribute, m->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 v->smem_bytes);
@@ -242,6 +268,22 @@ static rda_status rda_cuda_load_variant(rda_backend *b, const rda_variant *v, rd
   }
   *out = m;
   return RDA_OK;
+}
+
+/* The caller's stream for launches made by this thread (librda's rda_forward), if any. */
+static _Thread_local struct {
+  int set;
+  CUstream stream;
+} rda_cuda_caller_stream_;
+
+void rda_backend_cuda_use_stream(void *stream) {
+  rda_cuda_caller_stream_.set = 1;
+  rda_cuda_caller_stream_.stream = (CUstream)stream;
+}
+
+void rda_backend_cuda_own_stream(void) {
+  rda_cuda_caller_stream_.set = 0;
+  rda_cuda_caller_stream_.stream = NULL;
 }
 
 static rda_status rda_cuda_launch(rda_backend *b, rda_module *m, const unsigned grid[3],
@@ -259,8 +301,10 @@ static rda_status rda_cuda_launch(rda_backend *b, rda_module *m, const unsigned 
   /* The kernel takes one struct by value: one parameter, copied by the driver at launch. */
   void *args[1];
   memcpy(&args[0], &params, sizeof params);
+  const CUstream stream =
+      rda_cuda_caller_stream_.set ? rda_cuda_caller_stream_.stream : rda_cuda_impl_of(b)->stream;
   return RDA_CU(err, cuLaunchKernel, m->fn, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes,
-                rda_cuda_impl_of(b)->stream, args, NULL);
+                stream, args, NULL);
 }
 
 static rda_status rda_cuda_synchronize(rda_backend *b, rda_err *err) {
@@ -322,6 +366,7 @@ rda_status rda_backend_cuda_open(rda_backend **out, int ordinal, rda_err *err) {
   impl->ordinal = ordinal;
 
   rda_status st = RDA_CU(err, cuDriverGetVersion, &impl->driver_version);
+  if (st == RDA_OK) st = rda_nvrtc_driver_check(impl->driver_version, rda_nvrtc_version(), err);
   if (st == RDA_OK) st = RDA_CU(err, cuDeviceGet, &impl->dev, ordinal);
   int major = 0, minor = 0;
   if (st == RDA_OK)

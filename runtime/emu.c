@@ -1,6 +1,6 @@
 /* emu.c — the CPU emulator backend: compiles a variant's generated CUDA source with the host C++
- * compiler into a content-hashed, atomically cached shared object that links at load time against
- * the emulator runtime (templates/emu/emu_runtime.cc, cached alike); launches run synchronously. */
+ * compiler into a shared object kept in the kernel cache (runtime/cache.h, target emu-<machine>)
+ * that links at load time against the emulator runtime (cached alike); launches are synchronous. */
 #include "emu.h"
 
 #include <dirent.h>
@@ -21,8 +21,9 @@
 #include <unistd.h>
 
 #include "../templates/emu/emu_launch.h"
-#include "cache_dir.h"
-#include "gen.h"
+#include "cache.h"
+#include "log.h"
+#include "sources.h"
 
 extern char **environ;
 
@@ -76,137 +77,110 @@ static rda_status rda_emu_path(char *out, size_t cap, rda_err *err, const char *
   return RDA_OK;
 }
 
-/* ------------------------------------------------------------------ hashing (64-bit FNV-1a) */
-
-typedef struct rda_emu_hash {
-  uint64_t h;
-} rda_emu_hash;
-
-static void rda_emu_hash_init(rda_emu_hash *s) {
-  s->h = 0xcbf29ce484222325ull;
-}
-
-static void rda_emu_hash_bytes(rda_emu_hash *s, const void *data, size_t n) {
-  const unsigned char *p = data;
-  uint64_t h = s->h;
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 0x100000001b3ull;
-  }
-  s->h = h;
-}
-
-/* A string with its length, so that ("ab","c") and ("a","bc") differ. */
-static void rda_emu_hash_str(rda_emu_hash *s, const char *str) {
-  const uint64_t n = strlen(str);
-  rda_emu_hash_bytes(s, &n, sizeof n);
-  rda_emu_hash_bytes(s, str, (size_t)n);
-}
-
 /* ------------------------------------------------------------------ files */
 
-/* malloc'd contents of path (NUL-terminated), NULL if unreadable. */
-static char *rda_emu_read_file(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (f == NULL) return NULL;
-  size_t cap = 4096, n = 0;
-  char *buf = malloc(cap);
-  while (buf != NULL) {
-    n += fread(buf + n, 1, cap - n - 1, f);
-    if (n < cap - 1) break;
-    char *grown = realloc(buf, cap * 2);
-    if (grown == NULL) {
-      free(buf);
-      buf = NULL;
-      break;
-    }
-    buf = grown;
-    cap *= 2;
+/* rm -r (a temporary header folder). */
+static void rda_emu_rmtree(const char *path) {
+  DIR *d = opendir(path);
+  if (d == NULL) return;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    char sub[kEmuPath];
+    if (snprintf(sub, sizeof sub, "%s/%s", path, e->d_name) >= (int)sizeof sub) continue;
+    struct stat st;
+    if (lstat(sub, &st) == 0 && S_ISDIR(st.st_mode))
+      rda_emu_rmtree(sub);
+    else
+      unlink(sub);
   }
-  const int bad = ferror(f);
-  fclose(f);
-  if (buf == NULL || bad) {
-    free(buf);
-    return NULL;
-  }
-  buf[n] = '\0';
-  if (len != NULL) *len = n;
-  return buf;
+  closedir(d);
+  rmdir(path);
 }
 
-static rda_status rda_emu_write_file(const char *path, const char *data, size_t n, rda_err *err) {
-  FILE *f = fopen(path, "wb");
-  if (f == NULL)
+static rda_status rda_emu_write_file(const char *path, const void *data, size_t n, rda_err *err) {
+  const int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
     return rda_err_set(err, RDA_ERR_CACHE, "emu: cannot write '%s': %s", path, strerror(errno));
-  const size_t put = fwrite(data, 1, n, f);
-  const int closed = fclose(f);
-  if (put != n || closed != 0) {
+  const unsigned char *p = data;
+  size_t left = n;
+  while (left > 0) {
+    const ssize_t w = write(fd, p, left);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) break;
+    p += w;
+    left -= (size_t)w;
+  }
+  const int closed = close(fd);
+  if (left != 0 || closed != 0) {
     unlink(path);
     return rda_err_set(err, RDA_ERR_CACHE, "emu: cannot write '%s': %s", path, strerror(errno));
   }
   return RDA_OK;
 }
 
-static int rda_emu_cmp_names(const void *a, const void *b) {
-  return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-static int rda_emu_is_header(const char *name) {
-  const size_t n = strlen(name);
-  return (n > 2 && strcmp(name + n - 2, ".h") == 0) ||
-         (n > 3 && strcmp(name + n - 3, ".cc") == 0) ||
-         (n > 4 && strcmp(name + n - 4, ".cuh") == 0) ||
-         (n > 4 && strcmp(name + n - 4, ".hpp") == 0);
-}
-
-/* Hash every header (and .cc) of one folder, by sorted name: name, length, contents. */
-static rda_status rda_emu_hash_headers(rda_emu_hash *s, const char *dir, rda_err *err) {
-  DIR *d = opendir(dir);
-  if (d == NULL)
-    return rda_err_set(err, RDA_ERR_EMULATOR, "emu: templates folder '%s': %s (set RDA_HOME)", dir,
-                       strerror(errno));
-  char **names = NULL;
-  size_t count = 0, cap = 0;
-  rda_status st = RDA_OK;
-  for (struct dirent *e; (e = readdir(d)) != NULL;) {
-    if (!rda_emu_is_header(e->d_name)) continue;
-    if (count == cap) {
-      cap = cap ? 2 * cap : 16;
-      char **grown = realloc(names, cap * sizeof *names);
-      if (grown == NULL) {
-        st = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "emu: out of memory listing '%s'", dir);
-        break;
-      }
-      names = grown;
-    }
-    names[count] = strdup(e->d_name);
-    if (names[count] == NULL) {
-      st = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "emu: out of memory listing '%s'", dir);
-      break;
-    }
-    ++count;
-  }
-  closedir(d);
-  if (st == RDA_OK && count > 1) qsort(names, count, sizeof *names, rda_emu_cmp_names);
-  for (size_t i = 0; st == RDA_OK && i < count; ++i) {
+/* 1 when every template under `inc` holds exactly what rda_sources_read serves. */
+static int rda_emu_headers_intact(const char *inc) {
+  static const char prefix[] = "templates/";
+  for (size_t i = 0; i < rda_sources_count(); ++i) {
+    const char *name = rda_sources_name(i);
+    if (strncmp(name, prefix, sizeof prefix - 1) != 0) continue;
     char path[kEmuPath];
-    st = rda_emu_path(path, sizeof path, err, "%s/%s", dir, names[i]);
-    if (st != RDA_OK) break;
-    size_t len = 0;
-    char *text = rda_emu_read_file(path, &len);
-    if (text == NULL) {
-      st = rda_err_set(err, RDA_ERR_EMULATOR, "emu: cannot read template '%s'", path);
-      break;
+    if (rda_emu_path(path, sizeof path, NULL, "%s/%s", inc, name + sizeof prefix - 1) != RDA_OK)
+      return 0;
+    char *want = NULL;
+    unsigned char *have = NULL;
+    size_t nw = 0, nh = 0;
+    int same = rda_sources_read(name, &want, &nw, NULL) == RDA_OK &&
+               rda_cache_read_file(path, &have, &nh, NULL) == RDA_OK && nw == nh &&
+               memcmp(want, have, nw) == 0;
+    free(want);
+    free(have);
+    if (!same) return 0;
+  }
+  return 1;
+}
+
+/* The templates the compiler #includes, written once per content into `dir`/inc-<digest>/
+ * (content-addressed: a folder that exists is complete, it appeared by one rename). */
+static rda_status rda_emu_headers(const char *dir, const char *digest, char *inc, size_t cap,
+                                  rda_err *err) {
+  static atomic_ulong counter;
+  RDA_TRY(rda_emu_path(inc, cap, err, "%s/inc-%.32s", dir, digest));
+  char tmp[kEmuPath], sub[kEmuPath];
+  RDA_TRY(rda_emu_path(tmp, sizeof tmp, err, "%s.tmp.%ld.%lu", inc, (long)getpid(),
+                       atomic_fetch_add(&counter, 1)));
+  struct stat st;
+  if (stat(inc, &st) == 0 && S_ISDIR(st.st_mode)) {
+    if (rda_emu_headers_intact(inc)) return RDA_OK;
+    /* Damaged (a file edited or removed by hand): move it aside, then write it anew. */
+    rda_log(RDA_LOG_INFO, "emulator headers in %s damaged: rewriting them", inc);
+    if (rename(inc, tmp) == 0) rda_emu_rmtree(tmp);
+  }
+  if (mkdir(tmp, 0700) != 0)
+    return rda_err_set(err, RDA_ERR_CACHE, "emu: mkdir '%s': %s", tmp, strerror(errno));
+  static const char prefix[] = "templates/";
+  rda_status s = RDA_OK;
+  for (size_t i = 0; s == RDA_OK && i < rda_sources_count(); ++i) {
+    const char *name = rda_sources_name(i);
+    if (strncmp(name, prefix, sizeof prefix - 1) != 0) continue;
+    const char *rel = name + sizeof prefix - 1;
+    const char *slash = strrchr(rel, '/');
+    if (slash != NULL) { /* one level: emu/ */
+      s = rda_emu_path(sub, sizeof sub, err, "%s/%.*s", tmp, (int)(slash - rel), rel);
+      if (s == RDA_OK && mkdir(sub, 0700) != 0 && errno != EEXIST)
+        s = rda_err_set(err, RDA_ERR_CACHE, "emu: mkdir '%s': %s", sub, strerror(errno));
     }
-    rda_emu_hash_str(s, names[i]);
-    const uint64_t n = len;
-    rda_emu_hash_bytes(s, &n, sizeof n);
-    rda_emu_hash_bytes(s, text, len);
+    char *text = NULL;
+    size_t len = 0;
+    if (s == RDA_OK) s = rda_sources_read(name, &text, &len, err);
+    if (s == RDA_OK) s = rda_emu_path(sub, sizeof sub, err, "%s/%s", tmp, rel);
+    if (s == RDA_OK) s = rda_emu_write_file(sub, text, len, err);
     free(text);
   }
-  for (size_t i = 0; i < count; ++i) free(names[i]);
-  free(names);
-  return st;
+  if (s == RDA_OK && rename(tmp, inc) != 0 && errno != EEXIST && errno != ENOTEMPTY)
+    s = rda_err_set(err, RDA_ERR_CACHE, "emu: cannot store '%s': %s", inc, strerror(errno));
+  rda_emu_rmtree(tmp); /* gone already after a rename; another builder won otherwise */
+  return s;
 }
 
 /* ------------------------------------------------------------------ running the compiler */
@@ -349,20 +323,33 @@ static rda_status rda_emu_copy(rda_backend *b, void *dst, const void *src, size_
   return RDA_OK;
 }
 
-static rda_status rda_emu_open_module(const char *so_path, const char *name, rda_module **out,
+/* dlopen a module given as bytes: written to a temporary file in `dir`, opened, unlinked. */
+static rda_status rda_emu_dlopen_bytes(const char *dir, const unsigned char *data, size_t n,
+                                       int flags, void **dl, rda_err *err) {
+  static atomic_ulong counter;
+  char path[kEmuPath];
+  *dl = NULL;
+  RDA_TRY(rda_emu_path(path, sizeof path, err, "%s/load.tmp.%ld.%lu.so", dir, (long)getpid(),
+                       atomic_fetch_add(&counter, 1)));
+  RDA_TRY(rda_emu_write_file(path, data, n, err));
+  *dl = dlopen(path, flags);
+  rda_status st = RDA_OK;
+  if (*dl == NULL) st = rda_err_set(err, RDA_ERR_EMULATOR, "emu: dlopen '%s': %s", path, dlerror());
+  unlink(path);
+  return st;
+}
+
+static rda_status rda_emu_open_module(void *dl, const char *name, rda_module **out,
                                       rda_err *err) {
-  void *dl = dlopen(so_path, RTLD_NOW | RTLD_LOCAL);
-  if (dl == NULL)
-    return rda_err_set(err, RDA_ERR_EMULATOR, "emu: dlopen '%s': %s", so_path, dlerror());
   char sym[160];
   snprintf(sym, sizeof sym, "%s__emu", name);
   void *p = dlsym(dl, sym);
   if (p == NULL) {
     dlclose(dl);
-    return rda_err_set(
-        err, RDA_ERR_EMULATOR,
-        "emu: kernel module '%s' has no entry '%s' (RDA_EMU_EXPORT(%s, ...) missing?)", so_path,
-        sym, name);
+    return rda_err_set(err, RDA_ERR_EMULATOR,
+                       "emu: kernel module of '%s' has no entry '%s' (RDA_EMU_EXPORT(%s, ...) "
+                       "missing?)",
+                       name, sym, name);
   }
   rda_module *m = calloc(1, sizeof *m);
   if (m == NULL) {
@@ -376,37 +363,49 @@ static rda_status rda_emu_open_module(const char *so_path, const char *name, rda
   return RDA_OK;
 }
 
-/* Does the cache hold a module built from exactly this source? */
-static int rda_emu_cached(const char *so_path, const char *cu_path, const char *source) {
-  if (access(so_path, R_OK) != 0) return 0;
-  size_t len = 0;
-  char *text = rda_emu_read_file(cu_path, &len);
-  const int same = text != NULL && len == strlen(source) && memcmp(text, source, len) == 0;
-  free(text);
-  return same;
+/* What a module's key holds besides its source: the target, the templates, rda's version, the
+ * compiler and every flag. */
+typedef struct rda_emu_keyparts {
+  char target[96];
+  char headers[65];
+  char compiler[kEmuPath + 300];
+  char options[1600];
+} rda_emu_keyparts;
+
+static rda_status rda_emu_keyparts_of(rda_emu_impl *im, rda_emu_keyparts *kp, rda_err *err) {
+  struct utsname un;
+  if (uname(&un) != 0) snprintf(un.machine, sizeof un.machine, "unknown");
+  snprintf(kp->target, sizeof kp->target, "emu-%.80s", un.machine);
+  RDA_TRY(rda_emu_version(im, err));
+  RDA_TRY(rda_sources_digest("templates/", kp->headers, err));
+  snprintf(kp->compiler, sizeof kp->compiler, "%s | %s", im->cxx, im->version);
+  size_t n = (size_t)snprintf(kp->options, sizeof kp->options, "abi=%u", (unsigned)RDA_EMU_ABI);
+  for (size_t i = 0; i < sizeof rda_emu_base_flags / sizeof *rda_emu_base_flags; ++i)
+    if (n < sizeof kp->options)
+      n += (size_t)snprintf(kp->options + n, sizeof kp->options - n, " %s", rda_emu_base_flags[i]);
+  if (n < sizeof kp->options) snprintf(kp->options + n, sizeof kp->options - n, " | %s", im->extra);
+  return RDA_OK;
 }
 
-/* Build `<dir>/<base>.so` from `source` (text, also kept as `<dir>/<base>.cu`) or, when source
- * is NULL, from the file src_path. Temp names + rename: concurrent builders never expose a
- * half-written module. `what` names the build in errors. */
-static rda_status rda_emu_compile(rda_emu_impl *im, const char *home, const char *dir,
-                                  const char *base, const char *source, const char *src_path,
-                                  const char *what, rda_err *err) {
+/* Compile `source` (text; or, when NULL, the file src_path) into a module and return its bytes
+ * (malloc'd). Temporary files live in `dir` and are removed. `what` names it in errors. */
+static rda_status rda_emu_compile(rda_emu_impl *im, const char *dir, const char *inc_dir,
+                                  const char *source, const char *src_path, const char *what,
+                                  unsigned char **image, size_t *image_bytes, rda_err *err) {
   static atomic_ulong counter;
   const unsigned long k = atomic_fetch_add(&counter, 1);
-  char tmp_cu[kEmuPath], tmp_so[kEmuPath], cu[kEmuPath], so[kEmuPath], inc[kEmuPath];
-  RDA_TRY(rda_emu_path(tmp_cu, sizeof tmp_cu, err, "%s/%s.tmp%ld-%lu.cu", dir, base, (long)getpid(),
+  char tmp_cu[kEmuPath], tmp_so[kEmuPath], inc[kEmuPath];
+  *image = NULL;
+  *image_bytes = 0;
+  RDA_TRY(rda_emu_path(tmp_cu, sizeof tmp_cu, err, "%s/build.tmp.%ld.%lu.cu", dir, (long)getpid(),
                        k));
-  RDA_TRY(rda_emu_path(tmp_so, sizeof tmp_so, err, "%s/%s.tmp%ld-%lu.so", dir, base, (long)getpid(),
+  RDA_TRY(rda_emu_path(tmp_so, sizeof tmp_so, err, "%s/build.tmp.%ld.%lu.so", dir, (long)getpid(),
                        k));
-  RDA_TRY(rda_emu_path(cu, sizeof cu, err, "%s/%s.cu", dir, base));
-  RDA_TRY(rda_emu_path(so, sizeof so, err, "%s/%s.so", dir, base));
-  RDA_TRY(rda_emu_path(inc, sizeof inc, err, "-I%s/templates", home));
+  RDA_TRY(rda_emu_path(inc, sizeof inc, err, "-I%s", inc_dir));
   if (source != NULL) {
     RDA_TRY(rda_emu_write_file(tmp_cu, source, strlen(source), err));
     src_path = tmp_cu;
   }
-
   char extra[sizeof im->extra];
   memcpy(extra, im->extra, sizeof extra);
   char *argv[kEmuMaxArgs];
@@ -426,43 +425,68 @@ static rda_status rda_emu_compile(rda_emu_impl *im, const char *home, const char
                      line);
   }
   free(out);
-  /* The source first, then the module: a reader that sees the module sees its source. */
-  if (st == RDA_OK && source != NULL && rename(tmp_cu, cu) != 0)
-    st = rda_err_set(err, RDA_ERR_CACHE, "emu: cannot store '%s': %s", cu, strerror(errno));
-  if (st == RDA_OK && rename(tmp_so, so) != 0)
-    st = rda_err_set(err, RDA_ERR_CACHE, "emu: cannot store '%s': %s", so, strerror(errno));
-  if (st != RDA_OK) {
-    if (source != NULL) unlink(tmp_cu);
-    unlink(tmp_so);
-  }
+  if (st == RDA_OK) st = rda_cache_read_file(tmp_so, image, image_bytes, err);
+  if (source != NULL) unlink(tmp_cu);
+  unlink(tmp_so);
   return st;
+}
+
+/* Fetch the module of `key` from the cache, or build and store it. *image malloc'd. */
+static rda_status rda_emu_fetch(rda_emu_impl *im, const char *dir, const rda_emu_keyparts *kp,
+                                const rda_cache_key *key, const char *name, const char *source,
+                                const char *src_rel, unsigned char **image, size_t *bytes,
+                                rda_err *err) {
+  int hit = 0;
+  char why[160];
+  RDA_TRY(rda_cache_get(kp->target, key, source, image, bytes, &hit, why, sizeof why, err));
+  if (hit) return RDA_OK;
+  const double t0 = rda_log_now();
+  char inc[kEmuPath], src_path[kEmuPath];
+  RDA_TRY(rda_emu_headers(dir, kp->headers, inc, sizeof inc, err));
+  if (src_rel != NULL) RDA_TRY(rda_emu_path(src_path, sizeof src_path, err, "%s/%s", inc, src_rel));
+  RDA_TRY(rda_emu_compile(im, dir, inc, src_rel != NULL ? NULL : source,
+                          src_rel != NULL ? src_path : NULL, name, image, bytes, err));
+  rda_log(RDA_LOG_INFO, "compiled %s for %s in %.2f s (cache miss: %s)", name, kp->target,
+          rda_log_now() - t0, why);
+  rda_err put = {0}; /* a cache that cannot take the entry (disk full) costs a recompile later */
+  if (rda_cache_put(kp->target, key, name, source, *image, *bytes, &put) != RDA_OK)
+    rda_log(RDA_LOG_INFO, "%s not cached: %s", name, put.msg);
+  return RDA_OK;
 }
 
 /* The runtime every kernel module links against at load time (templates/emu/emu_runtime.cc),
  * built once per key and loaded RTLD_GLOBAL, never unloaded: kernel modules leave its symbols
  * undefined and resolve them when they are loaded. */
 static pthread_mutex_t rda_emu_runtime_mu = PTHREAD_MUTEX_INITIALIZER;
+static char rda_emu_runtime_loaded[8][65];
+static int rda_emu_runtime_count;
 
-static rda_status rda_emu_runtime(rda_emu_impl *im, const char *home, const char *dir,
-                                  const rda_emu_hash *key, rda_err *err) {
-  rda_emu_hash h = *key;
-  rda_emu_hash_str(&h, "runtime");
-  char base[40], so[kEmuPath], src[kEmuPath];
-  snprintf(base, sizeof base, "rt-%016llx", (unsigned long long)h.h);
-  RDA_TRY(rda_emu_path(so, sizeof so, err, "%s/%s.so", dir, base));
-  RDA_TRY(rda_emu_path(src, sizeof src, err, "%s/templates/emu/emu_runtime.cc", home));
+static rda_status rda_emu_runtime(rda_emu_impl *im, const char *dir, const rda_emu_keyparts *kp,
+                                  rda_err *err) {
+  char *text = NULL;
+  RDA_TRY(rda_sources_read("templates/emu/emu_runtime.cc", &text, NULL, err));
+  const rda_cache_inputs in = {kp->target, text,        kp->headers,
+                               RDA_VERSION_STRING, kp->compiler, kp->options};
+  rda_cache_key key;
+  rda_cache_key_of(&in, &key);
   pthread_mutex_lock(&rda_emu_runtime_mu);
   rda_status st = RDA_OK;
-  void *dl = access(so, R_OK) == 0 ? dlopen(so, RTLD_NOW | RTLD_GLOBAL) : NULL;
-  if (dl == NULL) {
-    st = rda_emu_compile(im, home, dir, base, NULL, src, "the emulator runtime", err);
-    if (st == RDA_OK) {
-      dl = dlopen(so, RTLD_NOW | RTLD_GLOBAL);
-      if (dl == NULL)
-        st = rda_err_set(err, RDA_ERR_EMULATOR, "emu: dlopen '%s': %s", so, dlerror());
-    }
+  int loaded = 0;
+  for (int i = 0; i < rda_emu_runtime_count && !loaded; ++i)
+    loaded = strcmp(rda_emu_runtime_loaded[i], key.hex) == 0;
+  if (!loaded) {
+    unsigned char *image = NULL;
+    size_t bytes = 0;
+    void *dl = NULL;
+    st = rda_emu_fetch(im, dir, kp, &key, "emu_runtime", text, "emu/emu_runtime.cc", &image,
+                       &bytes, err);
+    if (st == RDA_OK) st = rda_emu_dlopen_bytes(dir, image, bytes, RTLD_NOW | RTLD_GLOBAL, &dl, err);
+    free(image);
+    if (st == RDA_OK && rda_emu_runtime_count < 8)
+      memcpy(rda_emu_runtime_loaded[rda_emu_runtime_count++], key.hex, 65);
   }
   pthread_mutex_unlock(&rda_emu_runtime_mu);
+  free(text);
   return st; /* the handle stays open for the life of the process */
 }
 
@@ -472,49 +496,27 @@ static rda_status rda_emu_load(rda_backend *b, const rda_variant *v, rda_module 
   rda_emu_impl *im = b->impl;
   if (v == NULL || v->source == NULL || v->name[0] == '\0')
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "emu: variant without a name or source");
-  const char *home = rda_gen_home();
-  if (home == NULL || home[0] == '\0')
-    return rda_err_set(err, RDA_ERR_EMULATOR, "emu: %s: no template folder (set RDA_HOME)",
-                       v->name);
-  struct utsname un;
-  if (uname(&un) != 0) snprintf(un.machine, sizeof un.machine, "unknown");
-  char sub[128], dir[kEmuPath];
-  snprintf(sub, sizeof sub, "emu-%s", un.machine);
-  RDA_TRY(rda_cache_dir_get(sub, dir, sizeof dir, err));
-  RDA_TRY(rda_emu_version(im, err));
-
-  /* The key: everything a module depends on besides its source (templates, compiler, flags). */
-  rda_emu_hash key;
-  rda_emu_hash_init(&key);
-  rda_emu_hash_str(&key, "rda-emu-module-v2");
-  const uint32_t abi = RDA_EMU_ABI;
-  rda_emu_hash_bytes(&key, &abi, sizeof abi);
-  char tdir[kEmuPath];
-  RDA_TRY(rda_emu_path(tdir, sizeof tdir, err, "%s/templates", home));
-  RDA_TRY(rda_emu_hash_headers(&key, tdir, err));
-  RDA_TRY(rda_emu_path(tdir, sizeof tdir, err, "%s/templates/emu", home));
-  RDA_TRY(rda_emu_hash_headers(&key, tdir, err));
-  rda_emu_hash_str(&key, im->cxx);
-  rda_emu_hash_str(&key, im->version);
-  for (size_t i = 0; i < sizeof rda_emu_base_flags / sizeof *rda_emu_base_flags; ++i)
-    rda_emu_hash_str(&key, rda_emu_base_flags[i]);
-  rda_emu_hash_str(&key, im->extra);
-  rda_emu_hash_str(&key, home);
-  RDA_TRY(rda_emu_runtime(im, home, dir, &key, err));
-
-  rda_emu_hash h = key;
-  rda_emu_hash_str(&h, v->source);
-  char base[32], so[kEmuPath], cu[kEmuPath];
-  snprintf(base, sizeof base, "%016llx", (unsigned long long)h.h);
-  RDA_TRY(rda_emu_path(so, sizeof so, err, "%s/%s.so", dir, base));
-  RDA_TRY(rda_emu_path(cu, sizeof cu, err, "%s/%s.cu", dir, base));
-  if (rda_emu_cached(so, cu, v->source)) {
-    rda_err first = {0};
-    if (rda_emu_open_module(so, v->name, out, &first) == RDA_OK) return RDA_OK;
-    /* A damaged entry: build it again below. */
+  rda_emu_keyparts *kp = malloc(sizeof *kp);
+  if (kp == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "emu: out of memory");
+  char dir[kEmuPath];
+  rda_status st = rda_emu_keyparts_of(im, kp, err);
+  if (st == RDA_OK) st = rda_cache_folder(kp->target, dir, sizeof dir, err);
+  if (st == RDA_OK) st = rda_emu_runtime(im, dir, kp, err);
+  unsigned char *image = NULL;
+  size_t bytes = 0;
+  void *dl = NULL;
+  if (st == RDA_OK) {
+    const rda_cache_inputs in = {kp->target, v->source,   kp->headers,
+                                 RDA_VERSION_STRING, kp->compiler, kp->options};
+    rda_cache_key key;
+    rda_cache_key_of(&in, &key);
+    st = rda_emu_fetch(im, dir, kp, &key, v->name, v->source, NULL, &image, &bytes, err);
   }
-  RDA_TRY(rda_emu_compile(im, home, dir, base, v->source, NULL, v->name, err));
-  return rda_emu_open_module(so, v->name, out, err);
+  if (st == RDA_OK) st = rda_emu_dlopen_bytes(dir, image, bytes, RTLD_NOW | RTLD_LOCAL, &dl, err);
+  free(image);
+  free(kp);
+  if (st == RDA_OK) st = rda_emu_open_module(dl, v->name, out, err);
+  return st;
 }
 
 static void rda_emu_unload(rda_backend *b, rda_module *m) {

@@ -11,8 +11,9 @@
  *                     thread)
  *   RDA_EMU_CXX       the C++ compiler (default: the one rda was built with)
  *   RDA_EMU_CXXFLAGS  extra compiler flags, e.g. "-O0 -g" to debug a kernel (part of the key)
- * Modules are cached under $RDA_CACHE_DIR, $XDG_CACHE_HOME/rda or $HOME/.cache/rda, in
- * emu-<machine>/ (see cache_dir.h); each <hash>.so sits beside the <hash>.cu it was built from. */
+ * Modules live in the kernel cache (runtime/cache.h) under the target emu-<machine>, keyed by
+ * their source, the templates, rda's version, the compiler and its flags; the templates the
+ * compiler includes are written to emu-<machine>/inc-<digest>/. */
 
 /* Like b->launch, with blockDim = (block[0], block[1], block[2]). b must be an emu backend. */
 rda_status rda_emu_launch3(rda_backend *b, rda_module *m, const unsigned grid[3],

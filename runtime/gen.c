@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sources.h"
+
 #ifndef RDA_SOURCE_DIR
 #define RDA_SOURCE_DIR "."
 #endif
@@ -239,15 +241,34 @@ static int rda_gen_l_sandbox_run(lua_State *L) {
   return 2;
 }
 
-/* native.home() -> the directory holding gen/ and templates/ */
+/* native.home() -> $RDA_HOME, or "(embedded)" when librda serves its own copies */
 static int rda_gen_l_home(lua_State *L) {
-  lua_pushstring(L, rda_gen_home());
+  const char *home = rda_sources_home();
+  lua_pushstring(L, home != NULL ? home : "(embedded)");
+  return 1;
+}
+
+/* native.source(name) -> text | nil, message: a file of gen/, tuning/ or templates/ as librda
+ * serves it (runtime/sources.h). */
+static int rda_gen_l_source(lua_State *L) {
+  const char *name = luaL_checkstring(L, 1);
+  char *text = NULL;
+  size_t len = 0;
+  rda_err err = {0};
+  if (rda_sources_read(name, &text, &len, &err) != RDA_OK) {
+    lua_pushnil(L);
+    lua_pushstring(L, err.msg);
+    return 2;
+  }
+  lua_pushlstring(L, text, len); /* may raise (memory): free first */
+  free(text);
   return 1;
 }
 
 static const luaL_Reg rda_gen_native[] = {
     {"sandbox_run", rda_gen_l_sandbox_run},
     {"home", rda_gen_l_home},
+    {"source", rda_gen_l_source},
     {NULL, NULL},
 };
 
@@ -260,6 +281,33 @@ static int rda_gen_open_native(lua_State *L) {
 
 /* ---- open / close ------------------------------------------------------------------------ */
 
+/* package.searchers entry: module "gen.plan" is the source "gen/plan.lua" that runtime/sources.h
+ * serves (embedded, or under $RDA_HOME), so no source tree is needed. */
+static int rda_gen_searcher(lua_State *L) {
+  const char *mod = luaL_checkstring(L, 1);
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  for (const char *c = mod; *c; ++c) luaL_addchar(&b, *c == '.' ? '/' : *c);
+  luaL_addstring(&b, ".lua");
+  luaL_pushresult(&b); /* 2: the relative name */
+  const char *name = lua_tostring(L, 2);
+  char *text = NULL;
+  size_t len = 0;
+  rda_err err = {0};
+  if (rda_sources_read(name, &text, &len, &err) != RDA_OK) {
+    lua_pushfstring(L, "\n\t%s", err.msg);
+    return 1;
+  }
+  const char *home = rda_sources_home();
+  char chunk[4200];
+  snprintf(chunk, sizeof chunk, "@%s%s%s", home ? home : "", home ? "/" : "", name);
+  const int st = luaL_loadbufferx(L, text, len, chunk, "t");
+  free(text);
+  if (st != LUA_OK) return lua_error(L);
+  lua_pushstring(L, chunk + 1);
+  return 2;
+}
+
 static int rda_gen_p_open(lua_State *L) {
   rda_gen *g = rda_gen_of(L);
   luaL_openlibs(L);
@@ -269,10 +317,18 @@ static int rda_gen_p_open(lua_State *L) {
   lua_setfield(L, -2, "dump");
   lua_pop(L, 1);
   lua_getglobal(L, "package");
-  lua_pushfstring(L, "%s/?.lua", rda_gen_home());
+  lua_pushliteral(L, "");
   lua_setfield(L, -2, "path");
   lua_pushliteral(L, "");
   lua_setfield(L, -2, "cpath");
+  lua_getfield(L, -1, "searchers"); /* keep the preload searcher, then ours alone */
+  lua_pushcfunction(L, rda_gen_searcher);
+  lua_rawseti(L, -2, 2);
+  for (lua_Integer i = (lua_Integer)luaL_len(L, -1); i > 2; --i) {
+    lua_pushnil(L);
+    lua_rawseti(L, -2, i);
+  }
+  lua_pop(L, 1);
   lua_getfield(L, -1, "preload");
   lua_pushcfunction(L, rda_gen_open_native);
   lua_setfield(L, -2, "rda.native");
@@ -288,13 +344,9 @@ static int rda_gen_p_open(lua_State *L) {
 rda_status rda_gen_open(rda_gen **out, rda_err *err) {
   if (out == NULL) return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_gen_open: out is NULL");
   *out = NULL;
-  char path[4096];
-  snprintf(path, sizeof path, "%s/gen/bridge.lua", rda_gen_home());
-  FILE *f = fopen(path, "r");
-  if (f == NULL)
-    return rda_err_set(err, RDA_ERR_IO, "%s: cannot open (%s): set RDA_HOME to the rda source tree",
-                       path, strerror(errno));
-  fclose(f);
+  char *bridge = NULL; /* gen/ must be there: say so plainly rather than from inside Lua */
+  RDA_TRY(rda_sources_read("gen/bridge.lua", &bridge, NULL, err));
+  free(bridge);
   rda_gen *g = calloc(1, sizeof *g);
   if (g == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "generator: out of memory");
   g->bridge = LUA_NOREF;
@@ -509,6 +561,8 @@ typedef struct rda_gen_plan_ctx {
   rda_plan_k *out;
   rda_err *err;
   rda_status status;
+  int backward; /* RDA_PLAN_BACKWARD was asked for */
+  int atomic;   /* RDA_PLAN_BACKWARD_ATOMIC too */
 } rda_gen_plan_ctx;
 
 static void rda_gen_push_list(lua_State *L, const int64_t *v, int n) {
@@ -581,13 +635,44 @@ static void rda_gen_read_variant(lua_State *L, int t, rda_variant *v) {
   lua_pop(L, 1);
 }
 
+/* The backward part of a plan (gen/plan.lua's add_backward). */
+static void rda_gen_read_bwd(lua_State *L, int t, const rda_config *cfg, rda_plan_k *o) {
+  lua_getfield(L, t, "bwd_steps");
+  if (!lua_istable(L, -1) || luaL_len(L, -1) != o->nsteps)
+    luaL_error(L, "generator returned no backward step per branch");
+  for (int i = 0; i < o->nsteps; i++) {
+    lua_geti(L, -1, i + 1);
+    const int s = lua_gettop(L);
+    rda_bwd_step *st = &o->bwd_steps[i];
+    st->dkdv_kernel = (int)rda_gen_int_field(L, s, "dkdv_kernel", 1, o->nvariants) - 1;
+    st->dq_kernel = (int)rda_gen_int_field(L, s, "dq_kernel", 1, o->nvariants) - 1;
+    st->dkdv_atomic_kernel = -1;
+    lua_getfield(L, s, "dkdv_atomic_kernel");
+    const int has_atomic = !lua_isnil(L, -1);
+    lua_pop(L, 1);
+    if (has_atomic)
+      st->dkdv_atomic_kernel =
+          (int)rda_gen_int_field(L, s, "dkdv_atomic_kernel", 1, o->nvariants) - 1;
+    st->dsplit = (int)rda_gen_int_field(L, s, "dsplit", 1, 16);
+    st->branch = (int)rda_gen_int_field(L, s, "branch", 0, cfg->nbranch - 1);
+    st->head0 = (int)rda_gen_int_field(L, s, "head0", 0, cfg->heads - 1);
+    st->nheads = (int)rda_gen_int_field(L, s, "nheads", 1, cfg->heads - st->head0);
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+  o->bwd_prep_kernel = (int)rda_gen_int_field(L, t, "bwd_prep_kernel", 1, o->nvariants) - 1;
+  o->has_bwd = 1;
+}
+
 static int rda_gen_p_plan(lua_State *L) {
   rda_gen_plan_ctx *c = lua_touserdata(L, 1);
   rda_plan_k *o = c->out;
   rda_gen_push_bridge(L, "plan");
   rda_gen_push_config(L, c->cfg);
   rda_gen_push_hw(L, c->hw);
-  lua_call(L, 2, 2);
+  lua_pushboolean(L, c->backward);
+  lua_pushboolean(L, c->atomic);
+  lua_call(L, 4, 2);
   if (lua_isnil(L, -2)) {
     c->status =
         rda_gen_fail_line(c->err, RDA_ERR_UNSUPPORTED, luaL_optstring(L, -1, "no plan fits"));
@@ -626,6 +711,7 @@ static int rda_gen_p_plan(lua_State *L) {
   lua_pop(L, 1);
   o->init_kernel = (int)rda_gen_int_field(L, t, "init_kernel", 1, o->nvariants) - 1;
   o->cast_kernel = (int)rda_gen_int_field(L, t, "cast_kernel", 1, o->nvariants) - 1;
+  if (c->backward) rda_gen_read_bwd(L, t, c->cfg, o);
   c->status = RDA_OK;
   return 0;
 }
@@ -652,6 +738,11 @@ static rda_status rda_gen_check_config(const rda_config *c, rda_err *err) {
 
 rda_status rda_gen_plan(rda_gen *g, const rda_config *cfg, const rda_hw *hw, rda_plan_k *out,
                         rda_err *err) {
+  return rda_gen_plan_ex(g, cfg, hw, 0, out, err);
+}
+
+rda_status rda_gen_plan_ex(rda_gen *g, const rda_config *cfg, const rda_hw *hw, unsigned flags,
+                           rda_plan_k *out, rda_err *err) {
   if (g == NULL || cfg == NULL || hw == NULL || out == NULL)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_gen_plan: NULL argument");
   memset(out, 0, sizeof *out);
@@ -660,7 +751,8 @@ rda_status rda_gen_plan(rda_gen *g, const rda_config *cfg, const rda_hw *hw, rda
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_gen_plan: incomplete hardware profile");
   out->cfg = *cfg;
   out->hw = *hw;
-  rda_gen_plan_ctx c = {cfg, hw, out, err, RDA_ERR_INTERNAL};
+  rda_gen_plan_ctx c = {cfg, hw, out, err, RDA_ERR_INTERNAL, (flags & RDA_PLAN_BACKWARD) != 0,
+                        (flags & RDA_PLAN_BACKWARD_ATOMIC) != 0};
   rda_status s = rda_gen_protected(g, rda_gen_p_plan, &c, RDA_ERR_INTERNAL, err);
   if (s == RDA_OK) s = c.status;
   if (s != RDA_OK) rda_plan_k_free(out);
@@ -674,6 +766,7 @@ void rda_plan_k_free(rda_plan_k *p) {
   p->variants = NULL;
   p->nvariants = 0;
   p->nsteps = 0;
+  p->has_bwd = 0;
 }
 
 /* ---- scripts ----------------------------------------------------------------------------- */

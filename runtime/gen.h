@@ -13,7 +13,7 @@ typedef struct rda_gen rda_gen;
 /* A kernel the plan needs: its generated source and what launching it takes. */
 typedef struct rda_variant {
   char name[128];   /* deterministic; also the extern "C" entry point */
-  char kind[16];    /* "fwd", "init" or "cast" */
+  char kind[16];    /* "fwd", "init", "cast", "bwd_prep", "bwd_dkdv" or "bwd_dq" */
   char *source;     /* generated CUDA source (malloc'd, owned by the plan) */
   int threads;      /* block size */
   int block_m;      /* query rows per block (fwd), 0 otherwise */
@@ -28,6 +28,16 @@ typedef struct rda_step {
   int head0, nheads;
 } rda_step;
 
+/* One backward branch: dK/dV with kernel `dkdv_kernel` (`dsplit` blocks per key tile), then
+ * dQ with `dq_kernel`, for heads [head0, head0 + nheads). */
+typedef struct rda_bwd_step {
+  int dkdv_kernel, dq_kernel;
+  int dkdv_atomic_kernel; /* dK/dV + dQ by atomics (dsplit 1), or -1 when not planned */
+  int dsplit;
+  int branch;
+  int head0, nheads;
+} rda_bwd_step;
+
 typedef struct rda_plan_k {
   rda_config cfg;
   rda_hw hw;
@@ -37,12 +47,18 @@ typedef struct rda_plan_k {
   rda_step steps[RDA_MAX_BRANCHES];
   int init_kernel; /* variant index of the o = 0, lse = -inf kernel */
   int cast_kernel; /* variant index of the fp32 -> storage dtype kernel */
+  /* Backward (only when planned with RDA_PLAN_BACKWARD; has_bwd = 0 otherwise). */
+  int has_bwd;
+  rda_bwd_step bwd_steps[RDA_MAX_BRANCHES]; /* nsteps of them, in branch order */
+  int bwd_prep_kernel; /* variant index of the Dp / zero-gradients kernel */
 } rda_plan_k;
 
-/* Where gen/ and templates/ live: $RDA_HOME if set, else the source tree rda was built from. */
+/* $RDA_HOME if set, else the source tree rda was built from (for tests and tools that look for
+ * configs/). The scripts and templates themselves come through runtime/sources.h: from
+ * $RDA_HOME when it is set, else the copies embedded in librda. */
 const char *rda_gen_home(void);
 
-/* A generator: one Lua state with gen/ loaded (RDA_ERR_IO when rda_gen_home() has no gen/).
+/* A generator: one Lua state with gen/ loaded (RDA_ERR_IO when $RDA_HOME is set and has no gen/).
  * Not thread-safe: use one per thread. *out is NULL on failure. */
 rda_status rda_gen_open(rda_gen **out, rda_err *err);
 void rda_gen_close(rda_gen *g); /* accepts NULL */
@@ -65,6 +81,17 @@ rda_status rda_gen_hw_builtin(rda_gen *g, int arch, rda_hw *out, rda_err *err);
  * that did not pass validation. On failure *out holds nothing to free. */
 rda_status rda_gen_plan(rda_gen *g, const rda_config *cfg, const rda_hw *hw, rda_plan_k *out,
                         rda_err *err);
+
+/* rda_gen_plan with options. RDA_PLAN_BACKWARD also plans the backward kernels (kinds
+ * "bwd_prep", "bwd_dkdv", "bwd_dq"; tiles from tuning/bwd_space.lua) and fills has_bwd,
+ * bwd_steps and bwd_prep_kernel. They are appended to `variants`, so rda_fwd_load (which loads
+ * every variant) loads them too; a forward-only plan (rda_gen_plan) does not compile them. */
+/* RDA_PLAN_BACKWARD_ATOMIC (with RDA_PLAN_BACKWARD) adds, per branch where the tile allows, a
+ * dK/dV variant that also adds dQ by fp32 atomics: rda_bwd_run uses it when deterministic = 0
+ * (one launch instead of two, not bit-reproducible). */
+enum { RDA_PLAN_BACKWARD = 1u, RDA_PLAN_BACKWARD_ATOMIC = 2u };
+rda_status rda_gen_plan_ex(rda_gen *g, const rda_config *cfg, const rda_hw *hw, unsigned flags,
+                           rda_plan_k *out, rda_err *err);
 void rda_plan_k_free(rda_plan_k *p); /* frees what rda_gen_plan allocated; accepts NULL */
 
 /* Run a trusted Lua script (text only) in the generator's state, with gen/ on the module path:

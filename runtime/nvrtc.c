@@ -9,9 +9,16 @@
 #include <string.h>
 #include <time.h>
 
-#include "gen.h"
+#include "sources.h"
 
 #define RDA_NVRTC_MAX_ARCHS 64
+/* Every option but the target; rda_nvrtc_options() spells them for the kernel cache key. */
+#define RDA_NVRTC_FIXED_OPTIONS "-std=c++17", "-default-device", "--ptxas-options=-v", "-DRDA_NVRTC=1"
+#define RDA_NVRTC_OPTIONS_TEXT "-std=c++17 -default-device --ptxas-options=-v -DRDA_NVRTC=1"
+
+const char *rda_nvrtc_options(void) {
+  return RDA_NVRTC_OPTIONS_TEXT;
+}
 
 /* The toolkit's own declarations, by full path: a plain <nvrtc.h> would resolve to this
  * folder's nvrtc.h, which comes first on the include path. */
@@ -38,6 +45,19 @@ int rda_nvrtc_version(void) {
   int major = 0, minor = 0;
   if (nvrtcVersion(&major, &minor) != NVRTC_SUCCESS) return 0;
   return major * 1000 + minor * 10;
+}
+
+rda_status rda_nvrtc_driver_check(int driver_version, int nvrtc_version, rda_err *err) {
+  if (driver_version <= 0 || nvrtc_version <= 0)
+    return rda_err_set(err, RDA_ERR_CUDA, "cuda: unknown driver (%d) or NVRTC (%d) version",
+                       driver_version, nvrtc_version);
+  if (driver_version / 1000 >= nvrtc_version / 1000) return RDA_OK;
+  return rda_err_set(err, RDA_ERR_CUDA,
+                     "cuda: the driver supports CUDA %d.%d, older than NVRTC %d.%d that compiles "
+                     "rda's kernels: install a driver for CUDA %d.0 or newer, or build rda "
+                     "against a CUDA %d toolkit",
+                     driver_version / 1000, driver_version % 1000 / 10, nvrtc_version / 1000,
+                     nvrtc_version % 1000 / 10, nvrtc_version / 1000, driver_version / 1000);
 }
 
 /* Fills archs (as 80, 90, ...) with what this NVRTC can compile for; returns the count or -1. */
@@ -218,6 +238,47 @@ static void rda_nvrtc_first_errors(const char *log, char *out, size_t cap) {
   if (taken == 0) snprintf(out, cap, "%.200s", log[0] ? log : "(empty log)");
 }
 
+/* The template headers, as NVRTC takes them. */
+typedef struct rda_nvrtc_headers {
+  int count;
+  char *text[64];
+  char *names[64];
+} rda_nvrtc_headers;
+
+static void rda_nvrtc_headers_free(rda_nvrtc_headers *h) {
+  for (int i = 0; i < h->count; ++i) {
+    free(h->text[i]);
+    free(h->names[i]);
+  }
+  h->count = 0;
+}
+
+static rda_status rda_nvrtc_headers_load(rda_nvrtc_headers *h, rda_err *err) {
+  static const char prefix[] = "templates/";
+  h->count = 0;
+  for (size_t i = 0; i < rda_sources_count(); ++i) {
+    const char *name = rda_sources_name(i);
+    const size_t n = strlen(name);
+    if (strncmp(name, prefix, sizeof prefix - 1) != 0) continue;
+    if (!(n > 2 && strcmp(name + n - 2, ".h") == 0) && !(n > 4 && strcmp(name + n - 4, ".cuh") == 0))
+      continue;
+    if (h->count == 64) {
+      rda_nvrtc_headers_free(h);
+      return rda_err_set(err, RDA_ERR_INTERNAL, "nvrtc: more than 64 template headers");
+    }
+    const rda_status st = rda_sources_read(name, &h->text[h->count], NULL, err);
+    h->names[h->count] = strdup(name + sizeof prefix - 1);
+    if (st != RDA_OK || h->names[h->count] == NULL) {
+      free(h->text[h->count]);
+      free(h->names[h->count]);
+      rda_nvrtc_headers_free(h);
+      return st != RDA_OK ? st : rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "nvrtc: out of memory");
+    }
+    ++h->count;
+  }
+  return RDA_OK;
+}
+
 #define RDA_NVRTC_CALL(call, what)                                                    \
   do {                                                                                \
     nvrtcResult rda_nvrtc_r_ = (call);                                                \
@@ -228,7 +289,7 @@ static void rda_nvrtc_first_errors(const char *log, char *out, size_t cap) {
     }                                                                                 \
   } while (0)
 
-/* Options: -std=c++17 -default-device, the templates folder on the include path, -DRDA_NVRTC=1,
+/* Options: -std=c++17 -default-device, the templates as named headers, -DRDA_NVRTC=1,
  * --ptxas-options=-v for the report; no --use_fast_math (the kernels use ex2 explicitly). The
  * target is always sm_XX, also for PTX (which is then the PTX the cubin was built from), so the
  * report is there either way. On failure *out is empty (compile_s aside) and err carries the
@@ -247,21 +308,22 @@ rda_status rda_nvrtc_compile(const char *source, const char *name, const char *e
   rda_status st = RDA_OK;
   nvrtcProgram prog = NULL;
   int created = 0;
-  char file[160], opt_arch[48], opt_inc[4200];
+  rda_nvrtc_headers hd = {0};
+  char file[160], opt_arch[48];
   snprintf(file, sizeof file, "%s.cu", name);
   /* Always a real sm_XX: ptxas runs (so the report exists) and the PTX is available too. */
   snprintf(opt_arch, sizeof opt_arch, "--gpu-architecture=sm_%d", arch);
-  const char *home = rda_gen_home();
-  if (home == NULL || home[0] == '\0')
-    return rda_err_set(err, RDA_ERR_NVRTC, "nvrtc: %s: no template folder (set RDA_HOME)", name);
-  if ((size_t)snprintf(opt_inc, sizeof opt_inc, "--include-path=%s/templates", home) >=
-      sizeof opt_inc)
-    return rda_err_set(err, RDA_ERR_NVRTC, "nvrtc: %s: RDA_HOME path too long", name);
-  const char *opts[] = {opt_arch, "-std=c++17",         "-default-device",
-                        opt_inc,  "--ptxas-options=-v", "-DRDA_NVRTC=1"};
+  const char *opts[] = {opt_arch, RDA_NVRTC_FIXED_OPTIONS};
   const int nopts = (int)(sizeof opts / sizeof opts[0]);
 
-  RDA_NVRTC_CALL(nvrtcCreateProgram(&prog, source, file, 0, NULL, NULL), "nvrtcCreateProgram");
+  /* The templates go to NVRTC as in-memory headers (as librda embeds them, or from $RDA_HOME),
+   * named as the sources #include them: "ptx.cuh", "emu/cuda_shim.h". */
+  st = rda_nvrtc_headers_load(&hd, err);
+  if (st != RDA_OK) return st;
+
+  RDA_NVRTC_CALL(nvrtcCreateProgram(&prog, source, file, hd.count, (const char *const *)hd.text,
+                                    (const char *const *)hd.names),
+                 "nvrtcCreateProgram");
   created = 1;
   const nvrtcResult cr = nvrtcCompileProgram(prog, nopts, opts);
 
@@ -319,6 +381,7 @@ rda_status rda_nvrtc_compile(const char *source, const char *name, const char *e
 
 done:
   if (created) nvrtcDestroyProgram(&prog);
+  rda_nvrtc_headers_free(&hd);
   out->compile_s = rda_nvrtc_now() - t0;
   if (st != RDA_OK) { /* the message carries the first errors; nothing to free on failure */
     const double t = out->compile_s;

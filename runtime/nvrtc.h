@@ -18,7 +18,7 @@ typedef struct rda_nvrtc_out {
 } rda_nvrtc_out;
 
 /* Compile `source` (named `name` in messages) for sm_`arch`; `entry` must be an extern "C"
- * kernel in it. Include paths: the templates folder under rda_gen_home(). */
+ * kernel in it. The templates are passed as named headers (runtime/sources.h). */
 rda_status rda_nvrtc_compile(const char *source, const char *name, const char *entry, int arch,
                              int want_ptx, rda_nvrtc_out *out, rda_err *err);
 void rda_nvrtc_out_free(rda_nvrtc_out *o); /* accepts NULL */
@@ -30,6 +30,15 @@ int rda_nvrtc_parse_report(const char *log, const char *entry, rda_nvrtc_out *ou
 
 /* 1 when this NVRTC can compile for sm_`arch`, else 0 (added by nvrtc for `rdagen emit`). */
 int rda_nvrtc_arch_supported(int arch);
+
+/* The compile options besides the target, as one string (part of the kernel cache key). */
+const char *rda_nvrtc_options(void);
+
+/* Can a driver that supports CUDA `driver_version` (cuDriverGetVersion, e.g. 12020) load the
+ * cubins NVRTC `nvrtc_version` (rda_nvrtc_version) builds? Cubins need a driver of at least the
+ * same major version (CUDA's minor version compatibility covers the rest); otherwise
+ * RDA_ERR_CUDA with a message naming both versions and what to do. Pure: no driver needed. */
+rda_status rda_nvrtc_driver_check(int driver_version, int nvrtc_version, rda_err *err);
 
 /* NVRTC's version as major * 1000 + minor * 10 (like CUDA_VERSION). */
 int rda_nvrtc_version(void);

@@ -154,3 +154,82 @@ void rda_ref_forward(const rda_config *c, long long batch, long long n, const do
   free(oi);
   free(grid);
 }
+
+/* --- the backward pass ------------------------------------------------------------------------ */
+
+void rda_ref_backward(const rda_config *c, long long batch, long long n, const double *q,
+                      const double *k, const double *v, const double *dout, const double *dlse,
+                      double *dq, double *dk, double *dv) {
+  const long long H = c->heads, Hkv = c->kv_heads, D = c->head_dim;
+  const long long group = H / Hkv;
+  const double tau = c->scale;
+
+  for (long long i = 0; i < batch * n * H * D; i++) dq[i] = 0.0;
+  for (long long i = 0; i < batch * n * Hkv * D; i++) dk[i] = dv[i] = 0.0;
+  if (n <= 0 || batch <= 0) return;
+
+  double *o = malloc((size_t)(batch * n * H * D) * sizeof *o);
+  double *lse = malloc((size_t)(batch * H * n) * sizeof *lse);
+  double *dp = malloc((size_t)(batch * H * n) * sizeof *dp);
+  long long *grid = malloc((size_t)n * sizeof *grid);
+  if (o == NULL || lse == NULL || dp == NULL || grid == NULL) abort(); /* test-only: no recovery */
+  rda_ref_forward(c, batch, n, q, k, v, o, lse);
+
+  /* Dp = <dO(p), O(p)> - dLSE(p); only read on covered rows. */
+  for (long long b = 0; b < batch; b++)
+    for (long long h = 0; h < H; h++)
+      for (long long p = 0; p < n; p++) {
+        const double *dop = dout + ((b * n + p) * H + h) * D;
+        const double *op = o + ((b * n + p) * H + h) * D;
+        double s = 0.0;
+        for (long long x = 0; x < D; x++) s += dop[x] * op[x];
+        const long long row = (b * H + h) * n + p;
+        dp[row] = s - (dlse != NULL ? dlse[row] : 0.0);
+      }
+
+  for (long long b = 0; b < batch; b++) {
+    for (int br = 0; br < c->nbranch; br++) {
+      const long long w = c->segments[br] < n ? c->segments[br] : n;
+      const long long r = c->dilations[br];
+      const long long nseg = (n + w - 1) / w;
+      for (long long h = 0; h < H; h++) {
+        const long long j = rda_config_offset(c, br, (int)h);
+        if (j < 0) continue; /* this head does not use this branch */
+        const long long hk = h / group;
+        for (long long m = 0; m < nseg; m++) {
+          const long long a = m * w, e = (m + 1) * w < n ? (m + 1) * w : n;
+          long long g = 0;
+          for (long long p = a + j; p < e; p += r) grid[g++] = p;
+          for (long long pi = 0; pi < g; pi++) {
+            const long long p = grid[pi];
+            const long long row = (b * H + h) * n + p;
+            const double *qp = q + ((b * n + p) * H + h) * D;
+            const double *dop = dout + ((b * n + p) * H + h) * D;
+            double *dqp = dq + ((b * n + p) * H + h) * D;
+            for (long long qi = 0; qi < g; qi++) {
+              if (c->causal && grid[qi] > p) break; /* the grid is increasing */
+              const long long kvo = ((b * n + grid[qi]) * Hkv + hk) * D;
+              const double *kq = k + kvo, *vq = v + kvo;
+              double dot = 0.0, dpv = 0.0;
+              for (long long x = 0; x < D; x++) {
+                dot += qp[x] * kq[x];
+                dpv += dop[x] * vq[x];
+              }
+              const double pw = exp(tau * dot - lse[row]);
+              const double ds = pw * (dpv - dp[row]);
+              for (long long x = 0; x < D; x++) {
+                dqp[x] += tau * ds * kq[x];
+                dk[kvo + x] += tau * ds * qp[x];
+                dv[kvo + x] += pw * dop[x];
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  free(o);
+  free(lse);
+  free(dp);
+  free(grid);
+}

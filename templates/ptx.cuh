@@ -110,6 +110,9 @@ __device__ __forceinline__ float f16_to_float(uint16_t h) {
   return f;
 }
 
+/* *p += v in global memory, atomically, result unused (compiles to red.global.add.f32). */
+__device__ __forceinline__ void atomic_add_f32(float *p, float v) { atomicAdd(p, v); }
+
 #else
 /* ------------------------------------------------------------------ emulated (host C++) */
 
@@ -306,6 +309,20 @@ inline uint32_t pack_f16x2(float lo, float hi) {
 }
 
 inline float f16_to_float(uint16_t h) { return emu_detail::f16_bits_to_float(h); }
+
+/* Blocks run on several OS threads: a compare-and-swap loop, one fp32 add (round to nearest). */
+inline void atomic_add_f32(float *p, float v) {
+  uint32_t *u = reinterpret_cast<uint32_t *>(p);
+  uint32_t old = __atomic_load_n(u, __ATOMIC_RELAXED);
+  for (;;) {
+    float f;
+    memcpy(&f, &old, sizeof f);
+    f += v;
+    uint32_t nu;
+    memcpy(&nu, &f, sizeof nu);
+    if (__atomic_compare_exchange_n(u, &old, nu, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return;
+  }
+}
 
 #endif
 

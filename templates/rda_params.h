@@ -57,4 +57,70 @@ typedef struct rda_cast_params {
   int heads, head_dim;
 } rda_cast_params;
 
+/* One dilation branch (w, r) of the backward pass (SPEC §1, "Backward, exact"), accumulating
+ * into fp32 dq, dk, dv. P = exp(scale <q, k> - LSE) is recomputed from the COMBINED forward LSE
+ * of all branches; dS = P * (<dO, v> - Dp). Two kernels take it:
+ *   dkdv: blockIdx.x = (m * tiles_per_seg + key tile) * dsplit + part of the head dim,
+ *         blockIdx.y = kv head - kv_head0, blockIdx.z = batch; the block handles query head
+ *         kvh * kv_group + group_member (skipped outside [head0, head0 + nheads)), so within one
+ *         launch no two blocks touch the same dk/dv rows (plain read-modify-write, deterministic).
+ *   dq:   blockIdx.x = m * tiles_per_seg + query tile, blockIdx.y = head - head0,
+ *         blockIdx.z = batch; each dq row is owned by one block. */
+typedef struct rda_bwd_params {
+  const void *q;    /* [B, N, H, D] storage dtype */
+  const void *k;    /* [B, N, Hkv, D] */
+  const void *v;    /* [B, N, Hkv, D] */
+  const void *dout; /* [B, N, H, D] storage dtype: dO */
+  const float *lse; /* [B, H, N] fp32: the combined forward LSE, natural log; n contiguous */
+  const float *dp;  /* [B, H, N] fp32: Dp = <dO, O> - dLSE (the prep kernel); n contiguous */
+  float *dq;        /* [B, N, H, D] fp32, += scale * dS K */
+  float *dk;        /* [B, N, Hkv, D] fp32, += scale * dS^T Q */
+  float *dv;        /* [B, N, Hkv, D] fp32, += P^T dO */
+  long long q_sb, q_sn, q_sh;
+  long long k_sb, k_sn, k_sh;
+  long long v_sb, v_sn, v_sh;
+  long long do_sb, do_sn, do_sh;
+  long long dq_sb, dq_sn, dq_sh;
+  long long dk_sb, dk_sn, dk_sh;
+  long long dv_sb, dv_sn, dv_sh;
+  long long lse_sb, lse_sh;
+  long long dp_sb, dp_sh;
+  long long n;       /* sequence length N */
+  long long w;       /* segment length, already clamped to N */
+  long long r;       /* dilation rate */
+  long long nseg;    /* ceil(N / w) */
+  int tiles_per_seg; /* dkdv: ceil(ceil(w / r) / block_n); dq: ceil(ceil(w / r) / block_m) */
+  int heads;         /* H */
+  int kv_group;      /* H / Hkv */
+  int head0, nheads; /* query heads [head0, head0 + nheads) use this branch */
+  int kv_head0;      /* dkdv: the kv head of blockIdx.y = 0 */
+  int group_member;  /* dkdv: which query head of each kv head's group this launch handles */
+  int offset_mode;   /* RDA_OFFSETS_* */
+  int offset_arg;    /* block: ceil(H / r); group: the branch index; mod: unused */
+  float scale_log2;  /* softmax scale times log2(e) */
+  float scale;       /* softmax scale (the factor of dq and dk) */
+} rda_bwd_params;
+
+/* Before the branches of a backward pass: dp[b, h, n] = <dO, O> - dLSE (0 where lse = -inf),
+ * and dq, dk, dv = 0. Grid-stride over rows; dlse may be NULL (= 0). */
+typedef struct rda_bwd_prep_params {
+  const float *o;    /* [B, N, H, D] fp32 forward output */
+  const void *dout;  /* [B, N, H, D] storage dtype */
+  const float *lse;  /* [B, H, N] fp32 */
+  const float *dlse; /* [B, H, N] fp32 or NULL */
+  float *dp;         /* [B, H, N] fp32 */
+  float *dq;         /* [B, N, H, D] fp32 */
+  float *dk, *dv;    /* [B, N, Hkv, D] fp32 */
+  long long o_sb, o_sn, o_sh;
+  long long do_sb, do_sn, do_sh;
+  long long lse_sb, lse_sh;
+  long long dlse_sb, dlse_sh;
+  long long dp_sb, dp_sh;
+  long long dq_sb, dq_sn, dq_sh;
+  long long dk_sb, dk_sn, dk_sh;
+  long long dv_sb, dv_sn, dv_sh;
+  long long batch, n;
+  int heads, kv_heads, head_dim;
+} rda_bwd_prep_params;
+
 #endif

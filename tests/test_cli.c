@@ -1,6 +1,7 @@
 /* test_cli.c — `rdagen` as a subprocess (RDAGEN_PATH) against SPEC §4: --help and --version,
  * bad usage (exit 2), every kind of bad input (exit 1, one "rdagen: error:" line naming the
- * file, no output left behind), and real runs on the emu backend checked against the reference. */
+ * file, no output left behind), and real forward and backward runs on the emu backend checked
+ * against the float64 reference. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,27 +24,32 @@
 
 enum { MAX_ARGS = 48 };
 
-/* A temp folder with a small valid problem: config (H 4, Hkv 2, D 32, bf16), Q, K, V files. */
+/* A temp folder with a small valid problem: config (H 4, Hkv 2, D 32, bf16), Q, K, V and dO
+ * files; output paths o, lse, dq, dk, dv in the same folder. */
 typedef struct fixture {
   char *dir;
   char *config, *q, *k, *v, *o, *lse;
+  char *d_o, *dq, *dk, *dv;
 } fixture;
 
 /* The first entry of the folder that is not an input (an output, a temporary, anything a
- * failed run must not leave), or NULL; allow_o: o.npy and lse.npy may exist. Returns a static
- * buffer. */
+ * failed run must not leave), or NULL; allow_o: the outputs o, lse, dq, dk, dv.npy may exist.
+ * Returns a static buffer. */
 static const char *stray_entry(const fixture *f, int allow_o) {
   static char name[256];
-  static const char *const inputs[] = {"small.lua", "q.npy", "k.npy", "v.npy", "saved.tmp"};
+  static const char *const inputs[] = {"small.lua", "q.npy",  "k.npy",
+                                       "v.npy",     "do.npy", "saved.tmp"};
+  static const char *const outputs[] = {"o.npy", "lse.npy", "dq.npy", "dk.npy", "dv.npy"};
   DIR *d = opendir(f->dir);
   assert_non_null(d);
   const char *found = NULL;
   struct dirent *e;
   while (found == NULL && (e = readdir(d)) != NULL) {
-    int ok = strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
-             (allow_o && (strcmp(e->d_name, "o.npy") == 0 || strcmp(e->d_name, "lse.npy") == 0));
+    int ok = strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0;
     for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
       if (strcmp(e->d_name, inputs[i]) == 0) ok = 1;
+    for (size_t i = 0; allow_o && i < sizeof outputs / sizeof outputs[0]; i++)
+      if (strcmp(e->d_name, outputs[i]) == 0) ok = 1;
     if (!ok) {
       snprintf(name, sizeof name, "%s", e->d_name);
       found = name;
@@ -66,14 +72,20 @@ static int setup(void **state) {
   f->v = rt_path(f->dir, "v.npy");
   f->o = rt_path(f->dir, "o.npy");
   f->lse = rt_path(f->dir, "lse.npy");
+  f->d_o = rt_path(f->dir, "do.npy");
+  f->dq = rt_path(f->dir, "dq.npy");
+  f->dk = rt_path(f->dir, "dk.npy");
+  f->dv = rt_path(f->dir, "dv.npy");
   const long long qs[4] = {1, 40, 4, 32}, ks[4] = {1, 40, 2, 32};
   double *q = rt_normal(40 * 4 * 32, RDA_DTYPE_BF16);
   double *k = rt_normal(40 * 2 * 32, RDA_DTYPE_BF16);
   double *v = rt_normal(40 * 2 * 32, RDA_DTYPE_BF16);
-  const bool ok = rt_write_file(f->config, small_config, strlen(small_config)) &&
-                  rt_write_npy(f->q, "<f4", 0, 4, qs, q) &&
-                  rt_write_npy(f->k, "<f4", 0, 4, ks, k) && rt_write_npy(f->v, "<f4", 0, 4, ks, v);
-  free(q), free(k), free(v);
+  double *d_o = rt_normal(40 * 4 * 32, RDA_DTYPE_BF16);
+  const bool ok =
+      rt_write_file(f->config, small_config, strlen(small_config)) &&
+      rt_write_npy(f->q, "<f4", 0, 4, qs, q) && rt_write_npy(f->k, "<f4", 0, 4, ks, k) &&
+      rt_write_npy(f->v, "<f4", 0, 4, ks, v) && rt_write_npy(f->d_o, "<f4", 0, 4, qs, d_o);
+  free(q), free(k), free(v), free(d_o);
   if (!ok) return -1;
   *state = f;
   return 0;
@@ -83,6 +95,7 @@ static int teardown(void **state) {
   fixture *f = *state;
   rt_rmtree(f->dir);
   free(f->dir), free(f->config), free(f->q), free(f->k), free(f->v), free(f->o), free(f->lse);
+  free(f->d_o), free(f->dq), free(f->dk), free(f->dv);
   free(f);
   return 0;
 }
@@ -129,7 +142,9 @@ static void test_cli_help_and_version_exit_0(void **state) {
 static void test_cli_bad_usage_exits_2(void **state) {
   fixture *f = *state;
   const char *C = f->config, *Q = f->q, *K = f->k, *V = f->v, *O = f->o, *L = f->lse;
-  char *alias = rt_path(f->dir, "./o.npy"); /* O spelled differently */
+  const char *DO = f->d_o, *DQ = f->dq, *DK = f->dk, *DV = f->dv;
+  char *alias = rt_path(f->dir, "./o.npy");     /* O spelled differently */
+  char *dk_alias = rt_path(f->dir, "./dk.npy"); /* dK spelled differently */
   const char *const cases[][MAX_ARGS] = {
       {NULL},
       {"frobnicate", NULL},
@@ -155,6 +170,27 @@ static void test_cli_bad_usage_exits_2(void **state) {
       {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--dq", O, "--dk", L, NULL},
       {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--lse", O, NULL}, /* one file twice */
       {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--lse", alias, NULL},
+      /* the backward flags: all four or none, five distinct output files */
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--dq", DQ, "--dk", DK, "--dv", DV, NULL},
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--do", DO, "--dk", DK, "--dv", DV, NULL},
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--do", DO, "--dq", DQ, "--dv", DV, NULL},
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--do", DO, "--dq", DQ, "--dk", DK, NULL},
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--dv", DV, NULL},
+      {"run", C,      "--q", Q,      "--k", K,      "--v", V,      "--o", O,   "--do",
+       DO,    "--dq", DQ,    "--dk", DK,    "--dv", DV,    "--do", DO,    NULL}, /* --do twice */
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--do", DO, "--dq", DQ, "--dk", DK, "--dv",
+       NULL}, /* no value */
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--do", DO, "--dq", O, "--dk", DK, "--dv",
+       DV, NULL}, /* dQ onto O */
+      {"run", C,      "--q", Q,      "--k", K,      "--v", V,      "--o", O,   "--lse",
+       L,     "--do", DO,    "--dq", DQ,    "--dk", DK,    "--dv", L,     NULL}, /* dV onto LSE */
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--do", DO, "--dq", DQ, "--dk", DK, "--dv",
+       dk_alias, NULL}, /* dV onto dK, spelled differently */
+      {"run", C,      "--q", Q,      "--k", K,      "--v", V,           "--o", alias, "--do",
+       DO,    "--dq", DQ,    "--dk", O,     "--dv", DV,    "--backend", "emu", NULL}, /* dK onto O,
+                                                                                         spelled
+                                                                                         differently
+                                                                                       */
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     rt_proc p = run_rdagen(60, cases[i]);
@@ -167,7 +203,7 @@ static void test_cli_bad_usage_exits_2(void **state) {
     assert_true(strncmp(p.err, "rdagen", 6) == 0 || strstr(p.err, "usage") != NULL);
     rt_proc_free(&p);
   }
-  free(alias);
+  free(alias), free(dk_alias);
 }
 
 /* --- bad input: exit 1, one line naming the file, nothing written ----------------------------- */
@@ -271,16 +307,97 @@ static void test_cli_unwritable_outputs_exit_1_and_write_nothing(void **state) {
 
 static void test_cli_unsupported_features_exit_1(void **state) {
   fixture *f = *state;
-  char *dq = rt_path(f->dir, "dq.npy");
-  const char *const back[] = {"run",  f->config, "--q",  f->q,     "--k", f->k,   "--v",
-                              f->v,   "--o",     f->o,   "--do",   f->q,  "--dq", dq,
-                              "--dk", f->lse,    "--dv", "dv.npy", NULL};
-  expect_input_error(f, "backward", back,
-                     "the backward pass (--do/--dq/--dk/--dv) is not yet supported");
   const char *const ranks[] = {"run", f->config, "--q", f->q,      "--k", f->k, "--v",
                                f->v,  "--o",     f->o,  "--ranks", "4",   NULL};
   expect_input_error(f, "ranks", ranks, "not yet supported");
-  free(dq);
+}
+
+/* A bad dO (wrong shape, unreadable, malformed) or an unwritable gradient output: exit 1 with
+ * one line naming the file, and none of the five outputs written. */
+static void test_cli_backward_bad_inputs_exit_1_and_write_nothing(void **state) {
+  fixture *f = *state;
+  static const struct {
+    const char *what, *descr;
+    int fortran, ndim;
+    long long shape[4];
+    int raw_bytes; /* as with_broken_input */
+  } bad_do[] = {
+      {"dO heads of K", "<f4", 0, 4, {1, 40, 2, 32}, 0},
+      {"dO n", "<f4", 0, 4, {1, 41, 4, 32}, 0},
+      {"dO batch", "<f8", 0, 4, {2, 40, 4, 32}, 0},
+      {"dO head_dim", "<f4", 0, 4, {1, 40, 4, 64}, 0},
+      {"dO 3-d", "<f4", 0, 3, {40, 4, 32, 0}, 0},
+      {"dO big-endian", ">f4", 0, 4, {1, 40, 4, 32}, 0},
+      {"dO integers", "<i4", 0, 4, {1, 40, 4, 32}, 0},
+      {"dO fortran", "<f4", 1, 4, {1, 40, 4, 32}, 0},
+      {"dO truncated", NULL, 0, 0, {0}, 300},
+      {"dO missing", NULL, 0, 0, {0}, -1},
+  };
+  for (size_t i = 0; i < sizeof bad_do / sizeof bad_do[0]; i++) {
+    char *saved = rt_path(f->dir, "saved.tmp");
+    assert_int_equal(rename(f->d_o, saved), 0);
+    if (bad_do[i].raw_bytes > 0) {
+      size_t len = 0;
+      char *b = rt_read_file(saved, &len);
+      assert_non_null(b);
+      assert_true(rt_write_file(f->d_o, b, (size_t)bad_do[i].raw_bytes));
+      free(b);
+    } else if (bad_do[i].raw_bytes == 0) {
+      size_t n = 1;
+      for (int d = 0; d < bad_do[i].ndim; d++) n *= (size_t)bad_do[i].shape[d];
+      double *x = rt_normal(n, RDA_DTYPE_BF16);
+      assert_true(rt_write_npy(f->d_o, bad_do[i].descr, bad_do[i].fortran, bad_do[i].ndim,
+                               bad_do[i].shape, x));
+      free(x);
+    }
+    const char *const args[] = {"run",  f->config, "--q",       f->q,  "--k",   f->k,
+                                "--v",  f->v,      "--o",       f->o,  "--lse", f->lse,
+                                "--do", f->d_o,    "--dq",      f->dq, "--dk",  f->dk,
+                                "--dv", f->dv,     "--backend", "emu", NULL};
+    expect_input_error(f, bad_do[i].what, args, f->d_o);
+    unlink(f->d_o);
+    assert_int_equal(rename(saved, f->d_o), 0);
+    free(saved);
+  }
+  /* A gradient output that cannot be written is found before anything runs. */
+  char *missing = rt_path(f->dir, "no/such/dv.npy");
+  const char *const a1[] = {"run",  f->config, "--q",  f->q,    "--k",       f->k,   "--v",
+                            f->v,   "--o",     f->o,   "--do",  f->d_o,      "--dq", f->dq,
+                            "--dk", f->dk,     "--dv", missing, "--backend", "emu",  NULL};
+  expect_input_error(f, "--dv in a missing folder", a1, missing);
+  const char *const a2[] = {"run",  f->config, "--q",  f->q,   "--k",       f->k,   "--v",
+                            f->v,   "--o",     f->o,   "--do", f->d_o,      "--dq", f->dir,
+                            "--dk", f->dk,     "--dv", f->dv,  "--backend", "emu",  NULL};
+  expect_input_error(f, "--dq is a folder", a2, f->dir);
+  free(missing);
+}
+
+/* A failed backward run leaves every existing output exactly as it was. */
+static void test_cli_backward_failure_keeps_existing_outputs_untouched(void **state) {
+  fixture *f = *state;
+  const char *outs[5] = {f->o, f->lse, f->dq, f->dk, f->dv};
+  for (int i = 0; i < 5; i++) assert_true(rt_write_file(outs[i], "precious", 8));
+  const long long bad_shape[4] = {1, 40, 2, 32}; /* dO shaped like K */
+  double *x = rt_normal(40 * 2 * 32, RDA_DTYPE_BF16);
+  assert_true(rt_write_npy(f->d_o, "<f4", 0, 4, bad_shape, x));
+  free(x);
+  const char *const args[] = {"run",  f->config, "--q",       f->q,  "--k",   f->k,
+                              "--v",  f->v,      "--o",       f->o,  "--lse", f->lse,
+                              "--do", f->d_o,    "--dq",      f->dq, "--dk",  f->dk,
+                              "--dv", f->dv,     "--backend", "emu", NULL};
+  rt_proc p = run_rdagen(300, args);
+  if (p.exit_code != 1) show("backward with a bad dO", &p);
+  assert_int_equal(p.exit_code, 1);
+  for (int i = 0; i < 5; i++) {
+    size_t len = 0;
+    char *b = rt_read_file(outs[i], &len);
+    assert_non_null(b);
+    assert_int_equal(len, 8);
+    assert_memory_equal(b, "precious", 8);
+    free(b);
+  }
+  assert_null(stray_entry(f, 1));
+  rt_proc_free(&p);
 }
 
 /* A failed run leaves an existing output file exactly as it was. */
@@ -313,7 +430,24 @@ typedef struct run_case {
   int with_lse;
   const char *backend_arg; /* how --backend is spelled */
   int no_gpu_ok;           /* cuda: with no usable GPU, a clean exit 1 is the right answer */
+  int backward;            /* also --do/--dq/--dk/--dv, the gradients checked too */
 } run_case;
+
+/* Read an fp32 .npy output of the given shape into malloc'd floats. */
+static float *read_output(const char *path, int ndim, const long long *shape) {
+  rda_npy a;
+  rda_err err = {0};
+  const rda_status st = rda_npy_read(path, &a, &err);
+  if (st != RDA_OK) fprintf(stderr, "%s\n", err.msg);
+  assert_int_equal(st, RDA_OK);
+  assert_int_equal(a.ndim, ndim);
+  for (int i = 0; i < ndim; i++) assert_int_equal(a.shape[i], shape[i]);
+  float *x = malloc((a.count ? a.count : 1) * sizeof *x);
+  assert_non_null(x);
+  for (size_t i = 0; i < a.count; i++) x[i] = (float)a.data[i];
+  rda_npy_free(&a);
+  return x;
+}
 
 static void run_and_compare(fixture *f, const run_case *rc) {
   assert_true(rt_write_file(f->config, rc->config, strlen(rc->config)));
@@ -324,12 +458,14 @@ static void run_and_compare(fixture *f, const run_case *rc) {
   double *q = rt_normal((size_t)(B * N * H * D), RT_DTYPE_F64);
   double *k = rt_normal((size_t)(B * N * Hkv * D), RT_DTYPE_F64);
   double *v = rt_normal((size_t)(B * N * Hkv * D), RT_DTYPE_F64);
+  double *d_o = rt_normal((size_t)(B * N * H * D), RT_DTYPE_F64);
   assert_true(rt_write_npy(f->q, rc->descr, 0, 4, qs, q));
   assert_true(rt_write_npy(f->k, rc->descr, 0, 4, ks, k));
   assert_true(rt_write_npy(f->v, rc->descr, 0, 4, ks, v));
-  double *arrays[3] = {q, k, v};
-  const char *paths[3] = {f->q, f->k, f->v};
-  for (int a = 0; a < 3; a++) { /* what the file holds, rounded to the config's dtype */
+  if (rc->backward) assert_true(rt_write_npy(f->d_o, rc->descr, 0, 4, qs, d_o));
+  double *arrays[4] = {q, k, v, d_o};
+  const char *paths[4] = {f->q, f->k, f->v, f->d_o};
+  for (int a = 0; a < 3 + rc->backward; a++) { /* what the file holds, rounded to the dtype */
     rda_npy in;
     rda_err err = {0};
     assert_int_equal(rda_npy_read(paths[a], &in, &err), RDA_OK);
@@ -353,15 +489,24 @@ static void run_and_compare(fixture *f, const run_case *rc) {
   else
     args[n++] = "--backend", args[n++] = rc->backend_arg;
   args[n++] = "--ranks", args[n++] = "1";
+  if (rc->backward) {
+    args[n++] = "--dv", args[n++] = f->dv, args[n++] = "--do", args[n++] = f->d_o;
+    args[n++] = "--dk", args[n++] = f->dk, args[n++] = "--dq", args[n++] = f->dq;
+  }
   args[n] = NULL;
-  assert_true(rt_write_file(f->o, "stale", 5)); /* a run replaces an existing output */
+  const char *const outs[4] = {f->o, f->dq, f->dk, f->dv};
+  for (int i = 0; i < (rc->backward ? 4 : 1); i++) /* a run replaces an existing output */
+    assert_true(rt_write_file(outs[i], "stale", 5));
   rt_proc p = run_rdagen(900, args);
   if (rc->no_gpu_ok && p.exit_code == 1) {
     /* No GPU here: the failure must follow SPEC §4 (one line, nothing written). */
-    size_t len = 0;
-    char *kept = rt_read_file(f->o, &len);
-    const int untouched = kept != NULL && len == 5 && memcmp(kept, "stale", 5) == 0;
-    free(kept);
+    int untouched = 1;
+    for (int i = 0; i < (rc->backward ? 4 : 1); i++) {
+      size_t len = 0;
+      char *kept = rt_read_file(outs[i], &len);
+      untouched &= kept != NULL && len == 5 && memcmp(kept, "stale", 5) == 0;
+      free(kept);
+    }
     if (rt_count_lines(p.err) != 1 || strncmp(p.err, "rdagen: error: ", 15) != 0 ||
         stray_entry(f, 1) != NULL || !untouched || rt_exists(f->lse)) {
       show(rc->name, &p);
@@ -369,7 +514,7 @@ static void run_and_compare(fixture *f, const run_case *rc) {
     }
     fprintf(stderr, "note: %s: no usable GPU, checked the clean failure only: %s", rc->name, p.err);
     rt_proc_free(&p);
-    free(q), free(k), free(v);
+    free(q), free(k), free(v), free(d_o);
     return;
   }
   if (p.exit_code != 0) {
@@ -416,7 +561,22 @@ static void run_and_compare(fixture *f, const run_case *rc) {
   rt_report rep;
   assert_true(rt_check_fwd(rc->name, &c, B, N, of, o_s, lf, l_s, o_ref, lse_ref, &rep));
   assert_true(rep.covered_rows > 0);
-  free(of), free(lf), free(o_ref), free(lse_ref), free(q), free(k), free(v);
+  free(of), free(lf), free(o_ref), free(lse_ref);
+
+  if (rc->backward) { /* dQ, dK, dV against the reference gradient (dLSE = 0) */
+    float *dq = read_output(f->dq, 4, qs), *dk = read_output(f->dk, 4, ks);
+    float *dv = read_output(f->dv, 4, ks);
+    double *dq_ref, *dk_ref, *dv_ref;
+    rt_reference_bwd(&c, B, N, q, k, v, d_o, NULL, &dq_ref, &dk_ref, &dv_ref);
+    const long long k_s[3] = {N * Hkv * D, Hkv * D, D};
+    rt_grad_report grep;
+    assert_true(
+        rt_check_bwd(rc->name, &c, B, N, dq, o_s, dk, k_s, dv, k_s, dq_ref, dk_ref, dv_ref, &grep));
+    free(dq), free(dk), free(dv), free(dq_ref), free(dk_ref), free(dv_ref);
+  } else {
+    assert_false(rt_exists(f->dq) || rt_exists(f->dk) || rt_exists(f->dv));
+  }
+  free(q), free(k), free(v), free(d_o);
 }
 
 static void test_cli_run_emu_matches_reference_bf16_causal_gqa(void **state) {
@@ -432,6 +592,7 @@ static void test_cli_run_emu_matches_reference_bf16_causal_gqa(void **state) {
                        "<f4",
                        1,
                        "emu",
+                       0,
                        0};
   run_and_compare(*state, &rc);
 }
@@ -449,6 +610,7 @@ static void test_cli_run_emu_matches_reference_fp16_group_offsets_f8_inputs(void
                        "<f8",
                        0,
                        "--backend=emu",
+                       0,
                        0};
   run_and_compare(*state, &rc);
 }
@@ -466,6 +628,7 @@ static void test_cli_run_auto_reads_f2_and_says_which_backend(void **state) {
       "<f2",
       1,
       "auto",
+      0,
       0};
   run_and_compare(*state, &rc);
 }
@@ -485,6 +648,66 @@ static void test_cli_run_cuda_matches_reference_or_fails_cleanly(void **state) {
                        "<f4",
                        1,
                        "cuda",
+                       1,
+                       0};
+  run_and_compare(*state, &rc);
+}
+
+/* The backward pass through the CLI: multi-branch, causal, GQA, bf16, two batch elements. */
+static void test_cli_backward_emu_matches_reference_bf16_causal_gqa(void **state) {
+  const run_case rc = {"backward bf16 causal gqa",
+                       "return { heads = 4, kv_heads = 2, head_dim = 32, dtype = 'bf16',\n"
+                       "  segments = { 16, 32, 256 }, dilations = { 1, 2, 4 }, causal = true }\n",
+                       4,
+                       2,
+                       32,
+                       RDA_DTYPE_BF16,
+                       2,
+                       72,
+                       "<f4",
+                       1,
+                       "emu",
+                       0,
+                       1};
+  run_and_compare(*state, &rc);
+}
+
+/* fp16, the "group" offset rule (uncovered rows), a custom scale, MQA, <f8 inputs, no --lse. */
+static void test_cli_backward_emu_matches_reference_fp16_group_mqa(void **state) {
+  const run_case rc = {"backward fp16 group mqa",
+                       "return { heads = 3, kv_heads = 1, head_dim = 64, dtype = 'fp16',\n"
+                       "  offsets = 'group', segments = { 24, 40 }, dilations = { 3, 2 },\n"
+                       "  scale = 0.2 }\n",
+                       3,
+                       1,
+                       64,
+                       RDA_DTYPE_FP16,
+                       1,
+                       50,
+                       "<f8",
+                       0,
+                       "--backend=emu",
+                       0,
+                       1};
+  run_and_compare(*state, &rc);
+}
+
+/* The backward pass on --backend cuda: checked against the reference on a GPU, else a clean
+ * failure that leaves all four outputs as they were. */
+static void test_cli_backward_cuda_matches_reference_or_fails_cleanly(void **state) {
+  const run_case rc = {"backward cuda backend",
+                       "return { heads = 4, kv_heads = 2, head_dim = 64, dtype = 'fp16',\n"
+                       "  segments = { 32, 128 }, dilations = { 1, 4 }, causal = true }\n",
+                       4,
+                       2,
+                       64,
+                       RDA_DTYPE_FP16,
+                       2,
+                       100,
+                       "<f4",
+                       1,
+                       "cuda",
+                       1,
                        1};
   run_and_compare(*state, &rc);
 }
@@ -501,6 +724,14 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cli_unsupported_features_exit_1, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cli_failure_keeps_existing_output_untouched, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_cli_backward_bad_inputs_exit_1_and_write_nothing, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cli_backward_failure_keeps_existing_outputs_untouched,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cli_backward_emu_matches_reference_bf16_causal_gqa,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cli_backward_emu_matches_reference_fp16_group_mqa, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_cli_run_emu_matches_reference_bf16_causal_gqa, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(
@@ -509,6 +740,8 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_run_cuda_matches_reference_or_fails_cleanly, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_cli_backward_cuda_matches_reference_or_fails_cleanly,
+                                      setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -442,10 +442,11 @@ static bool has_manifest(const char *out) {
 /* Checks one manifest entry against the files in out; returns its arch. */
 static const char *check_entry(const jv *k, const char *out) {
   static const char *const keys[] = {"name",      "arch",        "entry",      "cubin",
-                                     "registers", "spill_bytes", "smem_bytes", "compile_s"};
+                                     "registers", "spill_bytes", "smem_bytes", "compile_s",
+                                     "source_sha256"};
   assert_int_equal(k->type, JV_OBJ);
-  assert_int_equal(k->n, 8);
-  for (size_t i = 0; i < 8; ++i)
+  assert_int_equal(k->n, 9);
+  for (size_t i = 0; i < 9; ++i)
     if (jv_get(k, keys[i]) == NULL) fail_msg("manifest entry without \"%s\"", keys[i]);
   const jv *name = jv_get(k, "name"), *arch = jv_get(k, "arch"), *entry = jv_get(k, "entry");
   const jv *cubin = jv_get(k, "cubin");
@@ -453,6 +454,8 @@ static const char *check_entry(const jv *k, const char *out) {
   assert_int_equal(arch->type, JV_STR);
   assert_int_equal(entry->type, JV_STR);
   assert_int_equal(cubin->type, JV_STR);
+  assert_int_equal(jv_get(k, "source_sha256")->type, JV_STR); /* what RDA_KERNEL_PATH matches */
+  assert_int_equal(strlen(jv_get(k, "source_sha256")->str), 64);
   assert_string_equal(entry->str, name->str);
   assert_true(strcmp(arch->str, "sm_80") == 0 || strcmp(arch->str, "sm_90") == 0);
   for (size_t i = 4; i < 8; ++i) assert_int_equal(jv_get(k, keys[i])->type, JV_NUM);

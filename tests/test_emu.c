@@ -873,8 +873,9 @@ static void emu_cache_folder(const char *root, char *dir, size_t cap) {
   snprintf(dir, cap, "%s/emu-%s", root, un.machine);
 }
 
-/* The runtime's .so, then one .cu and one .so per distinct source; a second load compiles
- * nothing; a failed compile leaves nothing behind. Runs in a private cache folder. */
+/* One kernel cache entry (.rda + its .use access record) per distinct source, beside the
+ * headers folder (the runtime was loaded by earlier tests); a second load compiles nothing; a
+ * failed compile leaves nothing behind. Runs in a private cache folder. */
 static void test_emu_cache_reuses_module_and_leaves_no_temp_files(void **state) {
   (void)state;
   char *root = rt_mkdtemp();
@@ -900,14 +901,14 @@ static void test_emu_cache_reuses_module_and_leaves_no_temp_files(void **state) 
   assert_int_equal(rt_count_entries(dir), 3);
   char *so = NULL;
   {
-    /* The module's path: the one entry ending in .so. */
+    /* The module's entry: the one file ending in .rda. */
     char cmd_dir[2100];
     snprintf(cmd_dir, sizeof cmd_dir, "%s", dir);
     DIR *d = opendir(cmd_dir);
     assert_non_null(d);
     for (struct dirent *e; (e = readdir(d)) != NULL;) {
       const size_t n = strlen(e->d_name);
-      if (n > 3 && strcmp(e->d_name + n - 3, ".so") == 0 && strncmp(e->d_name, "rt-", 3) != 0)
+      if (n > 4 && strcmp(e->d_name + n - 4, ".rda") == 0)
         so = rt_path(dir, e->d_name);
     }
     closedir(d);

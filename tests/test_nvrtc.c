@@ -323,7 +323,9 @@ static void test_nvrtc_matrix_every_planned_variant_compiles_without_spills(void
         if (rda_gen_config_string(g, chunk, "matrix", &cfg, &err) != RDA_OK)
           fail_msg("config: %s", err.msg);
         for (int a = 0; a < NARCH; ++a) {
-          if (rda_gen_plan(g, &cfg, &hw[a], &plans[nplans], &err) != RDA_OK)
+          /* Backward kernels too, with their atomic-dQ variants: none may spill either. */
+          if (rda_gen_plan_ex(g, &cfg, &hw[a], RDA_PLAN_BACKWARD | RDA_PLAN_BACKWARD_ATOMIC,
+                              &plans[nplans], &err) != RDA_OK)
             fail_msg("plan d%d %s causal=%d sm_%d: %s", head_dims[d], dtypes[t], c, archs[a],
                      err.msg);
           ++nplans;

@@ -1,6 +1,7 @@
 /* test_reference.c — the float64 reference against independent facts: dense softmax attention
  * (plain, causal, on gathered dilated rows, over the multiset union of branches), the offset
- * rules, uncovered rows, GQA, and bf16/fp16 rounding (ties to even, subnormals, overflow). */
+ * rules, uncovered rows, GQA; its gradient against finite differences and the textbook dense
+ * gradient; the SPEC §5 checks; bf16/fp16 rounding (ties to even, subnormals, overflow). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +10,7 @@
 #include <cmocka.h>
 
 #include "rda_test.h"
+#include "check.h"
 #include "reference.h"
 
 #include <math.h>
@@ -373,6 +375,344 @@ static void test_reference_batches_are_independent_and_scale_applies(void **stat
   problem_free(&p);
 }
 
+/* --- the backward pass ------------------------------------------------------------------------ */
+
+/* The scalar loss whose gradient rda_ref_backward computes: L = Σ dO·O + Σ dLSE·LSE, the LSE
+ * sum over covered rows only (an uncovered row's LSE is -inf and its dLSE must not matter). */
+static double bwd_loss(const rda_config *c, long long b, long long n, const double *q,
+                       const double *k, const double *v, const double *dout, const double *dlse) {
+  double *o, *lse;
+  rt_reference(c, b, n, q, k, v, &o, &lse);
+  double l = 0.0;
+  for (long long i = 0; i < b * n * c->heads * c->head_dim; i++) l += dout[i] * o[i];
+  if (dlse != NULL)
+    for (long long i = 0; i < b * c->heads * n; i++)
+      if (lse[i] != -INFINITY) l += dlse[i] * lse[i];
+  free(o), free(lse);
+  return l;
+}
+
+/* Central differences of bwd_loss on `samples` random elements of each of Q, K, V against
+ * rda_ref_backward; every element within 1e-6 of max(|analytic|, rms of that gradient).
+ * Returns how many sampled elements had a nonzero gradient (so a caller can tell the check
+ * was not vacuous). */
+static int check_bwd_by_finite_differences(const rda_config *c, long long b, long long n,
+                                           int with_dlse, int samples) {
+  const long long nq = b * n * c->heads * c->head_dim, nk = b * n * c->kv_heads * c->head_dim;
+  double *q = rt_normal((size_t)nq, RT_DTYPE_F64);
+  double *k = rt_normal((size_t)nk, RT_DTYPE_F64);
+  double *v = rt_normal((size_t)nk, RT_DTYPE_F64);
+  double *dout = rt_normal((size_t)nq, RT_DTYPE_F64);
+  double *dlse = with_dlse ? rt_normal((size_t)(b * c->heads * n), RT_DTYPE_F64) : NULL;
+  double *g[3];
+  rt_reference_bwd(c, b, n, q, k, v, dout, dlse, &g[0], &g[1], &g[2]);
+  double *x[3] = {q, k, v};
+  const long long count[3] = {nq, nk, nk};
+  const char *names[3] = {"dQ", "dK", "dV"};
+  rt_rng *rng = rt_global_rng();
+  int nonzero = 0;
+  for (int t = 0; t < 3; t++) {
+    double rms = 0.0;
+    for (long long i = 0; i < count[t]; i++) rms += g[t][i] * g[t][i];
+    rms = sqrt(rms / (double)count[t]);
+    assert_true(rms > 0.0);
+    for (int s = 0; s < samples; s++) {
+      const long long i = rt_rng_range(rng, 0, count[t] - 1);
+      const double keep = x[t][i], h = 1e-5;
+      x[t][i] = keep + h;
+      const double lp = bwd_loss(c, b, n, q, k, v, dout, dlse);
+      x[t][i] = keep - h;
+      const double lm = bwd_loss(c, b, n, q, k, v, dout, dlse);
+      x[t][i] = keep;
+      const double fd = (lp - lm) / (2 * h), an = g[t][i];
+      if (an != 0.0) nonzero++;
+      if (!(fabs(fd - an) <= 1e-6 * fmax(fabs(an), rms))) {
+        fprintf(stderr,
+                "%s[%lld]: analytic %.12g, finite difference %.12g (H=%d Hkv=%d causal=%d "
+                "offsets=%s branches=%d, seed %llu)\n",
+                names[t], i, an, fd, c->heads, c->kv_heads, c->causal, rda_offsets_name(c->offsets),
+                c->nbranch, (unsigned long long)rt_seed_value());
+        fail();
+      }
+    }
+  }
+  free(q), free(k), free(v), free(dout), free(dlse), free(g[0]), free(g[1]), free(g[2]);
+  return nonzero;
+}
+
+/* Overlapping branches (keys counted twice, a clamped segment), every offset rule, causal and
+ * not, with dLSE. */
+static void test_reference_bwd_matches_finite_differences_multibranch(void **state) {
+  (void)state;
+  const long long w[] = {4, 8, 200}, r[] = {1, 2, 3};
+  for (int causal = 0; causal <= 1; causal++)
+    for (int off = RDA_OFFSETS_MOD; off <= RDA_OFFSETS_GROUP; off++) {
+      rda_config c;
+      rt_config_make(&c, 4, 4, 32, RDA_DTYPE_BF16, causal, off, 3, w, r);
+      assert_true(check_bwd_by_finite_differences(&c, 1, 21, 1, 12) > 0);
+    }
+}
+
+/* GQA (dK/dV sum over the query heads of a kv head), two batch elements, with and without
+ * dLSE. */
+static void test_reference_bwd_matches_finite_differences_gqa(void **state) {
+  (void)state;
+  const long long w[] = {6, 16}, r[] = {1, 2};
+  for (int with_dlse = 0; with_dlse <= 1; with_dlse++) {
+    rda_config c;
+    rt_config_make(&c, 6, 2, 32, RDA_DTYPE_FP16, 1, RDA_OFFSETS_MOD, 2, w, r);
+    assert_true(check_bwd_by_finite_differences(&c, 2, 19, with_dlse, 12) > 0);
+    rt_config_make(&c, 4, 1, 32, RDA_DTYPE_BF16, 0, RDA_OFFSETS_BLOCK, 2, w, r);
+    assert_true(check_bwd_by_finite_differences(&c, 1, 23, with_dlse, 12) > 0);
+    rt_config_make(&c, 6, 3, 32, RDA_DTYPE_BF16, 1, RDA_OFFSETS_GROUP, 2, w, r);
+    assert_true(check_bwd_by_finite_differences(&c, 1, 17, with_dlse, 12) > 0);
+  }
+}
+
+/* Uncovered rows (a dilation larger than some segments' free room) and a custom scale. */
+static void test_reference_bwd_matches_finite_differences_uncovered_and_scale(void **state) {
+  (void)state;
+  const long long w[] = {8}, r[] = {4};
+  rda_config c;
+  rt_config_make(&c, 4, 2, 32, RDA_DTYPE_BF16, 1, RDA_OFFSETS_MOD, 1, w, r);
+  c.scale = 0.37;
+  assert_true(check_bwd_by_finite_differences(&c, 1, 10, 1, 16) > 0);
+  c.causal = 0;
+  c.scale = 1.9;
+  assert_true(check_bwd_by_finite_differences(&c, 2, 11, 1, 16) > 0);
+}
+
+/* Rows no branch covers get exactly zero dQ whatever their dO and dLSE; keys no branch selects
+ * get exactly zero dK and dV. */
+static void test_reference_bwd_uncovered_rows_are_exactly_zero(void **state) {
+  (void)state;
+  const long long w[] = {8}, r[] = {4};
+  rda_config c;
+  rt_config_make(&c, 4, 4, 32, RDA_DTYPE_BF16, 0, RDA_OFFSETS_MOD, 1, w, r);
+  const long long n = 10, H = 4, D = 32;
+  double *q = rt_normal((size_t)(n * H * D), RT_DTYPE_F64);
+  double *k = rt_normal((size_t)(n * H * D), RT_DTYPE_F64);
+  double *v = rt_normal((size_t)(n * H * D), RT_DTYPE_F64);
+  double *dout = rt_normal((size_t)(n * H * D), RT_DTYPE_F64);
+  double *dlse = rt_normal((size_t)(H * n), RT_DTYPE_F64);
+  double *dq, *dk, *dv;
+  rt_reference_bwd(&c, 1, n, q, k, v, dout, dlse, &dq, &dk, &dv);
+  long long zero_rows = 0;
+  for (long long t = 0; t < n; t++)
+    for (long long h = 0; h < H; h++) {
+      const int on = (t % 8) % 4 == h; /* mod rule: offset h, one grid point per segment */
+      for (long long x = 0; x < D; x++) {
+        const long long i = (t * H + h) * D + x;
+        if (on) continue;
+        assert_true(dq[i] == 0.0 && dk[i] == 0.0 && dv[i] == 0.0);
+      }
+      if (!on) zero_rows++;
+      if (on) {
+        double s = 0.0;
+        for (long long x = 0; x < D; x++) s += fabs(dv[(t * H + h) * D + x]);
+        assert_true(s > 0.0);
+      }
+    }
+  assert_int_equal(zero_rows, 4 * 10 - 10);
+  free(q), free(k), free(v), free(dout), free(dlse), free(dq), free(dk), free(dv);
+}
+
+/* Two identical branches select every key twice: the combined softmax (and so O) is that of one
+ * branch and LSE is larger by log 2, so the gradient must equal the one-branch gradient exactly:
+ * each pair counts twice with P halved by the combined LSE. A reference that used per-branch
+ * LSEs would double it; one that merged duplicate keys would halve it. */
+static void test_reference_bwd_duplicate_branches_equal_one_branch(void **state) {
+  (void)state;
+  const long long w[] = {8, 8}, r[] = {2, 2};
+  rda_config one, two;
+  rt_config_make(&one, 4, 2, 32, RDA_DTYPE_BF16, 1, RDA_OFFSETS_MOD, 1, w, r);
+  rt_config_make(&two, 4, 2, 32, RDA_DTYPE_BF16, 1, RDA_OFFSETS_MOD, 2, w, r);
+  const long long n = 19, nq = n * 4 * 32, nk = n * 2 * 32;
+  double *q = rt_normal((size_t)nq, RT_DTYPE_F64), *k = rt_normal((size_t)nk, RT_DTYPE_F64);
+  double *v = rt_normal((size_t)nk, RT_DTYPE_F64), *dout = rt_normal((size_t)nq, RT_DTYPE_F64);
+  double *dlse = rt_normal((size_t)(4 * n), RT_DTYPE_F64);
+  double *g1[3], *g2[3];
+  rt_reference_bwd(&one, 1, n, q, k, v, dout, dlse, &g1[0], &g1[1], &g1[2]);
+  rt_reference_bwd(&two, 1, n, q, k, v, dout, dlse, &g2[0], &g2[1], &g2[2]);
+  const long long count[3] = {nq, nk, nk};
+  for (int t = 0; t < 3; t++) {
+    double norm = 0.0;
+    for (long long i = 0; i < count[t]; i++) {
+      norm += fabs(g1[t][i]);
+      if (fabs(g2[t][i] - g1[t][i]) > 1e-12 * (1.0 + fabs(g1[t][i]))) {
+        fprintf(stderr, "gradient %d [%lld]: two branches %.17g, one branch %.17g\n", t, i,
+                g2[t][i], g1[t][i]);
+        fail();
+      }
+    }
+    assert_true(norm > 0.0);
+  }
+  for (int t = 0; t < 3; t++) free(g1[t]), free(g2[t]);
+  free(q), free(k), free(v), free(dout), free(dlse);
+}
+
+/* The textbook gradient of dense softmax attention, one head: S = τ Q Kᵀ (masked if causal),
+ * P = softmax(S), O = P V, LSE = logsumexp(S); with upstream dO and dLSE: dV = Pᵀ dO,
+ * dP = dO Vᵀ, dS = P ∘ (dP − rowsum(dP ∘ P) + dLSE), dQ = τ dS K, dK = τ dSᵀ Q. Rows and
+ * tensors here are [n, d] for one head. */
+static void dense_textbook_bwd(int n, int d, double tau, int causal, const double *q,
+                               const double *k, const double *v, const double *dout,
+                               const double *dlse, double *dq, double *dk, double *dv) {
+  double *pm = calloc((size_t)(n * n), sizeof *pm), *dpm = calloc((size_t)(n * n), sizeof *dpm);
+  double *ds = calloc((size_t)(n * n), sizeof *ds);
+  assert_non_null(pm), assert_non_null(dpm), assert_non_null(ds);
+  for (int i = 0; i < n; i++) { /* P, row by row */
+    double mx = -INFINITY;
+    for (int j = 0; j < n; j++) {
+      if (causal && j > i) continue;
+      double s = 0.0;
+      for (int x = 0; x < d; x++) s += q[i * d + x] * k[j * d + x];
+      pm[i * n + j] = tau * s;
+      mx = fmax(mx, tau * s);
+    }
+    double z = 0.0;
+    for (int j = 0; j < n; j++)
+      if (!(causal && j > i)) z += exp(pm[i * n + j] - mx);
+    for (int j = 0; j < n; j++) pm[i * n + j] = causal && j > i ? 0.0 : exp(pm[i * n + j] - mx) / z;
+  }
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < n; j++) {
+      double s = 0.0;
+      for (int x = 0; x < d; x++) s += dout[i * d + x] * v[j * d + x];
+      dpm[i * n + j] = s;
+    }
+  for (int i = 0; i < n; i++) {
+    double rs = 0.0;
+    for (int j = 0; j < n; j++) rs += dpm[i * n + j] * pm[i * n + j];
+    for (int j = 0; j < n; j++) ds[i * n + j] = pm[i * n + j] * (dpm[i * n + j] - rs + dlse[i]);
+  }
+  for (int i = 0; i < n; i++)
+    for (int x = 0; x < d; x++) {
+      double a = 0.0, b = 0.0, e = 0.0;
+      for (int j = 0; j < n; j++) {
+        a += ds[i * n + j] * k[j * d + x];    /* (dS K)[i] */
+        b += ds[j * n + i] * q[j * d + x];    /* (dSᵀ Q)[i] */
+        e += pm[j * n + i] * dout[j * d + x]; /* (Pᵀ dO)[i] */
+      }
+      dq[i * d + x] = tau * a;
+      dk[i * d + x] = tau * b;
+      dv[i * d + x] = e;
+    }
+  free(pm), free(dpm), free(ds);
+}
+
+/* A single branch covering the whole sequence: the reference gradient equals the textbook
+ * dense one (per head, causal and not, with dLSE). */
+static void test_reference_bwd_single_dense_branch_equals_textbook(void **state) {
+  (void)state;
+  const long long w[] = {64}, r[] = {1};
+  for (int causal = 0; causal <= 1; causal++) {
+    rda_config c;
+    rt_config_make(&c, 3, 3, 32, RDA_DTYPE_BF16, causal, RDA_OFFSETS_MOD, 1, w, r);
+    const int n = 29, H = 3, D = 32;
+    double *q = rt_normal((size_t)(n * H * D), RT_DTYPE_F64);
+    double *k = rt_normal((size_t)(n * H * D), RT_DTYPE_F64);
+    double *v = rt_normal((size_t)(n * H * D), RT_DTYPE_F64);
+    double *dout = rt_normal((size_t)(n * H * D), RT_DTYPE_F64);
+    double *dlse = rt_normal((size_t)(H * n), RT_DTYPE_F64);
+    double *dq, *dk, *dv;
+    rt_reference_bwd(&c, 1, n, q, k, v, dout, dlse, &dq, &dk, &dv);
+    double *hx[4], *hg[3];
+    for (int i = 0; i < 4; i++) hx[i] = malloc((size_t)(n * D) * sizeof *hx[i]);
+    for (int i = 0; i < 3; i++) hg[i] = malloc((size_t)(n * D) * sizeof *hg[i]);
+    for (int h = 0; h < H; h++) {
+      for (int t = 0; t < n; t++)
+        for (int x = 0; x < D; x++) {
+          const long long i = ((long long)t * H + h) * D + x;
+          hx[0][t * D + x] = q[i], hx[1][t * D + x] = k[i], hx[2][t * D + x] = v[i];
+          hx[3][t * D + x] = dout[i];
+        }
+      dense_textbook_bwd(n, D, c.scale, causal, hx[0], hx[1], hx[2], hx[3], dlse + h * n, hg[0],
+                         hg[1], hg[2]);
+      const double *got[3] = {dq, dk, dv};
+      for (int g = 0; g < 3; g++)
+        for (int t = 0; t < n; t++)
+          for (int x = 0; x < D; x++) {
+            const double want = hg[g][t * D + x], have = got[g][((long long)t * H + h) * D + x];
+            if (fabs(have - want) > 1e-12 * (1.0 + fabs(want))) {
+              fprintf(stderr, "grad %d h=%d n=%d d=%d: %.17g vs textbook %.17g\n", g, h, t, x, have,
+                      want);
+              fail();
+            }
+          }
+    }
+    for (int i = 0; i < 4; i++) free(hx[i]);
+    for (int i = 0; i < 3; i++) free(hg[i]);
+    free(q), free(k), free(v), free(dout), free(dlse), free(dq), free(dk), free(dv);
+  }
+}
+
+/* rda_check_grad / rt_check_bwd pass the reference rounded to fp32 (strided), and one off by
+ * half the tolerance, and fail each kind of wrong gradient: an element off, a NaN, an Inf, all
+ * of dQ off by 2.5 tolerances, dK and dV swapped. */
+static void test_check_bwd_rejects_each_kind_of_wrong_gradient(void **state) {
+  (void)state;
+  const long long w[] = {8, 16}, r[] = {1, 2};
+  for (int dt = RDA_DTYPE_BF16; dt <= RDA_DTYPE_FP16; dt++) {
+    rda_config c;
+    rt_config_make(&c, 4, 2, 32, dt, 1, RDA_OFFSETS_MOD, 2, w, r);
+    const long long n = 20, H = 4, Hk = 2, D = 32, P = 40; /* head stride 40: padded */
+    double *q = rt_normal((size_t)(n * H * D), RT_DTYPE_F64);
+    double *k = rt_normal((size_t)(n * Hk * D), RT_DTYPE_F64);
+    double *v = rt_normal((size_t)(n * Hk * D), RT_DTYPE_F64);
+    double *dout = rt_normal((size_t)(n * H * D), RT_DTYPE_F64);
+    double *ref[3];
+    rt_reference_bwd(&c, 1, n, q, k, v, dout, NULL, &ref[0], &ref[1], &ref[2]);
+    const long long sq[3] = {n * H * P, H * P, P}, sk[3] = {n * Hk * P, Hk * P, P};
+    float *g[3];
+    const long long heads[3] = {H, Hk, Hk};
+    const long long *st[3] = {sq, sk, sk};
+    for (int i = 0; i < 3; i++) g[i] = malloc((size_t)(n * heads[i] * P) * sizeof *g[i]);
+    const double tol = rt_tolerance(dt).grad_rel_l2;
+    for (int kind = 0; kind <= 6; kind++) {
+      for (int i = 0; i < 3; i++) {
+        rt_poison_f32(g[i], (size_t)(n * heads[i] * P)); /* the padding stays NaN */
+        const double *src = kind == 5 && i > 0 ? ref[3 - i] : ref[i];
+        for (long long t = 0; t < n; t++)
+          for (long long h = 0; h < heads[i]; h++)
+            for (long long x = 0; x < D; x++)
+              g[i][t * st[i][1] + h * st[i][2] + x] = (float)src[(t * heads[i] + h) * D + x];
+      }
+      double norm = 0.0;
+      for (long long i = 0; i < n * Hk * D; i++) norm += ref[1][i] * ref[1][i];
+      switch (kind) {
+        case 1: g[1][3 * sk[1] + 5] += (float)(3.0 * tol * sqrt(norm)); break; /* dK off */
+        case 2: g[0][7 * sq[1] + 2 * P + 1] = NAN; break;                      /* NaN in dQ */
+        case 3: g[2][11 * sk[1] + 9] = INFINITY; break;                        /* Inf in dV */
+        case 4: /* all of dQ off by 2.5 tolerances */
+        case 6: /* all of dQ off by half a tolerance: still passes */
+          for (long long t = 0; t < n; t++)
+            for (long long x = 0; x < H * P; x++)
+              g[0][t * sq[1] + x] *= (float)(1.0 + (kind == 4 ? 2.5 : 0.5) * tol);
+          break;
+        default: break;
+      }
+      const int good = kind == 0 || kind == 6;
+      rda_check_grad_result res;
+      rda_check_grad(&c, 1, n, g[0], sq, g[1], sk, g[2], sk, ref[0], ref[1], ref[2], &res);
+      char what[80];
+      snprintf(what, sizeof what, "deliberately wrong gradient, kind %d (expected)", kind);
+      rt_grad_report rep;
+      const bool ok =
+          rt_check_bwd(what, &c, 1, n, g[0], sq, g[1], sk, g[2], sk, ref[0], ref[1], ref[2], &rep);
+      if (good && !ok) fprintf(stderr, "a good gradient failed: %s\n", res.first_failure);
+      assert_int_equal(ok, good);
+      assert_int_equal(res.pass, good);
+      assert_int_equal(res.first_failure[0] == '\0', good);
+      assert_int_equal(rep.nonfinite, kind == 2 || kind == 3 ? 1 : 0);
+      assert_int_equal(res.nonfinite, rep.nonfinite);
+      assert_true(rep.dq_rel_l2 == res.dq_rel_l2 && rep.dk_rel_l2 == res.dk_rel_l2);
+    }
+    for (int i = 0; i < 3; i++) free(g[i]), free(ref[i]);
+    free(q), free(k), free(v), free(dout);
+  }
+}
+
 /* --- rounding --------------------------------------------------------------------------------- */
 
 static void test_rounding_bf16_ties_to_even(void **state) {
@@ -574,6 +914,13 @@ int main(void) {
       cmocka_unit_test(test_reference_uncovered_rows_are_exact),
       cmocka_unit_test(test_reference_gqa_maps_head_to_kv_head),
       cmocka_unit_test(test_reference_batches_are_independent_and_scale_applies),
+      cmocka_unit_test(test_reference_bwd_matches_finite_differences_multibranch),
+      cmocka_unit_test(test_reference_bwd_matches_finite_differences_gqa),
+      cmocka_unit_test(test_reference_bwd_matches_finite_differences_uncovered_and_scale),
+      cmocka_unit_test(test_reference_bwd_uncovered_rows_are_exactly_zero),
+      cmocka_unit_test(test_reference_bwd_duplicate_branches_equal_one_branch),
+      cmocka_unit_test(test_reference_bwd_single_dense_branch_equals_textbook),
+      cmocka_unit_test(test_check_bwd_rejects_each_kind_of_wrong_gradient),
       cmocka_unit_test(test_rounding_bf16_ties_to_even),
       cmocka_unit_test(test_rounding_fp16_ties_subnormals_overflow),
       cmocka_unit_test(test_rounding_bits_round_trip_exhaustively),

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cache.h"
 #include "commands.h"
 #include "gen.h"
 #include "json.h"
@@ -27,8 +28,10 @@ static const char emit_usage_text[] =
     "  <name>.cu               the generated source (rewritten only when it changed)\n"
     "  <name>.<sm_XX>.cubin    the cubin for each target\n"
     "  <name>.<sm_XX>.ptx      its PTX, with --ptx\n"
-    "  manifest.json           {\"kernels\": [{name, arch, entry, cubin, registers,\n"
-    "                          spill_bytes, smem_bytes, compile_s}, ...]}\n"
+    "  manifest.json           {\"kernels\": [{name, arch, entry, cubin, source_sha256,\n"
+    "                          registers, spill_bytes, smem_bytes, compile_s}, ...]}\n"
+    "DIR can then be named in RDA_KERNEL_PATH (colon-separated folders): librda loads a\n"
+    "cubin from it instead of compiling when name, arch and source_sha256 all match.\n"
     "Flags may come in any order, as '--flag value' or '--flag=value'.\n";
 
 typedef struct emit_opts {
@@ -271,6 +274,10 @@ static rda_status emit_manifest(const emit_job *jobs, int njobs, rda_json *j, rd
     rda_json_string(j, k->v->name);
     rda_json_key(j, "cubin");
     rda_json_string(j, cubin);
+    char sha[65]; /* what RDA_KERNEL_PATH matches on, so a stale bundle is never used */
+    RDA_TRY(rda_cache_source_sha(k->v->source, sha, err));
+    rda_json_key(j, "source_sha256");
+    rda_json_string(j, sha);
     rda_json_key(j, "registers");
     rda_json_int(j, k->cubin.registers);
     rda_json_key(j, "spill_bytes");

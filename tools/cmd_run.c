@@ -1,7 +1,8 @@
 /* cmd_run.c — `rdagen run` (SPEC §4): dilated attention on .npy files. Parse and validate
  * everything (flags, config, input files and shapes, output folders) before any kernel runs;
- * then plan, load, upload, run the forward pass and write O (and LSE) with no partial output. */
+ * then plan, load, upload, run the forward (and backward) pass and write every output or none. */
 #include "backend.h"
+#include "bwd.h"
 #include "commands.h"
 #include "fwd.h"
 #include "gen.h"
@@ -26,10 +27,11 @@ static const char run_usage_text[] =
     "Dilated attention (SPEC section 1) of the config on NumPy .npy inputs:\n"
     "  Q [B, N, H, D], K and V [B, N, Hkv, D]: little-endian float16/32/64, C order,\n"
     "  rounded to the config's dtype. Writes O [B, N, H, D] and LSE [B, H, N] as float32.\n"
+    "  --do/--dq/--dk/--dv  also the backward pass (all four or none): dO shaped like Q; writes\n"
+    "             dQ [B, N, H, D], dK and dV [B, N, Hkv, D] as float32 (dLSE = 0)\n"
     "  --backend  auto (default: cuda when a GPU is usable, else emu), cuda, or emu (the CPU\n"
     "             emulator running the generated kernels)\n"
     "  --ranks    ring ranks (1 for now)\n"
-    "  --do/--dq/--dk/--dv  the backward pass (not yet supported)\n"
     "Flags may come in any order, as '--flag value' or '--flag=value'.\n";
 
 typedef struct run_opts {
@@ -205,16 +207,18 @@ typedef struct run_state {
   rda_backend *b;
   rda_plan_k plan;
   rda_fwd_kernels kernels;
-  rda_npy q, k, v;
-  uint16_t *qb, *kb, *vb;
-  float *o, *lse;
-  void *dq, *dk, *dv, *d_o, *dlse;
+  rda_npy q, k, v, d_o;                 /* inputs as read (float64) */
+  uint16_t *qb, *kb, *vb, *dob;         /* inputs rounded to the storage dtype */
+  float *o, *lse, *gq, *gk, *gv;        /* host results: O, LSE, dQ, dK, dV */
+  void *dev_q, *dev_k, *dev_v, *dev_do; /* backend memory: storage dtype */
+  void *dev_o, *dev_lse, *dev_dq, *dev_dk, *dev_dv, *dev_ws; /* fp32, workspace */
 } run_state;
 
 static void run_free(run_state *s) {
   if (s->b != NULL) {
-    void *bufs[] = {s->dq, s->dk, s->dv, s->d_o, s->dlse};
-    for (int i = 0; i < 5; i++)
+    void *bufs[] = {s->dev_q,   s->dev_k,  s->dev_v,  s->dev_do, s->dev_o,
+                    s->dev_lse, s->dev_dq, s->dev_dk, s->dev_dv, s->dev_ws};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
       if (bufs[i] != NULL) s->b->free(s->b, bufs[i]);
     rda_fwd_unload(s->b, &s->kernels);
   }
@@ -224,11 +228,9 @@ static void run_free(run_state *s) {
   rda_npy_free(&s->q);
   rda_npy_free(&s->k);
   rda_npy_free(&s->v);
-  free(s->qb);
-  free(s->kb);
-  free(s->vb);
-  free(s->o);
-  free(s->lse);
+  rda_npy_free(&s->d_o);
+  void *host[] = {s->qb, s->kb, s->vb, s->dob, s->o, s->lse, s->gq, s->gk, s->gv};
+  for (size_t i = 0; i < sizeof host / sizeof host[0]; i++) free(host[i]);
 }
 
 static uint16_t *run_to_bits(const rda_npy *a, int dtype) {
@@ -238,37 +240,52 @@ static uint16_t *run_to_bits(const rda_npy *a, int dtype) {
   return bits;
 }
 
-/* Write O (and LSE) so that a failure leaves no new output behind and existing files as they
- * were: each goes to a complete temporary beside its target first, then both are renamed. */
-static int run_write_outputs(const run_opts *opt, const long long o_shape[4], const float *o,
-                             const long long l_shape[3], const float *lse) {
+/* One output file: where it goes and what it holds. */
+typedef struct run_output {
+  const char *path; /* NULL: not requested */
+  int ndim;
+  long long shape[4];
+  const float *data;
+} run_output;
+
+enum { RUN_MAX_OUTPUTS = 5 };
+
+/* Write every requested output so that a failure leaves no new output behind and existing
+ * files as they were: each goes to a complete temporary beside its target first, and only when
+ * all temporaries are written are they renamed over their targets. */
+static int run_write_outputs(const run_output *outs, int count) {
   rda_err err = {0};
-  char tmp_o[4096], tmp_l[4096];
-  snprintf(tmp_o, sizeof tmp_o, "%s.partial-%ld", opt->o, (long)getpid());
-  snprintf(tmp_l, sizeof tmp_l, "%s.partial-%ld", opt->lse ? opt->lse : "", (long)getpid());
-  if (rda_npy_write_f32(tmp_o, 4, o_shape, o, &err) != RDA_OK) return rdagen_fail("%s", err.msg);
-  if (opt->lse != NULL && rda_npy_write_f32(tmp_l, 3, l_shape, lse, &err) != RDA_OK) {
-    unlink(tmp_o);
+  char tmp[RUN_MAX_OUTPUTS][4096];
+  int written = 0;
+  for (; written < count; written++) {
+    const run_output *w = &outs[written];
+    if (w->path == NULL) continue;
+    snprintf(tmp[written], sizeof tmp[written], "%s.partial-%ld", w->path, (long)getpid());
+    if (rda_npy_write_f32(tmp[written], w->ndim, w->shape, w->data, &err) != RDA_OK) break;
+  }
+  if (written < count) {
+    for (int i = 0; i < written; i++)
+      if (outs[i].path != NULL) unlink(tmp[i]);
     return rdagen_fail("%s", err.msg);
   }
-  if (rename(tmp_o, opt->o) != 0) {
+  for (int i = 0; i < count; i++) {
+    if (outs[i].path == NULL) continue;
+    if (rename(tmp[i], outs[i].path) == 0) continue;
     const int e = errno;
-    unlink(tmp_o);
-    if (opt->lse != NULL) unlink(tmp_l);
-    return rdagen_fail("%s: cannot write: %s", opt->o, strerror(e));
-  }
-  if (opt->lse != NULL && rename(tmp_l, opt->lse) != 0) {
-    const int e = errno;
-    unlink(tmp_l);
-    unlink(opt->o); /* never half a result */
-    return rdagen_fail("%s: cannot write: %s", opt->lse, strerror(e));
+    for (int j = i; j < count; j++) /* this one and the rest: not yet in place */
+      if (outs[j].path != NULL) unlink(tmp[j]);
+    for (int j = 0; j < i; j++) /* never part of a result */
+      if (outs[j].path != NULL) unlink(outs[j].path);
+    return rdagen_fail("%s: cannot write: %s", outs[i].path, strerror(e));
   }
   return 0;
 }
 
-/* Everything after validation: backend, plan, kernels, the forward pass, the outputs. */
-static int run_forward(const run_opts *opt, const rda_config *cfg, run_state *s) {
+/* Everything after validation: backend, plan, kernels, the forward (and backward) pass, the
+ * outputs. */
+static int run_attention(const run_opts *opt, const rda_config *cfg, run_state *s) {
   rda_err err = {0};
+  const int backward = opt->d_o != NULL;
   const long long B = s->q.shape[0], N = s->q.shape[1];
   const long long H = cfg->heads, Hkv = cfg->kv_heads, D = cfg->head_dim;
   const size_t nq = s->q.count, nk = s->k.count, nl = (size_t)(B * H * N);
@@ -280,10 +297,19 @@ static int run_forward(const run_opts *opt, const rda_config *cfg, run_state *s)
   s->lse = malloc(nl * sizeof *s->lse);
   if (!s->qb || !s->kb || !s->vb || !s->o || !s->lse)
     return rdagen_fail("out of memory for B = %lld, N = %lld", B, N);
+  if (backward) {
+    s->dob = run_to_bits(&s->d_o, cfg->dtype);
+    s->gq = malloc(nq * sizeof *s->gq);
+    s->gk = malloc(nk * sizeof *s->gk);
+    s->gv = malloc(nk * sizeof *s->gv);
+    if (!s->dob || !s->gq || !s->gk || !s->gv)
+      return rdagen_fail("out of memory for B = %lld, N = %lld", B, N);
+  }
   /* The inputs are rounded; their float64 copies are no longer needed. */
   rda_npy_free(&s->q);
   rda_npy_free(&s->k);
   rda_npy_free(&s->v);
+  rda_npy_free(&s->d_o);
 
   char why[1024];
   if (rda_backend_open(opt->backend, &s->b, why, sizeof why, &err) != RDA_OK)
@@ -291,46 +317,109 @@ static int run_forward(const run_opts *opt, const rda_config *cfg, run_state *s)
   if (strcmp(opt->backend, "auto") == 0) fprintf(stderr, "rdagen: backend: %s\n", why);
   rda_hw hw;
   if (rda_backend_hw(s->b, s->g, &hw, &err) != RDA_OK ||
-      rda_gen_plan(s->g, cfg, &hw, &s->plan, &err) != RDA_OK ||
-      rda_fwd_load(s->b, &s->plan, &s->kernels, &err) != RDA_OK)
+      rda_gen_plan_ex(s->g, cfg, &hw, backward ? RDA_PLAN_BACKWARD : 0u, &s->plan, &err) != RDA_OK)
     return rdagen_fail("%s", err.msg);
+  if (backward && !s->plan.has_bwd)
+    return rdagen_fail(
+        "the backward pass (--do/--dq/--dk/--dv) is not yet supported: the plan "
+        "for this config on %s has no backward kernels",
+        s->b->name);
+  if (rda_fwd_load(s->b, &s->plan, &s->kernels, &err) != RDA_OK) return rdagen_fail("%s", err.msg);
 
   rda_backend *b = s->b;
-  if (b->alloc(b, nq * 2, &s->dq, &err) != RDA_OK || b->alloc(b, nk * 2, &s->dk, &err) != RDA_OK ||
-      b->alloc(b, nk * 2, &s->dv, &err) != RDA_OK || b->alloc(b, nq * 4, &s->d_o, &err) != RDA_OK ||
-      b->alloc(b, nl * 4, &s->dlse, &err) != RDA_OK)
+  if (b->alloc(b, nq * 2, &s->dev_q, &err) != RDA_OK ||
+      b->alloc(b, nk * 2, &s->dev_k, &err) != RDA_OK ||
+      b->alloc(b, nk * 2, &s->dev_v, &err) != RDA_OK ||
+      b->alloc(b, nq * 4, &s->dev_o, &err) != RDA_OK ||
+      b->alloc(b, nl * 4, &s->dev_lse, &err) != RDA_OK)
     return rdagen_fail("%s", err.msg);
   /* Poison the outputs: an element no kernel writes comes out NaN, never stale memory. */
   for (size_t i = 0; i < nq; i++) s->o[i] = NAN;
   for (size_t i = 0; i < nl; i++) s->lse[i] = NAN;
-  if (b->upload(b, s->dq, s->qb, nq * 2, &err) != RDA_OK ||
-      b->upload(b, s->dk, s->kb, nk * 2, &err) != RDA_OK ||
-      b->upload(b, s->dv, s->vb, nk * 2, &err) != RDA_OK ||
-      b->upload(b, s->d_o, s->o, nq * 4, &err) != RDA_OK ||
-      b->upload(b, s->dlse, s->lse, nl * 4, &err) != RDA_OK)
+  if (b->upload(b, s->dev_q, s->qb, nq * 2, &err) != RDA_OK ||
+      b->upload(b, s->dev_k, s->kb, nk * 2, &err) != RDA_OK ||
+      b->upload(b, s->dev_v, s->vb, nk * 2, &err) != RDA_OK ||
+      b->upload(b, s->dev_o, s->o, nq * 4, &err) != RDA_OK ||
+      b->upload(b, s->dev_lse, s->lse, nl * 4, &err) != RDA_OK)
     return rdagen_fail("%s", err.msg);
 
+  const long long q_s[3] = {N * H * D, H * D, D}, k_s[3] = {N * Hkv * D, Hkv * D, D};
+  const long long l_s[2] = {H * N, N};
   rda_fwd_args a;
   memset(&a, 0, sizeof a);
   a.batch = B;
   a.n = N;
-  a.q = s->dq;
-  a.k = s->dk;
-  a.v = s->dv;
-  a.q_s[0] = N * H * D, a.q_s[1] = H * D, a.q_s[2] = D;
-  a.k_s[0] = N * Hkv * D, a.k_s[1] = Hkv * D, a.k_s[2] = D;
-  a.v_s[0] = a.k_s[0], a.v_s[1] = a.k_s[1], a.v_s[2] = a.k_s[2];
-  a.o = s->d_o;
-  a.o_s[0] = a.q_s[0], a.o_s[1] = a.q_s[1], a.o_s[2] = a.q_s[2];
-  a.lse = s->dlse;
-  a.lse_s[0] = H * N, a.lse_s[1] = N;
+  a.q = s->dev_q;
+  a.k = s->dev_k;
+  a.v = s->dev_v;
+  memcpy(a.q_s, q_s, sizeof q_s);
+  memcpy(a.k_s, k_s, sizeof k_s);
+  memcpy(a.v_s, k_s, sizeof k_s);
+  a.o = s->dev_o;
+  memcpy(a.o_s, q_s, sizeof q_s);
+  a.lse = s->dev_lse;
+  memcpy(a.lse_s, l_s, sizeof l_s);
   if (rda_fwd_run(b, &s->plan, &s->kernels, &a, &err) != RDA_OK ||
-      b->synchronize(b, &err) != RDA_OK || b->download(b, s->o, s->d_o, nq * 4, &err) != RDA_OK ||
-      b->download(b, s->lse, s->dlse, nl * 4, &err) != RDA_OK)
+      b->synchronize(b, &err) != RDA_OK || b->download(b, s->o, s->dev_o, nq * 4, &err) != RDA_OK ||
+      b->download(b, s->lse, s->dev_lse, nl * 4, &err) != RDA_OK)
     return rdagen_fail("%s", err.msg);
 
-  const long long o_shape[4] = {B, N, H, D}, l_shape[3] = {B, H, N};
-  return run_write_outputs(opt, o_shape, s->o, l_shape, s->lse);
+  if (backward) {
+    const size_t ws = rda_bwd_workspace_bytes(&s->plan, B, N);
+    if (b->alloc(b, nq * 2, &s->dev_do, &err) != RDA_OK ||
+        b->alloc(b, nq * 4, &s->dev_dq, &err) != RDA_OK ||
+        b->alloc(b, nk * 4, &s->dev_dk, &err) != RDA_OK ||
+        b->alloc(b, nk * 4, &s->dev_dv, &err) != RDA_OK ||
+        (ws > 0 && b->alloc(b, ws, &s->dev_ws, &err) != RDA_OK))
+      return rdagen_fail("%s", err.msg);
+    for (size_t i = 0; i < nq; i++) s->gq[i] = NAN;
+    for (size_t i = 0; i < nk; i++) s->gk[i] = s->gv[i] = NAN;
+    if (b->upload(b, s->dev_do, s->dob, nq * 2, &err) != RDA_OK ||
+        b->upload(b, s->dev_dq, s->gq, nq * 4, &err) != RDA_OK ||
+        b->upload(b, s->dev_dk, s->gk, nk * 4, &err) != RDA_OK ||
+        b->upload(b, s->dev_dv, s->gv, nk * 4, &err) != RDA_OK)
+      return rdagen_fail("%s", err.msg);
+    rda_bwd_args g;
+    memset(&g, 0, sizeof g);
+    g.batch = B;
+    g.n = N;
+    g.q = s->dev_q;
+    g.k = s->dev_k;
+    g.v = s->dev_v;
+    memcpy(g.q_s, q_s, sizeof q_s);
+    memcpy(g.k_s, k_s, sizeof k_s);
+    memcpy(g.v_s, k_s, sizeof k_s);
+    g.o = s->dev_o;
+    memcpy(g.o_s, q_s, sizeof q_s);
+    g.lse = s->dev_lse;
+    memcpy(g.lse_s, l_s, sizeof l_s);
+    g.dout = s->dev_do;
+    memcpy(g.do_s, q_s, sizeof q_s);
+    g.dlse = NULL; /* SPEC §4 has no --dlse: dLSE = 0 */
+    g.dq = s->dev_dq;
+    memcpy(g.dq_s, q_s, sizeof q_s);
+    g.dk = s->dev_dk;
+    memcpy(g.dk_s, k_s, sizeof k_s);
+    g.dv = s->dev_dv;
+    memcpy(g.dv_s, k_s, sizeof k_s);
+    g.workspace = s->dev_ws;
+    g.deterministic = 0;
+    if (rda_bwd_run(b, &s->plan, &s->kernels, &g, &err) != RDA_OK ||
+        b->synchronize(b, &err) != RDA_OK ||
+        b->download(b, s->gq, s->dev_dq, nq * 4, &err) != RDA_OK ||
+        b->download(b, s->gk, s->dev_dk, nk * 4, &err) != RDA_OK ||
+        b->download(b, s->gv, s->dev_dv, nk * 4, &err) != RDA_OK)
+      return rdagen_fail("%s", err.msg);
+  }
+
+  const run_output outs[RUN_MAX_OUTPUTS] = {
+      {opt->o, 4, {B, N, H, D}, s->o},
+      {opt->lse, 3, {B, H, N, 0}, s->lse},
+      {backward ? opt->dq : NULL, 4, {B, N, H, D}, s->gq},
+      {backward ? opt->dk : NULL, 4, {B, N, Hkv, D}, s->gk},
+      {backward ? opt->dv : NULL, 4, {B, N, Hkv, D}, s->gv},
+  };
+  return run_write_outputs(outs, RUN_MAX_OUTPUTS);
 }
 
 int rdagen_cmd_run(int argc, char **argv) {
@@ -338,15 +427,19 @@ int rdagen_cmd_run(int argc, char **argv) {
   int rc = run_parse(argc, argv, &opt);
   if (rc >= 0) return rc;
 
-  if (opt.d_o != NULL)
-    return rdagen_fail("the backward pass (--do/--dq/--dk/--dv) is not yet supported");
   if (opt.ranks != 1)
     return rdagen_fail("--ranks %lld: the ring over more than one rank is not yet supported",
                        opt.ranks);
-  if (run_check_output(opt.o) != 0) return 1;
-  if (opt.lse != NULL && run_check_output(opt.lse) != 0) return 1;
-  if (opt.lse != NULL && run_same_file(opt.o, opt.lse))
-    return rdagen_usage("run: --o '%s' and --lse '%s' are the same file", opt.o, opt.lse);
+  /* Every output: creatable, and no two of them the same file under different spellings. */
+  const char *const out_flags[RUN_MAX_OUTPUTS] = {"--o", "--lse", "--dq", "--dk", "--dv"};
+  const char *const outs[RUN_MAX_OUTPUTS] = {opt.o, opt.lse, opt.dq, opt.dk, opt.dv};
+  for (int i = 0; i < RUN_MAX_OUTPUTS; i++)
+    if (outs[i] != NULL && run_check_output(outs[i]) != 0) return 1;
+  for (int i = 0; i < RUN_MAX_OUTPUTS; i++)
+    for (int j = i + 1; j < RUN_MAX_OUTPUTS; j++)
+      if (outs[i] != NULL && outs[j] != NULL && run_same_file(outs[i], outs[j]))
+        return rdagen_usage("run: %s '%s' and %s '%s' are the same file", out_flags[i], outs[i],
+                            out_flags[j], outs[j]);
 
   run_state s;
   memset(&s, 0, sizeof s);
@@ -359,7 +452,8 @@ int rdagen_cmd_run(int argc, char **argv) {
     goto done;
   }
   if (rda_npy_read(opt.q, &s.q, &err) != RDA_OK || rda_npy_read(opt.k, &s.k, &err) != RDA_OK ||
-      rda_npy_read(opt.v, &s.v, &err) != RDA_OK) {
+      rda_npy_read(opt.v, &s.v, &err) != RDA_OK ||
+      (opt.d_o != NULL && rda_npy_read(opt.d_o, &s.d_o, &err) != RDA_OK)) {
     rdagen_fail("%s", err.msg);
     goto done;
   }
@@ -372,7 +466,10 @@ int rdagen_cmd_run(int argc, char **argv) {
       run_check_shape("--v", opt.v, &s.v, "[B, N, kv_heads, head_dim]", B, N, cfg.kv_heads,
                       cfg.head_dim) != 0)
     goto done;
-  rc = run_forward(&opt, &cfg, &s);
+  if (opt.d_o != NULL && run_check_shape("--do", opt.d_o, &s.d_o, "[B, N, heads, head_dim]", B, N,
+                                         cfg.heads, cfg.head_dim) != 0)
+    goto done;
+  rc = run_attention(&opt, &cfg, &s);
 done:
   run_free(&s);
   return rc;

@@ -19,8 +19,13 @@ static const char rdagen_usage_text[] =
     "      dilated attention on .npy files (SPEC section 4)\n"
     "  emit CONFIG --arch sm_XX [--arch sm_YY ...] --out DIR [--ptx]\n"
     "      write each planned kernel's CUDA source, cubin and manifest.json\n"
+    "  cache list|clear [--arch TARGET] | cache warm CONFIG --arch sm_XX ...\n"
+    "      show, empty or fill the kernel cache (rdagen cache --help)\n"
     "  demo [CONFIG] [--n N] [--batch B] [--backend auto|cuda|emu] [--seed S]\n"
     "      generate, compile, run and check the kernels of a config; print a table\n"
+    "  ring-sim CONFIG --n N --ranks P [--layout contiguous|zigzag] [--link-gbps B]\n"
+    "      [--tflops F] [--json]\n"
+    "      predict the ring's bytes, memory and time per rank (no kernels run)\n"
     "\n"
     "options:\n"
     "  --help      this text\n"
@@ -70,6 +75,8 @@ int main(int argc, char **argv) {
   }
   if (strcmp(cmd, "run") == 0) return rdagen_cmd_run(argc - 2, argv + 2);
   if (strcmp(cmd, "emit") == 0) return rdagen_cmd_emit(argc - 2, argv + 2);
+  if (strcmp(cmd, "cache") == 0) return rdagen_cmd_cache(argc - 2, argv + 2);
   if (strcmp(cmd, "demo") == 0) return rdagen_cmd_demo(argc - 2, argv + 2);
+  if (strcmp(cmd, "ring-sim") == 0) return rdagen_cmd_ring_sim(argc - 2, argv + 2);
   return rdagen_usage("unknown command '%s' (expected run, emit or demo)", cmd);
 }

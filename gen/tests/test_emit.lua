@@ -116,4 +116,40 @@ T.test("bad variants are rejected", function()
   testing.contains(testing.raises(emit.cast_name, "fp8"), "cast dtype")
 end)
 
+T.test("backward variants: names spell every specialization, sources instantiate templates", function()
+  local v = { head_dim = 128, dtype = "bf16", causal = true, dilated = false, block_n = 64,
+              block_m = 32, warps = 4, stages = 2, dsplit = 1 }
+  local name = emit.bwd_dkdv_name(v)
+  assert(name == "rda_bwd_dkdv_d128_bf16_causal_dense_bn64_bm32_w4_s2_x1", name)
+  local s = emit.bwd_dkdv_source(v)
+  for _, part in ipairs { '#include "rda_bwd.cuh"', "static constexpr int dsplit = 1;",
+                          "static constexpr bool causal = true;", "__launch_bounds__(128)",
+                          name .. "(const rda_bwd_params p) {",
+                          "rda::bwd_dkdv_kernel<" .. name .. "_cfg>(p);",
+                          "RDA_EMU_EXPORT(" .. name .. ", rda_bwd_params)" } do
+    testing.contains(s, part)
+  end
+  local q = { head_dim = 96, dtype = "fp16", causal = false, dilated = true, block_m = 64,
+              block_n = 32, warps = 4, stages = 2 }
+  name = emit.bwd_dq_name(q)
+  assert(name == "rda_bwd_dq_d96_fp16_full_dil_bm64_bn32_w4_s2", name)
+  s = emit.bwd_dq_source(q)
+  testing.contains(s, "rda::bwd_dq_kernel<" .. name .. "_cfg>(p);")
+  testing.contains(s, "static constexpr int dtype = RDA_DTYPE_FP16;")
+  name = emit.bwd_prep_name("fp16")
+  assert(name == "rda_bwd_prep_fp16", name)
+  testing.contains(emit.bwd_prep_source("fp16"), "rda::bwd_prep_kernel<" .. name .. "_cfg>(p);")
+  assert(emit.bwd_dkdv_source(v) == emit.bwd_dkdv_source(v), "deterministic")
+  testing.contains(emit.bwd_dkdv_source(v), "static constexpr bool dq_atomic = false;")
+  v.dq_atomic = true
+  assert(emit.bwd_dkdv_name(v) == "rda_bwd_dkdv_d128_bf16_causal_dense_bn64_bm32_w4_s2_x1_qa",
+         emit.bwd_dkdv_name(v))
+  testing.contains(emit.bwd_dkdv_source(v), "static constexpr bool dq_atomic = true;")
+  testing.contains(testing.raises(emit.bwd_dkdv_name, { head_dim = 128, dtype = "bf16",
+                                                        causal = true, dilated = false,
+                                                        block_n = 64, block_m = 32, warps = 4,
+                                                        stages = 2 }), "dsplit")
+  testing.contains(testing.raises(emit.bwd_prep_name, "fp8"), "prep dtype")
+end)
+
 T.run()

@@ -209,4 +209,116 @@ T.test("build rejects configs that skipped validation", function()
                    "equal length")
 end)
 
+-- Backward planning (plan.add_backward through build's fourth argument).
+
+T.test("backward: every variant fits every target, one step per branch", function()
+  local tuned, origin = plan.load_bwd_space(native.home(), native.source)
+  assert(tuned and origin:find("tuning/bwd_space.lua", 1, true), "the tuning file is used")
+  local stand_in, o2 = plan.load_bwd_space("/nonexistent-rda-home")
+  assert(stand_in == plan.BWD_STAND_IN and o2 == "built-in stand-in", "stand-in without a file")
+  for _, space in ipairs { plan.BWD_STAND_IN, tuned } do
+    each_target(function(p)
+      for _, c in ipairs(matrix()) do
+        local pl = assert(plan.build(c, p, nil, space))
+        assert(#pl.bwd_steps == #c.segments, "one backward step per branch")
+        assert(pl.variants[pl.bwd_prep_kernel].kind == "bwd_prep", "prep kernel")
+        for i, st in ipairs(pl.bwd_steps) do
+          local dk, dq = pl.variants[st.dkdv_kernel], pl.variants[st.dq_kernel]
+          assert(dk.kind == "bwd_dkdv" and dq.kind == "bwd_dq", "kinds")
+          assert(dk.dilated == (c.dilations[i] > 1) and dq.dilated == dk.dilated, "dilated")
+          assert(dk.block_n == 16 * dk.warps and dq.block_m == 16 * dq.warps, "16 rows per warp")
+          assert(st.dsplit == dk.dsplit and c.head_dim % (16 * dk.dsplit) == 0, "dsplit")
+          for _, v in ipairs { dk, dq } do
+            assert(v.smem_bytes == plan.bwd_smem(v.kind:sub(5), c.head_dim, v), v.name .. " smem")
+            assert(v.smem_bytes <= p.smem_per_block, v.name .. " fits " .. p.name)
+            assert(v.threads == 32 * v.warps, v.name .. " threads")
+          end
+          local h0, nh = plan.branch_heads(c, i - 1)
+          assert(st.branch == i - 1 and st.head0 == h0 and st.nheads == nh, "heads")
+        end
+      end
+    end)
+  end
+end)
+
+T.test("backward: a forward-only build plans no backward kernel", function()
+  local pl = assert(plan.build(config(), hw.builtin(90)))
+  assert(pl.bwd_steps == nil and pl.bwd_prep_kernel == nil, "no backward fields")
+  for _, v in ipairs(pl.variants) do assert(not v.kind:find("bwd"), v.name) end
+end)
+
+T.test("backward: variants are shared by branches of the same kind", function()
+  local c = config { segments = { 64, 128, 256, 512 }, dilations = { 1, 1, 2, 4 } }
+  local pl = assert(plan.build(c, hw.builtin(90), nil, plan.BWD_STAND_IN))
+  local st = pl.bwd_steps
+  assert(st[1].dkdv_kernel == st[2].dkdv_kernel and st[3].dq_kernel == st[4].dq_kernel, "shared")
+  assert(st[1].dkdv_kernel ~= st[3].dkdv_kernel, "dense and dilated differ")
+end)
+
+T.test("backward: atomic-dQ variants only when asked, and never with dsplit > 1", function()
+  for _, d in ipairs { 64, 128, 256 } do
+    local c = config { head_dim = d }
+    local pl = assert(plan.build(c, hw.builtin(90), nil, plan.BWD_STAND_IN, true))
+    for _, st in ipairs(pl.bwd_steps) do
+      if st.dsplit > 1 then
+        assert(st.dkdv_atomic_kernel == nil, "no atomic variant at dsplit > 1")
+      else
+        local a = pl.variants[st.dkdv_atomic_kernel]
+        assert(a and a.kind == "bwd_dkdv" and a.dq_atomic and a.dsplit == 1, "atomic variant")
+        assert(a.name:sub(-3) == "_qa", a.name)
+        assert(a.smem_bytes == plan.bwd_smem("dkdv", d, a), "smem with the dS tile")
+        assert(a.smem_bytes == pl.variants[st.dkdv_kernel].smem_bytes + 2 * a.block_n * a.block_m,
+               "the dS^T staging tile")
+      end
+    end
+    pl = assert(plan.build(c, hw.builtin(90), nil, plan.BWD_STAND_IN))
+    for _, st in ipairs(pl.bwd_steps) do assert(st.dkdv_atomic_kernel == nil, "not asked") end
+  end
+end)
+
+T.test("backward: smem follows the documented formulas", function()
+  local dk = { block_n = 64, block_m = 32, stages = 2 }
+  assert(plan.bwd_smem("dkdv", 128, dk) == 4 * 128 * 64 + 2 * (4 * 128 + 8) * 32, "dkdv")
+  local dq = { block_m = 64, block_n = 32, stages = 2 }
+  assert(plan.bwd_smem("dq", 128, dq) == 4 * 128 * 64 + 4 * 128 * 2 * 32, "dq")
+end)
+
+T.test("backward: a tile space that cannot fit names why", function()
+  local c = config { head_dim = 256 }
+  local pl = assert(plan.build(c, hw.builtin(90)))
+  local p = assert(hw.builtin(90))
+  p.smem_per_block = 16384
+  local ok, why = plan.add_backward(pl, {}, c, p, plan.BWD_STAND_IN)
+  assert(not ok, "nothing fits 16 KiB")
+  testing.contains(why, "backward dkdv tile for head_dim = 256")
+  testing.contains(why, "16384")
+  ok, why = plan.add_backward(pl, {}, config { head_dim = 64 }, hw.builtin(90),
+                              { [128] = plan.BWD_STAND_IN[128] })
+  assert(not ok, "no entry for 64")
+  testing.contains(why, "head_dim = 64")
+end)
+
+T.test("backward: check_bwd_space rejects malformed spaces", function()
+  assert(plan.check_bwd_space(plan.BWD_STAND_IN), "the stand-in is well-formed")
+  local good = { block_n = 32, block_m = 32, warps = 2, stages = 2, dsplit = 1 }
+  local function with(over)
+    local t = {}
+    for k, v in pairs(good) do t[k] = v end
+    for k, v in pairs(over) do t[k] = v end
+    return { [64] = { dkdv = { t }, dq = { { block_m = 32, block_n = 32, warps = 2,
+                                             stages = 2 } } } }
+  end
+  assert(plan.check_bwd_space(with {}), "good")
+  local _, why = plan.check_bwd_space { [64] = { dkdv = {} } }
+  testing.contains(why, "non-empty")
+  _, why = plan.check_bwd_space(with { block_n = 64 })
+  testing.contains(why, "16 * warps")
+  _, why = plan.check_bwd_space(with { block_m = 24 })
+  testing.contains(why, "multiple of 16")
+  _, why = plan.check_bwd_space(with { dsplit = 3 })
+  testing.contains(why, "dsplit")
+  _, why = plan.check_bwd_space(with { stages = 1 })
+  testing.contains(why, "stages")
+end)
+
 T.run()

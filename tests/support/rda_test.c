@@ -384,6 +384,81 @@ void rt_reference(const rda_config *c, long long batch, long long n, const doubl
   rda_ref_forward(c, batch, n, q, k, v, *o, *lse);
 }
 
+/* One gradient against its reference: relative L2 (computed by runtime/check.c), and on
+ * failure the first non-finite or far-off elements. */
+static bool rt_check_grad_one(const char *what, const char *name, const rda_config *c,
+                              long long batch, long long n, int heads, const float *got,
+                              const long long s[3], const double *ref, double tol, double *rel,
+                              long long *nonfinite, bool *printed) {
+  const long long D = c->head_dim;
+  *rel = rda_check_grad_rel_l2(got, s, ref, batch, n, heads, c->head_dim, nonfinite);
+  if (*nonfinite == 0 && *rel <= tol) return true;
+  rt_header(printed, what);
+  double sumsq = 0.0;
+  const long long count = batch * n * heads * D;
+  for (long long i = 0; i < count; i++) sumsq += ref[i] * ref[i];
+  const double rms = count > 0 ? sqrt(sumsq / (double)count) : 0.0;
+  int shown = 0;
+  for (long long b = 0; b < batch && shown < RT_SHOW; b++)
+    for (long long p = 0; p < n && shown < RT_SHOW; p++)
+      for (long long h = 0; h < heads && shown < RT_SHOW; h++)
+        for (long long d = 0; d < D && shown < RT_SHOW; d++) {
+          const double want = ref[((b * n + p) * heads + h) * D + d];
+          const float g = got[b * s[0] + p * s[1] + h * s[2] + d];
+          const double t = 4.0 * tol * fmax(fabs(want), rms);
+          if (!isfinite(g)) {
+            shown++;
+            fprintf(stderr,
+                    "  %s[b=%lld n=%lld h=%lld d=%lld] = %.8g, expected %.8g (not finite)\n", name,
+                    b, p, h, d, (double)g, want);
+          } else if (fabs((double)g - want) > t) {
+            shown++;
+            fprintf(
+                stderr,
+                "  %s[b=%lld n=%lld h=%lld d=%lld] = %.8g, expected %.8g (|diff| %.3g > %.3g)\n",
+                name, b, p, h, d, (double)g, want, fabs((double)g - want), t);
+          }
+        }
+  fprintf(stderr, "  %s: rel L2 %.3g (tol %.3g), %lld not finite\n", name, *rel, tol, *nonfinite);
+  return false;
+}
+
+bool rt_check_bwd(const char *what, const rda_config *c, long long batch, long long n,
+                  const float *dq, const long long dq_s[3], const float *dk,
+                  const long long dk_s[3], const float *dv, const long long dv_s[3],
+                  const double *dq_ref, const double *dk_ref, const double *dv_ref,
+                  rt_grad_report *rep) {
+  const double tol = rt_tolerance(c->dtype).grad_rel_l2;
+  rt_grad_report r = {0};
+  bool printed = false;
+  long long bq = 0, bk = 0, bv = 0;
+  bool ok = rt_check_grad_one(what, "dq", c, batch, n, c->heads, dq, dq_s, dq_ref, tol,
+                              &r.dq_rel_l2, &bq, &printed);
+  ok &= rt_check_grad_one(what, "dk", c, batch, n, c->kv_heads, dk, dk_s, dk_ref, tol, &r.dk_rel_l2,
+                          &bk, &printed);
+  ok &= rt_check_grad_one(what, "dv", c, batch, n, c->kv_heads, dv, dv_s, dv_ref, tol, &r.dv_rel_l2,
+                          &bv, &printed);
+  r.nonfinite = bq + bk + bv;
+  if (!ok)
+    fprintf(stderr,
+            "  %s: B=%lld N=%lld H=%d Hkv=%d D=%d %s causal=%d offsets=%s branches=%d: "
+            "rel L2 dQ %.3g dK %.3g dV %.3g (tol %.3g), %lld not finite\n",
+            what, batch, n, c->heads, c->kv_heads, c->head_dim, rda_dtype_name(c->dtype), c->causal,
+            rda_offsets_name(c->offsets), c->nbranch, r.dq_rel_l2, r.dk_rel_l2, r.dv_rel_l2, tol,
+            r.nonfinite);
+  if (rep != NULL) *rep = r;
+  return ok;
+}
+
+void rt_reference_bwd(const rda_config *c, long long batch, long long n, const double *q,
+                      const double *k, const double *v, const double *dout, const double *dlse,
+                      double **dq, double **dk, double **dv) {
+  *dq = rt_xmalloc((size_t)(batch * n * c->heads * c->head_dim) * sizeof **dq);
+  *dk = rt_xmalloc((size_t)(batch * n * c->kv_heads * c->head_dim) * sizeof **dk);
+  *dv = rt_xmalloc((size_t)(batch * n * c->kv_heads * c->head_dim) * sizeof **dv);
+  rda_ref_backward(c, batch, n, q, k, v, dout, dlse, *dq, *dk, *dv);
+}
+
 /* --- files and subprocesses ------------------------------------------------------------------- */
 
 char *rt_mkdtemp(void) {

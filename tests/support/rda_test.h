@@ -104,6 +104,29 @@ bool rt_check_rel_l2(const char *what, const double *got, const double *expected
 void rt_reference(const rda_config *c, long long batch, long long n, const double *q,
                   const double *k, const double *v, double **o, double **lse);
 
+/* What a backward comparison measured (filled even when it fails). */
+typedef struct rt_grad_report {
+  double dq_rel_l2, dk_rel_l2, dv_rel_l2;
+  long long nonfinite; /* NaN/Inf elements in dQ, dK, dV together */
+} rt_grad_report;
+
+/* Compare a kernel's fp32 dq [B, N, H, D] and dk, dv [B, N, Hkv, D] (strides over batch, n,
+ * head; d contiguous) with the reference gradients (contiguous doubles) per SPEC §5: each
+ * relative L2 within the dtype's grad tolerance, no NaN/Inf. On failure prints `what`, the
+ * seed and the first mismatches (index, got, expected, scaled tolerance) to stderr and returns
+ * false. rep may be NULL. */
+bool rt_check_bwd(const char *what, const rda_config *c, long long batch, long long n,
+                  const float *dq, const long long dq_s[3], const float *dk,
+                  const long long dk_s[3], const float *dv, const long long dv_s[3],
+                  const double *dq_ref, const double *dk_ref, const double *dv_ref,
+                  rt_grad_report *rep);
+
+/* The reference backward pass (dlse may be NULL = 0) into malloc'd *dq [B, N, H, D] and *dk,
+ * *dv [B, N, Hkv, D]. */
+void rt_reference_bwd(const rda_config *c, long long batch, long long n, const double *q,
+                      const double *k, const double *v, const double *dout, const double *dlse,
+                      double **dq, double **dk, double **dv);
+
 /* --- files and subprocesses ------------------------------------------------------------------- */
 
 /* A fresh folder under $TMPDIR (or /tmp), malloc'd path; NULL on failure. */

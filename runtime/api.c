@@ -1,0 +1,942 @@
+/* api.c — the public C API (include/rda.h): contexts, plans and the forward call, with every
+ * argument checked at the boundary (handles by magic number, shapes, dtypes, alignment,
+ * strides, workspace) and failures recorded per context and per thread. */
+#include "api.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "bwd.h"
+#include "config.h"
+#include "err.h"
+#include "fwd.h"
+#include "gen.h"
+
+_Static_assert(RDA_CONFIG_MAX_BRANCHES == RDA_MAX_BRANCHES, "rda.h and config.h disagree");
+_Static_assert((int)RDA_BF16 == RDA_DTYPE_BF16 && (int)RDA_FP16 == RDA_DTYPE_FP16,
+               "rda.h and rda_params.h disagree on dtypes");
+_Static_assert((int)RDA_OFFSET_MOD == RDA_OFFSETS_MOD &&
+                   (int)RDA_OFFSET_BLOCK == RDA_OFFSETS_BLOCK &&
+                   (int)RDA_OFFSET_GROUP == RDA_OFFSETS_GROUP,
+               "rda.h and rda_params.h disagree on offset rules");
+
+enum {
+  kCtxMagic = 0x52444143,  /* "RDAC" */
+  kPlanMagic = 0x5244504c, /* "RDPL" */
+  kDeadMagic = 0x44454144, /* "DEAD": a destroyed handle */
+  kMsgLen = 1024,
+};
+
+static const size_t kWsAlign = 256; /* each workspace part starts at a 256-byte boundary */
+static const int kIdleCores = 8;    /* unused plan cores a context keeps for reuse */
+
+/* What plans of one config share on a context: the validated config, the kernel plan and the
+ * loaded kernels. Found again by the config text it was made from or by the validated config,
+ * so creating a plan that a context has seen costs no Lua and no loading. */
+typedef struct rda_api_core {
+  struct rda_api_core *next;
+  int refs;       /* plans using it (under the context's lock) */
+  unsigned flags; /* RDA_PLAN_* passes its kernels serve */
+  char *text;     /* the config chunk it was made from, or NULL (from a file) */
+  rda_plan_k pk;
+  rda_fwd_kernels kernels;
+} rda_api_core;
+
+struct rda_ctx {
+  uint32_t magic;
+  atomic_int refs; /* the caller's reference + one per live plan */
+  atomic_int plans;
+  atomic_int closed; /* rda_ctx_destroy was called: no new plans */
+  int is_cuda;
+  int dry; /* launches do nothing (rda_api_ctx_create_dry) */
+  rda_backend *b;
+  rda_gen *gen; /* used under lock */
+  rda_hw hw;
+  pthread_mutex_t lock; /* gen, cores and last_error */
+  rda_api_core *cores;  /* newest first */
+  char last_error[kMsgLen];
+};
+
+struct rda_plan {
+  uint32_t magic;
+  rda_ctx *ctx;
+  rda_api_core *core;
+};
+
+/* The last failure of a call on this thread that had no usable context. */
+static _Thread_local char rda_api_thread_error[kMsgLen];
+
+/* ---- errors ------------------------------------------------------------------------------ */
+
+/* A context's memory (it may be closed: destroyed by the caller, alive for its plans). */
+static int rda_api_ctx_ok(const rda_ctx *ctx) {
+  return ctx != NULL && ctx->magic == kCtxMagic;
+}
+/* A context the caller still owns. */
+static int rda_api_ctx_open(const rda_ctx *ctx) {
+  return rda_api_ctx_ok(ctx) && !atomic_load(&((rda_ctx *)(uintptr_t)ctx)->closed);
+}
+static int rda_api_plan_ok(const rda_plan *p) {
+  return p != NULL && p->magic == kPlanMagic && rda_api_ctx_ok(p->ctx);
+}
+
+/* Record err (status and message) on ctx (when usable) and on the thread; returns the status. */
+static rda_status rda_api_fail(rda_ctx *ctx, const rda_err *err) {
+  const rda_status s = err->status != RDA_OK ? err->status : RDA_ERR_INTERNAL;
+  const char *msg = err->msg[0] != '\0' ? err->msg : "(no detail recorded)";
+  snprintf(rda_api_thread_error, sizeof rda_api_thread_error, "%s", msg);
+  if (rda_api_ctx_ok(ctx)) {
+    pthread_mutex_lock(&ctx->lock);
+    snprintf(ctx->last_error, sizeof ctx->last_error, "%s", msg);
+    pthread_mutex_unlock(&ctx->lock);
+  }
+  return s;
+}
+
+static rda_status rda_api_failf(rda_ctx *ctx, rda_status s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static rda_status rda_api_failf(rda_ctx *ctx, rda_status s, const char *fmt, ...) {
+  rda_err err;
+  err.status = s;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err.msg, sizeof err.msg, fmt, ap);
+  va_end(ap);
+  return rda_api_fail(ctx, &err);
+}
+
+const char *rda_last_error(const rda_ctx *ctx) {
+  if (rda_api_ctx_ok(ctx)) return ctx->last_error;
+  return rda_api_thread_error;
+}
+
+/* ---- contexts ---------------------------------------------------------------------------- */
+
+static void rda_api_ctx_release(rda_ctx *ctx) {
+  if (atomic_fetch_sub(&ctx->refs, 1) != 1) return;
+  ctx->magic = kDeadMagic;
+  while (ctx->cores != NULL) { /* all idle: every plan held a reference */
+    rda_api_core *c = ctx->cores;
+    ctx->cores = c->next;
+    rda_fwd_unload(ctx->b, &c->kernels);
+    rda_plan_k_free(&c->pk);
+    free(c->text);
+    free(c);
+  }
+  rda_gen_close(ctx->gen);
+  if (ctx->b != NULL) ctx->b->destroy(ctx->b);
+  pthread_mutex_destroy(&ctx->lock);
+  free(ctx);
+}
+
+static rda_status rda_api_dry_launch(rda_backend *b, rda_module *m, const unsigned grid[3],
+                                     unsigned threads, unsigned smem_bytes, const void *params,
+                                     size_t params_bytes, rda_err *err) {
+  (void)b, (void)m, (void)grid, (void)threads, (void)smem_bytes, (void)params;
+  (void)params_bytes, (void)err;
+  return RDA_OK;
+}
+
+/* which: "cuda" or "emu"; dry: replace launches by no-ops. */
+static rda_status rda_api_ctx_create(rda_ctx **out, const char *which, int ordinal, int dry) {
+  if (out == NULL)
+    return rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT, "rda_ctx_create_%s: out is NULL",
+                         strcmp(which, "cuda") == 0 ? "cuda" : "emulator");
+  *out = NULL;
+  rda_ctx *ctx = calloc(1, sizeof *ctx);
+  if (ctx == NULL)
+    return rda_api_failf(NULL, RDA_ERR_OUT_OF_MEMORY, "rda_ctx_create: out of memory");
+  atomic_init(&ctx->refs, 1);
+  atomic_init(&ctx->plans, 0);
+  atomic_init(&ctx->closed, 0);
+  pthread_mutex_init(&ctx->lock, NULL);
+  ctx->magic = kCtxMagic;
+  ctx->is_cuda = strcmp(which, "cuda") == 0;
+  ctx->dry = dry;
+  rda_err err = {0};
+  rda_status s = ctx->is_cuda ? rda_backend_cuda_open(&ctx->b, ordinal, &err)
+                              : rda_backend_emu_open(&ctx->b, 90, &err);
+  if (s == RDA_OK) s = rda_gen_open(&ctx->gen, &err);
+  if (s == RDA_OK) s = rda_backend_hw(ctx->b, ctx->gen, &ctx->hw, &err);
+  if (s != RDA_OK) {
+    rda_api_ctx_release(ctx);
+    return rda_api_fail(NULL, &err);
+  }
+  if (dry) ctx->b->launch = rda_api_dry_launch;
+  *out = ctx;
+  return RDA_OK;
+}
+
+rda_status rda_ctx_create_cuda(rda_ctx **out, int ordinal) {
+  if (ordinal < 0) {
+    if (out != NULL) *out = NULL;
+    return rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT,
+                         "rda_ctx_create_cuda: ordinal = %d: must be >= 0", ordinal);
+  }
+  return rda_api_ctx_create(out, "cuda", ordinal, 0);
+}
+
+rda_status rda_ctx_create_emulator(rda_ctx **out) {
+  return rda_api_ctx_create(out, "emu", 0, 0);
+}
+
+rda_status rda_api_ctx_create_dry(rda_ctx **out) {
+  return rda_api_ctx_create(out, "emu", 0, 1);
+}
+
+int rda_api_ctx_plans(const rda_ctx *ctx) {
+  return rda_api_ctx_ok(ctx) ? atomic_load(&((rda_ctx *)(uintptr_t)ctx)->plans) : -1;
+}
+
+int rda_api_ctx_cores(rda_ctx *ctx) {
+  if (!rda_api_ctx_ok(ctx)) return -1;
+  int n = 0;
+  pthread_mutex_lock(&ctx->lock);
+  for (const rda_api_core *c = ctx->cores; c != NULL; c = c->next) n++;
+  pthread_mutex_unlock(&ctx->lock);
+  return n;
+}
+
+void rda_ctx_destroy(rda_ctx *ctx) {
+  if (ctx == NULL) return;
+  if (!rda_api_ctx_ok(ctx) || atomic_exchange(&ctx->closed, 1) != 0) {
+    (void)rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT,
+                        "rda_ctx_destroy: ctx is not a live rda_ctx (wrong magic, or destroyed "
+                        "before); ignored");
+    return;
+  }
+  rda_api_ctx_release(ctx);
+}
+
+/* ---- plans ------------------------------------------------------------------------------- */
+
+/* Checks the handle arguments shared by the rda_plan_create_* functions. */
+static rda_status rda_api_plan_args(rda_plan **out, rda_ctx *ctx, const void *src, unsigned flags,
+                                    const char *fn, const char *src_name) {
+  if (out == NULL) {
+    const rda_status s = rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+    if (rda_api_ctx_ok(ctx)) (void)rda_api_failf(ctx, s, "%s: out is NULL", fn);
+    return s;
+  }
+  *out = NULL;
+  if (ctx == NULL) return rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT, "%s: ctx is NULL", fn);
+  if (!rda_api_ctx_open(ctx))
+    return rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT,
+                         "%s: ctx is not a live rda_ctx (wrong magic, or destroyed)", fn);
+  if (src == NULL)
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, src_name);
+  if ((flags & ~(unsigned)RDA_PLAN_WITH_BACKWARD) != 0)
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                         "%s: flags = 0x%x: only RDA_PLAN_WITH_BACKWARD (0x%x) is defined", fn,
+                         flags, (unsigned)RDA_PLAN_WITH_BACKWARD);
+  return RDA_OK;
+}
+
+static int rda_api_cfg_equal(const rda_config *a, const rda_config *b) {
+  if (a->heads != b->heads || a->kv_heads != b->kv_heads || a->head_dim != b->head_dim ||
+      a->dtype != b->dtype || a->nbranch != b->nbranch || a->offsets != b->offsets ||
+      a->causal != b->causal || a->scale != b->scale)
+    return 0;
+  for (int i = 0; i < a->nbranch; ++i)
+    if (a->segments[i] != b->segments[i] || a->dilations[i] != b->dilations[i]) return 0;
+  return 1;
+}
+
+/* A new plan handle on core (which gains a reference). Called with ctx->lock held. */
+static rda_status rda_api_plan_wrap(rda_ctx *ctx, rda_api_core *core, rda_plan **out,
+                                    rda_err *err) {
+  rda_plan *p = malloc(sizeof *p);
+  if (p == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "rda_plan_create: out of memory");
+  p->magic = kPlanMagic;
+  p->ctx = ctx;
+  p->core = core;
+  core->refs++;
+  atomic_fetch_add(&ctx->refs, 1);
+  atomic_fetch_add(&ctx->plans, 1);
+  *out = p;
+  return RDA_OK;
+}
+
+/* Free idle cores beyond the newest kIdleCores. Called with ctx->lock held. */
+static void rda_api_trim_cores(rda_ctx *ctx) {
+  int idle = 0;
+  for (rda_api_core **pp = &ctx->cores; *pp != NULL;) {
+    rda_api_core *c = *pp;
+    if (c->refs == 0 && ++idle > kIdleCores) {
+      *pp = c->next;
+      rda_fwd_unload(ctx->b, &c->kernels);
+      rda_plan_k_free(&c->pk);
+      free(c->text);
+      free(c);
+    } else {
+      pp = &c->next;
+    }
+  }
+}
+
+/* The plan of a validated config: a core the context has for it, else plan and load the
+ * kernels into a new one (text, when not NULL, is remembered as a key). Called with ctx->lock
+ * held; *out is set only on success. */
+static rda_status rda_api_plan_build(rda_ctx *ctx, const rda_config *cfg, const char *text,
+                                     unsigned flags, rda_plan **out, rda_err *err) {
+  for (rda_api_core *c = ctx->cores; c != NULL; c = c->next)
+    if ((c->flags & flags) == flags && rda_api_cfg_equal(&c->pk.cfg, cfg))
+      return rda_api_plan_wrap(ctx, c, out, err);
+  rda_api_core *c = calloc(1, sizeof *c);
+  char *key = text != NULL ? strdup(text) : NULL;
+  if (c == NULL || (text != NULL && key == NULL)) {
+    free(c);
+    free(key);
+    return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "rda_plan_create: out of memory");
+  }
+  const unsigned gen_flags = (flags & RDA_PLAN_WITH_BACKWARD) ? RDA_PLAN_BACKWARD : 0u;
+  rda_status s = rda_gen_plan_ex(ctx->gen, cfg, &ctx->hw, gen_flags, &c->pk, err);
+  if (s == RDA_OK) {
+    s = rda_fwd_load(ctx->b, &c->pk, &c->kernels, err);
+    if (s != RDA_OK) rda_plan_k_free(&c->pk);
+  }
+  if (s == RDA_OK) s = rda_api_plan_wrap(ctx, c, out, err);
+  if (s != RDA_OK) {
+    if (c->kernels.modules != NULL) {
+      rda_fwd_unload(ctx->b, &c->kernels);
+      rda_plan_k_free(&c->pk);
+    }
+    free(c);
+    free(key);
+    return s;
+  }
+  c->text = key;
+  c->flags = flags;
+  c->next = ctx->cores;
+  ctx->cores = c;
+  rda_api_trim_cores(ctx);
+  return RDA_OK;
+}
+
+/* Validate a config (chunk text or file) and build the plan, under the context's lock. A
+ * chunk the context has seen skips Lua: configs run sandboxed with no io, os or randomness,
+ * so the same text always gives the same config. */
+static rda_status rda_api_plan_from(rda_plan **out, rda_ctx *ctx, const char *chunk,
+                                    const char *chunkname, const char *path, unsigned flags) {
+  rda_err err = {0};
+  rda_config cfg;
+  pthread_mutex_lock(&ctx->lock);
+  if (chunk != NULL)
+    for (rda_api_core *c = ctx->cores; c != NULL; c = c->next)
+      if ((c->flags & flags) == flags && c->text != NULL && strcmp(c->text, chunk) == 0) {
+        const rda_status s = rda_api_plan_wrap(ctx, c, out, &err);
+        pthread_mutex_unlock(&ctx->lock);
+        return s == RDA_OK ? RDA_OK : rda_api_fail(ctx, &err);
+      }
+  rda_status s = path != NULL ? rda_gen_config_file(ctx->gen, path, &cfg, &err)
+                              : rda_gen_config_string(ctx->gen, chunk, chunkname, &cfg, &err);
+  if (s == RDA_OK) s = rda_api_plan_build(ctx, &cfg, chunk, flags, out, &err);
+  pthread_mutex_unlock(&ctx->lock);
+  return s == RDA_OK ? RDA_OK : rda_api_fail(ctx, &err);
+}
+
+/* Append printf output to buf at *len; returns 0 when it did not fit. */
+static int rda_api_append(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int rda_api_append(char *buf, size_t cap, size_t *len, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  const int n = vsnprintf(buf + *len, cap - *len, fmt, ap);
+  va_end(ap);
+  if (n < 0 || (size_t)n >= cap - *len) return 0;
+  *len += (size_t)n;
+  return 1;
+}
+
+/* The config struct as a Lua chunk, so that it goes through the one validation (SPEC §3) and
+ * its messages name the same keys as a config file's. Checks here only what cannot be
+ * written as a chunk. */
+static rda_status rda_api_config_chunk(const rda_attn_config *c, char *buf, size_t cap,
+                                       rda_err *err) {
+  if (c->struct_size != sizeof(rda_attn_config))
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "cfg->struct_size = %zu: expected sizeof(rda_attn_config) = %zu "
+                       "(initialize with RDA_CONFIG_INIT)",
+                       c->struct_size, sizeof(rda_attn_config));
+  if (c->version / 10000 != RDA_VERSION_MAJOR)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "cfg->version = %u: compiled against another major version than the "
+                       "library's %u (initialize with RDA_CONFIG_INIT)",
+                       c->version, (unsigned)RDA_VERSION_NUMBER);
+  if (c->nbranch < 1 || c->nbranch > RDA_CONFIG_MAX_BRANCHES)
+    return rda_err_set(err, RDA_ERR_CONFIG, "cfg->nbranch = %d: must be 1 to %d", c->nbranch,
+                       RDA_CONFIG_MAX_BRANCHES);
+  if (c->dtype != RDA_BF16 && c->dtype != RDA_FP16)
+    return rda_err_set(err, RDA_ERR_CONFIG,
+                       "cfg->dtype = %d: the storage type must be RDA_BF16 or RDA_FP16",
+                       (int)c->dtype);
+  static const char *const offsets[] = {"mod", "block", "group"};
+  if ((int)c->offsets < 0 || (int)c->offsets > 2)
+    return rda_err_set(err, RDA_ERR_CONFIG,
+                       "cfg->offsets = %d: must be RDA_OFFSET_MOD, RDA_OFFSET_BLOCK or "
+                       "RDA_OFFSET_GROUP",
+                       (int)c->offsets);
+  if (c->causal != 0 && c->causal != 1)
+    return rda_err_set(err, RDA_ERR_CONFIG, "cfg->causal = %d: must be 0 or 1", c->causal);
+  if (!isfinite(c->scale))
+    return rda_err_set(err, RDA_ERR_CONFIG,
+                       "cfg->scale is not finite: must be a finite number, or 0 for "
+                       "1/sqrt(head_dim)");
+  size_t len = 0;
+  int ok = rda_api_append(buf, cap, &len, "return { heads = %d, head_dim = %d, dtype = \"%s\"",
+                          c->heads, c->head_dim, c->dtype == RDA_BF16 ? "bf16" : "fp16");
+  if (c->kv_heads != 0) ok = ok && rda_api_append(buf, cap, &len, ", kv_heads = %d", c->kv_heads);
+  ok = ok && rda_api_append(buf, cap, &len, ", segments = {");
+  for (int i = 0; i < c->nbranch; ++i)
+    ok = ok && rda_api_append(buf, cap, &len, "%s%lld", i ? ", " : "", c->segments[i]);
+  ok = ok && rda_api_append(buf, cap, &len, "}, dilations = {");
+  for (int i = 0; i < c->nbranch; ++i)
+    ok = ok && rda_api_append(buf, cap, &len, "%s%lld", i ? ", " : "", c->dilations[i]);
+  ok = ok && rda_api_append(buf, cap, &len, "}, offsets = \"%s\", causal = %s", offsets[c->offsets],
+                            c->causal ? "true" : "false");
+  if (c->scale != 0.0) ok = ok && rda_api_append(buf, cap, &len, ", scale = %.17g", c->scale);
+  ok = ok && rda_api_append(buf, cap, &len, " }");
+  if (!ok) return rda_err_set(err, RDA_ERR_INTERNAL, "rda_plan_create: config text too long");
+  return RDA_OK;
+}
+
+rda_status rda_plan_create(rda_plan **out, rda_ctx *ctx, const rda_attn_config *cfg,
+                           unsigned flags) {
+  RDA_TRY(rda_api_plan_args(out, ctx, cfg, flags, "rda_plan_create", "cfg"));
+  char chunk[2048];
+  rda_err err = {0};
+  if (rda_api_config_chunk(cfg, chunk, sizeof chunk, &err) != RDA_OK)
+    return rda_api_fail(ctx, &err);
+  return rda_api_plan_from(out, ctx, chunk, "=rda_attn_config", NULL, flags);
+}
+
+rda_status rda_plan_create_from_string(rda_plan **out, rda_ctx *ctx, const char *chunk,
+                                       unsigned flags) {
+  RDA_TRY(rda_api_plan_args(out, ctx, chunk, flags, "rda_plan_create_from_string", "chunk"));
+  return rda_api_plan_from(out, ctx, chunk, "=config", NULL, flags);
+}
+
+rda_status rda_plan_create_from_file(rda_plan **out, rda_ctx *ctx, const char *path,
+                                     unsigned flags) {
+  RDA_TRY(rda_api_plan_args(out, ctx, path, flags, "rda_plan_create_from_file", "path"));
+  return rda_api_plan_from(out, ctx, NULL, NULL, path, flags);
+}
+
+/* Reports a bad plan handle; returns its status. */
+static rda_status rda_api_bad_plan(const rda_plan *plan, const char *fn) {
+  if (plan == NULL) return rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT, "%s: plan is NULL", fn);
+  return rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT,
+                       "%s: plan is not a live rda_plan (wrong magic)", fn);
+}
+
+rda_status rda_plan_get_config(const rda_plan *plan, rda_attn_config *out) {
+  if (!rda_api_plan_ok(plan)) return rda_api_bad_plan(plan, "rda_plan_get_config");
+  if (out == NULL)
+    return rda_api_failf(plan->ctx, RDA_ERR_INVALID_ARGUMENT, "rda_plan_get_config: out is NULL");
+  const rda_config *c = &plan->core->pk.cfg;
+  const rda_attn_config init = RDA_CONFIG_INIT;
+  *out = init;
+  out->heads = c->heads;
+  out->kv_heads = c->kv_heads;
+  out->head_dim = c->head_dim;
+  out->dtype = c->dtype == RDA_DTYPE_FP16 ? RDA_FP16 : RDA_BF16;
+  out->nbranch = c->nbranch;
+  for (int i = 0; i < c->nbranch; ++i) {
+    out->segments[i] = c->segments[i];
+    out->dilations[i] = c->dilations[i];
+  }
+  out->offsets = (rda_offset_rule)c->offsets;
+  out->causal = c->causal;
+  out->scale = c->scale;
+  return RDA_OK;
+}
+
+void rda_plan_destroy(rda_plan *plan) {
+  if (plan == NULL) return;
+  if (plan->magic != kPlanMagic) {
+    (void)rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT,
+                        "rda_plan_destroy: plan is not a live rda_plan (wrong magic); ignored");
+    return;
+  }
+  rda_ctx *ctx = plan->ctx;
+  plan->magic = kDeadMagic;
+  pthread_mutex_lock(&ctx->lock);
+  plan->core->refs--;
+  rda_api_trim_cores(ctx);
+  pthread_mutex_unlock(&ctx->lock);
+  free(plan);
+  atomic_fetch_sub(&ctx->plans, 1);
+  rda_api_ctx_release(ctx);
+}
+
+/* ---- tensors ----------------------------------------------------------------------------- */
+
+rda_status rda_tensor_contiguous(rda_tensor *t, void *data, rda_dtype dtype, int ndim,
+                                 const long long *shape) {
+  if (t == NULL)
+    return rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT, "rda_tensor_contiguous: t is NULL");
+  memset(t, 0, sizeof *t);
+  if (ndim != 3 && ndim != 4)
+    return rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT,
+                         "rda_tensor_contiguous: ndim = %d: must be 3 or 4", ndim);
+  if (shape == NULL)
+    return rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT, "rda_tensor_contiguous: shape is NULL");
+  for (int i = 0; i < ndim; ++i)
+    if (shape[i] < 1)
+      return rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT,
+                           "rda_tensor_contiguous: shape[%d] = %lld: must be >= 1", i, shape[i]);
+  t->data = data;
+  t->dtype = dtype;
+  t->ndim = ndim;
+  long long s = 1;
+  for (int i = ndim - 1; i >= 0; --i) {
+    t->shape[i] = shape[i];
+    t->stride[i] = s;
+    if (__builtin_mul_overflow(s, shape[i], &s))
+      return rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT,
+                           "rda_tensor_contiguous: the shape overflows 64-bit element counts");
+  }
+  return RDA_OK;
+}
+
+static const char *rda_api_dtype_name(rda_dtype d) {
+  switch (d) {
+    case RDA_BF16: return "RDA_BF16";
+    case RDA_FP16: return "RDA_FP16";
+    case RDA_FP32: return "RDA_FP32";
+  }
+  return "an unknown dtype";
+}
+
+static size_t rda_api_dtype_bytes(rda_dtype d) {
+  return d == RDA_FP32 ? 4 : 2;
+}
+
+typedef struct rda_api_want {
+  const char *fn;   /* "rda_forward" or "rda_backward" */
+  const char *name; /* "q", "k", ... as the caller knows them */
+  const char *dims; /* "[B, N, H, D]" */
+  int ndim;
+  long long shape[4];
+  int output; /* 1: written by the call: its elements must not overlap */
+} rda_api_want;
+
+/* Checks one tensor against what the plan needs: dtype (one of two, dt_b may be -1), shape,
+ * contiguity of the last dimension, 16-byte row alignment (4 bytes for LSE), non-negative
+ * strides, offsets within 64 bits, and for outputs that no two elements share an address. */
+static rda_status rda_api_check_tensor(const rda_plan *plan, const rda_tensor *t,
+                                       const rda_api_want *w, int dt_a, int dt_b, rda_err *err) {
+  const char *nm = w->name;
+  if (t == NULL) return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: %s is NULL", w->fn, nm);
+  if (t->data == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: %s->data is NULL", w->fn, nm);
+  if ((int)t->dtype != dt_a && (int)t->dtype != dt_b) {
+    if (dt_b < 0)
+      return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: %s->dtype = %s: the plan needs %s",
+                         w->fn, nm, rda_api_dtype_name(t->dtype),
+                         rda_api_dtype_name((rda_dtype)dt_a));
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: %s->dtype = %s: the plan needs %s or %s",
+                       w->fn, nm, rda_api_dtype_name(t->dtype), rda_api_dtype_name((rda_dtype)dt_a),
+                       rda_api_dtype_name((rda_dtype)dt_b));
+  }
+  if (t->ndim != w->ndim)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: %s->ndim = %d: expected %d (%s %s)",
+                       w->fn, nm, t->ndim, w->ndim, nm, w->dims);
+  for (int i = 0; i < w->ndim; ++i)
+    if (t->shape[i] != w->shape[i]) {
+      char want[96];
+      if (w->ndim == 4)
+        snprintf(want, sizeof want, "[%lld, %lld, %lld, %lld]", w->shape[0], w->shape[1],
+                 w->shape[2], w->shape[3]);
+      else
+        snprintf(want, sizeof want, "[%lld, %lld, %lld]", w->shape[0], w->shape[1], w->shape[2]);
+      return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                         "%s: %s->shape[%d] = %lld: expected %s %s = %s for this plan "
+                         "and q",
+                         w->fn, nm, i, t->shape[i], nm, w->dims, want);
+    }
+  const int last = w->ndim - 1;
+  if (t->stride[last] != 1)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "%s: %s->stride[%d] = %lld: the last dimension must be "
+                       "contiguous (stride 1)",
+                       w->fn, nm, last, t->stride[last]);
+  const size_t esize = rda_api_dtype_bytes(t->dtype);
+  const int rows16 = w->ndim == 4; /* rows read or written 16 bytes at a time */
+  const long long step = rows16 ? (long long)(16 / esize) : 1;
+  if (rows16 ? ((uintptr_t)t->data % 16 != 0) : ((uintptr_t)t->data % esize != 0))
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: %s->data = %p: must be %d-byte aligned",
+                       w->fn, nm, t->data, rows16 ? 16 : (int)esize);
+  long long span = 0;
+  for (int i = 0; i < last; ++i) {
+    if (t->stride[i] < 0)
+      return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: %s->stride[%d] = %lld: must be >= 0",
+                         w->fn, nm, i, t->stride[i]);
+    if (t->stride[i] % step != 0)
+      return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                         "%s: %s->stride[%d] = %lld: must be a multiple of %lld "
+                         "elements (16-byte aligned rows of %s)",
+                         w->fn, nm, i, t->stride[i], step, rda_api_dtype_name(t->dtype));
+    long long e;
+    if (__builtin_mul_overflow(t->shape[i] - 1, t->stride[i], &e) ||
+        __builtin_add_overflow(span, e, &span))
+      return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                         "%s: %s->stride = [%lld, %lld, %lld, ...]: the largest offset "
+                         "overflows 64 bits",
+                         w->fn, nm, t->stride[0], t->stride[1], t->stride[2]);
+  }
+  if (w->output) {
+    /* Dimensions of extent > 1 sorted by stride: each must step over everything below it. */
+    int ord[4], n = 0;
+    for (int i = 0; i <= last; ++i)
+      if (t->shape[i] > 1) ord[n++] = i;
+    for (int a = 1; a < n; ++a)
+      for (int b = a; b > 0 && t->stride[ord[b]] < t->stride[ord[b - 1]]; --b) {
+        const int tmp = ord[b];
+        ord[b] = ord[b - 1];
+        ord[b - 1] = tmp;
+      }
+    long long covered = 1; /* elements spanned by the dimensions so far */
+    for (int a = 0; a < n; ++a) {
+      const int i = ord[a];
+      if (t->stride[i] < covered)
+        return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                           "%s: %s->stride[%d] = %lld: output elements overlap (an "
+                           "output must not alias itself)",
+                           w->fn, nm, i, t->stride[i]);
+      covered = t->stride[i] * (t->shape[i] - 1) + covered;
+    }
+  }
+  (void)plan;
+  return RDA_OK;
+}
+
+/* 1 when the bytes t spans (already checked not to overflow) meet [p, p + bytes). */
+static int rda_api_ranges_meet(const rda_tensor *t, const void *p, size_t bytes) {
+  unsigned long long last = 0;
+  for (int i = 0; i < t->ndim; ++i)
+    last += (unsigned long long)(t->shape[i] - 1) * (unsigned long long)t->stride[i];
+  const uintptr_t t0 = (uintptr_t)t->data;
+  const uintptr_t t1 = t0 + (uintptr_t)((last + 1) * rda_api_dtype_bytes(t->dtype));
+  const uintptr_t p0 = (uintptr_t)p, p1 = p0 + bytes;
+  return t0 < p1 && p0 < t1;
+}
+
+static size_t rda_api_round_up(size_t x) {
+  return (x + kWsAlign - 1) / kWsAlign * kWsAlign;
+}
+
+/* Workspace parts: the fp32 O accumulator (contiguous) and the fp32 LSE (contiguous). */
+static int rda_api_ws_parts(const rda_plan_k *pk, long long batch, long long n, size_t *o_bytes,
+                            size_t *lse_bytes) {
+  unsigned long long rows, o, l;
+  if (__builtin_mul_overflow((unsigned long long)batch, (unsigned long long)n, &rows) ||
+      __builtin_mul_overflow(rows, (unsigned long long)pk->cfg.heads, &rows) ||
+      __builtin_mul_overflow(rows, (unsigned long long)pk->cfg.head_dim * 4ull, &o) ||
+      __builtin_mul_overflow(rows, 4ull, &l) || o > SIZE_MAX / 2 || l > SIZE_MAX / 2)
+    return 0;
+  *o_bytes = rda_api_round_up((size_t)o);
+  *lse_bytes = rda_api_round_up((size_t)l);
+  return 1;
+}
+
+rda_status rda_plan_workspace_size(const rda_plan *plan, long long batch, long long n,
+                                   size_t *bytes) {
+  if (bytes != NULL) *bytes = 0;
+  if (!rda_api_plan_ok(plan)) return rda_api_bad_plan(plan, "rda_plan_workspace_size");
+  rda_ctx *ctx = plan->ctx;
+  if (bytes == NULL)
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT, "rda_plan_workspace_size: bytes is NULL");
+  if (batch < 1 || n < 1)
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                         "rda_plan_workspace_size: batch = %lld, n = %lld: both must be >= 1",
+                         batch, n);
+  size_t o, l;
+  if (!rda_api_ws_parts(&plan->core->pk, batch, n, &o, &l))
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                         "rda_plan_workspace_size: batch = %lld, n = %lld: the size overflows",
+                         batch, n);
+  *bytes = o + l;
+  return RDA_OK;
+}
+
+/* ---- forward ----------------------------------------------------------------------------- */
+
+/* Enqueue the fp32 -> storage dtype cast of the accumulator into the caller's o. */
+static rda_status rda_api_cast(const rda_plan *plan, const float *acc, const long long acc_s[3],
+                               const rda_tensor *o, long long batch, long long n, rda_err *err) {
+  const rda_plan_k *pk = &plan->core->pk;
+  if (pk->cast_kernel < 0 || pk->cast_kernel >= pk->nvariants)
+    return rda_err_set(err, RDA_ERR_INTERNAL, "rda_forward: the plan has no cast kernel");
+  const rda_variant *v = &pk->variants[pk->cast_kernel];
+  rda_cast_params cp;
+  memset(&cp, 0, sizeof cp);
+  cp.o = acc;
+  cp.out = o->data;
+  cp.o_sb = acc_s[0], cp.o_sn = acc_s[1], cp.o_sh = acc_s[2];
+  cp.out_sb = o->stride[0], cp.out_sn = o->stride[1], cp.out_sh = o->stride[2];
+  cp.batch = batch;
+  cp.n = n;
+  cp.heads = pk->cfg.heads;
+  cp.head_dim = pk->cfg.head_dim;
+  const long long threads = v->threads > 0 ? v->threads : 256;
+  const long long items = batch * n * pk->cfg.heads * (pk->cfg.head_dim / 8);
+  long long blocks = (items + threads - 1) / threads;
+  if (blocks > 65535) blocks = 65535;
+  const unsigned grid[3] = {(unsigned)blocks, 1, 1};
+  rda_backend *b = plan->ctx->b;
+  return b->launch(b, plan->core->kernels.modules[pk->cast_kernel], grid, (unsigned)threads,
+                   (unsigned)v->smem_bytes, &cp, sizeof cp, err);
+}
+
+rda_status rda_forward(const rda_plan *plan, const rda_tensor *q, const rda_tensor *k,
+                       const rda_tensor *v, const rda_tensor *o, const rda_tensor *lse,
+                       void *workspace, size_t workspace_bytes, void *stream) {
+  if (!rda_api_plan_ok(plan)) return rda_api_bad_plan(plan, "rda_forward");
+  rda_ctx *ctx = plan->ctx;
+  const rda_config *c = &plan->core->pk.cfg;
+  rda_err err;
+  err.status = RDA_OK;
+  err.msg[0] = '\0';
+  if (q == NULL) return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT, "rda_forward: q is NULL");
+  if (q->ndim != 4)
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                         "rda_forward: q->ndim = %d: expected 4 (q [B, N, H, D])", q->ndim);
+  const long long batch = q->shape[0], n = q->shape[1];
+  if (batch < 1 || n < 1)
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                         "rda_forward: q->shape = [%lld, %lld, ...]: B and N must be >= 1", batch,
+                         n);
+  if (batch > 65535)
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                         "rda_forward: q->shape[0] = %lld: at most 65535 batch entries per call",
+                         batch);
+  const int dt = c->dtype;
+  static const char fn[] = "rda_forward";
+  const rda_api_want wq = {fn, "q", "[B, N, H, D]", 4, {batch, n, c->heads, c->head_dim}, 0};
+  const rda_api_want wk = {fn, "k", "[B, N, Hkv, D]", 4, {batch, n, c->kv_heads, c->head_dim}, 0};
+  const rda_api_want wv = {fn, "v", "[B, N, Hkv, D]", 4, {batch, n, c->kv_heads, c->head_dim}, 0};
+  const rda_api_want wo = {fn, "o", "[B, N, H, D]", 4, {batch, n, c->heads, c->head_dim}, 1};
+  const rda_api_want wl = {fn, "lse", "[B, H, N]", 3, {batch, c->heads, n, 0}, 1};
+  if (rda_api_check_tensor(plan, q, &wq, dt, -1, &err) != RDA_OK ||
+      rda_api_check_tensor(plan, k, &wk, dt, -1, &err) != RDA_OK ||
+      rda_api_check_tensor(plan, v, &wv, dt, -1, &err) != RDA_OK ||
+      rda_api_check_tensor(plan, o, &wo, dt, RDA_FP32, &err) != RDA_OK ||
+      (lse != NULL && rda_api_check_tensor(plan, lse, &wl, RDA_FP32, -1, &err) != RDA_OK))
+    return rda_api_fail(ctx, &err);
+
+  size_t o_bytes, l_bytes;
+  if (!rda_api_ws_parts(&plan->core->pk, batch, n, &o_bytes, &l_bytes))
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                         "rda_forward: q->shape = [%lld, %lld, ...]: the workspace size overflows",
+                         batch, n);
+  const int o_direct = o->dtype == RDA_FP32;
+  /* Fixed layout: [fp32 O accumulator | fp32 LSE]; only the parts in use must be there. */
+  const size_t need = lse == NULL ? o_bytes + l_bytes : o_direct ? 0 : o_bytes;
+  if (need > 0) {
+    if (workspace == NULL)
+      return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                           "rda_forward: workspace is NULL: %zu bytes needed "
+                           "(rda_plan_workspace_size)",
+                           need);
+    if (workspace_bytes < need)
+      return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                           "rda_forward: workspace_bytes = %zu: too small, %zu needed "
+                           "(rda_plan_workspace_size)",
+                           workspace_bytes, need);
+    if ((uintptr_t)workspace % 16 != 0)
+      return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                           "rda_forward: workspace = %p: must be 16-byte aligned", workspace);
+  }
+  /* Outputs must not be the inputs; the workspace must not hold any tensor. (Interleaved
+   * layouts in one buffer are allowed, so only these cheap, certain cases are refused.) */
+  const rda_tensor *all[5] = {q, k, v, o, lse};
+  static const char *const names[5] = {"q", "k", "v", "o", "lse"};
+  for (int i = 3; i < 5; ++i)
+    for (int j = 0; j < i; ++j)
+      if (all[i] != NULL && all[i]->data == all[j]->data)
+        return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                             "rda_forward: %s->data == %s->data: an output must not overlap "
+                             "another argument",
+                             names[i], names[j]);
+  if (need > 0)
+    for (int i = 0; i < 5; ++i)
+      if (all[i] != NULL && rda_api_ranges_meet(all[i], workspace, need))
+        return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                             "rda_forward: workspace overlaps %s: it must be memory of its own",
+                             names[i]);
+
+  char *ws = workspace;
+  rda_fwd_args a;
+  memset(&a, 0, sizeof a);
+  a.batch = batch;
+  a.n = n;
+  a.q = q->data;
+  a.k = k->data;
+  a.v = v->data;
+  for (int i = 0; i < 3; ++i) {
+    a.q_s[i] = q->stride[i];
+    a.k_s[i] = k->stride[i];
+    a.v_s[i] = v->stride[i];
+  }
+  if (o_direct) {
+    a.o = o->data;
+    for (int i = 0; i < 3; ++i) a.o_s[i] = o->stride[i];
+    ws += o_bytes;
+  } else {
+    a.o = (float *)(void *)ws;
+    a.o_s[2] = c->head_dim;
+    a.o_s[1] = (long long)c->heads * c->head_dim;
+    a.o_s[0] = n * a.o_s[1];
+    ws += o_bytes;
+  }
+  if (lse != NULL) {
+    a.lse = lse->data;
+    a.lse_s[0] = lse->stride[0];
+    a.lse_s[1] = lse->stride[1];
+  } else {
+    a.lse = (float *)(void *)ws;
+    a.lse_s[1] = n;
+    a.lse_s[0] = (long long)c->heads * n;
+  }
+
+  if (ctx->is_cuda) rda_backend_cuda_use_stream(stream);
+  rda_status s = rda_fwd_run(ctx->b, &plan->core->pk, &plan->core->kernels, &a, &err);
+  if (s == RDA_OK && !o_direct) s = rda_api_cast(plan, a.o, a.o_s, o, batch, n, &err);
+  if (ctx->is_cuda) rda_backend_cuda_own_stream();
+  return s == RDA_OK ? RDA_OK : rda_api_fail(ctx, &err);
+}
+
+/* ---- backward ---------------------------------------------------------------------------- */
+
+rda_status rda_plan_backward_workspace_size(const rda_plan *plan, long long batch, long long n,
+                                            size_t *bytes) {
+  if (bytes != NULL) *bytes = 0;
+  if (!rda_api_plan_ok(plan)) return rda_api_bad_plan(plan, "rda_plan_backward_workspace_size");
+  rda_ctx *ctx = plan->ctx;
+  if (bytes == NULL)
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                         "rda_plan_backward_workspace_size: bytes is NULL");
+  if (!plan->core->pk.has_bwd)
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                         "rda_plan_backward_workspace_size: the plan was created without "
+                         "RDA_PLAN_WITH_BACKWARD");
+  size_t o, l;
+  if (batch < 1 || n < 1 || !rda_api_ws_parts(&plan->core->pk, batch, n, &o, &l))
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                         "rda_plan_backward_workspace_size: batch = %lld, n = %lld: both must be "
+                         ">= 1 and the size must not overflow",
+                         batch, n);
+  *bytes = rda_api_round_up(rda_bwd_workspace_bytes(&plan->core->pk, batch, n));
+  return RDA_OK;
+}
+
+rda_status rda_backward(const rda_plan *plan, const rda_tensor *q, const rda_tensor *k,
+                        const rda_tensor *v, const rda_tensor *o, const rda_tensor *lse,
+                        const rda_tensor *dout, const rda_tensor *dlse, const rda_tensor *dq,
+                        const rda_tensor *dk, const rda_tensor *dv, void *workspace,
+                        size_t workspace_bytes, void *stream) {
+  static const char fn[] = "rda_backward";
+  if (!rda_api_plan_ok(plan)) return rda_api_bad_plan(plan, fn);
+  rda_ctx *ctx = plan->ctx;
+  const rda_plan_k *pk = &plan->core->pk;
+  const rda_config *c = &pk->cfg;
+  if (!pk->has_bwd)
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                         "rda_backward: the plan was created without RDA_PLAN_WITH_BACKWARD");
+  rda_err err;
+  err.status = RDA_OK;
+  err.msg[0] = '\0';
+  if (q == NULL) return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT, "rda_backward: q is NULL");
+  if (q->ndim != 4)
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                         "rda_backward: q->ndim = %d: expected 4 (q [B, N, H, D])", q->ndim);
+  const long long batch = q->shape[0], n = q->shape[1];
+  if (batch < 1 || n < 1 || batch > 65535)
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                         "rda_backward: q->shape = [%lld, %lld, ...]: B must be 1 to 65535 and "
+                         "N >= 1",
+                         batch, n);
+  const int dt = c->dtype;
+  const long long H = c->heads, Hkv = c->kv_heads, D = c->head_dim;
+  const rda_api_want w[11] = {
+      {fn, "q", "[B, N, H, D]", 4, {batch, n, H, D}, 0},
+      {fn, "k", "[B, N, Hkv, D]", 4, {batch, n, Hkv, D}, 0},
+      {fn, "v", "[B, N, Hkv, D]", 4, {batch, n, Hkv, D}, 0},
+      {fn, "o", "[B, N, H, D]", 4, {batch, n, H, D}, 0},
+      {fn, "lse", "[B, H, N]", 3, {batch, H, n, 0}, 0},
+      {fn, "dout", "[B, N, H, D]", 4, {batch, n, H, D}, 0},
+      {fn, "dlse", "[B, H, N]", 3, {batch, H, n, 0}, 0},
+      {fn, "dq", "[B, N, H, D]", 4, {batch, n, H, D}, 1},
+      {fn, "dk", "[B, N, Hkv, D]", 4, {batch, n, Hkv, D}, 1},
+      {fn, "dv", "[B, N, Hkv, D]", 4, {batch, n, Hkv, D}, 1},
+      {0},
+  };
+  const rda_tensor *t[10] = {q, k, v, o, lse, dout, dlse, dq, dk, dv};
+  static const int dtypes[10] = {-1, -1,       -1,       RDA_FP32, RDA_FP32,
+                                 -1, RDA_FP32, RDA_FP32, RDA_FP32, RDA_FP32};
+  for (int i = 0; i < 10; ++i) {
+    if (i == 6 && dlse == NULL) continue; /* dlse is optional */
+    if (rda_api_check_tensor(plan, t[i], &w[i], dtypes[i] < 0 ? dt : dtypes[i], -1, &err) != RDA_OK)
+      return rda_api_fail(ctx, &err);
+  }
+  for (int i = 7; i < 10; ++i)
+    for (int j = 0; j < 10; ++j)
+      if (j != i && t[j] != NULL && t[i]->data == t[j]->data)
+        return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                             "rda_backward: %s->data == %s->data: an output must not overlap "
+                             "another argument",
+                             w[i].name, w[j].name);
+  const size_t need = rda_api_round_up(rda_bwd_workspace_bytes(pk, batch, n));
+  if (workspace == NULL)
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                         "rda_backward: workspace is NULL: %zu bytes needed "
+                         "(rda_plan_backward_workspace_size)",
+                         need);
+  if (workspace_bytes < need)
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                         "rda_backward: workspace_bytes = %zu: too small, %zu needed "
+                         "(rda_plan_backward_workspace_size)",
+                         workspace_bytes, need);
+  if ((uintptr_t)workspace % 16 != 0)
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                         "rda_backward: workspace = %p: must be 16-byte aligned", workspace);
+  for (int i = 0; i < 10; ++i)
+    if (t[i] != NULL && rda_api_ranges_meet(t[i], workspace, need))
+      return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                           "rda_backward: workspace overlaps %s: it must be memory of its own",
+                           w[i].name);
+
+  rda_bwd_args a;
+  memset(&a, 0, sizeof a);
+  a.batch = batch;
+  a.n = n;
+  a.q = q->data, a.k = k->data, a.v = v->data;
+  a.o = o->data;
+  a.lse = lse->data;
+  a.dout = dout->data;
+  a.dlse = dlse != NULL ? dlse->data : NULL;
+  a.dq = dq->data, a.dk = dk->data, a.dv = dv->data;
+  for (int i = 0; i < 3; ++i) {
+    a.q_s[i] = q->stride[i], a.k_s[i] = k->stride[i], a.v_s[i] = v->stride[i];
+    a.o_s[i] = o->stride[i], a.do_s[i] = dout->stride[i];
+    a.dq_s[i] = dq->stride[i], a.dk_s[i] = dk->stride[i], a.dv_s[i] = dv->stride[i];
+  }
+  for (int i = 0; i < 2; ++i) {
+    a.lse_s[i] = lse->stride[i];
+    a.dlse_s[i] = dlse != NULL ? dlse->stride[i] : 0;
+  }
+  a.workspace = workspace;
+  a.deterministic = 1;
+  if (ctx->is_cuda) rda_backend_cuda_use_stream(stream);
+  const rda_status s = rda_bwd_run(ctx->b, pk, &plan->core->kernels, &a, &err);
+  if (ctx->is_cuda) rda_backend_cuda_own_stream();
+  return s == RDA_OK ? RDA_OK : rda_api_fail(ctx, &err);
+}

@@ -1,0 +1,206 @@
+/* bwd.c — the backward pass of a plan: one prep launch (Dp = <dO, O> - dLSE into the workspace,
+ * dq = dk = dv = 0), then per branch the dK/dV launches (one per query head of a kv group) and
+ * the dQ launch, all accumulating in fp32. Grid shapes and per-launch parameters live here. */
+#include "bwd.h"
+
+#include <stdint.h>
+#include <string.h>
+
+static const unsigned kPrepThreads = 256;
+
+static long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
+
+size_t rda_bwd_workspace_bytes(const rda_plan_k *p, long long batch, long long n) {
+  if (p == NULL || batch < 1 || n < 1) return 0;
+  return (size_t)batch * (size_t)p->cfg.heads * (size_t)n * sizeof(float);
+}
+
+/* 16-bit inputs are read by 16-byte cp.async per row chunk. */
+static int aligned16(const void *ptr, const long long s[3]) {
+  return ((uintptr_t)ptr % 16) == 0 && s[0] % 8 == 0 && s[1] % 8 == 0 && s[2] % 8 == 0;
+}
+
+static int kernel_ok(const rda_plan_k *p, const rda_fwd_kernels *k, int index) {
+  return index >= 0 && index < p->nvariants && index < k->n && k->modules[index] != NULL;
+}
+
+static rda_status check_args(const rda_plan_k *p, const rda_fwd_kernels *k, const rda_bwd_args *a,
+                             rda_err *err) {
+  if (!p->has_bwd)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "the plan has no backward kernels: plan it with rda_gen_plan_ex("
+                       "..., RDA_PLAN_BACKWARD, ...)");
+  if (a->batch < 1 || a->n < 1)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "batch = %lld, n = %lld: both must be >= 1",
+                       a->batch, a->n);
+  if (a->batch > 65535)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "batch = %lld: at most 65535 per call",
+                       a->batch);
+  if (a->n > 0x7fffffffLL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "n = %lld: at most 2^31 - 1", a->n);
+  if (a->q == NULL || a->k == NULL || a->v == NULL || a->o == NULL || a->lse == NULL ||
+      a->dout == NULL || a->dq == NULL || a->dk == NULL || a->dv == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "a tensor pointer is NULL");
+  if (a->workspace == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "workspace is NULL: rda_bwd_workspace_bytes() bytes are needed");
+  if (!aligned16(a->q, a->q_s) || !aligned16(a->k, a->k_s) || !aligned16(a->v, a->v_s) ||
+      !aligned16(a->dout, a->do_s))
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "q, k, v and dout must be 16-byte aligned with strides that are multiples "
+                       "of 8 elements");
+  if (!kernel_ok(p, k, p->bwd_prep_kernel))
+    return rda_err_set(err, RDA_ERR_INTERNAL, "the backward prep kernel is not loaded");
+  for (int i = 0; i < p->nsteps; ++i)
+    if (!kernel_ok(p, k, p->bwd_steps[i].dkdv_kernel) ||
+        !kernel_ok(p, k, p->bwd_steps[i].dq_kernel) || p->bwd_steps[i].dsplit < 1 ||
+        (p->bwd_steps[i].dkdv_atomic_kernel >= 0 &&
+         !kernel_ok(p, k, p->bwd_steps[i].dkdv_atomic_kernel)))
+      return rda_err_set(err, RDA_ERR_INTERNAL, "backward kernels of branch %d are not loaded",
+                         p->bwd_steps[i].branch);
+  return RDA_OK;
+}
+
+static rda_status launch_prep(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                              const rda_bwd_args *a, float *dp, rda_err *err) {
+  rda_bwd_prep_params pp;
+  memset(&pp, 0, sizeof pp);
+  pp.o = a->o;
+  pp.dout = a->dout;
+  pp.lse = a->lse;
+  pp.dlse = a->dlse;
+  pp.dp = dp;
+  pp.dq = a->dq;
+  pp.dk = a->dk;
+  pp.dv = a->dv;
+  pp.o_sb = a->o_s[0], pp.o_sn = a->o_s[1], pp.o_sh = a->o_s[2];
+  pp.do_sb = a->do_s[0], pp.do_sn = a->do_s[1], pp.do_sh = a->do_s[2];
+  pp.lse_sb = a->lse_s[0], pp.lse_sh = a->lse_s[1];
+  pp.dlse_sb = a->dlse_s[0], pp.dlse_sh = a->dlse_s[1];
+  pp.dp_sb = (long long)p->cfg.heads * a->n, pp.dp_sh = a->n;
+  pp.dq_sb = a->dq_s[0], pp.dq_sn = a->dq_s[1], pp.dq_sh = a->dq_s[2];
+  pp.dk_sb = a->dk_s[0], pp.dk_sn = a->dk_s[1], pp.dk_sh = a->dk_s[2];
+  pp.dv_sb = a->dv_s[0], pp.dv_sn = a->dv_s[1], pp.dv_sh = a->dv_s[2];
+  pp.batch = a->batch;
+  pp.n = a->n;
+  pp.heads = p->cfg.heads;
+  pp.kv_heads = p->cfg.kv_heads;
+  pp.head_dim = p->cfg.head_dim;
+  /* One thread per row, grid-stride beyond 65535 blocks. */
+  long long blocks = ceil_div(a->batch * a->n * p->cfg.heads, kPrepThreads);
+  if (blocks > 65535) blocks = 65535;
+  const unsigned grid[3] = {(unsigned)blocks, 1, 1};
+  return b->launch(b, k->modules[p->bwd_prep_kernel], grid, kPrepThreads, 0, &pp, sizeof pp, err);
+}
+
+/* The parameters every launch of one branch shares. */
+static void branch_params(const rda_plan_k *p, const rda_bwd_args *a, const rda_bwd_step *s,
+                          const float *dp, rda_bwd_params *bp) {
+  const double log2e = 1.4426950408889634;
+  const int64_t r = p->cfg.dilations[s->branch];
+  const int64_t w = p->cfg.segments[s->branch] < a->n ? p->cfg.segments[s->branch] : a->n;
+  memset(bp, 0, sizeof *bp);
+  bp->q = a->q;
+  bp->k = a->k;
+  bp->v = a->v;
+  bp->dout = a->dout;
+  bp->lse = a->lse;
+  bp->dp = dp;
+  bp->dq = a->dq;
+  bp->dk = a->dk;
+  bp->dv = a->dv;
+  bp->q_sb = a->q_s[0], bp->q_sn = a->q_s[1], bp->q_sh = a->q_s[2];
+  bp->k_sb = a->k_s[0], bp->k_sn = a->k_s[1], bp->k_sh = a->k_s[2];
+  bp->v_sb = a->v_s[0], bp->v_sn = a->v_s[1], bp->v_sh = a->v_s[2];
+  bp->do_sb = a->do_s[0], bp->do_sn = a->do_s[1], bp->do_sh = a->do_s[2];
+  bp->dq_sb = a->dq_s[0], bp->dq_sn = a->dq_s[1], bp->dq_sh = a->dq_s[2];
+  bp->dk_sb = a->dk_s[0], bp->dk_sn = a->dk_s[1], bp->dk_sh = a->dk_s[2];
+  bp->dv_sb = a->dv_s[0], bp->dv_sn = a->dv_s[1], bp->dv_sh = a->dv_s[2];
+  bp->lse_sb = a->lse_s[0], bp->lse_sh = a->lse_s[1];
+  bp->dp_sb = (long long)p->cfg.heads * a->n, bp->dp_sh = a->n;
+  bp->n = a->n;
+  bp->w = w;
+  bp->r = r;
+  bp->nseg = ceil_div(a->n, w);
+  bp->heads = p->cfg.heads;
+  bp->kv_group = p->cfg.heads / p->cfg.kv_heads;
+  bp->head0 = s->head0;
+  bp->nheads = s->nheads;
+  bp->offset_mode = p->cfg.offsets;
+  bp->offset_arg = p->cfg.offsets == RDA_OFFSETS_BLOCK ? (int)ceil_div(p->cfg.heads, r)
+                   : p->cfg.offsets == RDA_OFFSETS_GROUP ? s->branch
+                                                         : 0;
+  bp->scale_log2 = (float)(p->cfg.scale * log2e);
+  bp->scale = (float)p->cfg.scale;
+}
+
+/* dK/dV of one branch: one launch per member g of the kv groups, so that within a launch each
+ * kv head is written by one query head's blocks (the offset rules give the heads of a group
+ * different grids); launches run in order on the stream, each accumulating. */
+static rda_status launch_dkdv(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                              const rda_bwd_args *a, const rda_bwd_step *s, int kernel,
+                              int dsplit, rda_bwd_params *bp, rda_err *err) {
+  const rda_variant *v = &p->variants[kernel];
+  const int group = bp->kv_group;
+  bp->tiles_per_seg = (int)ceil_div(ceil_div(bp->w, bp->r), v->block_n);
+  bp->kv_head0 = s->head0 / group;
+  const int kv_end = (s->head0 + s->nheads - 1) / group + 1;
+  const long long gx = bp->nseg * bp->tiles_per_seg * dsplit;
+  if (gx > 0x7fffffffLL || kv_end - bp->kv_head0 > 65535)
+    return rda_err_set(err, RDA_ERR_UNSUPPORTED,
+                       "branch %d: dK/dV grid of %lld x %d blocks exceeds the launch limits",
+                       s->branch, gx, kv_end - bp->kv_head0);
+  const unsigned grid[3] = {(unsigned)gx, (unsigned)(kv_end - bp->kv_head0), (unsigned)a->batch};
+  for (int g = 0; g < group; ++g) {
+    /* Skip a member none of whose heads uses this branch (the "group" rule). */
+    int used = 0;
+    for (int h = s->head0; h < s->head0 + s->nheads && !used; ++h) used = h % group == g;
+    if (!used) continue;
+    bp->group_member = g;
+    RDA_TRY(b->launch(b, k->modules[kernel], grid, (unsigned)v->threads,
+                      (unsigned)v->smem_bytes, bp, sizeof *bp, err));
+  }
+  return RDA_OK;
+}
+
+static rda_status launch_dq(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                            const rda_bwd_args *a, const rda_bwd_step *s, rda_bwd_params *bp,
+                            rda_err *err) {
+  const rda_variant *v = &p->variants[s->dq_kernel];
+  bp->tiles_per_seg = (int)ceil_div(ceil_div(bp->w, bp->r), v->block_m);
+  bp->kv_head0 = 0;
+  bp->group_member = 0;
+  const long long gx = bp->nseg * bp->tiles_per_seg;
+  if (gx > 0x7fffffffLL || s->nheads > 65535)
+    return rda_err_set(err, RDA_ERR_UNSUPPORTED,
+                       "branch %d: dQ grid of %lld x %d blocks exceeds the launch limits",
+                       s->branch, gx, s->nheads);
+  const unsigned grid[3] = {(unsigned)gx, (unsigned)s->nheads, (unsigned)a->batch};
+  return b->launch(b, k->modules[s->dq_kernel], grid, (unsigned)v->threads,
+                   (unsigned)v->smem_bytes, bp, sizeof *bp, err);
+}
+
+/* Deterministic: every launch writes its rows with plain read-modify-writes and no two blocks
+ * of one launch share a row, so the result is bit-identical run to run. With deterministic = 0
+ * and an atomic dK/dV variant planned (RDA_PLAN_BACKWARD_ATOMIC), a branch is one launch that
+ * also adds dQ by fp32 atomics, whose order varies. */
+rda_status rda_bwd_run(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                       const rda_bwd_args *a, rda_err *err) {
+  if (b == NULL || p == NULL || k == NULL || a == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_bwd_run: NULL argument");
+  RDA_TRY(check_args(p, k, a, err));
+  float *dp = (float *)a->workspace;
+  RDA_TRY(launch_prep(b, p, k, a, dp, err));
+  for (int i = 0; i < p->nsteps; ++i) {
+    const rda_bwd_step *s = &p->bwd_steps[i];
+    rda_bwd_params bp;
+    branch_params(p, a, s, dp, &bp);
+    if (!a->deterministic && s->dkdv_atomic_kernel >= 0) {
+      RDA_TRY(launch_dkdv(b, p, k, a, s, s->dkdv_atomic_kernel, 1, &bp, err));
+    } else {
+      RDA_TRY(launch_dkdv(b, p, k, a, s, s->dkdv_kernel, s->dsplit, &bp, err));
+      RDA_TRY(launch_dq(b, p, k, a, s, &bp, err));
+    }
+  }
+  return RDA_OK;
+}

@@ -1,0 +1,46 @@
+/* bwd.h — the backward pass of a plan on a backend (SPEC §1, "Backward, exact"): the
+ * preprocessing Dp = <dO, O> - dLSE, then per branch dK/dV (walking query tiles for each key
+ * tile, recomputing P from the saved LSE) and dQ, all accumulated in fp32. */
+#ifndef RDA_BWD_H
+#define RDA_BWD_H
+
+#include "backend.h"
+#include "fwd.h"
+#include "gen.h"
+
+/* Tensors in backend memory, strides in elements over (batch, n, head) or (batch, head). */
+typedef struct rda_bwd_args {
+  long long batch, n;
+  const void *q, *k, *v;              /* storage dtype, as given to the forward pass */
+  long long q_s[3], k_s[3], v_s[3];
+  const float *o;                     /* fp32 [B, N, H, D]: the forward output */
+  long long o_s[3];
+  const float *lse;                   /* fp32 [B, H, N]: the forward LSE */
+  long long lse_s[2];
+  const void *dout;                   /* storage dtype [B, N, H, D]: dO */
+  long long do_s[3];
+  const float *dlse;                  /* fp32 [B, H, N] or NULL (= 0) */
+  long long dlse_s[2];
+  float *dq;                          /* fp32 [B, N, H, D], overwritten */
+  long long dq_s[3];
+  float *dk, *dv;                     /* fp32 [B, N, Hkv, D], overwritten */
+  long long dk_s[3], dv_s[3];
+  void *workspace;                    /* rda_bwd_workspace_bytes() bytes of backend memory */
+  int deterministic;                  /* 1: bit-identical gradients run to run; 0: dQ by fp32
+                                         atomics where the plan has atomic variants
+                                         (RDA_PLAN_BACKWARD_ATOMIC), else the same as 1 */
+} rda_bwd_args;
+
+/* Backend memory the backward pass needs beside its arguments (at most an fp32 dQ
+ * accumulator and the Dp vector). */
+size_t rda_bwd_workspace_bytes(const rda_plan_k *p, long long batch, long long n);
+
+/* Enqueue the backward pass (asynchronous on cuda). p must be planned with RDA_PLAN_BACKWARD
+ * (rda_gen_plan_ex; else RDA_ERR_INVALID_ARGUMENT saying so); k holds the plan's loaded
+ * variants, forward and backward (rda_fwd_load loads every variant of the plan). o and lse are
+ * the forward pass's outputs for the same q, k, v; dq, dk, dv are overwritten (rows that no
+ * branch covers get 0). q, k, v, dout: 16-byte aligned, strides multiples of 8 elements. */
+rda_status rda_bwd_run(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                       const rda_bwd_args *a, rda_err *err);
+
+#endif

@@ -1,0 +1,694 @@
+/* ring_plan.c — the ring's per-branch communication plan and its cost model: segment groups
+ * found from rank boundaries (never a loop over rows), per (branch, offset) class grids, direct
+ * shift ring or all-gather per group, causal trimming, per-rank bytes, peak memory and work. */
+#include "ring_plan.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct rp_member {
+  int rank;
+  int nr;               /* 1 or 2 index ranges */
+  int64_t t0[2], t1[2]; /* grid indices [t0, t1) the rank owns, ascending */
+} rp_member;
+
+typedef struct rp_group {
+  int branch, cls;
+  int64_t segment, a, b, ngrid;
+  int kind;
+  int why; /* index into rp_why */
+  int64_t m0;
+  int nm;
+} rp_group;
+
+typedef struct rp_class {
+  int branch;
+  int64_t offset;
+  int nq, nkv;
+  int kv0; /* first kv head in plan->kv */
+} rp_class;
+
+struct rda_ring_plan {
+  rda_config cfg;
+  int64_t n;
+  int nranks, layout;
+  int64_t chunk; /* zigzag chunk rows */
+  int nclasses;
+  rp_class *classes;
+  int *kv;
+  int64_t ngroups, gcap;
+  rp_group *groups;
+  int64_t nmembers, mcap;
+  rp_member *members;
+  rda_ring_rank *ranks;
+  rda_ring_branch branches[RDA_MAX_BRANCHES];
+};
+
+static const char *const rp_why[] = {
+    "ring: 2 members; an all-gather would be the same single exchange",
+    "ring: causal; the ring skips and trims blocks in the future that an all-gather would move",
+    "ring: the gathered rows would take more memory than the ring's two receive blocks",
+    "all-gather: the gathered rows fit in two receive blocks and it takes 1 step instead of k-1",
+};
+
+int rda_ring_layout_parse(const char *name) {
+  if (name == NULL) return -1;
+  if (strcmp(name, "contiguous") == 0) return RDA_RING_CONTIGUOUS;
+  if (strcmp(name, "zigzag") == 0) return RDA_RING_ZIGZAG;
+  return -1;
+}
+
+const char *rda_ring_layout_name(int layout) {
+  return layout == RDA_RING_ZIGZAG ? "zigzag" : "contiguous";
+}
+
+/* --- ownership ------------------------------------------------------------------------------ */
+
+static int64_t rp_cdiv(int64_t x, int64_t y) {
+  return (x + y - 1) / y;
+}
+
+/* First row of rank rho in the contiguous layout. */
+static int64_t rp_start(const rda_ring_plan *p, int64_t rho) {
+  const int64_t base = p->n / p->nranks, extra = p->n % p->nranks;
+  return rho * base + (rho < extra ? rho : extra);
+}
+
+int rda_ring_plan_owner(const rda_ring_plan *p, int64_t row) {
+  if (p->layout == RDA_RING_ZIGZAG) {
+    const int64_t c = row / p->chunk;
+    return (int)(c < p->nranks ? c : 2 * (int64_t)p->nranks - 1 - c);
+  }
+  const int64_t base = p->n / p->nranks, extra = p->n % p->nranks;
+  const int64_t big = extra * (base + 1);
+  if (row < big) return (int)(row / (base + 1));
+  return (int)(extra + (row - big) / base);
+}
+
+/* The pieces [lo, hi) rank rho owns, ascending; returns their number. */
+static int rp_pieces(const rda_ring_plan *p, int rho, int64_t lo[2], int64_t hi[2]) {
+  if (p->layout == RDA_RING_ZIGZAG) {
+    const int64_t c0 = rho, c1 = 2 * (int64_t)p->nranks - 1 - rho;
+    if (c0 + 1 == c1) { /* the middle rank: adjacent chunks, one piece */
+      lo[0] = c0 * p->chunk, hi[0] = (c1 + 1) * p->chunk;
+      return 1;
+    }
+    lo[0] = c0 * p->chunk, hi[0] = (c0 + 1) * p->chunk;
+    lo[1] = c1 * p->chunk, hi[1] = (c1 + 1) * p->chunk;
+    return 2;
+  }
+  lo[0] = rp_start(p, rho), hi[0] = rp_start(p, rho + 1);
+  return 1;
+}
+
+/* --- counting pairs ------------------------------------------------------------------------- */
+
+static double rp_tri(int64_t k) {
+  return 0.5 * (double)k * (double)(k + 1);
+} /* 1 + ... + k */
+
+/* #{(t, u) : p0 <= t < p1, k0 <= u < k1, u <= t (causal) }. */
+static double rp_pairs(int64_t p0, int64_t p1, int64_t k0, int64_t k1, int causal) {
+  if (p1 <= p0 || k1 <= k0) return 0.0;
+  if (!causal) return (double)(p1 - p0) * (double)(k1 - k0);
+  double s = 0.0;
+  const int64_t lo = p0 > k0 ? p0 : k0, hi = p1 < k1 ? p1 : k1;
+  if (hi > lo) s += rp_tri(hi - k0) - rp_tri(lo - k0);
+  const int64_t b0 = p0 > k1 ? p0 : k1;
+  if (p1 > b0) s += (double)(p1 - b0) * (double)(k1 - k0);
+  return s;
+}
+
+/* Grid rows of offset j, stride r in a segment of len rows. */
+static int64_t rp_grid_rows(int64_t len, int64_t j, int64_t r) {
+  return len > j ? rp_cdiv(len - j, r) : 0;
+}
+
+/* Grid indices [*t0, *t1) of rows [lo, hi) in the grid (a, j, r, ng). */
+static void rp_tspan(int64_t lo, int64_t hi, int64_t a, int64_t j, int64_t r, int64_t ng,
+                     int64_t *t0, int64_t *t1) {
+  int64_t x0 = lo - a - j, x1 = hi - a - j;
+  x0 = x0 > 0 ? rp_cdiv(x0, r) : 0;
+  x1 = x1 > 0 ? rp_cdiv(x1, r) : 0;
+  *t0 = x0 < ng ? x0 : ng;
+  *t1 = x1 < ng ? x1 : ng;
+}
+
+/* Pairs of queries in rows [lo, hi) with their keys in segment [a, b), one head. */
+static double rp_seg_pairs(int64_t lo, int64_t hi, int64_t a, int64_t b, int64_t j, int64_t r,
+                           int causal) {
+  const int64_t ng = rp_grid_rows(b - a, j, r);
+  int64_t t0, t1;
+  rp_tspan(lo > a ? lo : a, hi < b ? hi : b, a, j, r, ng, &t0, &t1);
+  if (t1 <= t0) return 0.0;
+  return causal ? rp_tri(t1) - rp_tri(t0) : (double)(t1 - t0) * (double)ng;
+}
+
+/* Pairs of queries in rows [lo, hi), one head, one (w, r, j): O(1) whatever the length. */
+static double rp_piece_pairs(const rda_ring_plan *p, int64_t lo, int64_t hi, int64_t w, int64_t r,
+                             int64_t j) {
+  if (hi <= lo) return 0.0;
+  const int causal = p->cfg.causal;
+  const int64_t m0 = lo / w, m1 = (hi - 1) / w;
+  const int64_t b0 = (m0 + 1) * w < p->n ? (m0 + 1) * w : p->n;
+  double s = rp_seg_pairs(lo, hi, m0 * w, b0, j, r, causal);
+  if (m1 == m0) return s;
+  const int64_t b1 = (m1 + 1) * w < p->n ? (m1 + 1) * w : p->n;
+  s += rp_seg_pairs(lo, hi, m1 * w, b1, j, r, causal);
+  const int64_t full = m1 - m0 - 1; /* segments m0+1 .. m1-1 lie wholly inside, each w long */
+  if (full > 0) {
+    const int64_t ng = rp_grid_rows(w, j, r);
+    s += (double)full * (causal ? rp_tri(ng) : (double)ng * (double)ng);
+  }
+  return s;
+}
+
+/* --- classes and groups --------------------------------------------------------------------- */
+
+static rda_status rp_build_classes(rda_ring_plan *p, rda_err *err) {
+  const rda_config *c = &p->cfg;
+  const int group = c->heads / c->kv_heads;
+  int total = 0;
+  for (int i = 0; i < c->nbranch; i++) {
+    int h0, cnt;
+    rda_config_branch_heads(c, i, &h0, &cnt);
+    total += cnt;
+  }
+  p->classes = calloc((size_t)(total > 0 ? total : 1), sizeof *p->classes);
+  p->kv = calloc((size_t)(total > 0 ? total : 1), sizeof *p->kv);
+  if (p->classes == NULL || p->kv == NULL)
+    return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring plan: out of memory for head classes");
+  int nkv_total = 0;
+  for (int i = 0; i < c->nbranch; i++) {
+    int h0, cnt;
+    rda_config_branch_heads(c, i, &h0, &cnt);
+    /* Offsets are in [0, r): one class per distinct offset, ascending. */
+    for (int64_t prev = -1;;) {
+      int64_t next = -1;
+      for (int h = h0; h < h0 + cnt; h++) {
+        const int64_t j = rda_config_offset(c, i, h);
+        if (j > prev && (next < 0 || j < next)) next = j;
+      }
+      if (next < 0) break;
+      prev = next;
+      rp_class *k = &p->classes[p->nclasses++];
+      k->branch = i, k->offset = next, k->nq = 0, k->nkv = 0, k->kv0 = nkv_total;
+      for (int h = h0; h < h0 + cnt; h++) {
+        if (rda_config_offset(c, i, h) != next) continue;
+        k->nq++;
+        const int kvh = h / group; /* ascending with h */
+        if (k->nkv == 0 || p->kv[k->kv0 + k->nkv - 1] != kvh) p->kv[k->kv0 + k->nkv++] = kvh;
+      }
+      nkv_total += k->nkv;
+      p->branches[i].nclasses++;
+    }
+  }
+  return RDA_OK;
+}
+
+static rda_status rp_push_group(rda_ring_plan *p, const rp_group *g, const rp_member *m,
+                                rda_err *err) {
+  if (p->ngroups == p->gcap) {
+    const int64_t cap = p->gcap ? 2 * p->gcap : 64;
+    rp_group *ng = realloc(p->groups, (size_t)cap * sizeof *ng);
+    if (ng == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring plan: out of memory");
+    p->groups = ng, p->gcap = cap;
+  }
+  if (p->nmembers + g->nm > p->mcap) {
+    int64_t cap = p->mcap ? 2 * p->mcap : 256;
+    while (cap < p->nmembers + g->nm) cap *= 2;
+    rp_member *nm = realloc(p->members, (size_t)cap * sizeof *nm);
+    if (nm == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring plan: out of memory");
+    p->members = nm, p->mcap = cap;
+  }
+  rp_group *dst = &p->groups[p->ngroups++];
+  *dst = *g;
+  dst->m0 = p->nmembers;
+  memcpy(&p->members[p->nmembers], m, (size_t)g->nm * sizeof *m);
+  p->nmembers += g->nm;
+  return RDA_OK;
+}
+
+/* Member y's rows that member x needs: all of them, or under causal only those at or before
+ * x's last query row. Returns the rows. */
+static int64_t rp_xfer(const rda_ring_plan *p, const rp_group *g, const rp_member *y,
+                       const rp_member *x, rda_ring_xfer *out) {
+  const int64_t j = p->classes[g->cls].offset, r = p->cfg.dilations[g->branch];
+  const int64_t last = x->t1[x->nr - 1] - 1;
+  out->peer = y->rank, out->nranges = 0, out->rows = 0, out->bytes = 0;
+  for (int q = 0; q < y->nr; q++) {
+    int64_t t0 = y->t0[q], t1 = y->t1[q];
+    if (p->cfg.causal && t1 > last + 1) t1 = last + 1;
+    if (t1 <= t0) continue;
+    out->first[out->nranges] = g->a + j + t0 * r;
+    out->count[out->nranges] = t1 - t0;
+    out->nranges++;
+    out->rows += t1 - t0;
+  }
+  out->bytes = (uint64_t)out->rows * (uint64_t)p->classes[g->cls].nkv * (uint64_t)p->cfg.head_dim *
+               RDA_RING_KV_ELEM_BYTES;
+  return out->rows;
+}
+
+/* Pairs (all query heads of the class) between x's queries and the rows of xf. */
+static double rp_xfer_pairs(const rda_ring_plan *p, const rp_group *g, const rp_member *x,
+                            const rda_ring_xfer *xf) {
+  const int64_t j = p->classes[g->cls].offset, r = p->cfg.dilations[g->branch];
+  double s = 0.0;
+  for (int q = 0; q < x->nr; q++)
+    for (int k = 0; k < xf->nranges; k++) {
+      const int64_t u0 = (xf->first[k] - g->a - j) / r;
+      s += rp_pairs(x->t0[q], x->t1[q], u0, u0 + xf->count[k], p->cfg.causal);
+    }
+  return s * (double)p->classes[g->cls].nq;
+}
+
+/* Step `s` of member xi of group g into st; returns 1 when it moves anything. */
+static int rp_step(const rda_ring_plan *p, int64_t gi, int xi, int s, rda_ring_step *st) {
+  const rp_group *g = &p->groups[gi];
+  const rp_member *m = &p->members[g->m0];
+  const int k = g->nm;
+  memset(st, 0, sizeof *st);
+  st->branch = g->branch, st->cls = g->cls, st->group = (int)gi, st->segment = g->segment;
+  st->stride = p->cfg.dilations[g->branch], st->kind = g->kind, st->shift = s;
+  rda_ring_xfer xf;
+  if (g->kind == RDA_RING_KIND_ALLGATHER) {
+    for (int y = 0; y < k; y++) {
+      if (y == xi) continue;
+      if (rp_xfer(p, g, &m[xi], &m[y], &xf) > 0) xf.peer = m[y].rank, st->send[st->nsend++] = xf;
+      if (rp_xfer(p, g, &m[y], &m[xi], &xf) > 0) {
+        st->recv_pairs += rp_xfer_pairs(p, g, &m[xi], &xf);
+        st->recv[st->nrecv++] = xf;
+      }
+    }
+  } else {
+    const int to = (xi + s) % k, from = (xi - s + k) % k;
+    if (rp_xfer(p, g, &m[xi], &m[to], &xf) > 0) xf.peer = m[to].rank, st->send[st->nsend++] = xf;
+    if (rp_xfer(p, g, &m[from], &m[xi], &xf) > 0) {
+      st->recv_pairs = rp_xfer_pairs(p, g, &m[xi], &xf);
+      st->recv[st->nrecv++] = xf;
+    }
+  }
+  return st->nsend + st->nrecv > 0;
+}
+
+static int rp_nsteps(const rp_group *g) {
+  return g->kind == RDA_RING_KIND_ALLGATHER ? 1 : g->nm;
+}
+static int rp_first_step(const rp_group *g) {
+  return g->kind == RDA_RING_KIND_ALLGATHER ? 0 : 1;
+}
+
+/* Decide ring or all-gather for a new group (members m, nm). */
+static void rp_choose(const rda_ring_plan *p, rp_group *g, const rp_member *m) {
+  g->kind = RDA_RING_KIND_RING;
+  if (g->nm == 2) {
+    g->why = 0;
+    return;
+  }
+  if (p->cfg.causal) {
+    g->why = 1;
+    return;
+  }
+  /* Every member would hold all other blocks at once: allowed when that is no more than the
+   * ring's two receive blocks (of the largest incoming size) for every member. */
+  for (int x = 0; x < g->nm; x++) {
+    int64_t sum = 0, mx = 0;
+    for (int y = 0; y < g->nm; y++) {
+      if (y == x) continue;
+      int64_t rows = 0;
+      for (int q = 0; q < m[y].nr; q++) rows += m[y].t1[q] - m[y].t0[q];
+      sum += rows;
+      if (rows > mx) mx = rows;
+    }
+    if (sum > 2 * mx) {
+      g->why = 2;
+      return;
+    }
+  }
+  g->kind = RDA_RING_KIND_ALLGATHER;
+  g->why = 3;
+}
+
+/* Segment groups of one branch: only segments that contain a rank (or chunk) boundary can span
+ * two ranks. */
+static rda_status rp_build_groups(rda_ring_plan *p, int i, int64_t *slot, int64_t *pr_lo,
+                                  int64_t *pr_hi, int *pr_rank, rp_member *tmp, rda_err *err) {
+  const int64_t w = p->branches[i].w, r = p->branches[i].r;
+  const int zig = p->layout == RDA_RING_ZIGZAG;
+  const int64_t nb = zig ? 2 * (int64_t)p->nranks - 1 : p->nranks - 1;
+  int64_t last_m = -1;
+  for (int64_t bi = 1; bi <= nb; bi++) {
+    const int64_t bound = zig ? bi * p->chunk : rp_start(p, bi);
+    if (bound % w == 0) continue;
+    const int64_t m = bound / w;
+    if (m == last_m) continue;
+    last_m = m;
+    const int64_t a = m * w, b = a + w < p->n ? a + w : p->n;
+    /* Pieces of [a, b) per rank, in row order; a rank's pieces gathered in its slot. */
+    int np = 0;
+    if (zig) {
+      for (int64_t c = a / p->chunk; c <= (b - 1) / p->chunk; c++) {
+        const int rho = (int)(c < p->nranks ? c : 2 * (int64_t)p->nranks - 1 - c);
+        const int64_t lo = c * p->chunk > a ? c * p->chunk : a;
+        const int64_t hi = (c + 1) * p->chunk < b ? (c + 1) * p->chunk : b;
+        if (np > 0 && pr_rank[np - 1] == rho && pr_hi[np - 1] == lo) {
+          pr_hi[np - 1] = hi; /* adjacent chunks of the middle rank */
+          continue;
+        }
+        pr_rank[np] = rho, pr_lo[np] = lo, pr_hi[np] = hi, np++;
+      }
+    } else {
+      for (int rho = rda_ring_plan_owner(p, a); rho <= rda_ring_plan_owner(p, b - 1); rho++) {
+        const int64_t s0 = rp_start(p, rho), s1 = rp_start(p, rho + 1);
+        pr_rank[np] = rho, pr_lo[np] = s0 > a ? s0 : a, pr_hi[np] = s1 < b ? s1 : b, np++;
+      }
+    }
+    for (int cls = 0; cls < p->nclasses; cls++) {
+      if (p->classes[cls].branch != i) continue;
+      const int64_t j = p->classes[cls].offset, ng = rp_grid_rows(b - a, j, r);
+      int nm = 0;
+      for (int q = 0; q < np; q++) {
+        int64_t t0, t1;
+        rp_tspan(pr_lo[q], pr_hi[q], a, j, r, ng, &t0, &t1);
+        if (t1 <= t0) continue;
+        const int rho = pr_rank[q];
+        if (slot[rho] < 0) {
+          slot[rho] = nm;
+          tmp[nm].rank = rho, tmp[nm].nr = 0;
+          nm++;
+        }
+        rp_member *mm = &tmp[slot[rho]];
+        mm->t0[mm->nr] = t0, mm->t1[mm->nr] = t1, mm->nr++;
+      }
+      for (int q = 0; q < nm; q++) slot[tmp[q].rank] = -1;
+      if (nm < 2) continue;
+      rp_group g = {.branch = i, .cls = cls, .segment = m, .a = a, .b = b, .ngrid = ng, .nm = nm};
+      rp_choose(p, &g, tmp);
+      RDA_TRY(rp_push_group(p, &g, tmp, err));
+      p->branches[i].ngroups++;
+      if (g.kind == RDA_RING_KIND_ALLGATHER) p->branches[i].nallgather++;
+    }
+  }
+  return RDA_OK;
+}
+
+/* Per-rank totals from every group's steps. */
+static void rp_totals(rda_ring_plan *p) {
+  for (int rho = 0; rho < p->nranks; rho++) {
+    rda_ring_rank *rk = &p->ranks[rho];
+    rk->rank = rho;
+    rk->npieces = rp_pieces(p, rho, rk->lo, rk->hi);
+    rk->rows = 0;
+    for (int q = 0; q < rk->npieces; q++) {
+      rk->rows += rk->hi[q] - rk->lo[q];
+      for (int cls = 0; cls < p->nclasses; cls++) {
+        const rp_class *k = &p->classes[cls];
+        rk->pairs +=
+            (double)k->nq * rp_piece_pairs(p, rk->lo[q], rk->hi[q], p->branches[k->branch].w,
+                                           p->branches[k->branch].r, k->offset);
+      }
+    }
+    rk->flops = 4.0 * p->cfg.head_dim * rk->pairs;
+  }
+  for (int64_t gi = 0; gi < p->ngroups; gi++) {
+    const rp_group *g = &p->groups[gi];
+    for (int xi = 0; xi < g->nm; xi++) {
+      rda_ring_rank *rk = &p->ranks[p->members[g->m0 + xi].rank];
+      uint64_t own = 0, rmax = 0, rsum = 0;
+      int64_t nrecv = 0;
+      for (int s = rp_first_step(g); s < rp_nsteps(g); s++) {
+        rda_ring_step st;
+        if (!rp_step(p, gi, xi, s, &st)) continue;
+        rk->steps++;
+        rk->recv_pairs += st.recv_pairs;
+        for (int q = 0; q < st.nsend; q++) {
+          rk->bytes_sent += st.send[q].bytes;
+          if (st.send[q].bytes > own) own = st.send[q].bytes;
+        }
+        for (int q = 0; q < st.nrecv; q++) {
+          rk->bytes_received += st.recv[q].bytes;
+          rsum += st.recv[q].bytes;
+          if (st.recv[q].bytes > rmax) rmax = st.recv[q].bytes;
+          nrecv++;
+        }
+        p->branches[g->branch].bytes +=
+            st.send[0].bytes * (st.nsend > 0) + st.send[1].bytes * (st.nsend > 1);
+      }
+      const uint64_t bufs = g->kind == RDA_RING_KIND_ALLGATHER ? rsum : rmax * (nrecv > 1 ? 2 : 1);
+      if (own + bufs > rk->peak_bytes) rk->peak_bytes = own + bufs;
+    }
+  }
+}
+
+rda_status rda_ring_plan_create(const rda_config *cfg, int64_t n, int ranks, int layout,
+                                rda_ring_plan **out, rda_err *err) {
+  if (out == NULL || cfg == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring plan: NULL config or output");
+  *out = NULL;
+  if (n < 1)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring plan: N = %lld: need N >= 1",
+                       (long long)n);
+  if (ranks < 1 || ranks > RDA_RING_MAX_RANKS)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring plan: ranks P = %d: need 1 <= P <= %d",
+                       ranks, RDA_RING_MAX_RANKS);
+  if (ranks > n)
+    return rda_err_set(
+        err, RDA_ERR_INVALID_ARGUMENT,
+        "ring plan: ranks P = %d exceeds N = %lld: every rank needs at least one row", ranks,
+        (long long)n);
+  if (layout != RDA_RING_CONTIGUOUS && layout != RDA_RING_ZIGZAG)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "ring plan: layout %d: expected contiguous or zigzag", layout);
+  if (layout == RDA_RING_ZIGZAG && n % (2 * (int64_t)ranks) != 0)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "ring plan: the zigzag layout needs N to be a multiple of 2P = %lld, but N "
+                       "= %lld (use --layout contiguous, or pad N)",
+                       2 * (long long)ranks, (long long)n);
+  if (cfg->nbranch < 1 || cfg->nbranch > RDA_MAX_BRANCHES || cfg->heads < 1 || cfg->kv_heads < 1 ||
+      cfg->heads % cfg->kv_heads != 0 || cfg->head_dim < 1)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring plan: the config was not validated");
+  for (int i = 0; i < cfg->nbranch; i++)
+    if (cfg->segments[i] < 1 || cfg->dilations[i] < 1)
+      return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring plan: the config was not validated");
+
+  rda_ring_plan *p = calloc(1, sizeof *p);
+  int64_t *slot = NULL, *pr_lo = NULL, *pr_hi = NULL;
+  int *pr_rank = NULL;
+  rp_member *tmp = NULL;
+  rda_status s = RDA_OK;
+  if (p == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring plan: out of memory");
+  p->cfg = *cfg, p->n = n, p->nranks = ranks, p->layout = layout;
+  p->chunk = layout == RDA_RING_ZIGZAG ? n / (2 * (int64_t)ranks) : 0;
+  for (int i = 0; i < cfg->nbranch; i++) {
+    p->branches[i].w = cfg->segments[i] < n ? cfg->segments[i] : n;
+    p->branches[i].r = cfg->dilations[i];
+  }
+  const size_t np = 2 * (size_t)ranks + 2;
+  p->ranks = calloc((size_t)ranks, sizeof *p->ranks);
+  slot = malloc((size_t)ranks * sizeof *slot);
+  pr_lo = malloc(np * sizeof *pr_lo), pr_hi = malloc(np * sizeof *pr_hi);
+  pr_rank = malloc(np * sizeof *pr_rank);
+  tmp = malloc((size_t)ranks * sizeof *tmp);
+  if (p->ranks == NULL || slot == NULL || pr_lo == NULL || pr_hi == NULL || pr_rank == NULL ||
+      tmp == NULL) {
+    s = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring plan: out of memory for %d ranks", ranks);
+    goto done;
+  }
+  for (int q = 0; q < ranks; q++) slot[q] = -1;
+  if ((s = rp_build_classes(p, err)) != RDA_OK) goto done;
+  for (int i = 0; i < cfg->nbranch; i++)
+    if ((s = rp_build_groups(p, i, slot, pr_lo, pr_hi, pr_rank, tmp, err)) != RDA_OK) goto done;
+  rp_totals(p);
+done:
+  free(slot), free(pr_lo), free(pr_hi), free(pr_rank), free(tmp);
+  if (s != RDA_OK) {
+    rda_ring_plan_destroy(p);
+    return s;
+  }
+  *out = p;
+  return RDA_OK;
+}
+
+void rda_ring_plan_destroy(rda_ring_plan *p) {
+  if (p == NULL) return;
+  free(p->classes), free(p->kv), free(p->groups), free(p->members), free(p->ranks);
+  free(p);
+}
+
+int rda_ring_plan_ranks(const rda_ring_plan *p) {
+  return p->nranks;
+}
+int64_t rda_ring_plan_n(const rda_ring_plan *p) {
+  return p->n;
+}
+int rda_ring_plan_layout(const rda_ring_plan *p) {
+  return p->layout;
+}
+const rda_config *rda_ring_plan_config(const rda_ring_plan *p) {
+  return &p->cfg;
+}
+
+const rda_ring_rank *rda_ring_plan_rank(const rda_ring_plan *p, int rank) {
+  return rank >= 0 && rank < p->nranks ? &p->ranks[rank] : NULL;
+}
+
+const rda_ring_branch *rda_ring_plan_branch(const rda_ring_plan *p, int branch) {
+  return branch >= 0 && branch < p->cfg.nbranch ? &p->branches[branch] : NULL;
+}
+
+int rda_ring_plan_nclasses(const rda_ring_plan *p) {
+  return p->nclasses;
+}
+
+void rda_ring_plan_class(const rda_ring_plan *p, int cls, rda_ring_class *out) {
+  const rp_class *k = &p->classes[cls];
+  out->branch = k->branch, out->offset = k->offset, out->nq = k->nq, out->nkv = k->nkv;
+  out->kv_heads = &p->kv[k->kv0];
+}
+
+int64_t rda_ring_plan_ngroups(const rda_ring_plan *p) {
+  return p->ngroups;
+}
+
+void rda_ring_plan_group(const rda_ring_plan *p, int64_t group, rda_ring_group *out) {
+  const rp_group *g = &p->groups[group];
+  out->branch = g->branch, out->cls = g->cls, out->segment = g->segment;
+  out->seg_start = g->a, out->seg_end = g->b, out->grid_rows = g->ngrid;
+  out->nmembers = g->nm, out->kind = g->kind, out->why = rp_why[g->why];
+}
+
+int rda_ring_plan_own_block(const rda_ring_plan *p, int64_t group, int rank, rda_ring_xfer *out) {
+  const rp_group *g = &p->groups[group];
+  for (int q = 0; q < g->nm; q++) {
+    const rp_member *m = &p->members[g->m0 + q];
+    if (m->rank != rank) continue;
+    const int64_t j = p->classes[g->cls].offset, r = p->cfg.dilations[g->branch];
+    memset(out, 0, sizeof *out);
+    out->peer = rank, out->nranges = m->nr;
+    for (int k = 0; k < m->nr; k++) {
+      out->first[k] = g->a + j + m->t0[k] * r;
+      out->count[k] = m->t1[k] - m->t0[k];
+      out->rows += out->count[k];
+    }
+    out->bytes = (uint64_t)out->rows * (uint64_t)p->classes[g->cls].nkv *
+                 (uint64_t)p->cfg.head_dim * RDA_RING_KV_ELEM_BYTES;
+    return 1;
+  }
+  return 0;
+}
+
+rda_status rda_ring_plan_steps(const rda_ring_plan *p, int rank, rda_ring_step **steps,
+                               int64_t *count, rda_err *err) {
+  *steps = NULL, *count = 0;
+  if (rank < 0 || rank >= p->nranks)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring plan: rank %d of %d", rank, p->nranks);
+  const int64_t want = p->ranks[rank].steps;
+  if (want == 0) return RDA_OK;
+  rda_ring_step *v = malloc((size_t)want * sizeof *v);
+  if (v == NULL)
+    return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring plan: out of memory for %lld steps",
+                       (long long)want);
+  int64_t c = 0;
+  for (int64_t gi = 0; gi < p->ngroups; gi++) {
+    const rp_group *g = &p->groups[gi];
+    int xi = -1;
+    for (int q = 0; q < g->nm && xi < 0; q++)
+      if (p->members[g->m0 + q].rank == rank) xi = q;
+    if (xi < 0) continue;
+    for (int s = rp_first_step(g); s < rp_nsteps(g); s++)
+      if (c < want && rp_step(p, gi, xi, s, &v[c])) c++;
+  }
+  if (c != want) {
+    free(v);
+    return rda_err_set(err, RDA_ERR_INTERNAL, "ring plan: rank %d: %lld steps, expected %lld", rank,
+                       (long long)c, (long long)want);
+  }
+  *steps = v, *count = c;
+  return RDA_OK;
+}
+
+rda_status rda_ring_plan_simulate(const rda_ring_plan *p, double link_bytes_per_s,
+                                  double flops_per_s, rda_ring_sim *out, rda_err *err) {
+  if (!(link_bytes_per_s > 0.0) || !(flops_per_s > 0.0) || !isfinite(link_bytes_per_s) ||
+      !isfinite(flops_per_s))
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "ring-sim: the link rate and the compute rate must be positive");
+  /* Per rank: the first step's transfer (overlapped with the local block), the stages after
+   * it, and the compute still pending from the last step. */
+  typedef struct {
+    double first_comm, rest, prev;
+    int started;
+  } pipe;
+  pipe *st = calloc((size_t)p->nranks, sizeof *st);
+  if (st == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring-sim: out of memory");
+  const double fpp = 4.0 * p->cfg.head_dim / flops_per_s; /* seconds per pair */
+  for (int q = 0; q < p->nranks; q++) out[q].compute_s = out[q].comm_s = out[q].total_s = 0.0;
+  for (int64_t gi = 0; gi < p->ngroups; gi++) {
+    const rp_group *g = &p->groups[gi];
+    for (int xi = 0; xi < g->nm; xi++) {
+      const int rho = p->members[g->m0 + xi].rank;
+      pipe *pp = &st[rho];
+      for (int s = rp_first_step(g); s < rp_nsteps(g); s++) {
+        rda_ring_step x;
+        if (!rp_step(p, gi, xi, s, &x)) continue;
+        double sent = 0, recv = 0;
+        for (int q = 0; q < x.nsend; q++) sent += (double)x.send[q].bytes;
+        for (int q = 0; q < x.nrecv; q++) recv += (double)x.recv[q].bytes;
+        const double comm = (sent > recv ? sent : recv) / link_bytes_per_s;
+        const double comp = x.recv_pairs * fpp;
+        out[rho].comm_s += comm;
+        if (!pp->started) {
+          pp->first_comm = comm, pp->started = 1;
+        } else {
+          pp->rest += pp->prev > comm ? pp->prev : comm;
+        }
+        pp->prev = comp;
+      }
+    }
+  }
+  for (int q = 0; q < p->nranks; q++) {
+    const rda_ring_rank *rk = &p->ranks[q];
+    const double local = (rk->pairs - rk->recv_pairs) * fpp;
+    out[q].compute_s = rk->pairs * fpp;
+    out[q].total_s = st[q].started ? (local > st[q].first_comm ? local : st[q].first_comm) +
+                                         st[q].rest + st[q].prev
+                                   : local;
+  }
+  free(st);
+  return RDA_OK;
+}
+
+/* --- fingerprint ---------------------------------------------------------------------------- */
+
+static uint64_t rp_fnv(uint64_t h, uint64_t v) {
+  for (int q = 0; q < 8; q++) {
+    h ^= (v >> (8 * q)) & 0xffu;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+uint64_t rda_ring_fingerprint(const rda_config *cfg, int64_t n, int ranks, int layout) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  h = rp_fnv(h, RDA_VERSION_NUMBER);
+  h = rp_fnv(h, (uint64_t)cfg->heads);
+  h = rp_fnv(h, (uint64_t)cfg->kv_heads);
+  h = rp_fnv(h, (uint64_t)cfg->head_dim);
+  h = rp_fnv(h, (uint64_t)cfg->dtype);
+  h = rp_fnv(h, (uint64_t)cfg->nbranch);
+  for (int i = 0; i < cfg->nbranch && i < RDA_MAX_BRANCHES; i++) {
+    h = rp_fnv(h, (uint64_t)cfg->segments[i]);
+    h = rp_fnv(h, (uint64_t)cfg->dilations[i]);
+  }
+  h = rp_fnv(h, (uint64_t)cfg->offsets);
+  h = rp_fnv(h, (uint64_t)cfg->causal);
+  uint64_t bits;
+  memcpy(&bits, &cfg->scale, sizeof bits);
+  h = rp_fnv(h, bits);
+  h = rp_fnv(h, (uint64_t)n);
+  h = rp_fnv(h, (uint64_t)ranks);
+  h = rp_fnv(h, (uint64_t)layout);
+  return h;
+}

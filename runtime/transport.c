@@ -1,0 +1,86 @@
+/* transport.c — the implementation-independent half of the transport interface: dispatch
+ * through the vtable, argument checks, and collectives built from grouped send/recv (the
+ * all-gather), so every transport gets them the same way. */
+#include "transport.h"
+
+#include <string.h>
+
+static rda_status tr_check(const rda_transport *t, rda_err *err) {
+  if (t == NULL || t->vt == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "transport: NULL endpoint");
+  return RDA_OK;
+}
+
+static rda_status tr_check_peer(const rda_transport *t, int peer, const void *buf, size_t bytes,
+                                rda_err *err) {
+  RDA_TRY(tr_check(t, err));
+  if (peer < 0 || peer >= t->size)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rank %d: peer %d is not a rank of %d",
+                       t->rank, peer, t->size);
+  if (buf == NULL && bytes > 0)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rank %d: NULL buffer of %zu bytes", t->rank,
+                       bytes);
+  return RDA_OK;
+}
+
+rda_status rda_transport_group_start(rda_transport *t, rda_err *err) {
+  RDA_TRY(tr_check(t, err));
+  return t->vt->group_start(t, err);
+}
+
+rda_status rda_transport_send(rda_transport *t, int peer, const void *buf, size_t bytes,
+                              rda_err *err) {
+  RDA_TRY(tr_check_peer(t, peer, buf, bytes, err));
+  return t->vt->send(t, peer, buf, bytes, err);
+}
+
+rda_status rda_transport_recv(rda_transport *t, int peer, void *buf, size_t bytes, rda_err *err) {
+  RDA_TRY(tr_check_peer(t, peer, buf, bytes, err));
+  return t->vt->recv(t, peer, buf, bytes, err);
+}
+
+rda_status rda_transport_group_end(rda_transport *t, rda_err *err) {
+  RDA_TRY(tr_check(t, err));
+  return t->vt->group_end(t, err);
+}
+
+rda_status rda_transport_wait(rda_transport *t, rda_err *err) {
+  RDA_TRY(tr_check(t, err));
+  return t->vt->wait(t, err);
+}
+
+rda_status rda_transport_allgather(rda_transport *t, const void *send, void *recv, size_t bytes,
+                                   rda_err *err) {
+  RDA_TRY(tr_check(t, err));
+  if (bytes > 0 && (send == NULL || recv == NULL))
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rank %d: all-gather with a NULL buffer",
+                       t->rank);
+  char *out = recv;
+  RDA_TRY(t->vt->group_start(t, err));
+  for (int q = 0; q < t->size; q++) {
+    if (q == t->rank) continue;
+    RDA_TRY(t->vt->send(t, q, send, bytes, err));
+    RDA_TRY(t->vt->recv(t, q, out + (size_t)q * bytes, bytes, err));
+  }
+  RDA_TRY(t->vt->group_end(t, err));
+  if (bytes > 0) memcpy(out + (size_t)t->rank * bytes, send, bytes);
+  return t->vt->wait(t, err);
+}
+
+rda_status rda_transport_barrier(rda_transport *t, rda_err *err) {
+  RDA_TRY(tr_check(t, err));
+  return t->vt->barrier(t, err);
+}
+
+void rda_transport_abort(rda_transport *t, const char *reason) {
+  if (t != NULL && t->vt != NULL) t->vt->abort(t, reason != NULL ? reason : "aborted");
+}
+
+void rda_transport_destroy(rda_transport *t) {
+  if (t != NULL && t->vt != NULL) t->vt->destroy(t);
+}
+
+void rda_transport_bytes(const rda_transport *t, uint64_t *sent, uint64_t *received) {
+  if (sent != NULL) *sent = t != NULL ? t->bytes_sent : 0;
+  if (received != NULL) *received = t != NULL ? t->bytes_received : 0;
+}

@@ -1,0 +1,103 @@
+/* transport.h — how ring ranks move byte blocks: grouped point-to-point send/recv (like
+ * ncclGroupStart/End), an all-gather, a barrier, abort and a per-operation timeout, behind one
+ * interface so one ring driver runs over NCCL, host virtual ranks or device virtual ranks.
+ *
+ * Implementations (one vtable each):
+ *  - host virtual ranks (runtime/transport_host.c, done): P threads of one process over host
+ *    memory; a "world" shared by the threads, one endpoint per rank. Used with the emulator.
+ *  - NCCL (runtime/transport_nccl.c, planned): ncclSend/ncclRecv between ncclGroupStart/End on
+ *    a communication stream; group_end enqueues, wait polls an event and ncclCommGetAsyncError
+ *    until done or the timeout, then ncclCommAbort. Buffers are device pointers.
+ *  - device virtual ranks (planned): the host world's matching with cuMemcpyDtoDAsync on the
+ *    communication stream instead of memcpy, so P virtual ranks run natively on one GPU.
+ *
+ * Semantics every implementation keeps:
+ *  - A group: group_start, any number of send/recv, group_end (posts them all), wait (blocks
+ *    until every one completed). The k-th send from a to b matches the k-th recv at b from a;
+ *    sizes must agree. Posting order inside a group, and between ranks, never deadlocks as long
+ *    as every rank eventually posts its half (the ring plan orders steps by a shared key).
+ *  - Buffers stay owned by the caller and must stay valid and untouched until wait returns.
+ *  - Errors are RDA_ERR_NCCL with one line naming the rank, e.g. "rank 3: timed out after
+ *    2.0 s waiting for rank 5". A timeout or a failure aborts the world: every other rank's
+ *    pending or later call fails within its own timeout, never hangs.
+ *  - Creation checks a fingerprint (rda_ring_fingerprint): a mismatch is an error on every rank. */
+#ifndef RDA_TRANSPORT_H
+#define RDA_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+typedef struct rda_transport rda_transport;
+
+typedef struct rda_transport_vtbl {
+  const char *name; /* "host", "nccl", "device" */
+  rda_status (*group_start)(rda_transport *t, rda_err *err);
+  rda_status (*send)(rda_transport *t, int peer, const void *buf, size_t bytes, rda_err *err);
+  rda_status (*recv)(rda_transport *t, int peer, void *buf, size_t bytes, rda_err *err);
+  rda_status (*group_end)(rda_transport *t, rda_err *err);
+  rda_status (*wait)(rda_transport *t, rda_err *err);
+  rda_status (*barrier)(rda_transport *t, rda_err *err);
+  void (*abort)(rda_transport *t, const char *reason);
+  void (*destroy)(rda_transport *t);
+} rda_transport_vtbl;
+
+/* The part every implementation shares (its first member). */
+struct rda_transport {
+  const rda_transport_vtbl *vt;
+  int rank, size;
+  double timeout_s;        /* per operation (one wait, one barrier) */
+  uint64_t bytes_sent;     /* bytes this rank's sends delivered */
+  uint64_t bytes_received; /* bytes this rank's receives got */
+};
+
+/* Dispatch (runtime/transport.c). Every call accepts only a live endpoint. */
+rda_status rda_transport_group_start(rda_transport *t, rda_err *err);
+rda_status rda_transport_send(rda_transport *t, int peer, const void *buf, size_t bytes,
+                              rda_err *err);
+rda_status rda_transport_recv(rda_transport *t, int peer, void *buf, size_t bytes, rda_err *err);
+rda_status rda_transport_group_end(rda_transport *t, rda_err *err);
+rda_status rda_transport_wait(rda_transport *t, rda_err *err);
+/* All ranks: recv[q * bytes .. (q+1) * bytes) = rank q's send block (own block copied locally).
+ * send and recv must not overlap. */
+rda_status rda_transport_allgather(rda_transport *t, const void *send, void *recv, size_t bytes,
+                                   rda_err *err);
+rda_status rda_transport_barrier(rda_transport *t, rda_err *err);
+/* Make every rank's pending and later operations fail with reason (first abort wins). */
+void rda_transport_abort(rda_transport *t, const char *reason);
+void rda_transport_destroy(rda_transport *t); /* accepts NULL */
+void rda_transport_bytes(const rda_transport *t, uint64_t *sent, uint64_t *received);
+
+/* --- host virtual ranks (runtime/transport_host.c) ---------------------------------------- */
+
+typedef struct rda_host_world rda_host_world;
+
+/* A world of `size` virtual ranks (1..4096) with a per-operation timeout in seconds (> 0). */
+rda_status rda_host_world_create(int size, double timeout_s, rda_host_world **out, rda_err *err);
+/* Frees the world; every endpoint must have been destroyed (their threads joined). NULL ok. */
+void rda_host_world_destroy(rda_host_world *w);
+
+/* Called by the thread of rank `rank`: waits (up to the timeout) for all ranks to join, then
+ * compares fingerprints. A mismatch is RDA_ERR_NCCL on every rank ("rank 2: fingerprint
+ * mismatch: rank 0 has 0x..., rank 2 has 0x..."); a rank that never joins makes the others
+ * time out. *out is NULL on failure. */
+rda_status rda_host_world_join(rda_host_world *w, int rank, uint64_t fingerprint,
+                               rda_transport **out, rda_err *err);
+
+/* --- NCCL (runtime/transport_nccl.c; RDA_ERR_UNSUPPORTED when built without nccl.h) ------- */
+
+/* Fill id (NCCL_UNIQUE_ID_BYTES = 128 bytes) on one rank; the host program distributes it. */
+rda_status rda_transport_nccl_unique_id(void *id, rda_err *err);
+
+/* One rank's endpoint, with the calling thread's CUDA context current. Pass either comm (an
+ * ncclComm_t the host program owns: never destroyed, but aborted on a failure or timeout) or
+ * unique_id (a communicator is created non-blocking, so a missing peer times out). stream is
+ * the CUstream for communication (the ring driver orders it against compute with events);
+ * buffers of send/recv are device pointers. Creation all-gathers the fingerprints (which also
+ * warms up the connections); a mismatch is an error on every rank. */
+rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank, int size,
+                                     void *stream, uint64_t fingerprint, double timeout_s,
+                                     rda_transport **out, rda_err *err);
+
+#endif

@@ -1,0 +1,450 @@
+/* transport_nccl.c — the NCCL transport: ncclSend/ncclRecv between ncclGroupStart/End on a
+ * communication stream, completion polled through a CUDA event with a timeout that aborts the
+ * communicator. NCCL and the driver are loaded with dlopen; built only where nccl.h exists. */
+#include "transport.h"
+
+#if defined(__has_include)
+#if __has_include(<nccl.h>) && __has_include(<cuda.h>)
+#define RDA_TRANSPORT_HAVE_NCCL 1
+#endif
+#endif
+
+#ifndef RDA_TRANSPORT_HAVE_NCCL
+
+rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank, int size,
+                                     void *stream, uint64_t fingerprint, double timeout_s,
+                                     rda_transport **out, rda_err *err) {
+  (void)comm, (void)unique_id, (void)rank, (void)size, (void)stream, (void)fingerprint;
+  (void)timeout_s;
+  *out = NULL;
+  if ((comm == NULL) == (unique_id == NULL))
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "nccl transport: pass either a communicator or a unique id");
+  return rda_err_set(err, RDA_ERR_UNSUPPORTED, "nccl transport: rda was built without nccl.h");
+}
+
+rda_status rda_transport_nccl_unique_id(void *id, rda_err *err) {
+  (void)id;
+  return rda_err_set(err, RDA_ERR_UNSUPPORTED, "nccl transport: rda was built without nccl.h");
+}
+
+#else
+
+#include <cuda.h>
+#include <dlfcn.h>
+/* nccl.h (and the fp16/bf16 headers it pulls in) test undefined macros and declare f(). */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wundef"
+#pragma GCC diagnostic ignored "-Wstrict-prototypes"
+#include <nccl.h>
+#pragma GCC diagnostic pop
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* --- the libraries ------------------------------------------------------------------------ */
+
+#define TN_NCCL_ENTRY_POINTS(X)                                                               \
+  X(ncclGetUniqueId, (ncclUniqueId * id))                                                     \
+  X(ncclCommInitRankConfig,                                                                   \
+    (ncclComm_t * comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t *config))         \
+  X(ncclCommDestroy, (ncclComm_t comm))                                                       \
+  X(ncclCommAbort, (ncclComm_t comm))                                                         \
+  X(ncclCommGetAsyncError, (ncclComm_t comm, ncclResult_t * result))                          \
+  X(ncclCommCount, (const ncclComm_t comm, int *count))                                       \
+  X(ncclCommUserRank, (const ncclComm_t comm, int *rank))                                     \
+  X(ncclGroupStart, (void))                                                                   \
+  X(ncclGroupEnd, (void))                                                                     \
+  X(ncclSend, (const void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, \
+               cudaStream_t stream))                                                          \
+  X(ncclRecv, (void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,       \
+               cudaStream_t stream))                                                          \
+  X(ncclAllGather, (const void *send, void *recv, size_t count, ncclDataType_t type,          \
+                    ncclComm_t comm, cudaStream_t stream))
+
+#define TN_CUDA_ENTRY_POINTS(X)                                        \
+  X(cuEventCreate, (CUevent * ev, unsigned int flags))                 \
+  X(cuEventRecord, (CUevent ev, CUstream stream))                      \
+  X(cuEventQuery, (CUevent ev))                                        \
+  X(cuEventDestroy_v2, (CUevent ev))                                   \
+  X(cuMemAlloc_v2, (CUdeviceptr * p, size_t bytes))                    \
+  X(cuMemFree_v2, (CUdeviceptr p))                                     \
+  X(cuMemcpyHtoD_v2, (CUdeviceptr dst, const void *src, size_t bytes)) \
+  X(cuMemcpyDtoH_v2, (void *dst, CUdeviceptr src, size_t bytes))       \
+  X(cuGetErrorString, (CUresult e, const char **s))
+
+typedef struct tn_api {
+#define TN_FIELD_N(sym, args) ncclResult_t(*sym) args;
+  TN_NCCL_ENTRY_POINTS(TN_FIELD_N)
+#undef TN_FIELD_N
+  const char *(*ncclGetErrorString)(ncclResult_t r);
+#define TN_FIELD_C(sym, args) CUresult(CUDAAPI *sym) args;
+  TN_CUDA_ENTRY_POINTS(TN_FIELD_C)
+#undef TN_FIELD_C
+} tn_api;
+
+static tn_api tn_;
+static int tn_loaded_;
+static char tn_load_msg_[512];
+static pthread_once_t tn_once_ = PTHREAD_ONCE_INIT;
+
+/* The pointer types must be exactly the headers' (unevaluated: nothing gets linked). */
+static void tn_check_signatures(void) {
+#define TN_SIG(sym, args) (void)sizeof(tn_.sym = sym);
+  TN_NCCL_ENTRY_POINTS(TN_SIG)
+  TN_CUDA_ENTRY_POINTS(TN_SIG)
+#undef TN_SIG
+  (void)sizeof(tn_.ncclGetErrorString = ncclGetErrorString);
+}
+
+static void tn_load_once(void) {
+  tn_check_signatures();
+  void *nccl = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+  if (nccl == NULL) {
+    const char *why = dlerror();
+    snprintf(tn_load_msg_, sizeof tn_load_msg_, "no NCCL: %s",
+             why ? why : "libnccl.so.2 cannot be loaded");
+    return;
+  }
+  void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (cuda == NULL) {
+    const char *why = dlerror();
+    snprintf(tn_load_msg_, sizeof tn_load_msg_, "no CUDA driver: %s", why ? why : "libcuda.so.1");
+    return;
+  }
+  void *sym;
+#define TN_RESOLVE(lib, name, field)                                      \
+  sym = dlsym(lib, name);                                                 \
+  if (sym == NULL) {                                                      \
+    snprintf(tn_load_msg_, sizeof tn_load_msg_, "%s lacks %s (too old?)", \
+             lib == nccl ? "libnccl.so.2" : "libcuda.so.1", name);        \
+    return;                                                               \
+  }                                                                       \
+  memcpy(&tn_.field, &sym, sizeof sym);
+#define TN_RES_N(s, args) TN_RESOLVE(nccl, #s, s)
+#define TN_RES_C(s, args) TN_RESOLVE(cuda, #s, s)
+  TN_NCCL_ENTRY_POINTS(TN_RES_N)
+  TN_CUDA_ENTRY_POINTS(TN_RES_C)
+  TN_RESOLVE(nccl, "ncclGetErrorString", ncclGetErrorString)
+#undef TN_RES_N
+#undef TN_RES_C
+#undef TN_RESOLVE
+  tn_loaded_ = 1;
+}
+
+static rda_status tn_load(rda_err *err) {
+  pthread_once(&tn_once_, tn_load_once);
+  if (!tn_loaded_) return rda_err_set(err, RDA_ERR_NCCL, "nccl transport: %s", tn_load_msg_);
+  return RDA_OK;
+}
+
+/* --- the endpoint ------------------------------------------------------------------------- */
+
+typedef struct tn_op {
+  int send, peer;
+  void *buf; /* device pointer */
+  size_t bytes;
+} tn_op;
+
+typedef struct tn_endpoint {
+  rda_transport base;
+  ncclComm_t comm;
+  int owns_comm;
+  int aborted;
+  char reason[256];
+  CUstream stream;
+  CUevent done;
+  CUdeviceptr scratch; /* 8 * size bytes: fingerprints, barriers */
+  tn_op *ops;
+  int nops, cap, state; /* 0 idle, 1 in a group, 2 posted */
+} tn_endpoint;
+
+static const rda_transport_vtbl tn_vtbl;
+
+static double tn_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void tn_sleep_us(long us) {
+  struct timespec ts = {0, us * 1000};
+  nanosleep(&ts, NULL);
+}
+
+static void tn_abort_comm(tn_endpoint *ep, const char *why) {
+  if (!ep->aborted) {
+    ep->aborted = 1;
+    snprintf(ep->reason, sizeof ep->reason, "%s", why);
+    if (ep->comm != NULL) tn_.ncclCommAbort(ep->comm);
+    ep->comm = NULL;
+  }
+}
+
+static rda_status tn_fail(tn_endpoint *ep, rda_err *err, const char *what, ncclResult_t r) {
+  char why[256];
+  snprintf(why, sizeof why, "%s: %s", what, tn_.ncclGetErrorString(r));
+  tn_abort_comm(ep, why);
+  return rda_err_set(err, RDA_ERR_NCCL, "rank %d: %s", ep->base.rank, why);
+}
+
+static rda_status tn_cu(tn_endpoint *ep, rda_err *err, const char *what, CUresult r) {
+  if (r == CUDA_SUCCESS) return RDA_OK;
+  const char *s = NULL;
+  tn_.cuGetErrorString(r, &s);
+  return rda_err_set(err, RDA_ERR_CUDA, "rank %d: %s: %s", ep->base.rank, what, s ? s : "unknown");
+}
+
+/* Poll until the communicator's pending work (non-blocking mode) and, when ev is set, the event
+ * completed; an NCCL error or the timeout aborts the communicator. */
+static rda_status tn_poll(tn_endpoint *ep, int with_event, const char *what, rda_err *err) {
+  const double deadline = tn_now() + ep->base.timeout_s;
+  long nap = 20;
+  for (;;) {
+    ncclResult_t ar = ncclSuccess;
+    ncclResult_t r = tn_.ncclCommGetAsyncError(ep->comm, &ar);
+    if (r != ncclSuccess) return tn_fail(ep, err, "ncclCommGetAsyncError", r);
+    if (ar != ncclSuccess && ar != ncclInProgress) return tn_fail(ep, err, what, ar);
+    if (ar == ncclSuccess) {
+      if (!with_event) return RDA_OK;
+      const CUresult q = tn_.cuEventQuery(ep->done);
+      if (q == CUDA_SUCCESS) return RDA_OK;
+      if (q != CUDA_ERROR_NOT_READY) {
+        tn_abort_comm(ep, "the communication stream failed");
+        return tn_cu(ep, err, "cuEventQuery", q);
+      }
+    }
+    if (tn_now() > deadline) {
+      char why[160];
+      snprintf(why, sizeof why, "timed out after %.1f s in %s", ep->base.timeout_s, what);
+      tn_abort_comm(ep, why);
+      return rda_err_set(err, RDA_ERR_NCCL, "rank %d: %s", ep->base.rank, why);
+    }
+    tn_sleep_us(nap);
+    if (nap < 1000) nap *= 2;
+  }
+}
+
+static rda_status tn_check_live(tn_endpoint *ep, rda_err *err) {
+  if (ep->aborted)
+    return rda_err_set(err, RDA_ERR_NCCL, "rank %d: the communicator was aborted: %s",
+                       ep->base.rank, ep->reason);
+  return RDA_OK;
+}
+
+static rda_status tn_group_start(rda_transport *t, rda_err *err) {
+  tn_endpoint *ep = (tn_endpoint *)t;
+  RDA_TRY(tn_check_live(ep, err));
+  if (ep->state != 0)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rank %d: group_start inside a group",
+                       t->rank);
+  ep->nops = 0, ep->state = 1;
+  return RDA_OK;
+}
+
+static rda_status tn_add(tn_endpoint *ep, int send, int peer, void *buf, size_t bytes,
+                         rda_err *err) {
+  if (ep->state != 1)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rank %d: %s outside a group", ep->base.rank,
+                       send ? "send" : "recv");
+  if (ep->nops == ep->cap) {
+    const int cap = ep->cap ? 2 * ep->cap : 8;
+    tn_op *n = realloc(ep->ops, (size_t)cap * sizeof *n);
+    if (n == NULL)
+      return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "rank %d: out of memory", ep->base.rank);
+    ep->ops = n, ep->cap = cap;
+  }
+  ep->ops[ep->nops++] = (tn_op){.send = send, .peer = peer, .buf = buf, .bytes = bytes};
+  return RDA_OK;
+}
+
+static rda_status tn_send(rda_transport *t, int peer, const void *buf, size_t bytes, rda_err *err) {
+  void *b;
+  memcpy(&b, &buf, sizeof b);
+  return tn_add((tn_endpoint *)t, 1, peer, b, bytes, err);
+}
+
+static rda_status tn_recv(rda_transport *t, int peer, void *buf, size_t bytes, rda_err *err) {
+  return tn_add((tn_endpoint *)t, 0, peer, buf, bytes, err);
+}
+
+static rda_status tn_group_end(rda_transport *t, rda_err *err) {
+  tn_endpoint *ep = (tn_endpoint *)t;
+  RDA_TRY(tn_check_live(ep, err));
+  if (ep->state != 1)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rank %d: group_end without group_start",
+                       t->rank);
+  ep->state = 2;
+  ncclResult_t r = tn_.ncclGroupStart();
+  if (r != ncclSuccess) return tn_fail(ep, err, "ncclGroupStart", r);
+  for (int q = 0; q < ep->nops; q++) {
+    const tn_op *o = &ep->ops[q];
+    r = o->send
+            ? tn_.ncclSend(o->buf, o->bytes, ncclUint8, o->peer, ep->comm, (cudaStream_t)ep->stream)
+            : tn_.ncclRecv(o->buf, o->bytes, ncclUint8, o->peer, ep->comm,
+                           (cudaStream_t)ep->stream);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      tn_.ncclGroupEnd();
+      return tn_fail(ep, err, o->send ? "ncclSend" : "ncclRecv", r);
+    }
+  }
+  r = tn_.ncclGroupEnd();
+  if (r != ncclSuccess && r != ncclInProgress) return tn_fail(ep, err, "ncclGroupEnd", r);
+  /* Non-blocking communicators may still be enqueueing: finish that before recording. */
+  RDA_TRY(tn_poll(ep, 0, "ncclGroupEnd", err));
+  return tn_cu(ep, err, "cuEventRecord", tn_.cuEventRecord(ep->done, ep->stream));
+}
+
+static rda_status tn_wait(rda_transport *t, rda_err *err) {
+  tn_endpoint *ep = (tn_endpoint *)t;
+  RDA_TRY(tn_check_live(ep, err));
+  if (ep->state != 2)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rank %d: wait without a posted group",
+                       t->rank);
+  ep->state = 0;
+  RDA_TRY(tn_poll(ep, 1, "a send/recv group", err));
+  for (int q = 0; q < ep->nops; q++) {
+    if (ep->ops[q].send)
+      t->bytes_sent += ep->ops[q].bytes;
+    else
+      t->bytes_received += ep->ops[q].bytes;
+  }
+  ep->nops = 0;
+  return RDA_OK;
+}
+
+/* All ranks' 8-byte values through the scratch buffer (also the barrier). */
+static rda_status tn_gather8(tn_endpoint *ep, uint64_t mine, uint64_t *all, rda_err *err) {
+  RDA_TRY(tn_check_live(ep, err));
+  const size_t slot = (size_t)ep->base.rank * 8u;
+  RDA_TRY(tn_cu(ep, err, "cuMemcpyHtoD", tn_.cuMemcpyHtoD_v2(ep->scratch + slot, &mine, 8)));
+  /* In place: the send buffer is this rank's slot of the receive buffer. */
+  char *base = (char *)(uintptr_t)ep->scratch;
+  ncclResult_t r =
+      tn_.ncclAllGather(base + slot, base, 8, ncclUint8, ep->comm, (cudaStream_t)ep->stream);
+  if (r != ncclSuccess && r != ncclInProgress) return tn_fail(ep, err, "ncclAllGather", r);
+  RDA_TRY(tn_poll(ep, 0, "ncclAllGather", err));
+  RDA_TRY(tn_cu(ep, err, "cuEventRecord", tn_.cuEventRecord(ep->done, ep->stream)));
+  RDA_TRY(tn_poll(ep, 1, "an all-gather", err));
+  if (all != NULL)
+    RDA_TRY(tn_cu(ep, err, "cuMemcpyDtoH",
+                  tn_.cuMemcpyDtoH_v2(all, ep->scratch, 8u * (size_t)ep->base.size)));
+  return RDA_OK;
+}
+
+static rda_status tn_barrier(rda_transport *t, rda_err *err) {
+  return tn_gather8((tn_endpoint *)t, 0, NULL, err);
+}
+
+static void tn_abort(rda_transport *t, const char *reason) {
+  tn_abort_comm((tn_endpoint *)t, reason);
+}
+
+static void tn_destroy(rda_transport *t) {
+  tn_endpoint *ep = (tn_endpoint *)t;
+  if (ep->comm != NULL && ep->owns_comm) {
+    if (ep->state == 2)
+      tn_.ncclCommAbort(ep->comm); /* work in flight: do not wait for it */
+    else
+      tn_.ncclCommDestroy(ep->comm);
+  }
+  if (ep->done != NULL) tn_.cuEventDestroy_v2(ep->done);
+  if (ep->scratch != 0) tn_.cuMemFree_v2(ep->scratch);
+  free(ep->ops);
+  free(ep);
+}
+
+static const rda_transport_vtbl tn_vtbl = {
+    .name = "nccl",
+    .group_start = tn_group_start,
+    .send = tn_send,
+    .recv = tn_recv,
+    .group_end = tn_group_end,
+    .wait = tn_wait,
+    .barrier = tn_barrier,
+    .abort = tn_abort,
+    .destroy = tn_destroy,
+};
+
+rda_status rda_transport_nccl_unique_id(void *id, rda_err *err) {
+  RDA_TRY(tn_load(err));
+  ncclUniqueId u;
+  const ncclResult_t r = tn_.ncclGetUniqueId(&u);
+  if (r != ncclSuccess)
+    return rda_err_set(err, RDA_ERR_NCCL, "ncclGetUniqueId: %s", tn_.ncclGetErrorString(r));
+  memcpy(id, &u, sizeof u);
+  return RDA_OK;
+}
+
+rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank, int size,
+                                     void *stream, uint64_t fingerprint, double timeout_s,
+                                     rda_transport **out, rda_err *err) {
+  *out = NULL;
+  if ((comm == NULL) == (unique_id == NULL))
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "nccl transport: pass either a communicator or a unique id");
+  if (size < 1 || rank < 0 || rank >= size || !(timeout_s > 0.0))
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "nccl transport: rank %d of %d, timeout %g s",
+                       rank, size, timeout_s);
+  RDA_TRY(tn_load(err));
+  tn_endpoint *ep = calloc(1, sizeof *ep);
+  if (ep == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "nccl transport: out of memory");
+  ep->base.vt = &tn_vtbl, ep->base.rank = rank, ep->base.size = size;
+  ep->base.timeout_s = timeout_s;
+  ep->stream = (CUstream)stream;
+  rda_status s = RDA_OK;
+  if (comm != NULL) {
+    ep->comm = (ncclComm_t)comm;
+    int n = 0, me = -1;
+    if (tn_.ncclCommCount(ep->comm, &n) != ncclSuccess ||
+        tn_.ncclCommUserRank(ep->comm, &me) != ncclSuccess || n != size || me != rank)
+      s = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                      "nccl transport: the communicator is rank %d of %d, expected %d of %d", me, n,
+                      rank, size);
+  } else {
+    /* Non-blocking init so a peer that never arrives is a timeout, not a hang. */
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclUniqueId id;
+    memcpy(&id, unique_id, sizeof id);
+    ep->owns_comm = 1;
+    const ncclResult_t r = tn_.ncclCommInitRankConfig(&ep->comm, size, id, rank, &cfg);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      ep->comm = NULL;
+      s = rda_err_set(err, RDA_ERR_NCCL, "rank %d: ncclCommInitRankConfig: %s", rank,
+                      tn_.ncclGetErrorString(r));
+    } else {
+      s = tn_poll(ep, 0, "ncclCommInitRankConfig", err);
+    }
+  }
+  if (s == RDA_OK)
+    s = tn_cu(ep, err, "cuEventCreate", tn_.cuEventCreate(&ep->done, CU_EVENT_DISABLE_TIMING));
+  if (s == RDA_OK)
+    s = tn_cu(ep, err, "cuMemAlloc", tn_.cuMemAlloc_v2(&ep->scratch, 8u * (size_t)size));
+  /* The fingerprint check is also the warm-up: it connects every rank before the ring starts. */
+  uint64_t *all = s == RDA_OK ? calloc((size_t)size, sizeof *all) : NULL;
+  if (s == RDA_OK && all == NULL)
+    s = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "nccl transport: out of memory");
+  if (s == RDA_OK) s = tn_gather8(ep, fingerprint, all, err);
+  if (s == RDA_OK)
+    for (int q = 1; q < size; q++)
+      if (all[q] != all[0]) {
+        s = rda_err_set(err, RDA_ERR_NCCL,
+                        "rank %d: fingerprint mismatch: rank 0 has 0x%016llx, rank %d has "
+                        "0x%016llx (config, N, P, layout, dtype or rda version differ)",
+                        rank, (unsigned long long)all[0], q, (unsigned long long)all[q]);
+        break;
+      }
+  free(all);
+  if (s != RDA_OK) {
+    if (!ep->owns_comm) ep->comm = NULL; /* never destroy the caller's communicator */
+    tn_destroy(&ep->base);
+    return s;
+  }
+  *out = &ep->base;
+  return RDA_OK;
+}
+
+#endif

@@ -1,0 +1,754 @@
+/* rda_bwd.cuh — the dilated-attention backward kernels (SPEC §1, "Backward, exact"):
+ * prep (Dp = <dO, O> - dLSE, zeroed dq/dk/dv), dkdv (one block per key tile, walking query
+ * tiles, P recomputed from the combined LSE) and dq (one block per query tile), mma.sync m16n8k16. */
+#ifndef RDA_BWD_CUH
+#define RDA_BWD_CUH
+
+#include "ptx.cuh"
+
+namespace rda {
+namespace bwd_detail {
+
+__device__ __forceinline__ float neg_inf() { return __uint_as_float(0xff800000u); }
+__device__ __forceinline__ float pos_inf() { return __uint_as_float(0x7f800000u); }
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+/* XOR swizzle of 16-byte chunks within a row of a 16-bit tile (as in the forward kernel): the
+ * 8 rows an ldmatrix matrix reads land in 8 distinct 16-byte bank groups. */
+template <int CHUNKS>
+__device__ __forceinline__ int swz(int row, int chunk) {
+  if constexpr (CHUNKS % 8 == 0) {
+    return chunk ^ (row & 7);
+  } else {
+    static_assert(CHUNKS % 4 == 0, "rows must hold a multiple of 4 chunks");
+    return chunk ^ ((row >> 1) & 3);
+  }
+}
+
+template <int CHUNKS>
+__device__ __forceinline__ int tile_off(int row, int chunk) {
+  return row * (CHUNKS * 16) + swz<CHUNKS>(row, chunk) * 16;
+}
+
+template <int Dtype>
+__device__ __forceinline__ void mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+  if constexpr (Dtype == RDA_DTYPE_BF16) {
+    mma_bf16_16816(d, a, b, d);
+  } else {
+    mma_f16_16816(d, a, b, d);
+  }
+}
+
+template <int Dtype>
+__device__ __forceinline__ uint32_t pack(float lo, float hi) {
+  if constexpr (Dtype == RDA_DTYPE_BF16) {
+    return pack_bf16x2(lo, hi);
+  } else {
+    return pack_f16x2(lo, hi);
+  }
+}
+
+template <int Dtype>
+__device__ __forceinline__ float widen(uint16_t h) {
+  if constexpr (Dtype == RDA_DTYPE_BF16) {
+    return bf16_to_float(h);
+  } else {
+    return f16_to_float(h);
+  }
+}
+
+/* Copy grid rows [t_first, t_first + ROWS) of a tile (rows `row_stride` elements apart from
+ * `base`) into swizzled shared memory; rows >= ng are zero-filled. */
+template <int CHUNKS, int ROWS, int THREADS>
+__device__ __forceinline__ void load_tile(unsigned char *dst, const uint16_t *base,
+                                          long long row_stride, int t_first, int ng, int tid) {
+  constexpr int TOTAL = ROWS * CHUNKS;
+#pragma unroll
+  for (int i = 0; i < (TOTAL + THREADS - 1) / THREADS; ++i) {
+    const int idx = tid + i * THREADS;
+    if (TOTAL % THREADS == 0 || idx < TOTAL) {
+      const int row = idx / CHUNKS;
+      const int ch = idx % CHUNKS;
+      const int t = t_first + row;
+      const bool ok = t < ng;
+      const uint16_t *src = base + (ok ? static_cast<long long>(t) * row_stride : 0) + ch * 8;
+      cp_async_16(dst + tile_off<CHUNKS>(row, ch), src, ok);
+    }
+  }
+}
+
+/* Per-lane ldmatrix byte offsets in a swizzled tile, a few per lane (see rda_fwd.cuh):
+ * off(cp, row16) for chunk pair cp and a row shift that is a multiple of 16. */
+template <int CHUNKS>
+struct LaneOfs {
+  static constexpr int PERIOD = CHUNKS % 8 == 0 ? 8 : 4;
+  static constexpr int PAIRS = PERIOD / 2;
+  int ofs[PAIRS];
+
+  __device__ __forceinline__ void init(int row, int odd) {
+#pragma unroll
+    for (int k = 0; k < PAIRS; ++k) ofs[k] = tile_off<CHUNKS>(row, 2 * k + odd);
+  }
+  __device__ __forceinline__ int at(int cp, int row16) const {
+    return ofs[cp % PAIRS] + (cp / PAIRS) * PERIOD * 16 + row16 * CHUNKS * 16;
+  }
+};
+
+/* A branch's grid in one segment for one query head (SPEC §1). */
+struct Grid {
+  long long a; /* first position of the segment */
+  long long j; /* offset of the grid within the segment */
+  long long r; /* dilation rate (1 when not dilated) */
+  int ng;      /* rows of the grid (0 when j >= segment length) */
+};
+
+template <bool Dilated>
+__device__ __forceinline__ Grid grid_of(const rda_bwd_params &p, int seg, int h) {
+  Grid g;
+  g.a = seg * p.w;
+  const long long seg_end = g.a + p.w < p.n ? g.a + p.w : p.n;
+  g.r = Dilated ? p.r : 1;
+  g.j = 0;
+  if constexpr (Dilated) {
+    if (p.offset_mode == RDA_OFFSETS_MOD) {
+      g.j = h % g.r;
+    } else if (p.offset_mode == RDA_OFFSETS_BLOCK) {
+      g.j = h / p.offset_arg;
+    } else {
+      g.j = p.offset_arg % g.r;
+    }
+  }
+  const long long len = seg_end - g.a;
+  g.ng = g.j < len ? static_cast<int>((len - g.j + g.r - 1) / g.r) : 0;
+  return g;
+}
+
+/* log2-domain LSE of a row for P = exp2(s * scale_log2 - lse2): +inf (so P = 0) when the
+ * row has no keys at all. */
+__device__ __forceinline__ float lse2_of(float lse) {
+  return lse == neg_inf() ? pos_inf() : lse * kLog2e;
+}
+
+/* ------------------------------------------------------------------ dK / dV */
+
+template <class Cfg>
+struct DkdvTraits {
+  static constexpr int D = Cfg::head_dim;
+  static constexpr int BN = Cfg::block_n; /* key rows per block: 16 per warp */
+  static constexpr int BM = Cfg::block_m; /* query rows per step */
+  static constexpr int WARPS = Cfg::warps;
+  static constexpr int THREADS = 32 * WARPS;
+  static constexpr int STAGES = Cfg::stages; /* cp.async depth of the Q/dO pipeline */
+  static constexpr int DSPLIT = Cfg::dsplit; /* blocks sharing one key tile's head dim */
+  static constexpr int DA = D / DSPLIT;      /* dk/dv columns a block accumulates */
+  static constexpr int CHUNKS = D / 8;
+  static constexpr int ROW_BYTES = 2 * D;
+  static constexpr int KV_BYTES = BN * ROW_BYTES;
+  static constexpr int QT_BYTES = BM * ROW_BYTES;
+  static constexpr int STAT_BYTES = 2 * BM * 4; /* lse2 and Dp of one query tile */
+  static constexpr int STAGE_BYTES = 2 * QT_BYTES + STAT_BYTES;
+  /* dq_atomic: dQ += dS K in this kernel too, by fp32 atomics (no dq kernel, not deterministic);
+   * dS^T of a step is staged in shared memory, and warp w computes rows 16 (w % MT) of the
+   * query tile over columns DQC (w / MT) ... of dQ. */
+  static constexpr bool ATOMIC = Cfg::dq_atomic;
+  static constexpr int DS_CHUNKS = BM / 8;
+  static constexpr int DS_BYTES = ATOMIC ? BN * BM * 2 : 0;
+  static constexpr int SMEM_BYTES = 2 * KV_BYTES + STAGES * STAGE_BYTES + DS_BYTES;
+  static constexpr int NT = BM / 8; /* 8-query column tiles of S^T */
+  static constexpr int KS = D / 16;
+  static constexpr int DT = DA / 8;
+  static constexpr int MT = BM / 16;
+  static constexpr int NCG = MT <= WARPS ? WARPS / MT : 1;
+  static constexpr int DQC = D / NCG;
+
+  static_assert(D == 32 || D == 64 || D == 96 || D == 128 || D == 256, "unsupported head_dim");
+  static_assert(BN == 16 * WARPS, "each warp owns 16 key rows");
+  static_assert(BM % 16 == 0 && BM >= 16, "block_m must be a multiple of 16");
+  static_assert(STAGES >= 2, "the Q/dO pipeline needs at least 2 stages");
+  static_assert(DSPLIT >= 1 && D % (16 * DSPLIT) == 0, "dsplit must split D into 16-col parts");
+  static_assert(!ATOMIC || DSPLIT == 1, "dq_atomic needs dsplit = 1 (dQ would be added twice)");
+  static_assert(!ATOMIC || (WARPS % MT == 0 && D % (16 * NCG) == 0),
+                "dq_atomic: the warps must split the query tile's dQ into 16 x 16k pieces");
+};
+
+/* Byte offset of (row, chunk) in the dS^T staging tile (rows of BM/8 16-byte chunks), swizzled
+ * so the 8 rows an ldmatrix reads fall into distinct 16-byte bank groups. */
+template <int CHUNKS>
+__device__ __forceinline__ int ds_off(int row, int chunk) {
+  if constexpr (CHUNKS % 4 == 0) {
+    return tile_off<CHUNKS>(row, chunk);
+  } else {
+    static_assert(CHUNKS == 2, "block_m must be 16 or a multiple of 32");
+    return row * 32 + (chunk ^ ((row >> 2) & 1)) * 16;
+  }
+}
+
+/* Issue the loads of query tile `qt` (rows qt * BM ...) into stage buffer `st`: Q and dO by
+ * cp.async, lse2 and Dp by plain loads (visible after the next barrier). */
+template <class Cfg>
+__device__ __forceinline__ void dkdv_issue(unsigned char *st, const uint16_t *qg,
+                                           const uint16_t *dog, long long q_rs, long long do_rs,
+                                           const float *lg, const float *dg, long long stat_rs,
+                                           int qt, int ng, int tid) {
+  using T = DkdvTraits<Cfg>;
+  const int t0 = qt * T::BM;
+  load_tile<T::CHUNKS, T::BM, T::THREADS>(st, qg, q_rs, t0, ng, tid);
+  load_tile<T::CHUNKS, T::BM, T::THREADS>(st + T::QT_BYTES, dog, do_rs, t0, ng, tid);
+  float *stat = reinterpret_cast<float *>(st + 2 * T::QT_BYTES);
+  for (int i = tid; i < T::BM; i += T::THREADS) {
+    const int t = t0 + i;
+    float l2 = pos_inf(), dp = 0.f;
+    if (t < ng) {
+      l2 = lse2_of(lg[t * stat_rs]);
+      dp = dg[t * stat_rs];
+    }
+    stat[i] = l2;
+    stat[T::BM + i] = dp;
+  }
+}
+
+/* One query tile for this warp's 16 keys: S^T = K Q^T, dP^T = V dO^T, P^T, dS^T, then
+ * dV += P^T dO and dK += dS^T Q over this block's DA columns. */
+template <class Cfg, bool Mask>
+__device__ __forceinline__ void dkdv_step(const unsigned char *sk, const unsigned char *sv,
+                                          const unsigned char *st,
+                                          const LaneOfs<Cfg::head_dim / 8> &ao,
+                                          const LaneOfs<Cfg::head_dim / 8> &bo, int warp,
+                                          int part, float sl2, int q0, int kw0, int ng,
+                                          float (*dk)[4], float (*dv)[4], unsigned char *sds) {
+  using T = DkdvTraits<Cfg>;
+  (void)sds;
+  const unsigned char *sq = st;
+  const unsigned char *sdo = st + T::QT_BYTES;
+  const float *slse = reinterpret_cast<const float *>(st + 2 * T::QT_BYTES);
+  const float *sdp = slse + T::BM;
+  const int lane = lane_id();
+
+  float s[T::NT][4], dp[T::NT][4];
+#pragma unroll
+  for (int nt = 0; nt < T::NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+  }
+#pragma unroll
+  for (int ks = 0; ks < T::KS; ++ks) {
+    uint32_t ka[4], va[4];
+    ldmatrix_x4(ka, sk + ao.at(ks, 16 * warp));
+    ldmatrix_x4(va, sv + ao.at(ks, 16 * warp));
+#pragma unroll
+    for (int np = 0; np < T::NT / 2; ++np) {
+      uint32_t qb[4], db[4];
+      ldmatrix_x4(qb, sq + bo.at(ks, 16 * np));
+      mma<Cfg::dtype>(s[2 * np], ka, qb);
+      mma<Cfg::dtype>(s[2 * np + 1], ka, qb + 2);
+      ldmatrix_x4(db, sdo + bo.at(ks, 16 * np));
+      mma<Cfg::dtype>(dp[2 * np], va, db);
+      mma<Cfg::dtype>(dp[2 * np + 1], va, db + 2);
+    }
+  }
+
+  /* Element e of column tile nt: key kw0 + g + 8 (e / 2), query q0 + 8 nt + 2c + e % 2. */
+  const int g = lane >> 2;
+  const int c2 = 2 * (lane & 3);
+#pragma unroll
+  for (int nt = 0; nt < T::NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int qi = nt * 8 + c2 + (e & 1);
+      float pv = ex2(s[nt][e] * sl2 - slse[qi]);
+      if constexpr (Mask) {
+        const int key = kw0 + g + 8 * (e >> 1);
+        const int qry = q0 + qi;
+        if (qry >= ng || key >= ng || (Cfg::causal && key > qry)) pv = 0.f;
+      }
+      s[nt][e] = pv;
+      dp[nt][e] = pv * (dp[nt][e] - sdp[qi]);
+    }
+  }
+
+  /* dV += P^T dO, dK += dS^T Q: the accumulator layout of S^T is the A fragment. */
+#pragma unroll
+  for (int kk = 0; kk < T::BM / 16; ++kk) {
+    uint32_t pa[4], da[4];
+    pa[0] = pack<Cfg::dtype>(s[2 * kk][0], s[2 * kk][1]);
+    pa[1] = pack<Cfg::dtype>(s[2 * kk][2], s[2 * kk][3]);
+    pa[2] = pack<Cfg::dtype>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pa[3] = pack<Cfg::dtype>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    da[0] = pack<Cfg::dtype>(dp[2 * kk][0], dp[2 * kk][1]);
+    da[1] = pack<Cfg::dtype>(dp[2 * kk][2], dp[2 * kk][3]);
+    da[2] = pack<Cfg::dtype>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+    da[3] = pack<Cfg::dtype>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+    if constexpr (T::ATOMIC) {
+      const int row = 16 * warp + g;
+      *reinterpret_cast<uint32_t *>(sds + ds_off<T::DS_CHUNKS>(row, 2 * kk) + 2 * c2) = da[0];
+      *reinterpret_cast<uint32_t *>(sds + ds_off<T::DS_CHUNKS>(row + 8, 2 * kk) + 2 * c2) = da[1];
+      *reinterpret_cast<uint32_t *>(sds + ds_off<T::DS_CHUNKS>(row, 2 * kk + 1) + 2 * c2) = da[2];
+      *reinterpret_cast<uint32_t *>(sds + ds_off<T::DS_CHUNKS>(row + 8, 2 * kk + 1) + 2 * c2) =
+          da[3];
+    }
+#pragma unroll
+    for (int cp = 0; cp < T::DA / 16; ++cp) {
+      const int col = part * (T::DA / 16) + cp;
+      uint32_t ob[4], qb[4];
+      ldmatrix_x4_trans(ob, sdo + ao.at(col, 16 * kk));
+      mma<Cfg::dtype>(dv[2 * cp], pa, ob);
+      mma<Cfg::dtype>(dv[2 * cp + 1], pa, ob + 2);
+      ldmatrix_x4_trans(qb, sq + ao.at(col, 16 * kk));
+      mma<Cfg::dtype>(dk[2 * cp], da, qb);
+      mma<Cfg::dtype>(dk[2 * cp + 1], da, qb + 2);
+    }
+  }
+}
+
+/* dq_atomic, a warp with nothing to do this step: its rows of dS^T are 0. */
+template <class Cfg>
+__device__ __forceinline__ void dkdv_zero_ds(unsigned char *sds, int warp) {
+  using T = DkdvTraits<Cfg>;
+  const int lane = lane_id();
+  for (int i = lane; i < 16 * (T::BM / 2); i += 32) {
+    const int row = 16 * warp + i / (T::BM / 2);
+    const int col = 2 * (i % (T::BM / 2));
+    *reinterpret_cast<uint32_t *>(sds + ds_off<T::DS_CHUNKS>(row, col / 8) + 2 * (col % 8)) = 0u;
+  }
+}
+
+/* dq_atomic: dQ[q0 .., :] += scale * dS K over this block's keys, by fp32 atomics. dS^T is in
+ * sds (rows = keys, read as the A operand through ldmatrix .trans), K in sk. */
+template <class Cfg>
+__device__ __forceinline__ void dkdv_dq_atomic(const unsigned char *sds, const unsigned char *sk,
+                                               const LaneOfs<Cfg::head_dim / 8> &ao, int warp,
+                                               int q0, int ng, float *dqg, long long dq_rs,
+                                               float scale) {
+  using T = DkdvTraits<Cfg>;
+  const int lane = lane_id();
+  const int mt = warp % T::MT;
+  const int cg = warp / T::MT;
+  if (cg >= T::NCG) return;
+  const int mi = lane >> 3;
+  const int mr = lane & 7;
+  float acc[T::DQC / 8][4];
+#pragma unroll
+  for (int dt = 0; dt < T::DQC / 8; ++dt) acc[dt][0] = acc[dt][1] = acc[dt][2] = acc[dt][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < T::BN / 16; ++kk) {
+    uint32_t a[4];
+    ldmatrix_x4_trans(a, sds + ds_off<T::DS_CHUNKS>(16 * kk + (mi >> 1) * 8 + mr, 2 * mt + (mi & 1)));
+#pragma unroll
+    for (int cp = 0; cp < T::DQC / 16; ++cp) {
+      uint32_t kb[4];
+      ldmatrix_x4_trans(kb, sk + ao.at(cg * (T::DQC / 16) + cp, 16 * kk));
+      mma<Cfg::dtype>(acc[2 * cp], a, kb);
+      mma<Cfg::dtype>(acc[2 * cp + 1], a, kb + 2);
+    }
+  }
+  const int g = lane >> 2;
+  const int c2 = 2 * (lane & 3);
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int row = q0 + 16 * mt + g + 8 * hf;
+    if (row < ng) {
+      float *dst = dqg + row * dq_rs + cg * T::DQC + c2;
+#pragma unroll
+      for (int dt = 0; dt < T::DQC / 8; ++dt) {
+        atomic_add_f32(dst + 8 * dt, scale * acc[dt][2 * hf]);
+        atomic_add_f32(dst + 8 * dt + 1, scale * acc[dt][2 * hf + 1]);
+      }
+    }
+  }
+}
+
+/* ------------------------------------------------------------------ dQ */
+
+template <class Cfg>
+struct DqTraits {
+  static constexpr int D = Cfg::head_dim;
+  static constexpr int BM = Cfg::block_m; /* query rows per block: 16 per warp */
+  static constexpr int BN = Cfg::block_n; /* key rows per step */
+  static constexpr int WARPS = Cfg::warps;
+  static constexpr int THREADS = 32 * WARPS;
+  static constexpr int STAGES = Cfg::stages; /* cp.async depth of the K/V pipeline */
+  static constexpr int CHUNKS = D / 8;
+  static constexpr int ROW_BYTES = 2 * D;
+  static constexpr int Q_BYTES = BM * ROW_BYTES;
+  static constexpr int KV_BYTES = BN * ROW_BYTES;
+  static constexpr int SMEM_BYTES = 2 * Q_BYTES + 2 * STAGES * KV_BYTES;
+  static constexpr int NT = BN / 8;
+  static constexpr int KS = D / 16;
+  static constexpr int DT = D / 8;
+
+  static_assert(D == 32 || D == 64 || D == 96 || D == 128 || D == 256, "unsupported head_dim");
+  static_assert(BM == 16 * WARPS, "each warp owns 16 query rows");
+  static_assert(BN % 16 == 0 && BN >= 16, "block_n must be a multiple of 16");
+  static_assert(STAGES >= 2, "the K/V pipeline needs at least 2 stages");
+};
+
+/* One key tile for this warp's 16 query rows: S = Q K^T, dP = dO V^T, dS, dQ += dS K. */
+template <class Cfg, bool Mask>
+__device__ __forceinline__ void dq_step(const unsigned char *sq, const unsigned char *sdo,
+                                        const unsigned char *sk, const unsigned char *sv,
+                                        const LaneOfs<Cfg::head_dim / 8> &ao,
+                                        const LaneOfs<Cfg::head_dim / 8> &bo, int warp, float sl2,
+                                        const float lse2[2], const float dpr[2], int n0,
+                                        int wrow0, int ng, float (*acc)[4]) {
+  using T = DqTraits<Cfg>;
+  const int lane = lane_id();
+  float s[T::NT][4], dp[T::NT][4];
+#pragma unroll
+  for (int nt = 0; nt < T::NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+  }
+#pragma unroll
+  for (int ks = 0; ks < T::KS; ++ks) {
+    uint32_t qa[4], da[4];
+    ldmatrix_x4(qa, sq + ao.at(ks, 16 * warp));
+    ldmatrix_x4(da, sdo + ao.at(ks, 16 * warp));
+#pragma unroll
+    for (int np = 0; np < T::NT / 2; ++np) {
+      uint32_t kb[4], vb[4];
+      ldmatrix_x4(kb, sk + bo.at(ks, 16 * np));
+      mma<Cfg::dtype>(s[2 * np], qa, kb);
+      mma<Cfg::dtype>(s[2 * np + 1], qa, kb + 2);
+      ldmatrix_x4(vb, sv + bo.at(ks, 16 * np));
+      mma<Cfg::dtype>(dp[2 * np], da, vb);
+      mma<Cfg::dtype>(dp[2 * np + 1], da, vb + 2);
+    }
+  }
+
+  /* Element e of column tile nt: query wrow0 + g + 8 (e / 2), key n0 + 8 nt + 2c + e % 2. */
+  const int g = lane >> 2;
+  const int c2 = 2 * (lane & 3);
+#pragma unroll
+  for (int nt = 0; nt < T::NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int hf = e >> 1;
+      float pv = ex2(s[nt][e] * sl2 - lse2[hf]);
+      if constexpr (Mask) {
+        const int key = n0 + nt * 8 + c2 + (e & 1);
+        const int row = wrow0 + g + 8 * hf;
+        if (key >= ng || (Cfg::causal && key > row)) pv = 0.f;
+      }
+      s[nt][e] = pv * (dp[nt][e] - dpr[hf]);
+    }
+  }
+
+#pragma unroll
+  for (int kk = 0; kk < T::BN / 16; ++kk) {
+    uint32_t da[4];
+    da[0] = pack<Cfg::dtype>(s[2 * kk][0], s[2 * kk][1]);
+    da[1] = pack<Cfg::dtype>(s[2 * kk][2], s[2 * kk][3]);
+    da[2] = pack<Cfg::dtype>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    da[3] = pack<Cfg::dtype>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+    for (int cp = 0; cp < T::D / 16; ++cp) {
+      uint32_t kb[4];
+      ldmatrix_x4_trans(kb, sk + ao.at(cp, 16 * kk));
+      mma<Cfg::dtype>(acc[2 * cp], da, kb);
+      mma<Cfg::dtype>(acc[2 * cp + 1], da, kb + 2);
+    }
+  }
+}
+
+}  // namespace bwd_detail
+
+/* Dp and the zeroed gradients (rda_bwd_prep_params). Grid-stride over rows of 1-D blocks.
+ * Cfg: dtype, threads. */
+template <class Cfg>
+__device__ __forceinline__ void bwd_prep_kernel(const rda_bwd_prep_params &p) {
+  using bwd_detail::neg_inf;
+  const long long first = static_cast<long long>(blockIdx.x) * Cfg::threads + threadIdx.x;
+  const long long step = static_cast<long long>(gridDim.x) * Cfg::threads;
+  const long long rows = p.batch * p.n * p.heads;
+  for (long long i = first; i < rows; i += step) {
+    const long long h = i % p.heads;
+    const long long rest = i / p.heads;
+    const long long n = rest % p.n;
+    const long long b = rest / p.n;
+    const float lse = p.lse[b * p.lse_sb + h * p.lse_sh + n];
+    float acc = 0.f;
+    if (lse != neg_inf()) {
+      const float *o = p.o + b * p.o_sb + n * p.o_sn + h * p.o_sh;
+      const uint16_t *d =
+          static_cast<const uint16_t *>(p.dout) + b * p.do_sb + n * p.do_sn + h * p.do_sh;
+      for (int c = 0; c < p.head_dim; ++c) acc += bwd_detail::widen<Cfg::dtype>(d[c]) * o[c];
+      if (p.dlse != nullptr) acc -= p.dlse[b * p.dlse_sb + h * p.dlse_sh + n];
+    }
+    p.dp[b * p.dp_sb + h * p.dp_sh + n] = acc;
+    float *dq = p.dq + b * p.dq_sb + n * p.dq_sn + h * p.dq_sh;
+    for (int c = 0; c < p.head_dim; ++c) dq[c] = 0.f;
+  }
+  const long long kv_rows = p.batch * p.n * p.kv_heads;
+  for (long long i = first; i < kv_rows; i += step) {
+    const long long h = i % p.kv_heads;
+    const long long rest = i / p.kv_heads;
+    const long long n = rest % p.n;
+    const long long b = rest / p.n;
+    float *dk = p.dk + b * p.dk_sb + n * p.dk_sn + h * p.dk_sh;
+    float *dv = p.dv + b * p.dv_sb + n * p.dv_sn + h * p.dv_sh;
+    for (int c = 0; c < p.head_dim; ++c) dk[c] = dv[c] = 0.f;
+  }
+}
+
+/* dK/dV of one branch for one query head per kv head (see rda_params.h for the grid). Each
+ * warp owns 16 key rows of the block's key tile (K and V stay in shared memory) and walks the
+ * query tiles that can see them (causal: from the tile holding the first key on), with a
+ * cp.async pipeline of `stages` Q/dO tiles. Cfg: head_dim, dtype, causal, dilated, block_n
+ * (= 16 * warps keys), block_m (queries per step), warps, stages, dsplit, dq_atomic (also add
+ * this block's dQ contribution by fp32 atomics; then no dq launch is needed).
+ * Dynamic shared memory: DkdvTraits<Cfg>::SMEM_BYTES = 2 block_n row tiles (K, V) + stages x
+ * (2 block_m row tiles + 8 block_m bytes) [+ 2 block_n block_m bytes with dq_atomic].
+ * q, k, v, dout: 16-byte aligned, strides multiples
+ * of 8 elements; lse, dp, dk, dv: no alignment requirement. */
+template <class Cfg>
+__device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
+  using T = bwd_detail::DkdvTraits<Cfg>;
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = lane_id();
+
+  const int part = static_cast<int>(blockIdx.x) % T::DSPLIT;
+  const int tile_idx = static_cast<int>(blockIdx.x) / T::DSPLIT;
+  const int seg = tile_idx / p.tiles_per_seg;
+  const int ktile = tile_idx % p.tiles_per_seg;
+  const int kvh = p.kv_head0 + static_cast<int>(blockIdx.y);
+  const int h = kvh * p.kv_group + p.group_member;
+  if (h < p.head0 || h >= p.head0 + p.nheads) return;
+  const long long b = blockIdx.z;
+  const bwd_detail::Grid gr = bwd_detail::grid_of<Cfg::dilated>(p, seg, h);
+  const int k0 = ktile * T::BN;
+  if (k0 >= gr.ng) return;
+
+  const long long base_row = gr.a + gr.j;
+  const uint16_t *qg =
+      static_cast<const uint16_t *>(p.q) + b * p.q_sb + h * p.q_sh + base_row * p.q_sn;
+  const uint16_t *dog =
+      static_cast<const uint16_t *>(p.dout) + b * p.do_sb + h * p.do_sh + base_row * p.do_sn;
+  const uint16_t *kg =
+      static_cast<const uint16_t *>(p.k) + b * p.k_sb + kvh * p.k_sh + base_row * p.k_sn;
+  const uint16_t *vg =
+      static_cast<const uint16_t *>(p.v) + b * p.v_sb + kvh * p.v_sh + base_row * p.v_sn;
+  const float *lg = p.lse + b * p.lse_sb + h * p.lse_sh + base_row;
+  const float *dg = p.dp + b * p.dp_sb + h * p.dp_sh + base_row;
+
+  unsigned char *smem = dynamic_smem();
+  unsigned char *sk = smem;
+  unsigned char *sv = smem + T::KV_BYTES;
+  unsigned char *stages = smem + 2 * T::KV_BYTES;
+  unsigned char *sds = stages + T::STAGES * T::STAGE_BYTES; /* dq_atomic only */
+  float *dqg = p.dq + b * p.dq_sb + h * p.dq_sh + base_row * p.dq_sn;
+  (void)dqg;
+
+  /* Query tiles that see these keys: causal, only those at or after the first key. */
+  const int qt_first = Cfg::causal ? k0 / T::BM : 0;
+  const int qt_end = (gr.ng + T::BM - 1) / T::BM;
+  const int nq = qt_end - qt_first;
+
+  bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sk, kg, gr.r * p.k_sn, k0, gr.ng, tid);
+  bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sv, vg, gr.r * p.v_sn, k0, gr.ng, tid);
+#pragma unroll
+  for (int s = 0; s < T::STAGES - 1; ++s) {
+    if (s < nq)
+      bwd_detail::dkdv_issue<Cfg>(stages + s * T::STAGE_BYTES, qg, dog, gr.r * p.q_sn,
+                                  gr.r * p.do_sn, lg, dg, gr.r, qt_first + s, gr.ng, tid);
+    cp_async_commit();
+  }
+
+  float dk[T::DT][4], dv[T::DT][4];
+#pragma unroll
+  for (int dt = 0; dt < T::DT; ++dt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[dt][e] = dv[dt][e] = 0.f;
+  }
+  const int mi = lane >> 3;
+  const int mr = lane & 7;
+  bwd_detail::LaneOfs<T::CHUNKS> ao, bo;
+  ao.init((mi & 1) * 8 + mr, mi >> 1); /* A operands, and B operands through .trans */
+  bo.init((mi >> 1) * 8 + mr, mi & 1); /* B operands of two n-tiles (non-trans) */
+  const int kw0 = k0 + 16 * warp;      /* this warp's first key */
+  const float sl2 = p.scale_log2;
+
+  for (int it = 0; it < nq; ++it) {
+    cp_async_wait<T::STAGES - 2>();
+    sync_threads(); /* tile `it` landed; every warp is done with the stage refilled below */
+    const int nxt = it + T::STAGES - 1;
+    if (nxt < nq)
+      bwd_detail::dkdv_issue<Cfg>(stages + (nxt % T::STAGES) * T::STAGE_BYTES, qg, dog,
+                                  gr.r * p.q_sn, gr.r * p.do_sn, lg, dg, gr.r, qt_first + nxt,
+                                  gr.ng, tid);
+    cp_async_commit();
+
+    const int q0 = (qt_first + it) * T::BM;
+    /* Warp-uniform skips: keys past the grid end, or (causal) keys after every query. */
+    const bool idle = kw0 >= gr.ng || (Cfg::causal && kw0 > q0 + T::BM - 1);
+    if (!idle) {
+      const unsigned char *st = stages + (it % T::STAGES) * T::STAGE_BYTES;
+      const bool need_mask =
+          q0 + T::BM > gr.ng || kw0 + 16 > gr.ng || (Cfg::causal && kw0 + 15 > q0);
+      if (need_mask) {
+        bwd_detail::dkdv_step<Cfg, true>(sk, sv, st, ao, bo, warp, part, sl2, q0, kw0, gr.ng, dk,
+                                         dv, sds);
+      } else {
+        bwd_detail::dkdv_step<Cfg, false>(sk, sv, st, ao, bo, warp, part, sl2, q0, kw0, gr.ng,
+                                          dk, dv, sds);
+      }
+    }
+    if constexpr (T::ATOMIC) {
+      if (idle) bwd_detail::dkdv_zero_ds<Cfg>(sds, warp);
+      sync_threads(); /* dS^T of every warp staged */
+      bwd_detail::dkdv_dq_atomic<Cfg>(sds, sk, ao, warp, q0, gr.ng, dqg, gr.r * p.dq_sn,
+                                      p.scale);
+    }
+  }
+  cp_async_wait<0>();
+
+  /* dk += scale * acc, dv += acc: this launch is the only writer of these rows. */
+  const int g = lane >> 2;
+  const int c2 = 2 * (lane & 3);
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int key = kw0 + g + 8 * hf;
+    if (key < gr.ng) {
+      const long long pos = base_row + static_cast<long long>(key) * gr.r;
+      float *dkr = p.dk + b * p.dk_sb + kvh * p.dk_sh + pos * p.dk_sn + part * T::DA + c2;
+      float *dvr = p.dv + b * p.dv_sb + kvh * p.dv_sh + pos * p.dv_sn + part * T::DA + c2;
+#pragma unroll
+      for (int dt = 0; dt < T::DT; ++dt) {
+        dkr[8 * dt] += p.scale * dk[dt][2 * hf];
+        dkr[8 * dt + 1] += p.scale * dk[dt][2 * hf + 1];
+        dvr[8 * dt] += dv[dt][2 * hf];
+        dvr[8 * dt + 1] += dv[dt][2 * hf + 1];
+      }
+    }
+  }
+}
+
+/* dQ of one branch: one block per query tile of a grid, one warp per 16 query rows, walking the
+ * key tiles that the rows see with a cp.async pipeline of `stages` K/V tiles; each dq row is
+ * written by one block, so the result is deterministic. Cfg: head_dim, dtype, causal, dilated,
+ * block_m (= 16 * warps), block_n, warps, stages. Dynamic shared memory:
+ * DqTraits<Cfg>::SMEM_BYTES = 2 block_m row tiles (Q, dO) + 2 x stages block_n row tiles. */
+template <class Cfg>
+__device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
+  using T = bwd_detail::DqTraits<Cfg>;
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = lane_id();
+
+  const int seg = static_cast<int>(blockIdx.x) / p.tiles_per_seg;
+  const int tile_in = static_cast<int>(blockIdx.x) % p.tiles_per_seg;
+  /* Causal: the last query tiles have the most keys; launch them first. */
+  const int tile = Cfg::causal ? p.tiles_per_seg - 1 - tile_in : tile_in;
+  const int h = p.head0 + static_cast<int>(blockIdx.y);
+  const long long b = blockIdx.z;
+  const bwd_detail::Grid gr = bwd_detail::grid_of<Cfg::dilated>(p, seg, h);
+  const int t0 = tile * T::BM;
+  if (t0 >= gr.ng) return;
+
+  const int kvh = h / p.kv_group;
+  const long long base_row = gr.a + gr.j;
+  const uint16_t *qg =
+      static_cast<const uint16_t *>(p.q) + b * p.q_sb + h * p.q_sh + base_row * p.q_sn;
+  const uint16_t *dog =
+      static_cast<const uint16_t *>(p.dout) + b * p.do_sb + h * p.do_sh + base_row * p.do_sn;
+  const uint16_t *kg =
+      static_cast<const uint16_t *>(p.k) + b * p.k_sb + kvh * p.k_sh + base_row * p.k_sn;
+  const uint16_t *vg =
+      static_cast<const uint16_t *>(p.v) + b * p.v_sb + kvh * p.v_sh + base_row * p.v_sn;
+
+  unsigned char *smem = dynamic_smem();
+  unsigned char *sq = smem;
+  unsigned char *sdo = smem + T::Q_BYTES;
+  unsigned char *sk = smem + 2 * T::Q_BYTES;
+  unsigned char *sv = sk + T::STAGES * T::KV_BYTES;
+
+  const int n_end = Cfg::causal ? (gr.ng < t0 + T::BM ? gr.ng : t0 + T::BM) : gr.ng;
+  const int ntiles = (n_end + T::BN - 1) / T::BN;
+
+  bwd_detail::load_tile<T::CHUNKS, T::BM, T::THREADS>(sq, qg, gr.r * p.q_sn, t0, gr.ng, tid);
+  bwd_detail::load_tile<T::CHUNKS, T::BM, T::THREADS>(sdo, dog, gr.r * p.do_sn, t0, gr.ng, tid);
+#pragma unroll
+  for (int s = 0; s < T::STAGES - 1; ++s) {
+    if (s < ntiles) {
+      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sk + s * T::KV_BYTES, kg,
+                                                          gr.r * p.k_sn, s * T::BN, gr.ng, tid);
+      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sv + s * T::KV_BYTES, vg,
+                                                          gr.r * p.v_sn, s * T::BN, gr.ng, tid);
+    }
+    cp_async_commit();
+  }
+
+  /* This lane's two rows: log2-domain LSE and Dp. */
+  const int g = lane >> 2;
+  const int c2 = 2 * (lane & 3);
+  const int wrow0 = t0 + 16 * warp;
+  float lse2[2], dpr[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int row = wrow0 + g + 8 * hf;
+    lse2[hf] = bwd_detail::pos_inf();
+    dpr[hf] = 0.f;
+    if (row < gr.ng) {
+      const long long pos = base_row + static_cast<long long>(row) * gr.r;
+      lse2[hf] = bwd_detail::lse2_of(p.lse[b * p.lse_sb + h * p.lse_sh + pos]);
+      dpr[hf] = p.dp[b * p.dp_sb + h * p.dp_sh + pos];
+    }
+  }
+
+  float acc[T::DT][4];
+#pragma unroll
+  for (int dt = 0; dt < T::DT; ++dt) acc[dt][0] = acc[dt][1] = acc[dt][2] = acc[dt][3] = 0.f;
+  const int mi = lane >> 3;
+  const int mr = lane & 7;
+  bwd_detail::LaneOfs<T::CHUNKS> ao, bo;
+  ao.init((mi & 1) * 8 + mr, mi >> 1);
+  bo.init((mi >> 1) * 8 + mr, mi & 1);
+  const float sl2 = p.scale_log2;
+
+  for (int it = 0; it < ntiles; ++it) {
+    cp_async_wait<T::STAGES - 2>();
+    sync_threads();
+    const int nxt = it + T::STAGES - 1;
+    if (nxt < ntiles) {
+      const int st = nxt % T::STAGES;
+      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sk + st * T::KV_BYTES, kg,
+                                                          gr.r * p.k_sn, nxt * T::BN, gr.ng, tid);
+      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sv + st * T::KV_BYTES, vg,
+                                                          gr.r * p.v_sn, nxt * T::BN, gr.ng, tid);
+    }
+    cp_async_commit();
+
+    const int n0 = it * T::BN;
+    if (wrow0 >= gr.ng) continue;
+    if (Cfg::causal && n0 > wrow0 + 15) continue;
+    const int st = it % T::STAGES;
+    const bool need_mask = n0 + T::BN > gr.ng || (Cfg::causal && n0 + T::BN - 1 > wrow0);
+    if (need_mask) {
+      bwd_detail::dq_step<Cfg, true>(sq, sdo, sk + st * T::KV_BYTES, sv + st * T::KV_BYTES, ao,
+                                     bo, warp, sl2, lse2, dpr, n0, wrow0, gr.ng, acc);
+    } else {
+      bwd_detail::dq_step<Cfg, false>(sq, sdo, sk + st * T::KV_BYTES, sv + st * T::KV_BYTES, ao,
+                                      bo, warp, sl2, lse2, dpr, n0, wrow0, gr.ng, acc);
+    }
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int row = wrow0 + g + 8 * hf;
+    if (row < gr.ng) {
+      const long long pos = base_row + static_cast<long long>(row) * gr.r;
+      float *dqr = p.dq + b * p.dq_sb + h * p.dq_sh + pos * p.dq_sn + c2;
+#pragma unroll
+      for (int dt = 0; dt < T::DT; ++dt) {
+        dqr[8 * dt] += p.scale * acc[dt][2 * hf];
+        dqr[8 * dt + 1] += p.scale * acc[dt][2 * hf + 1];
+      }
+    }
+  }
+}
+
+}  // namespace rda
+
+#endif

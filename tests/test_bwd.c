@@ -1,0 +1,746 @@
+/* test_bwd.c — the generated backward kernels (templates/rda_bwd.cuh through runtime/bwd.c)
+ * against the float64 reference gradient (SPEC §1 "Backward, exact", §5): dtypes, head dims,
+ * causal, offset rules, GQA, segment edge cases, batch, scale, strides, dLSE; determinism. */
+#include "backend.h"
+#include "bwd.h"
+#include "fwd.h"
+#include "gen.h"
+#include "reference.h"
+#include "rda_test.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+/* ------------------------------------------------------------------ fixture */
+
+typedef struct bwd_backend {
+  rda_backend *b;
+  rda_hw hw;
+} bwd_backend;
+
+static rda_gen *g_gen;
+static bwd_backend g_backends[2];
+static int g_nbackends;
+
+static int group_setup(void **state) {
+  (void)state;
+  rda_err err = {0};
+  if (rda_gen_open(&g_gen, &err) != RDA_OK) {
+    fprintf(stderr, "test_bwd: rda_gen_open: %s\n", err.msg);
+    return -1;
+  }
+  bwd_backend *e = &g_backends[g_nbackends];
+  if (rda_backend_emu_open(&e->b, 90, &err) != RDA_OK ||
+      rda_gen_hw_builtin(g_gen, e->b->arch, &e->hw, &err) != RDA_OK) {
+    fprintf(stderr, "test_bwd: emu backend: %s\n", err.msg);
+    return -1;
+  }
+  g_nbackends++;
+  rda_err cerr = {0};
+  bwd_backend *c = &g_backends[g_nbackends];
+  if (rda_backend_cuda_open(&c->b, 0, &cerr) == RDA_OK) {
+    if (rda_backend_cuda_hw(c->b, &c->hw, &cerr) == RDA_OK) {
+      g_nbackends++;
+    } else {
+      c->b->destroy(c->b);
+      c->b = NULL;
+    }
+  }
+  if (g_nbackends == 1)
+    fprintf(stderr, "test_bwd: no usable GPU (%s); the cuda backend is skipped, emu only\n",
+            cerr.msg);
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  for (int i = 0; i < g_nbackends; ++i) g_backends[i].b->destroy(g_backends[i].b);
+  g_nbackends = 0;
+  rda_gen_close(g_gen);
+  g_gen = NULL;
+  return 0;
+}
+
+/* ------------------------------------------------------------------ helpers */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *dev_alloc(rda_backend *b, size_t bytes) {
+  rda_err err = {0};
+  void *p = NULL;
+  if (b->alloc(b, bytes, &p, &err) != RDA_OK) fail_msg("%s alloc: %s", b->name, err.msg);
+  return p;
+}
+
+static void dev_upload(rda_backend *b, void *dst, const void *src, size_t bytes) {
+  rda_err err = {0};
+  if (b->upload(b, dst, src, bytes, &err) != RDA_OK) fail_msg("%s upload: %s", b->name, err.msg);
+}
+
+static void dev_download(rda_backend *b, void *dst, const void *src, size_t bytes) {
+  rda_err err = {0};
+  if (b->download(b, dst, src, bytes, &err) != RDA_OK)
+    fail_msg("%s download: %s", b->name, err.msg);
+}
+
+/* A device fp32 buffer of `count` NaNs (outputs are poisoned before every run). */
+static float *dev_poisoned(rda_backend *b, size_t count) {
+  float *host = malloc(count * sizeof *host);
+  assert_non_null(host);
+  rt_poison_f32(host, count);
+  float *dev = dev_alloc(b, count * sizeof *dev);
+  dev_upload(b, dev, host, count * sizeof *dev);
+  free(host);
+  return dev;
+}
+
+static float *download_f32(rda_backend *b, const float *dev, size_t count) {
+  float *host = malloc(count * sizeof *host);
+  assert_non_null(host);
+  dev_download(b, host, dev, count * sizeof *host);
+  return host;
+}
+
+/* ------------------------------------------------------------------ one case */
+
+typedef struct bwd_case {
+  int heads, kv_heads, head_dim, dtype, causal, offsets;
+  int nbranch;
+  long long w[4], r[4];
+  long long batch, n;
+  double scale;   /* 0: the default 1/sqrt(head_dim) */
+  int strided;    /* [N, B, H, D] with padded heads everywhere, padded LSE rows */
+  int with_dlse;  /* a non-zero dLSE */
+  int twice;      /* run the backward twice and require bit-identical gradients */
+  int atomic;     /* plan the atomic-dQ variants; run non-deterministic unless `twice` */
+} bwd_case;
+
+/* Element strides (batch, n, head) of a [B, N, heads, d] tensor; strided: [N, B, heads, d + pad]. */
+static void strides_of(const bwd_case *bc, long long heads, long long pad, long long s[3]) {
+  const long long d = bc->head_dim;
+  if (bc->strided) {
+    s[2] = d + pad;
+    s[0] = heads * s[2];
+    s[1] = bc->batch * s[0];
+  } else {
+    rt_strides_contig(bc->n, heads, d, s);
+  }
+}
+
+/* A strided storage-dtype tensor on the device from contiguous doubles. */
+static uint16_t *dev_bits(rda_backend *b, const double *x, const bwd_case *bc, long long heads,
+                          const long long s[3]) {
+  size_t count = 0;
+  uint16_t *host = rt_make_bits(x, bc->batch, bc->n, heads, bc->head_dim, s, bc->dtype, &count);
+  uint16_t *dev = dev_alloc(b, count * sizeof *dev);
+  dev_upload(b, dev, host, count * sizeof *dev);
+  free(host);
+  return dev;
+}
+
+/* Plan (forward + backward), run the forward pass for O and LSE, then the backward pass; compare
+ * with the float64 reference gradient. */
+static void run_case_on(bwd_backend *be, const char *what, const bwd_case *bc) {
+  rda_backend *b = be->b;
+  const long long B = bc->batch, N = bc->n, H = bc->heads, Hkv = bc->kv_heads, D = bc->head_dim;
+  rda_config cfg;
+  rt_config_make(&cfg, bc->heads, bc->kv_heads, bc->head_dim, bc->dtype, bc->causal, bc->offsets,
+                 bc->nbranch, bc->w, bc->r);
+  if (bc->scale != 0.0) cfg.scale = bc->scale;
+
+  rda_err err = {0};
+  rda_plan_k plan;
+  memset(&plan, 0, sizeof plan);
+  const unsigned flags = RDA_PLAN_BACKWARD | (bc->atomic ? RDA_PLAN_BACKWARD_ATOMIC : 0u);
+  if (rda_gen_plan_ex(g_gen, &cfg, &be->hw, flags, &plan, &err) != RDA_OK)
+    fail_msg("%s: plan: %s", what, err.msg);
+  assert_true(plan.has_bwd);
+  for (int i = 0; i < plan.nsteps; ++i) /* d = 256 splits dK/dV: no atomic variant there */
+    assert_int_equal(plan.bwd_steps[i].dkdv_atomic_kernel >= 0, bc->atomic && D != 256);
+  rda_fwd_kernels kern = {0, NULL};
+  const double t_load = now_s();
+  if (rda_fwd_load(b, &plan, &kern, &err) != RDA_OK) fail_msg("%s: load: %s", what, err.msg);
+  const double load_s = now_s() - t_load;
+
+  double *q = rt_normal((size_t)(B * N * H * D), bc->dtype);
+  double *k = rt_normal((size_t)(B * N * Hkv * D), bc->dtype);
+  double *v = rt_normal((size_t)(B * N * Hkv * D), bc->dtype);
+  double *dout = rt_normal((size_t)(B * N * H * D), bc->dtype);
+  double *dlse = NULL;
+  if (bc->with_dlse) dlse = rt_normal((size_t)(B * H * N), RDA_DTYPE_BF16); /* exact in fp32 */
+
+  long long q_s[3], k_s[3], v_s[3], do_s[3], o_s[3], dq_s[3], dk_s[3], dv_s[3], lse_s[2];
+  strides_of(bc, H, 8, q_s);
+  strides_of(bc, Hkv, 16, k_s);
+  strides_of(bc, Hkv, 24, v_s);
+  strides_of(bc, H, 8, do_s);
+  strides_of(bc, H, 4, o_s);
+  strides_of(bc, H, 3, dq_s);
+  strides_of(bc, Hkv, 1, dk_s);
+  strides_of(bc, Hkv, 5, dv_s);
+  lse_s[1] = bc->strided ? N + 3 : N;
+  lse_s[0] = H * lse_s[1] + (bc->strided ? 1 : 0);
+  const size_t lse_count = (size_t)((B - 1) * lse_s[0] + (H - 1) * lse_s[1] + N);
+  const size_t o_count = rt_span(B, N, H, D, o_s);
+  const size_t dq_count = rt_span(B, N, H, D, dq_s);
+  const size_t dk_count = rt_span(B, N, Hkv, D, dk_s);
+  const size_t dv_count = rt_span(B, N, Hkv, D, dv_s);
+
+  uint16_t *q_dev = dev_bits(b, q, bc, H, q_s);
+  uint16_t *k_dev = dev_bits(b, k, bc, Hkv, k_s);
+  uint16_t *v_dev = dev_bits(b, v, bc, Hkv, v_s);
+  uint16_t *do_dev = dev_bits(b, dout, bc, H, do_s);
+  float *o_dev = dev_poisoned(b, o_count);
+  float *lse_dev = dev_poisoned(b, lse_count);
+  float *dlse_dev = NULL;
+  if (dlse != NULL) {
+    float *host = malloc(lse_count * sizeof *host);
+    assert_non_null(host);
+    rt_poison_f32(host, lse_count);
+    for (long long ib = 0; ib < B; ++ib)
+      for (long long ih = 0; ih < H; ++ih)
+        for (long long in = 0; in < N; ++in)
+          host[ib * lse_s[0] + ih * lse_s[1] + in] = (float)dlse[(ib * H + ih) * N + in];
+    dlse_dev = dev_alloc(b, lse_count * sizeof *dlse_dev);
+    dev_upload(b, dlse_dev, host, lse_count * sizeof *host);
+    free(host);
+  }
+  float *dq_dev = dev_poisoned(b, dq_count);
+  float *dk_dev = dev_poisoned(b, dk_count);
+  float *dv_dev = dev_poisoned(b, dv_count);
+  const size_t ws_bytes = rda_bwd_workspace_bytes(&plan, B, N);
+  assert_int_equal(ws_bytes, (size_t)(B * H * N) * sizeof(float));
+  float *ws_dev = dev_poisoned(b, ws_bytes / sizeof(float));
+
+  rda_fwd_args fa;
+  memset(&fa, 0, sizeof fa);
+  fa.batch = B;
+  fa.n = N;
+  fa.q = q_dev;
+  fa.k = k_dev;
+  fa.v = v_dev;
+  memcpy(fa.q_s, q_s, sizeof q_s);
+  memcpy(fa.k_s, k_s, sizeof k_s);
+  memcpy(fa.v_s, v_s, sizeof v_s);
+  fa.o = o_dev;
+  memcpy(fa.o_s, o_s, sizeof o_s);
+  fa.lse = lse_dev;
+  memcpy(fa.lse_s, lse_s, sizeof lse_s);
+  if (rda_fwd_run(b, &plan, &kern, &fa, &err) != RDA_OK || b->synchronize(b, &err) != RDA_OK)
+    fail_msg("%s: forward: %s", what, err.msg);
+
+  rda_bwd_args ba;
+  memset(&ba, 0, sizeof ba);
+  ba.batch = B;
+  ba.n = N;
+  ba.q = q_dev;
+  ba.k = k_dev;
+  ba.v = v_dev;
+  memcpy(ba.q_s, q_s, sizeof q_s);
+  memcpy(ba.k_s, k_s, sizeof k_s);
+  memcpy(ba.v_s, v_s, sizeof v_s);
+  ba.o = o_dev;
+  memcpy(ba.o_s, o_s, sizeof o_s);
+  ba.lse = lse_dev;
+  memcpy(ba.lse_s, lse_s, sizeof lse_s);
+  ba.dout = do_dev;
+  memcpy(ba.do_s, do_s, sizeof do_s);
+  ba.dlse = dlse_dev;
+  memcpy(ba.dlse_s, lse_s, sizeof lse_s);
+  ba.dq = dq_dev;
+  memcpy(ba.dq_s, dq_s, sizeof dq_s);
+  ba.dk = dk_dev;
+  memcpy(ba.dk_s, dk_s, sizeof dk_s);
+  ba.dv = dv_dev;
+  memcpy(ba.dv_s, dv_s, sizeof dv_s);
+  ba.workspace = ws_dev;
+  ba.deterministic = !bc->atomic || bc->twice;
+  const double t_run = now_s();
+  if (rda_bwd_run(b, &plan, &kern, &ba, &err) != RDA_OK || b->synchronize(b, &err) != RDA_OK)
+    fail_msg("%s: backward: %s", what, err.msg);
+  const double run_s = now_s() - t_run;
+  float *dq_host = download_f32(b, dq_dev, dq_count);
+  float *dk_host = download_f32(b, dk_dev, dk_count);
+  float *dv_host = download_f32(b, dv_dev, dv_count);
+
+  double *dq_ref, *dk_ref, *dv_ref;
+  rt_reference_bwd(&cfg, B, N, q, k, v, dout, dlse, &dq_ref, &dk_ref, &dv_ref);
+  rt_grad_report rep;
+  bool ok = rt_check_bwd(what, &cfg, B, N, dq_host, dq_s, dk_host, dk_s, dv_host, dv_s, dq_ref,
+                         dk_ref, dv_ref, &rep);
+  fprintf(stderr, "  %-4s %-58s dQ %.2e dK %.2e dV %.2e  load %.1fs run %.2fs\n", b->name, what,
+          rep.dq_rel_l2, rep.dk_rel_l2, rep.dv_rel_l2, load_s, run_s);
+
+  if (ok && bc->twice) {
+    /* Poison again and rerun: every gradient element must come back bit for bit. */
+    float *p1 = dev_poisoned(b, dq_count), *p2 = dev_poisoned(b, dk_count),
+          *p3 = dev_poisoned(b, dv_count);
+    ba.dq = p1;
+    ba.dk = p2;
+    ba.dv = p3;
+    if (rda_bwd_run(b, &plan, &kern, &ba, &err) != RDA_OK || b->synchronize(b, &err) != RDA_OK)
+      fail_msg("%s: second backward: %s", what, err.msg);
+    float *dq2 = download_f32(b, p1, dq_count);
+    float *dk2 = download_f32(b, p2, dk_count);
+    float *dv2 = download_f32(b, p3, dv_count);
+    /* Only the tensors' own elements: the padding stays NaN in both. */
+    long long diff = 0;
+    for (long long ib = 0; ib < B; ++ib)
+      for (long long in = 0; in < N; ++in) {
+        for (long long ih = 0; ih < H; ++ih) {
+          const long long o1 = ib * dq_s[0] + in * dq_s[1] + ih * dq_s[2];
+          diff += memcmp(dq_host + o1, dq2 + o1, (size_t)D * sizeof(float)) != 0;
+        }
+        for (long long ih = 0; ih < Hkv; ++ih) {
+          const long long ok1 = ib * dk_s[0] + in * dk_s[1] + ih * dk_s[2];
+          const long long ov1 = ib * dv_s[0] + in * dv_s[1] + ih * dv_s[2];
+          diff += memcmp(dk_host + ok1, dk2 + ok1, (size_t)D * sizeof(float)) != 0;
+          diff += memcmp(dv_host + ov1, dv2 + ov1, (size_t)D * sizeof(float)) != 0;
+        }
+      }
+    if (diff != 0) fprintf(stderr, "  %s: %lld gradient rows differ between two runs\n", what, diff);
+    ok = ok && diff == 0;
+    free(dq2);
+    free(dk2);
+    free(dv2);
+    b->free(b, p1);
+    b->free(b, p2);
+    b->free(b, p3);
+  }
+
+  free(dq_ref);
+  free(dk_ref);
+  free(dv_ref);
+  free(dq_host);
+  free(dk_host);
+  free(dv_host);
+  b->free(b, q_dev);
+  b->free(b, k_dev);
+  b->free(b, v_dev);
+  b->free(b, do_dev);
+  b->free(b, o_dev);
+  b->free(b, lse_dev);
+  if (dlse_dev != NULL) b->free(b, dlse_dev);
+  b->free(b, dq_dev);
+  b->free(b, dk_dev);
+  b->free(b, dv_dev);
+  b->free(b, ws_dev);
+  free(q);
+  free(k);
+  free(v);
+  free(dout);
+  free(dlse);
+  rda_fwd_unload(b, &kern);
+  rda_plan_k_free(&plan);
+  assert_true(ok);
+}
+
+static void run_case(const char *what, const bwd_case *bc) {
+  for (int i = 0; i < g_nbackends; ++i) run_case_on(&g_backends[i], what, bc);
+}
+
+#define BR1(w0, r0) \
+  1, {w0}, {        \
+    r0              \
+  }
+#define BR2(w0, r0, w1, r1) \
+  2, {w0, w1}, {            \
+    r0, r1                  \
+  }
+#define BR3(w0, r0, w1, r1, w2, r2) \
+  3, {w0, w1, w2}, {                \
+    r0, r1, r2                      \
+  }
+
+/* ------------------------------------------------------------------ the cases */
+/* Each head dim runs once; over the set: both dtypes with and without causal, every offset rule,
+ * GQA and MQA, partial segments, w > N, r not dividing w, uncovered rows, batch > 1, a custom
+ * scale, strided layouts and dLSE. */
+
+/* Three branches (dense, dilated, w > N clamped), several key and query tiles per segment, a
+ * partial last segment, GQA with the "mod" offsets (the heads of a kv group on different grids),
+ * batch 2 and a non-zero dLSE. */
+static void test_bwd_matches_reference_causal_gqa_bf16_d64_three_branches_dlse(void **state) {
+  (void)state;
+  const bwd_case c = {.heads = 4,
+                      .kv_heads = 2,
+                      .head_dim = 64,
+                      .dtype = RDA_DTYPE_BF16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR3(96, 1, 160, 2, 512, 4),
+                      .batch = 2,
+                      .n = 200,
+                      .with_dlse = 1};
+  run_case(__func__, &c);
+}
+
+/* "block" offsets, MQA (one kv head for four query heads), r not dividing w, only dilated
+ * branches so some rows are uncovered (they must get exact zeros, not NaN). */
+static void test_bwd_matches_reference_block_mqa_fp16_d128_uncovered_rows(void **state) {
+  (void)state;
+  const bwd_case c = {.heads = 4,
+                      .kv_heads = 1,
+                      .head_dim = 128,
+                      .dtype = RDA_DTYPE_FP16,
+                      .causal = 0,
+                      .offsets = RDA_OFFSETS_BLOCK,
+                      BR2(100, 3, 150, 4),
+                      .batch = 1,
+                      .n = 150};
+  run_case(__func__, &c);
+}
+
+/* "group" offsets (each head uses one branch), a custom scale, batch 2, [N, B, H, D] layouts
+ * with padded heads for every tensor, padded LSE rows, dLSE. */
+static void test_bwd_matches_reference_group_causal_bf16_d32_strided_scale(void **state) {
+  (void)state;
+  const bwd_case c = {.heads = 3,
+                      .kv_heads = 3,
+                      .head_dim = 32,
+                      .dtype = RDA_DTYPE_BF16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_GROUP,
+                      BR2(40, 1, 90, 2),
+                      .batch = 2,
+                      .n = 130,
+                      .scale = 0.3,
+                      .strided = 1,
+                      .with_dlse = 1};
+  run_case(__func__, &c);
+}
+
+/* d = 96 (rows of 12 chunks), causal dilated branch with a short last segment, GQA 2:1. */
+static void test_bwd_matches_reference_causal_gqa_fp16_d96_dilated(void **state) {
+  (void)state;
+  const bwd_case c = {.heads = 4,
+                      .kv_heads = 2,
+                      .head_dim = 96,
+                      .dtype = RDA_DTYPE_FP16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR2(48, 3, 100, 1),
+                      .batch = 1,
+                      .n = 130};
+  run_case(__func__, &c);
+}
+
+/* d = 256 (dK/dV split over two blocks per key tile), dense + dilated, strided. */
+static void test_bwd_matches_reference_bf16_d256_split_head_dim_strided(void **state) {
+  (void)state;
+  const bwd_case c = {.heads = 2,
+                      .kv_heads = 2,
+                      .head_dim = 256,
+                      .dtype = RDA_DTYPE_BF16,
+                      .causal = 0,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR2(64, 1, 100, 2),
+                      .batch = 1,
+                      .n = 100,
+                      .strided = 1,
+                      .with_dlse = 1};
+  run_case(__func__, &c);
+}
+
+/* d = 256 causal fp16: the diagonal masking with the smallest query steps. */
+static void test_bwd_matches_reference_causal_fp16_d256(void **state) {
+  (void)state;
+  const bwd_case c = {.heads = 2,
+                      .kv_heads = 1,
+                      .head_dim = 256,
+                      .dtype = RDA_DTYPE_FP16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_BLOCK,
+                      BR1(90, 2),
+                      .batch = 1,
+                      .n = 90};
+  run_case(__func__, &c);
+}
+
+/* One dense segment of the whole sequence (odd N), batch 3, non-causal fp16 d64. */
+static void test_bwd_matches_reference_fp16_d64_dense_batch3(void **state) {
+  (void)state;
+  const bwd_case c = {.heads = 2,
+                      .kv_heads = 2,
+                      .head_dim = 64,
+                      .dtype = RDA_DTYPE_FP16,
+                      .causal = 0,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR1(77, 1),
+                      .batch = 3,
+                      .n = 77,
+                      .with_dlse = 1};
+  run_case(__func__, &c);
+}
+
+/* The smallest problems: N = 3 (one partial tile), and segments of one row (a row whose only
+ * key is itself has dS = 0 in that branch). With N = 1 every dQ, dK is exactly 0, which a
+ * relative error cannot judge, so it is not a case here. */
+static void test_bwd_matches_reference_bf16_d32_tiny(void **state) {
+  (void)state;
+  const bwd_case a = {.heads = 2,
+                      .kv_heads = 1,
+                      .head_dim = 32,
+                      .dtype = RDA_DTYPE_BF16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR2(4, 1, 8, 2),
+                      .batch = 1,
+                      .n = 3};
+  run_case("tiny_n3", &a);
+  const bwd_case b = {.heads = 2,
+                      .kv_heads = 2,
+                      .head_dim = 32,
+                      .dtype = RDA_DTYPE_BF16,
+                      .causal = 0,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR2(1, 1, 5, 2),
+                      .batch = 2,
+                      .n = 21};
+  run_case("tiny_segments", &b);
+}
+
+/* Two runs on the same inputs give bit-identical dQ, dK, dV (GQA, several branches, causal: the
+ * case where accumulation order could vary). */
+static void test_bwd_deterministic_gradients_are_bit_identical(void **state) {
+  (void)state;
+  const bwd_case c = {.heads = 4,
+                      .kv_heads = 2,
+                      .head_dim = 64,
+                      .dtype = RDA_DTYPE_BF16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_BLOCK,
+                      BR2(70, 1, 140, 2),
+                      .batch = 2,
+                      .n = 140,
+                      .twice = 1};
+  run_case(__func__, &c);
+}
+
+/* The non-deterministic mode (dQ added by fp32 atomics inside the dK/dV kernel, one launch per
+ * branch): the same matrix corners — causal GQA with three branches and dLSE, block_m = 64 with
+ * one column group (d = 32, strided), two column groups of 48 (d = 96), fp16 d = 128 MQA. */
+static void test_bwd_atomic_mode_matches_reference(void **state) {
+  (void)state;
+  const bwd_case a = {.heads = 4,
+                      .kv_heads = 2,
+                      .head_dim = 64,
+                      .dtype = RDA_DTYPE_BF16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR3(96, 1, 160, 2, 512, 4),
+                      .batch = 2,
+                      .n = 200,
+                      .with_dlse = 1,
+                      .atomic = 1};
+  run_case("atomic_causal_gqa_bf16_d64", &a);
+  const bwd_case b = {.heads = 3,
+                      .kv_heads = 3,
+                      .head_dim = 32,
+                      .dtype = RDA_DTYPE_BF16,
+                      .causal = 0,
+                      .offsets = RDA_OFFSETS_GROUP,
+                      BR2(40, 1, 90, 2),
+                      .batch = 2,
+                      .n = 130,
+                      .scale = 0.3,
+                      .strided = 1,
+                      .atomic = 1};
+  run_case("atomic_group_bf16_d32_strided", &b);
+  const bwd_case c = {.heads = 4,
+                      .kv_heads = 2,
+                      .head_dim = 96,
+                      .dtype = RDA_DTYPE_FP16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR2(48, 3, 100, 1),
+                      .batch = 1,
+                      .n = 130,
+                      .atomic = 1};
+  run_case("atomic_causal_fp16_d96", &c);
+  const bwd_case d = {.heads = 4,
+                      .kv_heads = 1,
+                      .head_dim = 128,
+                      .dtype = RDA_DTYPE_FP16,
+                      .causal = 0,
+                      .offsets = RDA_OFFSETS_BLOCK,
+                      BR2(100, 3, 150, 1),
+                      .batch = 1,
+                      .n = 150,
+                      .atomic = 1};
+  run_case("atomic_block_mqa_fp16_d128", &d);
+  const bwd_case e = {.heads = 2,
+                      .kv_heads = 2,
+                      .head_dim = 256,
+                      .dtype = RDA_DTYPE_BF16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR1(64, 1),
+                      .batch = 1,
+                      .n = 64,
+                      .atomic = 1};
+  run_case("atomic_planned_d256_falls_back", &e);
+}
+
+/* With the atomic variants planned, deterministic = 1 still takes the two-kernel path: bit
+ * identical run to run. */
+static void test_bwd_deterministic_mode_ignores_atomic_variants(void **state) {
+  (void)state;
+  const bwd_case c = {.heads = 2,
+                      .kv_heads = 1,
+                      .head_dim = 64,
+                      .dtype = RDA_DTYPE_FP16,
+                      .causal = 0,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR2(50, 1, 100, 2),
+                      .batch = 1,
+                      .n = 100,
+                      .twice = 1,
+                      .atomic = 1};
+  run_case(__func__, &c);
+}
+
+/* rda::atomic_add_f32 (templates/ptx.cuh), the atomic mode's one new wrapper: blocks on many
+ * OS threads (emu) or SMs (cuda) hammer the same floats; sums of halves and integers are exact
+ * in fp32 whatever the order, so every contribution must be there. */
+static void test_bwd_atomic_add_f32_wrapper_adds_every_contribution(void **state) {
+  (void)state;
+  static char src[] =
+      "#include \"ptx.cuh\"\n"
+      "struct rda_test_atomic_params { float *x; };\n"
+      "extern \"C\" __global__ void rda_test_atomic_add(const rda_test_atomic_params p) {\n"
+      "  rda::atomic_add_f32(p.x + (threadIdx.x & 3), 0.5f);\n"
+      "  rda::atomic_add_f32(p.x + 4 + blockIdx.x, 1.0f + threadIdx.x);\n"
+      "}\n"
+      "RDA_EMU_EXPORT(rda_test_atomic_add, rda_test_atomic_params)\n";
+  enum { BLOCKS = 16, THREADS = 128 };
+  for (int i = 0; i < g_nbackends; ++i) {
+    rda_backend *b = g_backends[i].b;
+    rda_variant v;
+    memset(&v, 0, sizeof v);
+    snprintf(v.name, sizeof v.name, "rda_test_atomic_add");
+    snprintf(v.kind, sizeof v.kind, "test");
+    v.source = src;
+    v.threads = THREADS;
+    rda_err err = {0};
+    rda_module *m = NULL;
+    if (b->load(b, &v, &m, &err) != RDA_OK) fail_msg("%s load: %s", b->name, err.msg);
+    float host[4 + BLOCKS];
+    for (int j = 0; j < 4 + BLOCKS; ++j) host[j] = 1.0f;
+    float *dev = dev_alloc(b, sizeof host);
+    dev_upload(b, dev, host, sizeof host);
+    struct {
+      float *x;
+    } params = {dev};
+    const unsigned grid[3] = {BLOCKS, 1, 1};
+    if (b->launch(b, m, grid, THREADS, 0, &params, sizeof params, &err) != RDA_OK ||
+        b->synchronize(b, &err) != RDA_OK)
+      fail_msg("%s launch: %s", b->name, err.msg);
+    dev_download(b, host, dev, sizeof host);
+    for (int j = 0; j < 4; ++j) assert_true(host[j] == 1.0f + BLOCKS * THREADS / 4 * 0.5f);
+    for (int j = 0; j < BLOCKS; ++j)
+      assert_true(host[4 + j] == 1.0f + THREADS + THREADS * (THREADS - 1) / 2);
+    b->free(b, dev);
+    b->unload(b, m);
+  }
+}
+
+/* A forward-only plan has no backward kernels: rda_bwd_run refuses it with a clear line, and a
+ * missing workspace or misaligned input is refused before any launch. */
+static void test_bwd_rejects_forward_only_plan_and_bad_arguments(void **state) {
+  (void)state;
+  bwd_backend *be = &g_backends[0];
+  rda_config cfg;
+  const long long w[1] = {32}, r[1] = {1};
+  rt_config_make(&cfg, 2, 2, 32, RDA_DTYPE_BF16, 0, RDA_OFFSETS_MOD, 1, w, r);
+  rda_err err = {0};
+  rda_plan_k plan;
+  memset(&plan, 0, sizeof plan);
+  assert_int_equal(rda_gen_plan(g_gen, &cfg, &be->hw, &plan, &err), RDA_OK);
+  assert_false(plan.has_bwd);
+  for (int i = 0; i < plan.nvariants; ++i)
+    assert_null(strstr(plan.variants[i].kind, "bwd")); /* forward users compile nothing more */
+  rda_fwd_kernels kern = {0, NULL};
+  rda_bwd_args a;
+  memset(&a, 0, sizeof a);
+  assert_int_equal(rda_bwd_run(be->b, &plan, &kern, &a, &err), RDA_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(err.msg, "RDA_PLAN_BACKWARD"));
+  rda_plan_k_free(&plan);
+
+  memset(&plan, 0, sizeof plan);
+  rda_err_clear(&err);
+  assert_int_equal(rda_gen_plan_ex(g_gen, &cfg, &be->hw, RDA_PLAN_BACKWARD, &plan, &err), RDA_OK);
+  assert_true(plan.has_bwd);
+  assert_int_equal(rda_fwd_load(be->b, &plan, &kern, &err), RDA_OK);
+  const long long N = 32, H = 2, D = 32;
+  uint16_t *in = dev_alloc(be->b, (size_t)(4 * N * H * D + 8) * sizeof *in);
+  float *f = dev_alloc(be->b, (size_t)(5 * N * H * D + 2 * H * N) * sizeof *f);
+  memset(&a, 0, sizeof a);
+  a.batch = 1;
+  a.n = N;
+  a.q = in;
+  a.k = in + N * H * D;
+  a.v = in + 2 * N * H * D;
+  a.dout = in + 3 * N * H * D;
+  long long s[3];
+  rt_strides_contig(N, H, D, s);
+  memcpy(a.q_s, s, sizeof s);
+  memcpy(a.k_s, s, sizeof s);
+  memcpy(a.v_s, s, sizeof s);
+  memcpy(a.do_s, s, sizeof s);
+  memcpy(a.o_s, s, sizeof s);
+  memcpy(a.dq_s, s, sizeof s);
+  memcpy(a.dk_s, s, sizeof s);
+  memcpy(a.dv_s, s, sizeof s);
+  a.o = f;
+  a.dq = f + N * H * D;
+  a.dk = f + 2 * N * H * D;
+  a.dv = f + 3 * N * H * D;
+  a.lse = f + 4 * N * H * D;
+  a.lse_s[0] = H * N;
+  a.lse_s[1] = N;
+  rda_err_clear(&err);
+  assert_int_equal(rda_bwd_run(be->b, &plan, &kern, &a, &err), RDA_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(err.msg, "workspace"));
+  a.workspace = f + 4 * N * H * D + H * N;
+  a.k = in + N * H * D + 4; /* 8 bytes off */
+  rda_err_clear(&err);
+  assert_int_equal(rda_bwd_run(be->b, &plan, &kern, &a, &err), RDA_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(err.msg, "aligned"));
+  be->b->free(be->b, in);
+  be->b->free(be->b, f);
+  rda_fwd_unload(be->b, &kern);
+  rda_plan_k_free(&plan);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_bwd_matches_reference_causal_gqa_bf16_d64_three_branches_dlse),
+      cmocka_unit_test(test_bwd_matches_reference_block_mqa_fp16_d128_uncovered_rows),
+      cmocka_unit_test(test_bwd_matches_reference_group_causal_bf16_d32_strided_scale),
+      cmocka_unit_test(test_bwd_matches_reference_causal_gqa_fp16_d96_dilated),
+      cmocka_unit_test(test_bwd_matches_reference_bf16_d256_split_head_dim_strided),
+      cmocka_unit_test(test_bwd_matches_reference_causal_fp16_d256),
+      cmocka_unit_test(test_bwd_matches_reference_fp16_d64_dense_batch3),
+      cmocka_unit_test(test_bwd_matches_reference_bf16_d32_tiny),
+      cmocka_unit_test(test_bwd_deterministic_gradients_are_bit_identical),
+      cmocka_unit_test(test_bwd_atomic_add_f32_wrapper_adds_every_contribution),
+      cmocka_unit_test(test_bwd_atomic_mode_matches_reference),
+      cmocka_unit_test(test_bwd_deterministic_mode_ignores_atomic_variants),
+      cmocka_unit_test(test_bwd_rejects_forward_only_plan_and_bad_arguments),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

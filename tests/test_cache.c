@@ -1,0 +1,951 @@
+/* test_cache.c — the kernel cache (runtime/cache.c), the embedded sources (runtime/sources.c) and
+ * RDA_LOG (runtime/log.c): SHA-256 vectors, key sensitivity, hit/miss, corruption, concurrent
+ * processes, refused folders, LRU eviction, bundles, and a cold run with RDA_HOME unset. */
+/* cmocka.h needs these four first. */
+/* clang-format off */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "cache.h"
+#include "cache_dir.h"
+#include "gen.h"
+#include "nvrtc.h"
+#include "rda_test.h"
+#include "sources.h"
+
+/* A string literal as the char * that argv wants. */
+static char *S(const char *s) {
+  return (char *)(uintptr_t)s;
+}
+
+/* ---- fixtures: every test runs in a private, empty cache folder ---------------------------- */
+
+typedef struct cache_fixture {
+  char *root;
+  char *saved_dir;  /* $RDA_CACHE_DIR before the test */
+  char *saved_home; /* $RDA_HOME before the test */
+  char *saved_max;  /* $RDA_CACHE_MAX_BYTES before the test */
+  char *saved_log;  /* $RDA_LOG before the test */
+} cache_fixture;
+
+static char *dup_env(const char *name) {
+  const char *v = getenv(name);
+  return v != NULL ? strdup(v) : NULL;
+}
+
+static void restore_env(const char *name, char *value) {
+  if (value != NULL)
+    setenv(name, value, 1);
+  else
+    unsetenv(name);
+  free(value);
+}
+
+static int cache_setup(void **state) {
+  cache_fixture *f = calloc(1, sizeof *f);
+  if (f == NULL) return -1;
+  f->root = rt_mkdtemp();
+  if (f->root == NULL) return -1;
+  chmod(f->root, 0700);
+  f->saved_dir = dup_env("RDA_CACHE_DIR");
+  f->saved_home = dup_env("RDA_HOME");
+  f->saved_max = dup_env("RDA_CACHE_MAX_BYTES");
+  f->saved_log = dup_env("RDA_LOG");
+  setenv("RDA_CACHE_DIR", f->root, 1);
+  unsetenv("RDA_CACHE_MAX_BYTES");
+  rda_cache_memory_clear();
+  *state = f;
+  return 0;
+}
+
+static int cache_teardown(void **state) {
+  cache_fixture *f = *state;
+  chmod(f->root, 0700);
+  rt_rmtree(f->root);
+  free(f->root);
+  restore_env("RDA_CACHE_DIR", f->saved_dir);
+  restore_env("RDA_HOME", f->saved_home);
+  restore_env("RDA_CACHE_MAX_BYTES", f->saved_max);
+  restore_env("RDA_LOG", f->saved_log);
+  rda_cache_memory_clear();
+  free(f);
+  return 0;
+}
+
+/* Random bytes (normal draws, so never a constant pattern). */
+static unsigned char *random_bytes(size_t n) {
+  unsigned char *p = malloc(n);
+  assert_non_null(p);
+  for (size_t i = 0; i < n; ++i) p[i] = (unsigned char)(int)(rt_rng_normal(rt_global_rng()) * 64.0);
+  return p;
+}
+
+static rda_cache_key key_for(const char *source) {
+  const rda_cache_inputs in = {"sm_90", source, "hdr", "0.1.0", "nvrtc 12.8", "-O3"};
+  rda_cache_key k;
+  rda_cache_key_of(&in, &k);
+  return k;
+}
+
+static char *entry_path(const char *root, const char *target, const rda_cache_key *k) {
+  char buf[4096];
+  snprintf(buf, sizeof buf, "%s/%s/%s.rda", root, target, k->hex);
+  return strdup(buf);
+}
+
+/* Files in a folder whose names contain `part`. */
+static int count_named(const char *dir, const char *part) {
+  DIR *d = opendir(dir);
+  if (d == NULL) return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) n += strstr(e->d_name, part) != NULL;
+  closedir(d);
+  return n;
+}
+
+/* ---- SHA-256 and keys ---------------------------------------------------------------------- */
+
+static void test_cache_sha256_matches_fips_vectors(void **state) {
+  (void)state;
+  char hex[65];
+  rda_cache_sha256_hex("", 0, hex);
+  assert_string_equal(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  rda_cache_sha256_hex("abc", 3, hex);
+  assert_string_equal(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  const char *two = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+  rda_cache_sha256_hex(two, strlen(two), hex);
+  assert_string_equal(hex, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  /* One million 'a', fed in uneven pieces: the block boundary handling is exercised. */
+  rda_cache_sha256 s;
+  unsigned char d[32];
+  char chunk[997];
+  memset(chunk, 'a', sizeof chunk);
+  rda_cache_sha256_init(&s);
+  size_t left = 1000000;
+  for (size_t step = 1; left > 0; step = step % 997 + 13) {
+    size_t take = step < left ? step : left;
+    if (take > sizeof chunk) take = sizeof chunk;
+    rda_cache_sha256_update(&s, chunk, take);
+    left -= take;
+  }
+  rda_cache_sha256_final(&s, d);
+  static const char want[] = "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0";
+  for (int i = 0; i < 32; ++i) {
+    char byte[3];
+    snprintf(byte, sizeof byte, "%02x", d[i]);
+    assert_memory_equal(byte, want + 2 * i, 2);
+  }
+}
+
+static void test_cache_key_changes_when_any_one_input_changes(void **state) {
+  (void)state;
+  const rda_cache_inputs base = {"sm_90", "src", "hdr", "0.1.0", "nvrtc 12.8", "-O3"};
+  rda_cache_key k0, again;
+  rda_cache_key_of(&base, &k0);
+  rda_cache_key_of(&base, &again);
+  assert_string_equal(k0.hex, again.hex); /* deterministic: no timestamps, no addresses */
+  assert_int_equal(strlen(k0.hex), 64);
+  rda_cache_key keys[7];
+  keys[0] = k0;
+  for (int field = 0; field < 6; ++field) {
+    rda_cache_inputs in = base;
+    const char **slot[6] = {&in.target,      &in.source,   &in.headers,
+                            &in.rda_version, &in.compiler, &in.options};
+    char changed[64];
+    snprintf(changed, sizeof changed, "%s ", *slot[field]); /* one byte more */
+    *slot[field] = changed;
+    rda_cache_key_of(&in, &keys[field + 1]);
+  }
+  for (int i = 0; i < 7; ++i)
+    for (int j = i + 1; j < 7; ++j) assert_string_not_equal(keys[i].hex, keys[j].hex);
+  /* Field boundaries count: moving a byte from one field to the next changes the key. */
+  const rda_cache_inputs a = {"sm_90", "ab", "c", "0.1.0", "x", "y"};
+  const rda_cache_inputs b = {"sm_90", "a", "bc", "0.1.0", "x", "y"};
+  rda_cache_key ka, kb;
+  rda_cache_key_of(&a, &ka);
+  rda_cache_key_of(&b, &kb);
+  assert_string_not_equal(ka.hex, kb.hex);
+}
+
+/* ---- entries ------------------------------------------------------------------------------- */
+
+static void test_cache_miss_then_put_then_hit_from_memory_and_disk(void **state) {
+  (void)state;
+  const rda_cache_key k = key_for("kernel one");
+  unsigned char *data = NULL;
+  size_t n = 0;
+  int hit = 1;
+  char why[160];
+  rda_err err = {0};
+  assert_int_equal(rda_cache_get("sm_90", &k, "kernel one", &data, &n, &hit, why, sizeof why, &err),
+                   RDA_OK);
+  assert_int_equal(hit, 0);
+  assert_null(data);
+  assert_string_equal(why, "not on disk");
+
+  unsigned char *payload = random_bytes(5000);
+  assert_int_equal(rda_cache_put("sm_90", &k, "rda_one", "kernel one", payload, 5000, &err),
+                   RDA_OK);
+  assert_int_equal(rda_cache_get("sm_90", &k, "kernel one", &data, &n, &hit, why, sizeof why, &err),
+                   RDA_OK);
+  assert_int_equal(hit, 1);
+  assert_int_equal(n, 5000);
+  assert_memory_equal(data, payload, 5000);
+  free(data);
+
+  rda_cache_memory_clear(); /* from disk this time */
+  assert_int_equal(rda_cache_get("sm_90", &k, "kernel one", &data, &n, &hit, why, sizeof why, &err),
+                   RDA_OK);
+  assert_int_equal(hit, 1);
+  assert_int_equal(n, 5000);
+  assert_memory_equal(data, payload, 5000);
+  free(data);
+  free(payload);
+}
+
+/* Damage the entry with `damage`, then a lookup must miss, say why, and delete the entry. */
+static void expect_damage_detected(cache_fixture *f, void (*damage)(const char *path),
+                                   const char *reason) {
+  const rda_cache_key k = key_for("damaged kernel");
+  unsigned char *payload = random_bytes(3000);
+  rda_err err = {0};
+  assert_int_equal(rda_cache_put("sm_90", &k, "rda_dmg", "damaged kernel", payload, 3000, &err),
+                   RDA_OK);
+  char *path = entry_path(f->root, "sm_90", &k);
+  damage(path);
+  rda_cache_memory_clear();
+  unsigned char *data = (unsigned char *)path; /* must be reset */
+  size_t n = 1;
+  int hit = 1;
+  char why[160];
+  assert_int_equal(rda_cache_get("sm_90", &k, NULL, &data, &n, &hit, why, sizeof why, &err),
+                   RDA_OK);
+  assert_int_equal(hit, 0);
+  assert_null(data);
+  assert_non_null(strstr(why, "corrupted entry"));
+  assert_non_null(strstr(why, reason));
+  assert_false(rt_exists(path));
+  /* Rebuilt: stored again, it loads. */
+  assert_int_equal(rda_cache_put("sm_90", &k, "rda_dmg", "damaged kernel", payload, 3000, &err),
+                   RDA_OK);
+  rda_cache_memory_clear();
+  assert_int_equal(rda_cache_get("sm_90", &k, NULL, &data, &n, &hit, why, sizeof why, &err),
+                   RDA_OK);
+  assert_int_equal(hit, 1);
+  assert_memory_equal(data, payload, 3000);
+  free(data);
+  free(path);
+  free(payload);
+}
+
+static void truncate_entry(const char *path) {
+  assert_int_equal(truncate(path, 1500), 0);
+}
+
+static void flip_payload_byte(const char *path) {
+  size_t n = 0;
+  char *text = rt_read_file(path, &n);
+  assert_non_null(text);
+  text[n - 1] ^= 0x20; /* the last payload byte */
+  assert_true(rt_write_file(path, text, n));
+  free(text);
+}
+
+static void flip_magic(const char *path) {
+  size_t n = 0;
+  char *text = rt_read_file(path, &n);
+  assert_non_null(text);
+  text[0] = 'X';
+  assert_true(rt_write_file(path, text, n));
+  free(text);
+}
+
+static void test_cache_truncated_entry_is_detected_and_rebuilt(void **state) {
+  expect_damage_detected(*state, truncate_entry, "truncated");
+}
+
+static void test_cache_flipped_byte_is_detected_and_rebuilt(void **state) {
+  expect_damage_detected(*state, flip_payload_byte, "checksum mismatch");
+}
+
+static void test_cache_bad_magic_is_detected_and_rebuilt(void **state) {
+  expect_damage_detected(*state, flip_magic, "bad magic");
+}
+
+static void test_cache_different_source_under_same_key_is_a_miss(void **state) {
+  (void)state;
+  const rda_cache_key k = key_for("the real source");
+  unsigned char *payload = random_bytes(100);
+  rda_err err = {0};
+  assert_int_equal(rda_cache_put("sm_90", &k, "rda_c", "the real source", payload, 100, &err),
+                   RDA_OK);
+  rda_cache_memory_clear();
+  unsigned char *data = NULL;
+  size_t n = 0;
+  int hit = 1;
+  char why[160];
+  assert_int_equal(
+      rda_cache_get("sm_90", &k, "another source", &data, &n, &hit, why, sizeof why, &err), RDA_OK);
+  assert_int_equal(hit, 0);
+  assert_null(data);
+  assert_non_null(strstr(why, "different source"));
+  free(payload);
+}
+
+/* N processes released at once store the same kernel: all succeed, one entry, no temp file. */
+static void test_cache_concurrent_processes_leave_one_entry(void **state) {
+  cache_fixture *f = *state;
+  enum { kProcs = 8, kBytes = 1 << 20 };
+  const rda_cache_key k = key_for("shared kernel");
+  unsigned char *payload = random_bytes(kBytes);
+  int gate[2];
+  assert_int_equal(pipe(gate), 0);
+  pid_t pids[kProcs];
+  for (int i = 0; i < kProcs; ++i) {
+    pids[i] = fork();
+    assert_true(pids[i] >= 0);
+    if (pids[i] == 0) {
+      close(gate[1]);
+      char c;
+      (void)!read(gate[0], &c, 1); /* returns when the parent closes the gate */
+      rda_err err = {0};
+      if (rda_cache_put("sm_90", &k, "rda_shared", "shared kernel", payload, kBytes, &err) !=
+          RDA_OK)
+        _exit(1);
+      rda_cache_memory_clear();
+      unsigned char *data = NULL;
+      size_t n = 0;
+      int hit = 0;
+      if (rda_cache_get("sm_90", &k, "shared kernel", &data, &n, &hit, NULL, 0, &err) != RDA_OK ||
+          !hit || n != kBytes || memcmp(data, payload, kBytes) != 0)
+        _exit(2);
+      _exit(0);
+    }
+  }
+  close(gate[0]);
+  close(gate[1]);
+  for (int i = 0; i < kProcs; ++i) {
+    int status = 0;
+    assert_int_equal(waitpid(pids[i], &status, 0), pids[i]);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+  }
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/sm_90", f->root);
+  assert_int_equal(count_named(dir, ".rda"), 1);
+  assert_int_equal(count_named(dir, ".tmp."), 0);
+  free(payload);
+}
+
+/* Processes compiling the same kernel with NVRTC at once: all succeed, one entry. */
+static void test_cache_concurrent_compiles_of_one_kernel_all_succeed(void **state) {
+  cache_fixture *f = *state;
+  enum { kProcs = 4 };
+  static const char src[] =
+      "extern \"C\" __global__ void rda_cache_tiny(float *x) { x[threadIdx.x] *= 2.0f; }\n";
+  pid_t pids[kProcs];
+  for (int i = 0; i < kProcs; ++i) {
+    pids[i] = fork();
+    assert_true(pids[i] >= 0);
+    if (pids[i] == 0) {
+      unsigned char *image = NULL;
+      size_t n = 0;
+      rda_err err = {0};
+      const rda_status s = rda_cache_cubin(80, "rda_cache_tiny", src, &image, &n, NULL, &err);
+      _exit(s == RDA_OK && n > 0 ? 0 : 1);
+    }
+  }
+  for (int i = 0; i < kProcs; ++i) {
+    int status = 0;
+    assert_int_equal(waitpid(pids[i], &status, 0), pids[i]);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+  }
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/sm_80", f->root);
+  assert_int_equal(count_named(dir, ".rda"), 1);
+  assert_int_equal(count_named(dir, ".tmp."), 0);
+  int compiled = 1;
+  unsigned char *image = NULL;
+  size_t n = 0;
+  rda_err err = {0};
+  assert_int_equal(rda_cache_cubin(80, "rda_cache_tiny", src, &image, &n, &compiled, &err), RDA_OK);
+  assert_int_equal(compiled, 0);
+  assert_true(n > 0);
+  free(image);
+}
+
+/* ---- folders ------------------------------------------------------------------------------- */
+
+static void expect_refused(const char *folder, const char *what) {
+  const rda_cache_key k = key_for("x");
+  unsigned char *data = NULL;
+  size_t n = 0;
+  int hit = 0;
+  rda_err err = {0};
+  assert_int_equal(rda_cache_get("sm_90", &k, NULL, &data, &n, &hit, NULL, 0, &err), RDA_ERR_CACHE);
+  assert_non_null(strstr(err.msg, folder));
+  assert_non_null(strstr(err.msg, what));
+  rda_err_clear(&err);
+  const unsigned char one = 1;
+  assert_int_equal(rda_cache_put("sm_90", &k, "x", "x", &one, 1, &err), RDA_ERR_CACHE);
+  assert_non_null(strstr(err.msg, folder));
+}
+
+static void test_cache_refuses_folder_writable_by_others(void **state) {
+  cache_fixture *f = *state;
+  assert_int_equal(chmod(f->root, 0777), 0);
+  expect_refused(f->root, "writable by group or others");
+  assert_int_equal(chmod(f->root, 0770), 0);
+  expect_refused(f->root, "writable by group or others");
+  assert_int_equal(chmod(f->root, 0700), 0);
+  /* The target folder is checked too. */
+  char sub[4096];
+  snprintf(sub, sizeof sub, "%s/sm_90", f->root);
+  assert_int_equal(mkdir(sub, 0700), 0);
+  assert_int_equal(chmod(sub, 0777), 0);
+  expect_refused(sub, "writable by group or others");
+  assert_int_equal(chmod(sub, 0700), 0);
+}
+
+static void test_cache_refuses_folder_of_another_user(void **state) {
+  cache_fixture *f = *state;
+  if (geteuid() != 0) {
+    skip(); /* only root can hand a folder to another user */
+    return;
+  }
+  assert_int_equal(chown(f->root, 65534, 65534), 0); /* nobody */
+  expect_refused(f->root, "belongs to uid 65534");
+  assert_int_equal(chown(f->root, 0, 0), 0);
+}
+
+/* ---- eviction, list, clear ----------------------------------------------------------------- */
+
+static void put_entry(const char *source, size_t bytes) {
+  const rda_cache_key k = key_for(source);
+  unsigned char *payload = random_bytes(bytes);
+  rda_err err = {0};
+  assert_int_equal(rda_cache_put("sm_90", &k, source, source, payload, bytes, &err), RDA_OK);
+  free(payload);
+}
+
+static int has_entry(const char *source) {
+  rda_cache_memory_clear();
+  const rda_cache_key k = key_for(source);
+  unsigned char *data = NULL;
+  size_t n = 0;
+  int hit = 0;
+  rda_err err = {0};
+  assert_int_equal(rda_cache_get("sm_90", &k, source, &data, &n, &hit, NULL, 0, &err), RDA_OK);
+  free(data);
+  return hit;
+}
+
+static void test_cache_evicts_least_recently_used_first(void **state) {
+  (void)state;
+  put_entry("kernel_a", 10000);
+  put_entry("kernel_b", 10000);
+  put_entry("kernel_c", 10000);
+  /* Use a (from disk, as a new process would): b is now the least recently used, although a
+   * was stored first. */
+  rda_cache_memory_clear();
+  const rda_cache_key ka = key_for("kernel_a");
+  unsigned char *data = NULL;
+  size_t n = 0;
+  int hit = 0;
+  rda_err err = {0};
+  assert_int_equal(rda_cache_get("sm_90", &ka, NULL, &data, &n, &hit, NULL, 0, &err), RDA_OK);
+  assert_int_equal(hit, 1);
+  free(data);
+
+  rda_cache_entry_info *v = NULL;
+  size_t count = 0;
+  assert_int_equal(rda_cache_list("sm_90", &v, &count, &err), RDA_OK);
+  assert_int_equal(count, 3);
+  assert_string_equal(v[0].name, "kernel_b"); /* least recent first */
+  assert_string_equal(v[2].name, "kernel_a");
+  const unsigned long long two = v[1].bytes + v[2].bytes;
+  free(v);
+
+  size_t removed = 0;
+  assert_int_equal(rda_cache_evict(two, NULL, &removed, &err), RDA_OK);
+  assert_int_equal(removed, 1);
+  assert_false(has_entry("kernel_b"));
+  assert_true(has_entry("kernel_a"));
+  assert_true(has_entry("kernel_c"));
+}
+
+/* A temporary file left by a process that died mid-write goes once it is an hour old; a
+ * fresh one (a write in progress) stays. */
+static void test_cache_eviction_removes_stale_temporary_files_only(void **state) {
+  cache_fixture *f = *state;
+  put_entry("kernel_t", 100);
+  char *old_tmp = NULL, *new_tmp = NULL;
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/sm_90", f->root);
+  old_tmp = rt_path(dir, "0123.tmp.99.1");
+  new_tmp = rt_path(dir, "4567.tmp.99.2");
+  assert_true(rt_write_file(old_tmp, "partial", 7));
+  assert_true(rt_write_file(new_tmp, "partial", 7));
+  const struct timespec two_hours_ago[2] = {{time(NULL) - 7200, 0}, {time(NULL) - 7200, 0}};
+  assert_int_equal(utimensat(AT_FDCWD, old_tmp, two_hours_ago, 0), 0);
+  rda_err err = {0};
+  assert_int_equal(rda_cache_evict(1ull << 40, NULL, NULL, &err), RDA_OK);
+  assert_false(rt_exists(old_tmp));
+  assert_true(rt_exists(new_tmp));
+  assert_true(has_entry("kernel_t"));
+  free(old_tmp);
+  free(new_tmp);
+}
+
+static void test_cache_put_keeps_size_under_rda_cache_max_bytes(void **state) {
+  (void)state;
+  setenv("RDA_CACHE_MAX_BYTES", "25000", 1);
+  put_entry("kernel_1", 10000);
+  put_entry("kernel_2", 10000);
+  put_entry("kernel_3", 10000); /* over: kernel_1 goes */
+  assert_false(has_entry("kernel_1"));
+  assert_true(has_entry("kernel_2"));
+  assert_true(has_entry("kernel_3"));
+  /* An entry larger than the limit alone is still kept (it was just stored). */
+  setenv("RDA_CACHE_MAX_BYTES", "1K", 1);
+  put_entry("kernel_big", 5000);
+  assert_true(has_entry("kernel_big"));
+  assert_false(has_entry("kernel_3"));
+  assert_int_equal(rda_cache_max_bytes(), 1024);
+  unsetenv("RDA_CACHE_MAX_BYTES");
+  assert_int_equal(rda_cache_max_bytes(), 1ull << 30);
+}
+
+static void test_cache_list_marks_corrupted_and_clear_empties_one_target(void **state) {
+  cache_fixture *f = *state;
+  put_entry("kernel_x", 2000);
+  const rda_cache_key k = key_for("kernel_y");
+  unsigned char one[16] = {1, 2, 3};
+  rda_err err = {0};
+  assert_int_equal(rda_cache_put("emu-test", &k, "kernel_y", "kernel_y", one, 16, &err), RDA_OK);
+  char *path = entry_path(f->root, "emu-test", &k);
+  flip_payload_byte(path);
+  free(path);
+  rda_cache_entry_info *v = NULL;
+  size_t count = 0;
+  assert_int_equal(rda_cache_list(NULL, &v, &count, &err), RDA_OK);
+  assert_int_equal(count, 2);
+  int valid = 0;
+  for (size_t i = 0; i < count; ++i) valid += v[i].valid;
+  assert_int_equal(valid, 1);
+  free(v);
+  size_t removed = 0;
+  assert_int_equal(rda_cache_clear("emu-test", &removed, &err), RDA_OK);
+  assert_int_equal(removed, 1);
+  assert_true(has_entry("kernel_x"));
+  assert_int_equal(rda_cache_clear(NULL, &removed, &err), RDA_OK);
+  assert_int_equal(removed, 1);
+  assert_false(has_entry("kernel_x"));
+}
+
+/* ---- bundles ------------------------------------------------------------------------------- */
+
+static void write_manifest(const char *dir, const char *body) {
+  char *p = rt_path(dir, "manifest.json");
+  assert_true(rt_write_file(p, body, strlen(body)));
+  free(p);
+}
+
+static void test_cache_bundle_matches_name_arch_and_source_only(void **state) {
+  cache_fixture *f = *state;
+  const char *src = "extern \"C\" __global__ void rda_b() {}\n";
+  char sha[65], stale[65];
+  rda_err err = {0};
+  assert_int_equal(rda_cache_source_sha(src, sha, &err), RDA_OK);
+  assert_int_equal(rda_cache_source_sha("an older source", stale, &err), RDA_OK);
+  char *b1 = rt_path(f->root, "b1"), *b2 = rt_path(f->root, "b2");
+  assert_int_equal(mkdir(b1, 0700), 0);
+  assert_int_equal(mkdir(b2, 0700), 0);
+  char body[2048];
+  snprintf(body, sizeof body,
+           "{\"kernels\": [\n"
+           "{\"name\": \"rda_b\", \"arch\": \"sm_90\", \"cubin\": \"stale.cubin\", "
+           "\"source_sha256\": \"%s\", \"registers\": 10, \"compile_s\": 0.5},\n"
+           "{\"name\": \"rda_b\", \"arch\": \"sm_80\", \"cubin\": \"b80.cubin\", "
+           "\"source_sha256\": \"%s\"}\n"
+           "]}\n",
+           stale, sha);
+  write_manifest(b1, body);
+  snprintf(body, sizeof body,
+           "{\"kernels\": [{\"name\": \"rda_b\", \"arch\": \"sm_90\", \"cubin\": \"b90.cubin\", "
+           "\"entry\": \"rda_b\", \"source_sha256\": \"%s\", \"smem_bytes\": -1e3}]}",
+           sha);
+  write_manifest(b2, body);
+  const char *names[] = {"stale.cubin", "b80.cubin"};
+  for (int i = 0; i < 2; ++i) {
+    char *p = rt_path(b1, names[i]);
+    assert_true(rt_write_file(p, "cubin", 5));
+    free(p);
+  }
+  char *p = rt_path(b2, "b90.cubin");
+  assert_true(rt_write_file(p, "cubin", 5));
+
+  char list[8192], file[4096];
+  snprintf(list, sizeof list, "/nonexistent-bundle:%s:%s", b1, b2);
+  int found = 0;
+  assert_int_equal(rda_cache_bundle_find(list, "rda_b", 90, src, file, sizeof file, &found, &err),
+                   RDA_OK);
+  assert_int_equal(found, 1); /* b1's sm_90 entry is stale: b2's is used */
+  assert_string_equal(file, p);
+  assert_int_equal(rda_cache_bundle_find(list, "rda_b", 80, src, file, sizeof file, &found, &err),
+                   RDA_OK);
+  assert_int_equal(found, 1);
+  assert_non_null(strstr(file, "b1/b80.cubin"));
+  assert_int_equal(rda_cache_bundle_find(list, "rda_b", 86, src, file, sizeof file, &found, &err),
+                   RDA_OK);
+  assert_int_equal(found, 0);
+  assert_int_equal(
+      rda_cache_bundle_find(list, "rda_b", 90, "changed", file, sizeof file, &found, &err), RDA_OK);
+  assert_int_equal(found, 0);
+  assert_int_equal(rda_cache_bundle_find(NULL, "rda_b", 90, src, file, sizeof file, &found, &err),
+                   RDA_OK);
+  assert_int_equal(found, 0);
+
+  write_manifest(b1, "{\"kernels\": [{\"name\": \"rda_b\", ");
+  assert_int_equal(rda_cache_bundle_find(list, "rda_b", 90, src, file, sizeof file, &found, &err),
+                   RDA_ERR_CACHE);
+  assert_non_null(strstr(err.msg, "b1/manifest.json"));
+  free(p);
+  free(b1);
+  free(b2);
+}
+
+/* `rdagen emit` writes bundles that the lookup finds for every planned kernel. */
+static void test_cache_bundle_from_rdagen_emit_is_found(void **state) {
+  cache_fixture *f = *state;
+  char *out = rt_path(f->root, "bundle");
+  char config[4096];
+  snprintf(config, sizeof config, "%s/configs/default.lua", RDA_SOURCE_DIR);
+  char *argv[] = {S(RDAGEN_PATH), S("emit"),  config, S("--arch"),
+                  S("sm_80"),     S("--out"), out,    NULL};
+  rt_proc p;
+  assert_true(rt_run(argv, 300, &p));
+  if (p.exit_code != 0) fprintf(stderr, "%s", p.err);
+  assert_int_equal(p.exit_code, 0);
+  rt_proc_free(&p);
+
+  rda_gen *g = NULL;
+  rda_err err = {0};
+  assert_int_equal(rda_gen_open(&g, &err), RDA_OK);
+  rda_config cfg;
+  rda_hw hw;
+  rda_plan_k plan;
+  assert_int_equal(rda_gen_config_file(g, config, &cfg, &err), RDA_OK);
+  assert_int_equal(rda_gen_hw_builtin(g, 80, &hw, &err), RDA_OK);
+  assert_int_equal(rda_gen_plan(g, &cfg, &hw, &plan, &err), RDA_OK);
+  assert_true(plan.nvariants > 0);
+  for (int i = 0; i < plan.nvariants; ++i) {
+    char file[4096];
+    int found = 0;
+    assert_int_equal(rda_cache_bundle_find(out, plan.variants[i].name, 80, plan.variants[i].source,
+                                           file, sizeof file, &found, &err),
+                     RDA_OK);
+    assert_int_equal(found, 1);
+    assert_true(rt_exists(file));
+    assert_int_equal(rda_cache_bundle_find(out, plan.variants[i].name, 90, plan.variants[i].source,
+                                           file, sizeof file, &found, &err),
+                     RDA_OK);
+    assert_int_equal(found, 0);
+  }
+  rda_plan_k_free(&plan);
+  rda_gen_close(g);
+  free(out);
+}
+
+/* ---- drivers ------------------------------------------------------------------------------- */
+
+static void test_cache_driver_older_than_nvrtc_is_a_clear_error(void **state) {
+  (void)state;
+  rda_err err = {0};
+  assert_int_equal(rda_nvrtc_driver_check(12020, 12080, &err), RDA_OK); /* minor compat */
+  assert_int_equal(rda_nvrtc_driver_check(13000, 12080, &err), RDA_OK);
+  assert_int_equal(rda_nvrtc_driver_check(11080, 12060, &err), RDA_ERR_CUDA);
+  assert_non_null(strstr(err.msg, "CUDA 11.8"));
+  assert_non_null(strstr(err.msg, "NVRTC 12.6"));
+  rda_err_clear(&err);
+  assert_int_equal(rda_nvrtc_driver_check(0, 12060, &err), RDA_ERR_CUDA);
+}
+
+/* ---- embedded sources ---------------------------------------------------------------------- */
+
+static void test_cache_embedded_sources_match_the_tree(void **state) {
+  (void)state;
+  assert_true(rda_sources_count() >= 10);
+  unsetenv("RDA_HOME");
+  assert_null(rda_sources_home());
+  const char *names[] = {"gen/bridge.lua", "gen/plan.lua", "templates/ptx.cuh",
+                         "templates/emu/emu_runtime.cc", "tuning/fwd_space.lua"};
+  for (size_t i = 0; i < sizeof names / sizeof *names; ++i) {
+    char *text = NULL;
+    size_t n = 0;
+    rda_err err = {0};
+    assert_int_equal(rda_sources_read(names[i], &text, &n, &err), RDA_OK);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", RDA_SOURCE_DIR, names[i]);
+    size_t m = 0;
+    char *disk = rt_read_file(path, &m);
+    assert_non_null(disk);
+    assert_int_equal(n, m);
+    assert_memory_equal(text, disk, n);
+    free(disk);
+    free(text);
+  }
+  char *text = NULL;
+  rda_err err = {0};
+  assert_int_equal(rda_sources_read("gen/nope.lua", &text, NULL, &err), RDA_ERR_IO);
+  assert_non_null(strstr(err.msg, "gen/nope.lua"));
+  assert_int_equal(rda_sources_read("../etc/passwd", &text, NULL, &err), RDA_ERR_INVALID_ARGUMENT);
+  /* The digest is the same whether the files come embedded or from the tree. */
+  char embedded[65], tree[65];
+  assert_int_equal(rda_sources_digest("templates/", embedded, &err), RDA_OK);
+  setenv("RDA_HOME", RDA_SOURCE_DIR, 1);
+  assert_int_equal(rda_sources_digest("templates/", tree, &err), RDA_OK);
+  assert_string_equal(embedded, tree);
+}
+
+/* The templates digest (part of every key) follows the content of each template: a tree equal
+ * to the embedded one has the same digest; one byte more in any one file changes it. */
+static void test_cache_templates_digest_changes_with_any_template(void **state) {
+  cache_fixture *f = *state;
+  unsetenv("RDA_HOME");
+  char embedded[65], got[65];
+  rda_err err = {0};
+  assert_int_equal(rda_sources_digest("templates/", embedded, &err), RDA_OK);
+  char *home = rt_path(f->root, "home");
+  char path[8192];
+  snprintf(path, sizeof path, "%s/templates/emu", home);
+  assert_int_equal(rda_cache_dir_mkdirs(path, &err), RDA_OK);
+  int files = 0;
+  for (size_t i = 0; i < rda_sources_count(); ++i) {
+    const char *name = rda_sources_name(i);
+    if (strncmp(name, "templates/", 10) != 0) continue;
+    char *text = NULL;
+    size_t n = 0;
+    assert_int_equal(rda_sources_read(name, &text, &n, &err), RDA_OK);
+    snprintf(path, sizeof path, "%s/%s", home, name);
+    assert_true(rt_write_file(path, text, n));
+    free(text);
+    ++files;
+  }
+  assert_true(files >= 5);
+  setenv("RDA_HOME", home, 1);
+  assert_int_equal(rda_sources_digest("templates/", got, &err), RDA_OK);
+  assert_string_equal(got, embedded);
+  char seen[16][65];
+  int nseen = 0;
+  for (size_t i = 0; i < rda_sources_count() && nseen < 16; ++i) {
+    const char *name = rda_sources_name(i);
+    if (strncmp(name, "templates/", 10) != 0) continue;
+    snprintf(path, sizeof path, "%s/%s", home, name);
+    size_t n = 0;
+    char *text = rt_read_file(path, &n);
+    assert_non_null(text);
+    char *longer = malloc(n + 1);
+    assert_non_null(longer);
+    memcpy(longer, text, n);
+    longer[n] = '\n';
+    assert_true(rt_write_file(path, longer, n + 1));
+    assert_int_equal(rda_sources_digest("templates/", seen[nseen], &err), RDA_OK);
+    assert_string_not_equal(seen[nseen], embedded);
+    for (int j = 0; j < nseen; ++j) assert_string_not_equal(seen[nseen], seen[j]);
+    ++nseen;
+    assert_true(rt_write_file(path, text, n)); /* back as it was */
+    free(longer);
+    free(text);
+  }
+  free(home);
+}
+
+/* With RDA_HOME unset and an empty cache, rdagen still plans, compiles (the emulator writes the
+ * embedded headers into the cache) and runs a config, from a folder with no source tree. */
+static void test_cache_cold_run_without_rda_home_on_emulator(void **state) {
+  cache_fixture *f = *state;
+  char config[4096];
+  snprintf(config, sizeof config, "%s/configs/default.lua", RDA_SOURCE_DIR);
+  unsetenv("RDA_HOME");
+  setenv("RDA_LOG", "info", 1);
+  char *argv[] = {S(RDAGEN_PATH), S("demo"), config,   S("--backend"),
+                  S("emu"),       S("--n"),  S("256"), NULL};
+  rt_proc p;
+  assert_true(rt_run(argv, 900, &p));
+  unsetenv("RDA_LOG");
+  if (p.exit_code != 0) fprintf(stderr, "%s\n%s", p.out, p.err);
+  assert_int_equal(p.exit_code, 0);
+  assert_non_null(strstr(p.out, "PASS"));
+  assert_non_null(strstr(p.err, "rda: info: compiled rda_init for emu-"));
+  rt_proc_free(&p);
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", f->root);
+  rda_cache_entry_info *v = NULL;
+  size_t count = 0;
+  rda_err err = {0};
+  assert_int_equal(rda_cache_list(NULL, &v, &count, &err), RDA_OK);
+  assert_true(count >= 2); /* the emulator runtime and the kernels */
+  free(v);
+}
+
+/* ---- RDA_LOG ------------------------------------------------------------------------------- */
+
+static void test_cache_rda_log_tells_compiles_and_hits_and_is_silent_by_default(void **state) {
+  (void)state;
+  char config[4096];
+  snprintf(config, sizeof config, "%s/configs/default.lua", RDA_SOURCE_DIR);
+  char *argv[] = {S(RDAGEN_PATH), S("cache"), S("warm"), config, S("--arch"), S("sm_86"), NULL};
+  rt_proc p;
+  setenv("RDA_LOG", "info", 1);
+  assert_true(rt_run(argv, 300, &p));
+  assert_int_equal(p.exit_code, 0);
+  assert_non_null(strstr(p.err, "rda: info: compiled rda_init for sm_86 in "));
+  assert_non_null(strstr(p.err, " s (cache miss: not on disk)\n"));
+  for (const char *line = p.err; *line; line = strchr(line, '\n') + 1) {
+    assert_memory_equal(line, "rda: info: ", 11); /* every line is an event */
+    if (strchr(line, '\n') == NULL) break;
+  }
+  rt_proc_free(&p);
+
+  setenv("RDA_LOG", "debug", 1);
+  assert_true(rt_run(argv, 300, &p));
+  assert_int_equal(p.exit_code, 0);
+  assert_non_null(strstr(p.err, "rda: debug: loaded rda_init from "));
+  assert_non_null(strstr(p.err, "(disk cache hit)"));
+  assert_null(strstr(p.err, "compiled"));
+  rt_proc_free(&p);
+
+  unsetenv("RDA_LOG");
+  assert_true(rt_run(argv, 300, &p));
+  assert_int_equal(p.exit_code, 0);
+  assert_string_equal(p.err, "");
+  assert_non_null(strstr(p.out, "already cached"));
+  rt_proc_free(&p);
+
+  char *list[] = {S(RDAGEN_PATH), S("cache"), S("list"), NULL};
+  assert_true(rt_run(list, 60, &p));
+  assert_int_equal(p.exit_code, 0);
+  assert_non_null(strstr(p.out, "sm_86"));
+  assert_non_null(strstr(p.out, "rda_init"));
+  rt_proc_free(&p);
+  char *clear[] = {S(RDAGEN_PATH), S("cache"), S("clear"), S("--arch"), S("sm_86"), NULL};
+  assert_true(rt_run(clear, 60, &p));
+  assert_int_equal(p.exit_code, 0);
+  assert_non_null(strstr(p.out, "removed"));
+  rt_proc_free(&p);
+  char *bad[] = {S(RDAGEN_PATH), S("cache"), S("warm"), config, S("--arch"), S("gfx90"), NULL};
+  assert_true(rt_run(bad, 60, &p));
+  assert_int_equal(p.exit_code, 2);
+  rt_proc_free(&p);
+}
+
+/* ---- the emulator on the cache ------------------------------------------------------------- */
+
+static void test_cache_emulator_rebuilds_a_corrupted_module(void **state) {
+  cache_fixture *f = *state;
+  rda_backend *b = NULL;
+  rda_err err = {0};
+  assert_int_equal(rda_backend_emu_open(&b, 90, &err), RDA_OK);
+  char src[] =
+      "#include \"rda_device.cuh\"\n"
+      "struct cache_tiny_params { float *out; float v; };\n"
+      "extern \"C\" __global__ void cache_tiny(const cache_tiny_params p) {\n"
+      "  p.out[threadIdx.x] = p.v * (float)threadIdx.x; }\n"
+      "RDA_EMU_EXPORT(cache_tiny, cache_tiny_params)\n";
+  rda_variant v;
+  memset(&v, 0, sizeof v);
+  snprintf(v.name, sizeof v.name, "cache_tiny");
+  v.source = src;
+  const float val = (float)rt_rng_normal(rt_global_rng());
+  for (int round = 0; round < 2; ++round) {
+    rda_module *m = NULL;
+    assert_int_equal(b->load(b, &v, &m, &err), RDA_OK);
+    float out[32];
+    for (int i = 0; i < 32; ++i) out[i] = -12345.0f; /* poison */
+    struct {
+      float *out;
+      float v;
+    } params = {out, val};
+    const unsigned grid[3] = {1, 1, 1};
+    assert_int_equal(b->launch(b, m, grid, 32, 0, &params, sizeof params, &err), RDA_OK);
+    for (int i = 0; i < 32; ++i) assert_true(out[i] == val * (float)i);
+    b->unload(b, m);
+    if (round == 0) { /* damage every entry of the target, then load again */
+      rda_cache_entry_info *e = NULL;
+      size_t count = 0;
+      assert_int_equal(rda_cache_list(NULL, &e, &count, &err), RDA_OK);
+      assert_true(count >= 1);
+      for (size_t i = 0; i < count; ++i) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s/%s.rda", f->root, e[i].target, e[i].key);
+        flip_payload_byte(path);
+      }
+      /* And spoil a header the compiler includes: it must be rewritten, not used. */
+      char emu_dir[4096];
+      snprintf(emu_dir, sizeof emu_dir, "%s/%s", f->root, e[0].target);
+      free(e);
+      DIR *d = opendir(emu_dir);
+      assert_non_null(d);
+      int spoiled = 0;
+      for (struct dirent *de; (de = readdir(d)) != NULL;) {
+        if (strncmp(de->d_name, "inc-", 4) != 0) continue;
+        char hdr[8192];
+        snprintf(hdr, sizeof hdr, "%s/%s/rda_device.cuh", emu_dir, de->d_name);
+        assert_true(rt_write_file(hdr, "#error spoiled\n", 15));
+        ++spoiled;
+      }
+      closedir(d);
+      assert_int_equal(spoiled, 1);
+      rda_cache_memory_clear();
+    }
+  }
+  b->destroy(b);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_cache_sha256_matches_fips_vectors),
+      cmocka_unit_test(test_cache_key_changes_when_any_one_input_changes),
+#define T(fn) cmocka_unit_test_setup_teardown(fn, cache_setup, cache_teardown)
+      T(test_cache_miss_then_put_then_hit_from_memory_and_disk),
+      T(test_cache_truncated_entry_is_detected_and_rebuilt),
+      T(test_cache_flipped_byte_is_detected_and_rebuilt),
+      T(test_cache_bad_magic_is_detected_and_rebuilt),
+      T(test_cache_different_source_under_same_key_is_a_miss),
+      T(test_cache_concurrent_processes_leave_one_entry),
+      T(test_cache_concurrent_compiles_of_one_kernel_all_succeed),
+      T(test_cache_refuses_folder_writable_by_others),
+      T(test_cache_refuses_folder_of_another_user),
+      T(test_cache_evicts_least_recently_used_first),
+      T(test_cache_eviction_removes_stale_temporary_files_only),
+      T(test_cache_put_keeps_size_under_rda_cache_max_bytes),
+      T(test_cache_list_marks_corrupted_and_clear_empties_one_target),
+      T(test_cache_bundle_matches_name_arch_and_source_only),
+      T(test_cache_bundle_from_rdagen_emit_is_found),
+      cmocka_unit_test(test_cache_driver_older_than_nvrtc_is_a_clear_error),
+      T(test_cache_embedded_sources_match_the_tree),
+      T(test_cache_templates_digest_changes_with_any_template),
+      T(test_cache_cold_run_without_rda_home_on_emulator),
+      T(test_cache_rda_log_tells_compiles_and_hits_and_is_silent_by_default),
+      T(test_cache_emulator_rebuilds_a_corrupted_module),
+#undef T
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,578 @@
+/* test_ring_plan.c — the ring's communication plan against a brute-force enumeration of SPEC §1
+ * on global positions: every key row a rank's queries need is local or received exactly once,
+ * nothing is received that no local query needs, sends match receives, and the totals add up. */
+/* clang-format off */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+/* clang-format on */
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "rda_test.h"
+#include "ring_plan.h"
+
+/* Owner of a row, computed independently of the plan. */
+static int owner_of(long long n, int P, int layout, long long row) {
+  if (layout == RDA_RING_ZIGZAG) {
+    const long long c = row / (n / (2 * P));
+    return (int)(c < P ? c : 2 * P - 1 - c);
+  }
+  long long start = 0;
+  for (int q = 0; q < P; q++) {
+    const long long len = n / P + (q < n % P ? 1 : 0);
+    if (row < start + len) return q;
+    start += len;
+  }
+  return -1;
+}
+
+/* The brute-force truth for one (config, N, P, layout). need[((x * nb + i) * Hkv + kv) * N + q]
+ * is 1 when a query of rank x in branch i with kv head kv pairs with key row q owned by another
+ * rank; pairs[x] and remote_pairs[x] count (query head, query row, key row) triples. */
+typedef struct truth {
+  unsigned char *need;
+  double *pairs, *remote_pairs;
+} truth;
+
+static size_t need_index(const rda_config *c, long long n, int x, int i, int kv, long long q) {
+  return ((((size_t)x * (size_t)c->nbranch + (size_t)i) * (size_t)c->kv_heads + (size_t)kv) *
+          (size_t)n) +
+         (size_t)q;
+}
+
+static truth brute_force(const rda_config *c, long long n, int P, int layout) {
+  truth t;
+  t.need = calloc((size_t)P * (size_t)c->nbranch * (size_t)c->kv_heads * (size_t)n, 1);
+  t.pairs = calloc((size_t)P, sizeof(double));
+  t.remote_pairs = calloc((size_t)P, sizeof(double));
+  assert_non_null(t.need);
+  const int group = c->heads / c->kv_heads;
+  for (int i = 0; i < c->nbranch; i++) {
+    const long long w = c->segments[i] < n ? c->segments[i] : n, r = c->dilations[i];
+    for (int h = 0; h < c->heads; h++) {
+      const long long j = rda_config_offset(c, i, h);
+      if (j < 0) continue;
+      for (long long a = 0; a < n; a += w) {
+        const long long b = a + w < n ? a + w : n;
+        for (long long p = a + j; p < b; p += r) {
+          const int x = owner_of(n, P, layout, p);
+          for (long long q = a + j; q < b; q += r) {
+            if (c->causal && q > p) break;
+            t.pairs[x] += 1.0;
+            if (owner_of(n, P, layout, q) != x) {
+              t.remote_pairs[x] += 1.0;
+              t.need[need_index(c, n, x, i, h / group, q)] = 1;
+            }
+          }
+        }
+      }
+    }
+  }
+  return t;
+}
+
+static void truth_free(truth *t) {
+  free(t->need), free(t->pairs), free(t->remote_pairs);
+}
+
+/* Every invariant of one plan against the brute force. The invariant on rows, per branch and
+ * kv head: the rows a rank receives are exactly the remote rows its queries pair with — each
+ * once, none it owns, none no local query needs (causal blocks are trimmed to the receiver's
+ * last query row, so the ring's block granularity adds nothing). */
+static void check_plan(const rda_config *c, long long n, int P, int layout) {
+  char what[160];
+  snprintf(what, sizeof what, "H %d Hkv %d %s %s N %lld P %d %s", c->heads, c->kv_heads,
+           rda_offsets_name(c->offsets), c->causal ? "causal" : "non-causal", n, P,
+           rda_ring_layout_name(layout));
+  rda_ring_plan *p = NULL;
+  rda_err err = {0};
+  if (rda_ring_plan_create(c, n, P, layout, &p, &err) != RDA_OK) fail_msg("%s: %s", what, err.msg);
+  truth t = brute_force(c, n, P, layout);
+  const size_t cells = (size_t)P * (size_t)c->nbranch * (size_t)c->kv_heads * (size_t)n;
+  unsigned char *got = calloc(cells, 1);
+  assert_non_null(got);
+  rda_ring_step **steps = calloc((size_t)P, sizeof *steps);
+  int64_t *nsteps = calloc((size_t)P, sizeof *nsteps);
+  long long max_rows = 0;
+  for (int x = 0; x < P; x++) {
+    const rda_ring_rank *rk = rda_ring_plan_rank(p, x);
+    long long rows = 0;
+    for (int q = 0; q < rk->npieces; q++)
+      for (long long row = rk->lo[q]; row < rk->hi[q]; row++) {
+        if (owner_of(n, P, layout, row) != x)
+          fail_msg("%s: rank %d piece holds row %lld", what, x, row);
+        if (rda_ring_plan_owner(p, row) != x) fail_msg("%s: owner(%lld) != %d", what, row, x);
+        rows++;
+      }
+    if (rows != rk->rows)
+      fail_msg("%s: rank %d rows %lld != %lld", what, x, (long long)rk->rows, rows);
+    if (rows > max_rows) max_rows = rows;
+    if (fabs(rk->pairs - t.pairs[x]) > 0.5 || fabs(rk->recv_pairs - t.remote_pairs[x]) > 0.5)
+      fail_msg("%s: rank %d pairs %.0f (remote %.0f), brute force %.0f (remote %.0f)", what, x,
+               rk->pairs, rk->recv_pairs, t.pairs[x], t.remote_pairs[x]);
+    if (fabs(rk->flops - 4.0 * c->head_dim * t.pairs[x]) > 0.5)
+      fail_msg("%s: rank %d flops", what, x);
+    if (rda_ring_plan_steps(p, x, &steps[x], &nsteps[x], &err) != RDA_OK)
+      fail_msg("%s: %s", what, err.msg);
+  }
+  for (int x = 0; x < P; x++) {
+    uint64_t sent = 0, recvd = 0;
+    for (int64_t s = 0; s < nsteps[x]; s++) {
+      const rda_ring_step *st = &steps[x][s];
+      if (s > 0) { /* keys strictly increase: the order every rank agrees on */
+        const rda_ring_step *pr = &steps[x][s - 1];
+        if (!(st->group > pr->group || (st->group == pr->group && st->shift > pr->shift)))
+          fail_msg("%s: rank %d steps out of order at %lld", what, x, (long long)s);
+      }
+      rda_ring_class cl;
+      rda_ring_plan_class(p, st->cls, &cl);
+      assert_int_equal(cl.branch, st->branch);
+      for (int k = 0; k < st->nrecv; k++) {
+        const rda_ring_xfer *xf = &st->recv[k];
+        if (xf->bytes != (uint64_t)xf->rows * (uint64_t)cl.nkv * (uint64_t)c->head_dim * 4u)
+          fail_msg("%s: rank %d recv bytes", what, x);
+        recvd += xf->bytes;
+        /* The matching send: same (group, shift) on the peer, same rows. */
+        int matched = 0;
+        for (int64_t u = 0; u < nsteps[xf->peer] && !matched; u++) {
+          const rda_ring_step *ps = &steps[xf->peer][u];
+          if (ps->group != st->group || ps->shift != st->shift) continue;
+          for (int m = 0; m < ps->nsend; m++)
+            if (ps->send[m].peer == x && ps->send[m].nranges == xf->nranges &&
+                ps->send[m].rows == xf->rows && ps->send[m].first[0] == xf->first[0] &&
+                ps->send[m].count[0] == xf->count[0])
+              matched = 1;
+        }
+        if (!matched)
+          fail_msg("%s: rank %d receive from %d has no matching send", what, x, xf->peer);
+        long long total = 0;
+        for (int g = 0; g < xf->nranges; g++)
+          for (long long u = 0; u < xf->count[g]; u++) {
+            const long long row = xf->first[g] + u * st->stride;
+            if (row < 0 || row >= n) fail_msg("%s: row %lld out of range", what, row);
+            if (owner_of(n, P, layout, row) != xf->peer)
+              fail_msg("%s: rank %d gets row %lld from %d, which does not own it", what, x, row,
+                       xf->peer);
+            for (int v = 0; v < cl.nkv; v++) {
+              const size_t idx = need_index(c, n, x, st->branch, cl.kv_heads[v], row);
+              if (got[idx]++)
+                fail_msg("%s: rank %d receives row %lld kv %d twice", what, x, row, cl.kv_heads[v]);
+              if (!t.need[idx])
+                fail_msg(
+                    "%s: rank %d receives row %lld (branch %d, kv %d) that no local query needs",
+                    what, x, row, st->branch, cl.kv_heads[v]);
+            }
+            total++;
+          }
+        if (total != xf->rows) fail_msg("%s: xfer rows", what);
+      }
+      rda_ring_xfer own;
+      if (!rda_ring_plan_own_block(p, st->group, x, &own))
+        fail_msg("%s: rank %d has a step in group %d but no block", what, x, st->group);
+      for (int k = 0; k < st->nsend; k++) {
+        /* Every send is a prefix of the rank's own block in that group. */
+        const rda_ring_xfer *sx = &st->send[k];
+        if (sx->first[0] != own.first[0] || sx->rows > own.rows ||
+            (sx->nranges == 2 && (sx->first[1] != own.first[1] || sx->count[0] != own.count[0])) ||
+            (sx->nranges == 1 && sx->count[0] > own.count[0]))
+          fail_msg("%s: rank %d sends rows that are not a prefix of its block", what, x);
+        sent += st->send[k].bytes;
+        for (int g = 0; g < st->send[k].nranges; g++)
+          if (owner_of(n, P, layout, st->send[k].first[g]) != x)
+            fail_msg("%s: rank %d sends a row it does not own", what, x);
+      }
+    }
+    const rda_ring_rank *rk = rda_ring_plan_rank(p, x);
+    if (sent != rk->bytes_sent || recvd != rk->bytes_received)
+      fail_msg("%s: rank %d totals %llu/%llu, steps say %llu/%llu", what, x,
+               (unsigned long long)rk->bytes_sent, (unsigned long long)rk->bytes_received,
+               (unsigned long long)sent, (unsigned long long)recvd);
+    /* O(N/P): the packed send block and two receive blocks, each at most the largest rank. */
+    const uint64_t bound =
+        3u * (uint64_t)max_rows * (uint64_t)c->kv_heads * (uint64_t)c->head_dim * 4u;
+    if (rk->peak_bytes > bound)
+      fail_msg("%s: rank %d peak %llu > 3 blocks %llu", what, x, (unsigned long long)rk->peak_bytes,
+               (unsigned long long)bound);
+    if (rk->bytes_received > 0 && rk->peak_bytes == 0) fail_msg("%s: peak 0", what);
+  }
+  for (size_t q = 0; q < cells; q++)
+    if (t.need[q] && !got[q]) {
+      const long long row = (long long)(q % (size_t)n);
+      fail_msg("%s: a needed remote row %lld (cell %zu) is never received", what, row, q);
+    }
+  for (int x = 0; x < P; x++) free(steps[x]);
+  free(steps), free(nsteps), free(got);
+  truth_free(&t);
+  rda_ring_plan_destroy(p);
+}
+
+typedef struct cfg_case {
+  int heads, kv, offsets, nb;
+  long long w[3], r[3];
+} cfg_case;
+
+static const cfg_case cases[] = {
+    {4, 2, RDA_OFFSETS_MOD, 3, {8, 16, 32}, {1, 2, 4}},      /* GQA, LongNet-style */
+    {8, 8, RDA_OFFSETS_BLOCK, 2, {12, 40, 0}, {2, 3, 0}},    /* block offsets */
+    {6, 2, RDA_OFFSETS_GROUP, 3, {16, 24, 1000}, {1, 2, 4}}, /* group, w > N clamps */
+    {4, 1, RDA_OFFSETS_MOD, 2, {5, 64, 0}, {1, 8, 0}},       /* MQA, r > rows per rank */
+    {3, 3, RDA_OFFSETS_MOD, 1, {100000, 0, 0}, {1, 0, 0}},   /* one segment spans all */
+};
+
+static void make_case(rda_config *c, const cfg_case *k, int causal) {
+  rt_config_make(c, k->heads, k->kv, 32, RDA_DTYPE_BF16, causal, k->offsets, k->nb, k->w, k->r);
+}
+
+static void test_ring_plan_matches_brute_force_contiguous(void **state) {
+  (void)state;
+  static const long long ns[] = {1, 7, 37, 64, 101};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+    for (int causal = 0; causal < 2; causal++) {
+      rda_config c;
+      make_case(&c, &cases[k], causal);
+      for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+        for (int P = 1; P <= 8 && P <= ns[a]; P++) check_plan(&c, ns[a], P, RDA_RING_CONTIGUOUS);
+    }
+}
+
+static void test_ring_plan_matches_brute_force_zigzag(void **state) {
+  (void)state;
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+    for (int causal = 0; causal < 2; causal++) {
+      rda_config c;
+      make_case(&c, &cases[k], causal);
+      for (int P = 1; P <= 8; P++) {
+        check_plan(&c, 2 * P * 5, P, RDA_RING_ZIGZAG);
+        check_plan(&c, 2 * P * 1, P, RDA_RING_ZIGZAG);
+      }
+    }
+}
+
+static void test_ring_plan_random_configs_match_brute_force(void **state) {
+  (void)state;
+  rt_rng *g = rt_global_rng();
+  for (int it = 0; it < 60; it++) {
+    const int kv = (int)rt_rng_range(g, 1, 3), heads = kv * (int)rt_rng_range(g, 1, 3);
+    const int offsets = (int)rt_rng_range(g, 0, 2);
+    int nb = (int)rt_rng_range(g, 1, 3);
+    if (offsets == RDA_OFFSETS_GROUP && nb > heads) nb = heads;
+    long long w[3], r[3];
+    for (int i = 0; i < nb; i++) w[i] = rt_rng_range(g, 1, 90), r[i] = rt_rng_range(g, 1, 6);
+    rda_config c;
+    rt_config_make(&c, heads, kv, 32, RDA_DTYPE_FP16, (int)rt_rng_range(g, 0, 1), offsets, nb, w,
+                   r);
+    const int P = (int)rt_rng_range(g, 1, 8);
+    const int zig = (int)rt_rng_range(g, 0, 1);
+    const long long n = zig ? 2 * P * rt_rng_range(g, 1, 8) : rt_rng_range(g, P, 120);
+    check_plan(&c, n, P, zig ? RDA_RING_ZIGZAG : RDA_RING_CONTIGUOUS);
+  }
+}
+
+static void test_ring_plan_local_segments_send_nothing(void **state) {
+  (void)state;
+  const long long w[] = {8, 16}, r[] = {1, 2};
+  for (int causal = 0; causal < 2; causal++) {
+    rda_config c;
+    rt_config_make(&c, 4, 2, 64, RDA_DTYPE_BF16, causal, RDA_OFFSETS_MOD, 2, w, r);
+    rda_ring_plan *p = NULL;
+    rda_err err = {0};
+    assert_int_equal(rda_ring_plan_create(&c, 64, 4, RDA_RING_CONTIGUOUS, &p, &err), RDA_OK);
+    assert_int_equal(rda_ring_plan_ngroups(p), 0);
+    for (int x = 0; x < 4; x++) {
+      const rda_ring_rank *rk = rda_ring_plan_rank(p, x);
+      assert_int_equal(rk->bytes_sent, 0);
+      assert_int_equal(rk->bytes_received, 0);
+      assert_int_equal(rk->peak_bytes, 0);
+      assert_int_equal(rk->steps, 0);
+      assert_true(rk->pairs > 0.0);
+    }
+    rda_ring_plan_destroy(p);
+    /* Uneven N moves the boundaries into segments: now some branches communicate. */
+    assert_int_equal(rda_ring_plan_create(&c, 65, 4, RDA_RING_CONTIGUOUS, &p, &err), RDA_OK);
+    assert_true(rda_ring_plan_ngroups(p) > 0);
+    assert_true(rda_ring_plan_rank(p, 0)->bytes_sent > 0);
+    rda_ring_plan_destroy(p);
+  }
+}
+
+static void test_ring_plan_branch_that_fits_is_silent_beside_one_that_spans(void **state) {
+  (void)state;
+  const long long w[] = {16, 64}, r[] = {1, 4};
+  rda_config c;
+  rt_config_make(&c, 4, 4, 32, RDA_DTYPE_BF16, 1, RDA_OFFSETS_MOD, 2, w, r);
+  rda_ring_plan *p = NULL;
+  rda_err err = {0};
+  assert_int_equal(rda_ring_plan_create(&c, 64, 4, RDA_RING_CONTIGUOUS, &p, &err), RDA_OK);
+  assert_int_equal(rda_ring_plan_branch(p, 0)->ngroups, 0);
+  assert_int_equal(rda_ring_plan_branch(p, 0)->bytes, 0);
+  assert_true(rda_ring_plan_branch(p, 1)->ngroups > 0);
+  assert_true(rda_ring_plan_branch(p, 1)->bytes > 0);
+  rda_ring_plan_destroy(p);
+}
+
+static void test_ring_plan_allgather_only_when_it_fits_two_receive_blocks(void **state) {
+  (void)state;
+  const long long w[] = {60}, r[] = {1};
+  rda_config c;
+  rt_config_make(&c, 2, 2, 32, RDA_DTYPE_BF16, 0, RDA_OFFSETS_MOD, 1, w, r);
+  for (int P = 2; P <= 6; P++) {
+    rda_ring_plan *p = NULL;
+    rda_err err = {0};
+    assert_int_equal(rda_ring_plan_create(&c, 60, P, RDA_RING_CONTIGUOUS, &p, &err), RDA_OK);
+    assert_int_equal(rda_ring_plan_ngroups(p), 1);
+    rda_ring_group g;
+    rda_ring_plan_group(p, 0, &g);
+    assert_int_equal(g.nmembers, P);
+    /* Non-causal, 3 members: the gathered 2 blocks fit the ring's 2 receive buffers. */
+    assert_int_equal(g.kind, P == 3 ? RDA_RING_KIND_ALLGATHER : RDA_RING_KIND_RING);
+    assert_non_null(strstr(g.why, P == 3 ? "all-gather" : "ring"));
+    assert_int_equal(rda_ring_plan_rank(p, 0)->steps, P == 3 ? 1 : P - 1);
+    rda_ring_plan_destroy(p);
+  }
+  c.causal = 1;
+  rda_ring_plan *p = NULL;
+  rda_err err = {0};
+  assert_int_equal(rda_ring_plan_create(&c, 60, 3, RDA_RING_CONTIGUOUS, &p, &err), RDA_OK);
+  rda_ring_group g;
+  rda_ring_plan_group(p, 0, &g);
+  assert_int_equal(g.kind, RDA_RING_KIND_RING);
+  assert_non_null(strstr(g.why, "causal"));
+  /* Causal: rank 0 needs nothing from later ranks; the last rank sends nothing. */
+  assert_int_equal(rda_ring_plan_rank(p, 0)->bytes_received, 0);
+  assert_int_equal(rda_ring_plan_rank(p, 2)->bytes_sent, 0);
+  rda_ring_plan_destroy(p);
+}
+
+static void test_ring_plan_peak_bytes_shrink_as_one_over_p(void **state) {
+  (void)state;
+  const long long w[] = {1 << 22, 4096}, r[] = {4, 1};
+  for (int causal = 0; causal < 2; causal++) {
+    rda_config c;
+    rt_config_make(&c, 8, 2, 128, RDA_DTYPE_BF16, causal, RDA_OFFSETS_MOD, 2, w, r);
+    uint64_t prev = 0;
+    /* From P = 4 on every rank holds its block and two receive buffers (at P = 2 one). */
+    for (int P = 4; P <= 64; P *= 2) {
+      rda_ring_plan *p = NULL;
+      rda_err err = {0};
+      assert_int_equal(rda_ring_plan_create(&c, 1 << 22, P, RDA_RING_CONTIGUOUS, &p, &err), RDA_OK);
+      uint64_t peak = 0;
+      for (int x = 0; x < P; x++)
+        if (rda_ring_plan_rank(p, x)->peak_bytes > peak)
+          peak = rda_ring_plan_rank(p, x)->peak_bytes;
+      /* Never the whole sequence: at most 3 blocks of N/P rows of every kv head. */
+      assert_true(peak <= 3ull * ((1ull << 22) / (unsigned)P + 1) * 2u * 128u * 4u);
+      if (prev > 0) {
+        const double ratio = (double)peak / (double)prev;
+        if (ratio < 0.45 || ratio > 0.55)
+          fail_msg("peak %llu at P %d vs %llu at P %d: ratio %.3f, expected ~1/2",
+                   (unsigned long long)peak, P, (unsigned long long)prev, P / 2, ratio);
+      }
+      prev = peak;
+      rda_ring_plan_destroy(p);
+    }
+  }
+}
+
+static void expect_create_error(const rda_config *c, long long n, int P, int layout,
+                                const char *part) {
+  rda_ring_plan *p = (rda_ring_plan *)1;
+  rda_err err = {0};
+  assert_int_equal(rda_ring_plan_create(c, n, P, layout, &p, &err), RDA_ERR_INVALID_ARGUMENT);
+  assert_null(p);
+  if (strstr(err.msg, part) == NULL) fail_msg("message \"%s\" lacks \"%s\"", err.msg, part);
+  assert_null(strchr(err.msg, '\n'));
+}
+
+static void test_ring_plan_rejects_bad_shapes(void **state) {
+  (void)state;
+  const long long w[] = {16}, r[] = {2};
+  rda_config c;
+  rt_config_make(&c, 4, 2, 32, RDA_DTYPE_BF16, 1, RDA_OFFSETS_MOD, 1, w, r);
+  expect_create_error(&c, 100, 8, RDA_RING_ZIGZAG, "multiple of 2P = 16");
+  expect_create_error(&c, 8, 9, RDA_RING_CONTIGUOUS, "exceeds N = 8");
+  expect_create_error(&c, 0, 1, RDA_RING_CONTIGUOUS, "N >= 1");
+  expect_create_error(&c, 100, 0, RDA_RING_CONTIGUOUS, "1 <= P");
+  expect_create_error(&c, 100000, RDA_RING_MAX_RANKS + 1, RDA_RING_CONTIGUOUS, "P <=");
+  expect_create_error(&c, 100, 2, 7, "layout");
+  assert_int_equal(rda_ring_layout_parse("zigzag"), RDA_RING_ZIGZAG);
+  assert_int_equal(rda_ring_layout_parse("contiguous"), RDA_RING_CONTIGUOUS);
+  assert_int_equal(rda_ring_layout_parse("ring"), -1);
+}
+
+static void test_ring_plan_fingerprint_covers_every_input(void **state) {
+  (void)state;
+  const long long w[] = {16, 32}, r[] = {1, 2};
+  rda_config c;
+  rt_config_make(&c, 4, 2, 32, RDA_DTYPE_BF16, 1, RDA_OFFSETS_MOD, 2, w, r);
+  const uint64_t base = rda_ring_fingerprint(&c, 100, 4, RDA_RING_CONTIGUOUS);
+  assert_true(base == rda_ring_fingerprint(&c, 100, 4, RDA_RING_CONTIGUOUS));
+  assert_true(base != rda_ring_fingerprint(&c, 101, 4, RDA_RING_CONTIGUOUS));
+  assert_true(base != rda_ring_fingerprint(&c, 100, 5, RDA_RING_CONTIGUOUS));
+  assert_true(base != rda_ring_fingerprint(&c, 100, 4, RDA_RING_ZIGZAG));
+  rda_config d = c;
+  d.dtype = RDA_DTYPE_FP16;
+  assert_true(base != rda_ring_fingerprint(&d, 100, 4, RDA_RING_CONTIGUOUS));
+  d = c, d.dilations[1] = 3;
+  assert_true(base != rda_ring_fingerprint(&d, 100, 4, RDA_RING_CONTIGUOUS));
+  d = c, d.causal = 0;
+  assert_true(base != rda_ring_fingerprint(&d, 100, 4, RDA_RING_CONTIGUOUS));
+  d = c, d.offsets = RDA_OFFSETS_BLOCK;
+  assert_true(base != rda_ring_fingerprint(&d, 100, 4, RDA_RING_CONTIGUOUS));
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* N = 1e9 over P = 1024: per segment group arithmetic, seconds not hours; the numbers add up. */
+static void test_ring_sim_billion_rows_1024_ranks_is_fast_and_consistent(void **state) {
+  (void)state;
+  const long long w[] = {2048, 1 << 20, 1000000000}, r[] = {1, 4, 16};
+  for (int causal = 0; causal < 2; causal++) {
+    rda_config c;
+    rt_config_make(&c, 8, 2, 128, RDA_DTYPE_BF16, causal, RDA_OFFSETS_MOD, 3, w, r);
+    const double t0 = now_s();
+    rda_ring_plan *p = NULL;
+    rda_err err = {0};
+    assert_int_equal(rda_ring_plan_create(&c, 1000000000, 1024, RDA_RING_CONTIGUOUS, &p, &err),
+                     RDA_OK);
+    rda_ring_sim *sim = calloc(1024, sizeof *sim);
+    assert_int_equal(rda_ring_plan_simulate(p, 450e9, 400e12, sim, &err), RDA_OK);
+    const double took = now_s() - t0;
+    if (took > 30.0) fail_msg("plan + simulation took %.1f s", took);
+    double sent = 0, recvd = 0;
+    for (int x = 0; x < 1024; x++) {
+      const rda_ring_rank *rk = rda_ring_plan_rank(p, x);
+      sent += (double)rk->bytes_sent, recvd += (double)rk->bytes_received;
+      assert_true(rk->rows == 976562 || rk->rows == 976563);
+      assert_true(isfinite(sim[x].total_s) && sim[x].total_s > 0.0);
+      assert_true(fabs(sim[x].compute_s - rk->flops / 400e12) <= 1e-9 * sim[x].compute_s + 1e-15);
+      assert_true(sim[x].total_s + 1e-12 >= sim[x].compute_s);
+      assert_true(sim[x].total_s <= sim[x].compute_s + sim[x].comm_s + 1e-9);
+      /* O(N/P) memory: 3 blocks of at most 976563 rows of both kv heads. */
+      assert_true(rk->peak_bytes <= 3ull * 976563ull * 2ull * 128ull * 4ull);
+      assert_true(rk->bytes_received > 0 || (causal && x == 0));
+    }
+    assert_true(sent == recvd);
+    /* The 2048 branch: every segment group spans at most 2 ranks (976562 rows each). */
+    assert_true(rda_ring_plan_branch(p, 0)->ngroups <= 1023);
+    /* The 1e9 branch spans all ranks: 4 classes (r = 16, 8 heads: offsets 0..7 -> 8). */
+    assert_int_equal(rda_ring_plan_branch(p, 2)->nclasses, 8);
+    free(sim);
+    rda_ring_plan_destroy(p);
+  }
+}
+
+/* --- the command line ----------------------------------------------------------------------- */
+
+static char *write_config(char *dir) {
+  char *path = rt_path(dir, "ring.lua");
+  const char text[] =
+      "return { heads = 4, kv_heads = 2, head_dim = 64, dtype = 'bf16',\n"
+      "  segments = { 64, 1000000 }, dilations = { 1, 4 }, causal = true }\n";
+  assert_true(rt_write_file(path, text, strlen(text)));
+  return path;
+}
+
+/* Run rdagen with args (NULL-terminated, without argv[0]). */
+static void run_cli(const char *const args[], int want_exit, const char *want_part) {
+  char *argv[24];
+  int n = 0;
+  argv[n++] = (char *)(uintptr_t)RDAGEN_PATH;
+  for (int i = 0; args[i] != NULL && n < 23; i++) argv[n++] = (char *)(uintptr_t)args[i];
+  argv[n] = NULL;
+  rt_proc pr;
+  assert_true(rt_run(argv, 120, &pr));
+  if (pr.exit_code != want_exit)
+    fail_msg("%s %s: exit %d, want %d; stderr: %s", args[0], args[1], pr.exit_code, want_exit,
+             pr.err);
+  if (want_part != NULL) {
+    const char *hay = want_exit == 0 ? pr.out : pr.err;
+    if (strstr(hay, want_part) == NULL) fail_msg("output lacks \"%s\": %s", want_part, hay);
+  }
+  if (want_exit == 1) {
+    assert_int_equal(rt_count_lines(pr.err), 1);
+    assert_non_null(strstr(pr.err, "rdagen: error: "));
+  }
+  rt_proc_free(&pr);
+}
+
+static void test_ring_sim_cli_prints_ranks_and_rejects_bad_input(void **state) {
+  (void)state;
+  char *dir = rt_mkdtemp();
+  char *cfg = write_config(dir);
+  {
+    const char *argv[] = {"ring-sim", cfg, "--n", "1e9", "--ranks", "1024", NULL};
+    run_cli(argv, 0, "slowest rank");
+  }
+  {
+    const char *argv[] = {"ring-sim", cfg,        "--n",    "4096",   "--ranks",
+                          "8",        "--layout", "zigzag", "--json", NULL};
+    run_cli(argv, 0, "\"peak_bytes\"");
+  }
+  {
+    const char *argv[] = {"ring-sim", cfg,        "--n",    "100", "--ranks",
+                          "8",        "--layout", "zigzag", NULL};
+    run_cli(argv, 1, "multiple of 2P = 16");
+  }
+  {
+    const char *argv[] = {"ring-sim", cfg, "--n", "4", "--ranks", "8", NULL};
+    run_cli(argv, 1, "exceeds N = 4");
+  }
+  {
+    char *missing = rt_path(dir, "missing.lua");
+    const char *argv[] = {"ring-sim", missing, "--n", "100", "--ranks", "2", NULL};
+    run_cli(argv, 1, "missing.lua");
+    free(missing);
+  }
+  {
+    const char *argv[] = {"ring-sim", cfg, "--n", "100", NULL};
+    run_cli(argv, 2, "--ranks");
+  }
+  {
+    const char *argv[] = {"ring-sim", cfg, "--n", "1.5", "--ranks", "2", NULL};
+    run_cli(argv, 2, "--n");
+  }
+  {
+    const char *argv[] = {"ring-sim", cfg, "--n", "100", "--ranks", "2", "--link-gbps", "0", NULL};
+    run_cli(argv, 2, "--link-gbps");
+  }
+  {
+    const char *argv[] = {"ring-sim", cfg,        "--n",    "100", "--ranks",
+                          "2",        "--layout", "spiral", NULL};
+    run_cli(argv, 2, "--layout");
+  }
+  {
+    const char *argv[] = {"ring-sim", cfg, "--n", "100", "--ranks", "2", "--bogus", NULL};
+    run_cli(argv, 2, "unknown option");
+  }
+  free(cfg);
+  rt_rmtree(dir);
+  free(dir);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_ring_plan_matches_brute_force_contiguous),
+      cmocka_unit_test(test_ring_plan_matches_brute_force_zigzag),
+      cmocka_unit_test(test_ring_plan_random_configs_match_brute_force),
+      cmocka_unit_test(test_ring_plan_local_segments_send_nothing),
+      cmocka_unit_test(test_ring_plan_branch_that_fits_is_silent_beside_one_that_spans),
+      cmocka_unit_test(test_ring_plan_allgather_only_when_it_fits_two_receive_blocks),
+      cmocka_unit_test(test_ring_plan_peak_bytes_shrink_as_one_over_p),
+      cmocka_unit_test(test_ring_plan_rejects_bad_shapes),
+      cmocka_unit_test(test_ring_plan_fingerprint_covers_every_input),
+      cmocka_unit_test(test_ring_sim_billion_rows_1024_ranks_is_fast_and_consistent),
+      cmocka_unit_test(test_ring_sim_cli_prints_ranks_and_rejects_bad_input),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,154 @@
+/* cmd_cache.c — `rdagen cache list|clear|warm`: show the kernel cache (target, kernel, size, last
+ * use), empty it (all targets or one), or fill it ahead of time with every kernel a config plans
+ * for the given sm_XX targets, compiled by NVRTC (no GPU needed). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cache.h"
+#include "commands.h"
+#include "gen.h"
+
+#define CACHE_MAX_ARCHS 8
+
+static const char cache_usage_text[] =
+    "usage: rdagen cache list [--arch TARGET]\n"
+    "       rdagen cache clear [--arch TARGET]\n"
+    "       rdagen cache warm CONFIG --arch sm_XX [--arch sm_YY ...]\n"
+    "\n"
+    "The kernel cache lives in $RDA_CACHE_DIR, else $XDG_CACHE_HOME/rda, else ~/.cache/rda,\n"
+    "one folder per target (sm_90, emu-x86_64, ...); RDA_CACHE_MAX_BYTES bounds its size.\n"
+    "  list    one line per entry: target, kernel, bytes, last use (least recent first)\n"
+    "  clear   delete the entries (of one target with --arch)\n"
+    "  warm    compile every kernel CONFIG plans for each sm_XX into the cache (no GPU needed)\n";
+
+/* "--arch X" or "--arch=X" at argv[*i]; returns the value (advancing *i) or NULL. */
+static const char *cache_flag(int argc, char **argv, int *i, const char *flag) {
+  const size_t n = strlen(flag);
+  if (strncmp(argv[*i], flag, n) != 0) return NULL;
+  if (argv[*i][n] == '=') return argv[*i] + n + 1;
+  if (argv[*i][n] != '\0' || *i + 1 >= argc) return NULL;
+  return argv[++*i];
+}
+
+static int cache_list(const char *target) {
+  rda_cache_entry_info *v = NULL;
+  size_t n = 0;
+  rda_err err = {0};
+  if (rda_cache_list(target, &v, &n, &err) != RDA_OK) return rdagen_fail("%s", err.msg);
+  unsigned long long total = 0;
+  printf("%-14s %-56s %10s  %s\n", "target", "kernel", "bytes", "last use (UTC)");
+  for (size_t i = 0; i < n; ++i) {
+    char when[32] = "?";
+    const time_t t = (time_t)(v[i].last_use_ns / 1000000000ll);
+    struct tm tm;
+    if (gmtime_r(&t, &tm) != NULL) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+    printf("%-14s %-56s %10llu  %s%s\n", v[i].target, v[i].valid ? v[i].name : "(corrupted)",
+           v[i].bytes, when, v[i].valid ? "" : "  (will be rebuilt)");
+    total += v[i].bytes;
+  }
+  printf("%zu entries, %llu bytes (limit %llu)\n", n, total, rda_cache_max_bytes());
+  free(v);
+  return 0;
+}
+
+static int cache_clear(const char *target) {
+  size_t removed = 0;
+  rda_err err = {0};
+  if (rda_cache_clear(target, &removed, &err) != RDA_OK) return rdagen_fail("%s", err.msg);
+  printf("removed %zu entries\n", removed);
+  return 0;
+}
+
+static int cache_warm(const char *config, const int *archs, int narchs) {
+  rda_err err = {0};
+  rda_gen *g = NULL;
+  if (rda_gen_open(&g, &err) != RDA_OK) return rdagen_fail("%s", err.msg);
+  rda_config cfg;
+  if (rda_gen_config_file(g, config, &cfg, &err) != RDA_OK) {
+    rda_gen_close(g);
+    return rdagen_fail("%s", err.msg);
+  }
+  int rc = 0, compiled = 0, present = 0;
+  for (int a = 0; a < narchs && rc == 0; ++a) {
+    rda_hw hw;
+    rda_plan_k plan;
+    if (rda_gen_hw_builtin(g, archs[a], &hw, &err) != RDA_OK) {
+      rc = rdagen_usage("cache warm: --arch sm_%d: %s", archs[a], err.msg);
+      break;
+    }
+    if (rda_gen_plan(g, &cfg, &hw, &plan, &err) != RDA_OK) {
+      rc = rdagen_fail("%s", err.msg);
+      break;
+    }
+    for (int i = 0; i < plan.nvariants && rc == 0; ++i) {
+      const rda_variant *v = &plan.variants[i];
+      unsigned char *image = NULL;
+      size_t bytes = 0;
+      int built = 0;
+      if (rda_cache_cubin(archs[a], v->name, v->source, &image, &bytes, &built, &err) != RDA_OK) {
+        rc = rdagen_fail("%s", err.msg);
+        break;
+      }
+      free(image);
+      printf("sm_%d  %-56s %s\n", archs[a], v->name, built ? "compiled" : "already cached");
+      compiled += built;
+      present += !built;
+    }
+    rda_plan_k_free(&plan);
+  }
+  rda_gen_close(g);
+  if (rc == 0) printf("%d compiled, %d already cached\n", compiled, present);
+  return rc;
+}
+
+static int cache_parse_arch(const char *s) {
+  if (strncmp(s, "sm_", 3) != 0) return -1;
+  char *end = NULL;
+  const long v = strtol(s + 3, &end, 10);
+  return (end != s + 3 && *end == '\0' && v >= 10 && v < 1000) ? (int)v : -1;
+}
+
+int rdagen_cmd_cache(int argc, char **argv) {
+  if (argc < 1) {
+    fputs(cache_usage_text, stderr);
+    return 2;
+  }
+  const char *sub = argv[0];
+  if (strcmp(sub, "--help") == 0 || strcmp(sub, "-h") == 0) {
+    fputs(cache_usage_text, stdout);
+    return 0;
+  }
+  const char *config = NULL, *target = NULL;
+  int archs[CACHE_MAX_ARCHS], narchs = 0;
+  for (int i = 1; i < argc; ++i) {
+    const char *value = cache_flag(argc, argv, &i, "--arch");
+    if (value != NULL) {
+      if (strcmp(sub, "warm") == 0) {
+        const int arch = cache_parse_arch(value);
+        if (arch < 0) return rdagen_usage("cache warm: --arch '%s': expected sm_XX", value);
+        if (narchs == CACHE_MAX_ARCHS)
+          return rdagen_usage("cache warm: at most %d --arch", CACHE_MAX_ARCHS);
+        archs[narchs++] = arch;
+      } else {
+        if (target != NULL) return rdagen_usage("cache %s: one --arch at most", sub);
+        target = value;
+      }
+    } else if (argv[i][0] == '-') {
+      return rdagen_usage("cache %s: unknown flag '%s'", sub, argv[i]);
+    } else if (strcmp(sub, "warm") == 0 && config == NULL) {
+      config = argv[i];
+    } else {
+      return rdagen_usage("cache %s: unexpected argument '%s'", sub, argv[i]);
+    }
+  }
+  if (strcmp(sub, "list") == 0) return cache_list(target);
+  if (strcmp(sub, "clear") == 0) return cache_clear(target);
+  if (strcmp(sub, "warm") == 0) {
+    if (config == NULL) return rdagen_usage("cache warm: a CONFIG file is required");
+    if (narchs == 0) return rdagen_usage("cache warm: at least one --arch sm_XX is required");
+    return cache_warm(config, archs, narchs);
+  }
+  return rdagen_usage("cache: unknown subcommand '%s' (expected list, clear or warm)", sub);
+}

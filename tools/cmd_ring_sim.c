@@ -1,0 +1,284 @@
+/* cmd_ring_sim.c — `rdagen ring-sim`: plan the ring for a config, N and P (runtime/ring_plan.c)
+ * and print what each rank moves, holds and computes, with a pipelined time model. Closed forms
+ * per segment group: fast for P = 1024 and N = 1e9; no kernel runs. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+#include "gen.h"
+#include "json.h"
+#include "ring_plan.h"
+
+/* Default link: NVLink 4 (H100 SXM), 450 GB/s per direction = 3600 Gb/s. */
+#define SIM_DEFAULT_LINK_GBPS 3600.0
+#define SIM_DEFAULT_TFLOPS 400.0
+
+static const char sim_usage_text[] =
+    "usage: rdagen ring-sim CONFIG --n N --ranks P [--layout contiguous|zigzag]\n"
+    "                       [--link-gbps B] [--tflops F] [--json]\n"
+    "\n"
+    "Predict the ring for N rows over P ranks (P <= 4096, P <= N; N may be written 1e9):\n"
+    "  per rank: rows, bytes sent and received, peak bytes the ring holds (packed send block +\n"
+    "  receive buffers), steps, compute time (4*D*pairs / F), communication time (per step\n"
+    "  max(sent, received) / B) and the total with each step's transfer overlapping the previous\n"
+    "  block's compute (per stage max(compute, comm)); per branch: segment groups and bytes.\n"
+    "  --layout     contiguous (default) or zigzag (2P chunks; N must be a multiple of 2P)\n"
+    "  --link-gbps  link rate per direction in gigabits per second (default 3600 = 450 GB/s,\n"
+    "               one NVLink 4 GPU; 400 is one NDR InfiniBand port)\n"
+    "  --tflops     effective compute rate in TFLOP/s (default 400)\n"
+    "  --json       print one JSON document with every rank instead of the table\n";
+
+typedef struct sim_opts {
+  const char *config;
+  long long n;
+  int ranks;
+  int layout;
+  double link_gbps, tflops;
+  int json;
+} sim_opts;
+
+/* An integer written plainly or as 1e9 (exactly integral); 0 on failure. */
+static int sim_parse_count(const char *s, long long lo, long long hi, long long *out) {
+  char *end = NULL;
+  long long v = strtoll(s, &end, 10);
+  if (end == s || *end != '\0') {
+    double d = strtod(s, &end);
+    if (end == s || *end != '\0' || !isfinite(d) || d != floor(d) || d < (double)lo ||
+        d > (double)hi)
+      return 0;
+    v = (long long)d;
+  }
+  if (v < lo || v > hi) return 0;
+  *out = v;
+  return 1;
+}
+
+static int sim_parse_rate(const char *s, double *out) {
+  char *end = NULL;
+  const double d = strtod(s, &end);
+  if (end == s || *end != '\0' || !isfinite(d) || !(d > 0.0)) return 0;
+  *out = d;
+  return 1;
+}
+
+/* Returns -1 to go on, else the exit status. */
+static int sim_parse(int argc, char **argv, sim_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->layout = RDA_RING_CONTIGUOUS;
+  o->link_gbps = SIM_DEFAULT_LINK_GBPS;
+  o->tflops = SIM_DEFAULT_TFLOPS;
+  int have_n = 0, have_p = 0;
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    char name[32];
+    const char *val = NULL;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      fputs(sim_usage_text, stdout);
+      return 0;
+    }
+    if (strcmp(a, "--json") == 0) {
+      o->json = 1;
+      continue;
+    }
+    if (strncmp(a, "--", 2) != 0) {
+      if (a[0] == '-' && a[1] != '\0') return rdagen_usage("ring-sim: unknown option '%s'", a);
+      if (o->config != NULL)
+        return rdagen_usage("ring-sim: more than one config given ('%s' and '%s')", o->config, a);
+      o->config = a;
+      continue;
+    }
+    const char *eq = strchr(a, '=');
+    const size_t len = eq ? (size_t)(eq - a) : strlen(a);
+    if (len >= sizeof name) return rdagen_usage("ring-sim: unknown option '%s'", a);
+    memcpy(name, a, len);
+    name[len] = '\0';
+    if (strcmp(name, "--n") != 0 && strcmp(name, "--ranks") != 0 && strcmp(name, "--layout") != 0 &&
+        strcmp(name, "--link-gbps") != 0 && strcmp(name, "--tflops") != 0)
+      return rdagen_usage("ring-sim: unknown option '%s'", a);
+    if (eq != NULL)
+      val = eq + 1;
+    else if (i + 1 < argc)
+      val = argv[++i];
+    else
+      return rdagen_usage("ring-sim: %s needs a value", name);
+    long long x;
+    if (strcmp(name, "--n") == 0) {
+      if (!sim_parse_count(val, 1, 1LL << 50, &x))
+        return rdagen_usage("ring-sim: --n '%s': expected an integer 1..2^50 (1e9 is fine)", val);
+      o->n = x, have_n = 1;
+    } else if (strcmp(name, "--ranks") == 0) {
+      if (!sim_parse_count(val, 1, RDA_RING_MAX_RANKS, &x))
+        return rdagen_usage("ring-sim: --ranks '%s': expected an integer 1..%d", val,
+                            RDA_RING_MAX_RANKS);
+      o->ranks = (int)x, have_p = 1;
+    } else if (strcmp(name, "--layout") == 0) {
+      o->layout = rda_ring_layout_parse(val);
+      if (o->layout < 0)
+        return rdagen_usage("ring-sim: --layout '%s': expected contiguous or zigzag", val);
+    } else if (strcmp(name, "--link-gbps") == 0) {
+      if (!sim_parse_rate(val, &o->link_gbps))
+        return rdagen_usage("ring-sim: --link-gbps '%s': expected a positive number (Gbit/s)", val);
+    } else {
+      if (!sim_parse_rate(val, &o->tflops))
+        return rdagen_usage("ring-sim: --tflops '%s': expected a positive number (TFLOP/s)", val);
+    }
+  }
+  if (o->config == NULL) return rdagen_usage("ring-sim: no config given");
+  if (!have_n) return rdagen_usage("ring-sim: --n N is required");
+  if (!have_p) return rdagen_usage("ring-sim: --ranks P is required");
+  return -1;
+}
+
+static const char *sim_bytes(double b, char *buf, size_t n) {
+  static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (b >= 1024.0 && u < 5) b /= 1024.0, u++;
+  if (u == 0)
+    snprintf(buf, n, "%.0f B", b);
+  else
+    snprintf(buf, n, "%.2f %s", b, unit[u]);
+  return buf;
+}
+
+static void sim_rank_line(const rda_ring_rank *rk, const rda_ring_sim *s) {
+  char a[32], b[32], c[32];
+  printf("%5d %12lld %11s %11s %11s %7lld %11.4g %11.4g %11.4g\n", rk->rank, (long long)rk->rows,
+         sim_bytes((double)rk->bytes_sent, a, sizeof a),
+         sim_bytes((double)rk->bytes_received, b, sizeof b),
+         sim_bytes((double)rk->peak_bytes, c, sizeof c), (long long)rk->steps, s->compute_s,
+         s->comm_s, s->total_s);
+}
+
+static int sim_print_json(const sim_opts *o, const rda_ring_plan *p, const rda_ring_sim *sim) {
+  const rda_config *c = rda_ring_plan_config(p);
+  rda_json j;
+  rda_err err = {0};
+  rda_json_init(&j);
+  rda_json_object_begin(&j);
+  rda_json_key(&j, "config"), rda_json_string(&j, o->config);
+  rda_json_key(&j, "n"), rda_json_int(&j, o->n);
+  rda_json_key(&j, "world_size"), rda_json_int(&j, o->ranks);
+  rda_json_key(&j, "layout"), rda_json_string(&j, rda_ring_layout_name(o->layout));
+  rda_json_key(&j, "link_gbps"), rda_json_double(&j, o->link_gbps);
+  rda_json_key(&j, "tflops"), rda_json_double(&j, o->tflops);
+  double worst = 0.0;
+  for (int q = 0; q < o->ranks; q++) worst = sim[q].total_s > worst ? sim[q].total_s : worst;
+  rda_json_key(&j, "total_s"), rda_json_double(&j, worst);
+  rda_json_key(&j, "branches");
+  rda_json_array_begin(&j);
+  for (int i = 0; i < c->nbranch; i++) {
+    const rda_ring_branch *b = rda_ring_plan_branch(p, i);
+    rda_json_object_begin(&j);
+    rda_json_key(&j, "branch"), rda_json_int(&j, i);
+    rda_json_key(&j, "w"), rda_json_int(&j, (long long)b->w);
+    rda_json_key(&j, "r"), rda_json_int(&j, (long long)b->r);
+    rda_json_key(&j, "groups"), rda_json_int(&j, (long long)b->ngroups);
+    rda_json_key(&j, "allgather_groups"), rda_json_int(&j, (long long)b->nallgather);
+    rda_json_key(&j, "bytes"), rda_json_int(&j, (long long)b->bytes);
+    rda_json_object_end(&j);
+  }
+  rda_json_array_end(&j);
+  rda_json_key(&j, "ranks");
+  rda_json_array_begin(&j);
+  for (int q = 0; q < o->ranks; q++) {
+    const rda_ring_rank *rk = rda_ring_plan_rank(p, q);
+    rda_json_object_begin(&j);
+    rda_json_key(&j, "rank"), rda_json_int(&j, q);
+    rda_json_key(&j, "rows"), rda_json_int(&j, (long long)rk->rows);
+    rda_json_key(&j, "bytes_sent"), rda_json_int(&j, (long long)rk->bytes_sent);
+    rda_json_key(&j, "bytes_received"), rda_json_int(&j, (long long)rk->bytes_received);
+    rda_json_key(&j, "peak_bytes"), rda_json_int(&j, (long long)rk->peak_bytes);
+    rda_json_key(&j, "steps"), rda_json_int(&j, (long long)rk->steps);
+    rda_json_key(&j, "flops"), rda_json_double(&j, rk->flops);
+    rda_json_key(&j, "compute_s"), rda_json_double(&j, sim[q].compute_s);
+    rda_json_key(&j, "comm_s"), rda_json_double(&j, sim[q].comm_s);
+    rda_json_key(&j, "total_s"), rda_json_double(&j, sim[q].total_s);
+    rda_json_object_end(&j);
+  }
+  rda_json_array_end(&j);
+  rda_json_object_end(&j);
+  if (rda_json_finish(&j, &err) != RDA_OK) {
+    rda_json_free(&j);
+    return rdagen_fail("%s", err.msg);
+  }
+  fputs(j.buf, stdout);
+  rda_json_free(&j);
+  return 0;
+}
+
+static void sim_print_table(const sim_opts *o, const rda_ring_plan *p, const rda_ring_sim *sim) {
+  const rda_config *c = rda_ring_plan_config(p);
+  char a[32], b[32];
+  printf("config   %s: heads %d (kv %d), head_dim %d, %s, %s, offsets %s\n", o->config, c->heads,
+         c->kv_heads, c->head_dim, rda_dtype_name(c->dtype), c->causal ? "causal" : "non-causal",
+         rda_offsets_name(c->offsets));
+  printf("ring     N %lld over P %d ranks, layout %s\n", o->n, o->ranks,
+         rda_ring_layout_name(o->layout));
+  printf("model    link %g Gb/s = %g GB/s per direction%s; compute %g TFLOP/s effective\n",
+         o->link_gbps, o->link_gbps / 8.0,
+         o->link_gbps == SIM_DEFAULT_LINK_GBPS ? " (default: NVLink 4)" : "", o->tflops);
+  printf("\n%6s %12s %4s %7s %8s %10s %14s\n", "branch", "w", "r", "classes", "groups",
+         "all-gather", "bytes (all)");
+  for (int i = 0; i < c->nbranch; i++) {
+    const rda_ring_branch *br = rda_ring_plan_branch(p, i);
+    printf("%6d %12lld %4lld %7d %8lld %10lld %14s%s\n", i, (long long)br->w, (long long)br->r,
+           br->nclasses, (long long)br->ngroups, (long long)br->nallgather,
+           sim_bytes((double)br->bytes, a, sizeof a),
+           br->ngroups == 0 ? "  (segments fit inside ranks)" : "");
+  }
+  printf("\n%5s %12s %11s %11s %11s %7s %11s %11s %11s\n", "rank", "rows", "sent", "received",
+         "peak", "steps", "compute_s", "comm_s", "total_s");
+  const int all = o->ranks <= 32;
+  for (int q = 0; q < o->ranks; q++) {
+    if (!all && q == 8) printf("%5s  ... (--json for every rank)\n", "");
+    if (all || q < 8 || q >= o->ranks - 8) sim_rank_line(rda_ring_plan_rank(p, q), &sim[q]);
+  }
+  int slow = 0;
+  double moved = 0.0;
+  uint64_t peak = 0;
+  for (int q = 0; q < o->ranks; q++) {
+    const rda_ring_rank *rk = rda_ring_plan_rank(p, q);
+    if (sim[q].total_s > sim[slow].total_s) slow = q;
+    moved += (double)rk->bytes_sent;
+    if (rk->peak_bytes > peak) peak = rk->peak_bytes;
+  }
+  printf(
+      "\nworld    slowest rank %d: %.4g s (compute %.4g s, comm %.4g s); moved %s in all; "
+      "largest peak %s\n",
+      slow, sim[slow].total_s, sim[slow].compute_s, sim[slow].comm_s, sim_bytes(moved, a, sizeof a),
+      sim_bytes((double)peak, b, sizeof b));
+}
+
+int rdagen_cmd_ring_sim(int argc, char **argv) {
+  sim_opts o;
+  const int st = sim_parse(argc, argv, &o);
+  if (st >= 0) return st;
+  rda_err err = {0};
+  rda_gen *g = NULL;
+  rda_config cfg;
+  if (rda_gen_open(&g, &err) != RDA_OK || rda_gen_config_file(g, o.config, &cfg, &err) != RDA_OK) {
+    rda_gen_close(g);
+    return rdagen_fail("%s", err.msg);
+  }
+  rda_gen_close(g);
+  rda_ring_plan *p = NULL;
+  if (rda_ring_plan_create(&cfg, o.n, o.ranks, o.layout, &p, &err) != RDA_OK)
+    return rdagen_fail("%s", err.msg);
+  rda_ring_sim *sim = calloc((size_t)o.ranks, sizeof *sim);
+  if (sim == NULL) {
+    rda_ring_plan_destroy(p);
+    return rdagen_fail("ring-sim: out of memory");
+  }
+  int rc = 0;
+  if (rda_ring_plan_simulate(p, o.link_gbps * 1e9 / 8.0, o.tflops * 1e12, sim, &err) != RDA_OK)
+    rc = rdagen_fail("%s", err.msg);
+  else if (o.json)
+    rc = sim_print_json(&o, p, sim);
+  else
+    sim_print_table(&o, p, sim);
+  free(sim);
+  rda_ring_plan_destroy(p);
+  return rc;
+}

@@ -1,0 +1,39 @@
+-- bwd_space.lua — backward-kernel tile candidates per head dim, best first. The planner
+-- (gen/plan.lua) takes the first of each list that fits the target's shared memory.
+-- dkdv: block_n = 16 * warps key rows per block, block_m query rows per step, `stages` Q/dO
+--   tiles in flight, dsplit blocks per key tile (each accumulating head_dim / dsplit columns
+--   of dK and dV, so d = 256 fits the registers); smem 4 d block_n + stages (4 d + 8) block_m.
+-- dq: block_m = 16 * warps query rows per block, block_n key rows per step, `stages` K/V
+--   tiles in flight; smem 4 d block_m + 4 d stages block_n.
+return {
+  [32] = {
+    dkdv = { { block_n = 64, block_m = 64, warps = 4, stages = 2, dsplit = 1 },
+             { block_n = 32, block_m = 32, warps = 2, stages = 2, dsplit = 1 } },
+    dq = { { block_m = 64, block_n = 64, warps = 4, stages = 2 },
+           { block_m = 32, block_n = 32, warps = 2, stages = 2 } },
+  },
+  [64] = {
+    dkdv = { { block_n = 64, block_m = 64, warps = 4, stages = 2, dsplit = 1 },
+             { block_n = 32, block_m = 32, warps = 2, stages = 2, dsplit = 1 } },
+    dq = { { block_m = 64, block_n = 64, warps = 4, stages = 2 },
+           { block_m = 32, block_n = 32, warps = 2, stages = 2 } },
+  },
+  [96] = {
+    dkdv = { { block_n = 64, block_m = 32, warps = 4, stages = 2, dsplit = 1 },
+             { block_n = 32, block_m = 32, warps = 2, stages = 2, dsplit = 1 } },
+    dq = { { block_m = 64, block_n = 32, warps = 4, stages = 2 },
+           { block_m = 32, block_n = 32, warps = 2, stages = 2 } },
+  },
+  [128] = {
+    dkdv = { { block_n = 64, block_m = 32, warps = 4, stages = 2, dsplit = 1 },
+             { block_n = 32, block_m = 32, warps = 2, stages = 2, dsplit = 1 } },
+    dq = { { block_m = 64, block_n = 32, warps = 4, stages = 2 },
+           { block_m = 32, block_n = 32, warps = 2, stages = 2 } },
+  },
+  [256] = {
+    dkdv = { { block_n = 64, block_m = 16, warps = 4, stages = 2, dsplit = 2 },
+             { block_n = 32, block_m = 16, warps = 2, stages = 2, dsplit = 2 } },
+    dq = { { block_m = 64, block_n = 16, warps = 4, stages = 2 },
+           { block_m = 32, block_n = 16, warps = 2, stages = 2 } },
+  },
+}
