@@ -95,7 +95,8 @@ local function check_bwd(v, keys)
   assert(type(v) == "table", "variant must be a table")
   assert(DTYPE_ENUM[v.dtype], "variant dtype must be bf16 or fp16")
   for _, k in ipairs(keys) do
-    assert(math.type(v[k]) == "integer" and v[k] > 0, "variant " .. k .. " must be a positive integer")
+    assert(math.type(v[k]) == "integer" and v[k] > 0,
+           "variant " .. k .. " must be a positive integer")
   end
   assert(type(v.causal) == "boolean" and type(v.dilated) == "boolean",
          "variant causal and dilated must be booleans")
@@ -107,7 +108,8 @@ local DQ_KEYS <const> = { "head_dim", "block_m", "block_n", "warps", "stages" }
 -- dq_atomic (optional, default false): the variant also adds dQ by atomics ("_qa").
 function M.bwd_dkdv_name(v)
   check_bwd(v, DKDV_KEYS)
-  assert(v.dq_atomic == nil or type(v.dq_atomic) == "boolean", "variant dq_atomic must be a boolean")
+  assert(v.dq_atomic == nil or type(v.dq_atomic) == "boolean",
+         "variant dq_atomic must be a boolean")
   return string.format("rda_bwd_dkdv_d%d_%s_%s_%s_bn%d_bm%d_w%d_s%d_x%d%s", v.head_dim, v.dtype,
                        v.causal and "causal" or "full", v.dilated and "dil" or "dense",
                        v.block_n, v.block_m, v.warps, v.stages, v.dsplit,

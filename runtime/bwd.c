@@ -8,7 +8,9 @@
 
 static const unsigned kPrepThreads = 256;
 
-static long long ceil_div(long long a, long long b) { return (a + b - 1) / b; }
+static long long ceil_div(long long a, long long b) {
+  return (a + b - 1) / b;
+}
 
 size_t rda_bwd_workspace_bytes(const rda_plan_k *p, long long batch, long long n) {
   if (p == NULL || batch < 1 || n < 1) return 0;
@@ -127,7 +129,7 @@ static void branch_params(const rda_plan_k *p, const rda_bwd_args *a, const rda_
   bp->head0 = s->head0;
   bp->nheads = s->nheads;
   bp->offset_mode = p->cfg.offsets;
-  bp->offset_arg = p->cfg.offsets == RDA_OFFSETS_BLOCK ? (int)ceil_div(p->cfg.heads, r)
+  bp->offset_arg = p->cfg.offsets == RDA_OFFSETS_BLOCK   ? (int)ceil_div(p->cfg.heads, r)
                    : p->cfg.offsets == RDA_OFFSETS_GROUP ? s->branch
                                                          : 0;
   bp->scale_log2 = (float)(p->cfg.scale * log2e);
@@ -138,8 +140,8 @@ static void branch_params(const rda_plan_k *p, const rda_bwd_args *a, const rda_
  * kv head is written by one query head's blocks (the offset rules give the heads of a group
  * different grids); launches run in order on the stream, each accumulating. */
 static rda_status launch_dkdv(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
-                              const rda_bwd_args *a, const rda_bwd_step *s, int kernel,
-                              int dsplit, rda_bwd_params *bp, rda_err *err) {
+                              const rda_bwd_args *a, const rda_bwd_step *s, int kernel, int dsplit,
+                              rda_bwd_params *bp, rda_err *err) {
   const rda_variant *v = &p->variants[kernel];
   const int group = bp->kv_group;
   bp->tiles_per_seg = (int)ceil_div(ceil_div(bp->w, bp->r), v->block_n);
@@ -157,8 +159,8 @@ static rda_status launch_dkdv(rda_backend *b, const rda_plan_k *p, const rda_fwd
     for (int h = s->head0; h < s->head0 + s->nheads && !used; ++h) used = h % group == g;
     if (!used) continue;
     bp->group_member = g;
-    RDA_TRY(b->launch(b, k->modules[kernel], grid, (unsigned)v->threads,
-                      (unsigned)v->smem_bytes, bp, sizeof *bp, err));
+    RDA_TRY(b->launch(b, k->modules[kernel], grid, (unsigned)v->threads, (unsigned)v->smem_bytes,
+                      bp, sizeof *bp, err));
   }
   return RDA_OK;
 }
@@ -176,8 +178,8 @@ static rda_status launch_dq(rda_backend *b, const rda_plan_k *p, const rda_fwd_k
                        "branch %d: dQ grid of %lld x %d blocks exceeds the launch limits",
                        s->branch, gx, s->nheads);
   const unsigned grid[3] = {(unsigned)gx, (unsigned)s->nheads, (unsigned)a->batch};
-  return b->launch(b, k->modules[s->dq_kernel], grid, (unsigned)v->threads,
-                   (unsigned)v->smem_bytes, bp, sizeof *bp, err);
+  return b->launch(b, k->modules[s->dq_kernel], grid, (unsigned)v->threads, (unsigned)v->smem_bytes,
+                   bp, sizeof *bp, err);
 }
 
 /* Deterministic: every launch writes its rows with plain read-modify-writes and no two blocks

@@ -1,6 +1,6 @@
 /* rda_bwd.cuh — the dilated-attention backward kernels (SPEC §1, "Backward, exact"):
- * prep (Dp = <dO, O> - dLSE, zeroed dq/dk/dv), dkdv (one block per key tile, walking query
- * tiles, P recomputed from the combined LSE) and dq (one block per query tile), mma.sync m16n8k16. */
+ * prep (Dp = <dO, O> - dLSE, zeroed dq/dk/dv), dkdv (one block per key tile walking query
+ * tiles, P recomputed from the combined LSE) and dq (one block per query tile), mma m16n8k16. */
 #ifndef RDA_BWD_CUH
 #define RDA_BWD_CUH
 
@@ -9,8 +9,12 @@
 namespace rda {
 namespace bwd_detail {
 
-__device__ __forceinline__ float neg_inf() { return __uint_as_float(0xff800000u); }
-__device__ __forceinline__ float pos_inf() { return __uint_as_float(0x7f800000u); }
+__device__ __forceinline__ float neg_inf() {
+  return __uint_as_float(0xff800000u);
+}
+__device__ __forceinline__ float pos_inf() {
+  return __uint_as_float(0x7f800000u);
+}
 
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -214,9 +218,9 @@ template <class Cfg, bool Mask>
 __device__ __forceinline__ void dkdv_step(const unsigned char *sk, const unsigned char *sv,
                                           const unsigned char *st,
                                           const LaneOfs<Cfg::head_dim / 8> &ao,
-                                          const LaneOfs<Cfg::head_dim / 8> &bo, int warp,
-                                          int part, float sl2, int q0, int kw0, int ng,
-                                          float (*dk)[4], float (*dv)[4], unsigned char *sds) {
+                                          const LaneOfs<Cfg::head_dim / 8> &bo, int warp, int part,
+                                          float sl2, int q0, int kw0, int ng, float (*dk)[4],
+                                          float (*dv)[4], unsigned char *sds) {
   using T = DkdvTraits<Cfg>;
   (void)sds;
   const unsigned char *sq = st;
@@ -333,7 +337,8 @@ __device__ __forceinline__ void dkdv_dq_atomic(const unsigned char *sds, const u
 #pragma unroll
   for (int kk = 0; kk < T::BN / 16; ++kk) {
     uint32_t a[4];
-    ldmatrix_x4_trans(a, sds + ds_off<T::DS_CHUNKS>(16 * kk + (mi >> 1) * 8 + mr, 2 * mt + (mi & 1)));
+    ldmatrix_x4_trans(a,
+                      sds + ds_off<T::DS_CHUNKS>(16 * kk + (mi >> 1) * 8 + mr, 2 * mt + (mi & 1)));
 #pragma unroll
     for (int cp = 0; cp < T::DQC / 16; ++cp) {
       uint32_t kb[4];
@@ -389,8 +394,8 @@ __device__ __forceinline__ void dq_step(const unsigned char *sq, const unsigned 
                                         const unsigned char *sk, const unsigned char *sv,
                                         const LaneOfs<Cfg::head_dim / 8> &ao,
                                         const LaneOfs<Cfg::head_dim / 8> &bo, int warp, float sl2,
-                                        const float lse2[2], const float dpr[2], int n0,
-                                        int wrow0, int ng, float (*acc)[4]) {
+                                        const float lse2[2], const float dpr[2], int n0, int wrow0,
+                                        int ng, float (*acc)[4]) {
   using T = DqTraits<Cfg>;
   const int lane = lane_id();
   float s[T::NT][4], dp[T::NT][4];
@@ -590,15 +595,14 @@ __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
         bwd_detail::dkdv_step<Cfg, true>(sk, sv, st, ao, bo, warp, part, sl2, q0, kw0, gr.ng, dk,
                                          dv, sds);
       } else {
-        bwd_detail::dkdv_step<Cfg, false>(sk, sv, st, ao, bo, warp, part, sl2, q0, kw0, gr.ng,
-                                          dk, dv, sds);
+        bwd_detail::dkdv_step<Cfg, false>(sk, sv, st, ao, bo, warp, part, sl2, q0, kw0, gr.ng, dk,
+                                          dv, sds);
       }
     }
     if constexpr (T::ATOMIC) {
       if (idle) bwd_detail::dkdv_zero_ds<Cfg>(sds, warp);
       sync_threads(); /* dS^T of every warp staged */
-      bwd_detail::dkdv_dq_atomic<Cfg>(sds, sk, ao, warp, q0, gr.ng, dqg, gr.r * p.dq_sn,
-                                      p.scale);
+      bwd_detail::dkdv_dq_atomic<Cfg>(sds, sk, ao, warp, q0, gr.ng, dqg, gr.r * p.dq_sn, p.scale);
     }
   }
   cp_async_wait<0>();
@@ -671,10 +675,10 @@ __device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
 #pragma unroll
   for (int s = 0; s < T::STAGES - 1; ++s) {
     if (s < ntiles) {
-      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sk + s * T::KV_BYTES, kg,
-                                                          gr.r * p.k_sn, s * T::BN, gr.ng, tid);
-      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sv + s * T::KV_BYTES, vg,
-                                                          gr.r * p.v_sn, s * T::BN, gr.ng, tid);
+      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sk + s * T::KV_BYTES, kg, gr.r * p.k_sn,
+                                                          s * T::BN, gr.ng, tid);
+      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sv + s * T::KV_BYTES, vg, gr.r * p.v_sn,
+                                                          s * T::BN, gr.ng, tid);
     }
     cp_async_commit();
   }
@@ -712,10 +716,10 @@ __device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
     const int nxt = it + T::STAGES - 1;
     if (nxt < ntiles) {
       const int st = nxt % T::STAGES;
-      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sk + st * T::KV_BYTES, kg,
-                                                          gr.r * p.k_sn, nxt * T::BN, gr.ng, tid);
-      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sv + st * T::KV_BYTES, vg,
-                                                          gr.r * p.v_sn, nxt * T::BN, gr.ng, tid);
+      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sk + st * T::KV_BYTES, kg, gr.r * p.k_sn,
+                                                          nxt * T::BN, gr.ng, tid);
+      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sv + st * T::KV_BYTES, vg, gr.r * p.v_sn,
+                                                          nxt * T::BN, gr.ng, tid);
     }
     cp_async_commit();
 
@@ -725,11 +729,11 @@ __device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
     const int st = it % T::STAGES;
     const bool need_mask = n0 + T::BN > gr.ng || (Cfg::causal && n0 + T::BN - 1 > wrow0);
     if (need_mask) {
-      bwd_detail::dq_step<Cfg, true>(sq, sdo, sk + st * T::KV_BYTES, sv + st * T::KV_BYTES, ao,
-                                     bo, warp, sl2, lse2, dpr, n0, wrow0, gr.ng, acc);
+      bwd_detail::dq_step<Cfg, true>(sq, sdo, sk + st * T::KV_BYTES, sv + st * T::KV_BYTES, ao, bo,
+                                     warp, sl2, lse2, dpr, n0, wrow0, gr.ng, acc);
     } else {
-      bwd_detail::dq_step<Cfg, false>(sq, sdo, sk + st * T::KV_BYTES, sv + st * T::KV_BYTES, ao,
-                                      bo, warp, sl2, lse2, dpr, n0, wrow0, gr.ng, acc);
+      bwd_detail::dq_step<Cfg, false>(sq, sdo, sk + st * T::KV_BYTES, sv + st * T::KV_BYTES, ao, bo,
+                                      warp, sl2, lse2, dpr, n0, wrow0, gr.ng, acc);
     }
   }
   cp_async_wait<0>();

@@ -1,6 +1,7 @@
 /* test_bwd.c — the generated backward kernels (templates/rda_bwd.cuh through runtime/bwd.c)
  * against the float64 reference gradient (SPEC §1 "Backward, exact", §5): dtypes, head dims,
  * causal, offset rules, GQA, segment edge cases, batch, scale, strides, dLSE; determinism. */
+// clang-format off
 #include "backend.h"
 #include "bwd.h"
 #include "fwd.h"
@@ -18,7 +19,8 @@
 #include <string.h>
 #include <time.h>
 
-#include <cmocka.h>
+#include <cmocka.h> /* after setjmp.h, stdarg.h, stddef.h */
+// clang-format on
 
 /* ------------------------------------------------------------------ fixture */
 
@@ -121,14 +123,15 @@ typedef struct bwd_case {
   int nbranch;
   long long w[4], r[4];
   long long batch, n;
-  double scale;   /* 0: the default 1/sqrt(head_dim) */
-  int strided;    /* [N, B, H, D] with padded heads everywhere, padded LSE rows */
-  int with_dlse;  /* a non-zero dLSE */
-  int twice;      /* run the backward twice and require bit-identical gradients */
-  int atomic;     /* plan the atomic-dQ variants; run non-deterministic unless `twice` */
+  double scale;  /* 0: the default 1/sqrt(head_dim) */
+  int strided;   /* [N, B, H, D] with padded heads everywhere, padded LSE rows */
+  int with_dlse; /* a non-zero dLSE */
+  int twice;     /* run the backward twice and require bit-identical gradients */
+  int atomic;    /* plan the atomic-dQ variants; run non-deterministic unless `twice` */
 } bwd_case;
 
-/* Element strides (batch, n, head) of a [B, N, heads, d] tensor; strided: [N, B, heads, d + pad]. */
+/* Element strides (batch, n, head) of a [B, N, heads, d] tensor; strided: [N, B, heads, d + pad].
+ */
 static void strides_of(const bwd_case *bc, long long heads, long long pad, long long s[3]) {
   const long long d = bc->head_dim;
   if (bc->strided) {
@@ -311,7 +314,8 @@ static void run_case_on(bwd_backend *be, const char *what, const bwd_case *bc) {
           diff += memcmp(dv_host + ov1, dv2 + ov1, (size_t)D * sizeof(float)) != 0;
         }
       }
-    if (diff != 0) fprintf(stderr, "  %s: %lld gradient rows differ between two runs\n", what, diff);
+    if (diff != 0)
+      fprintf(stderr, "  %s: %lld gradient rows differ between two runs\n", what, diff);
     ok = ok && diff == 0;
     free(dq2);
     free(dk2);

@@ -390,6 +390,69 @@ static void test_cache_concurrent_compiles_of_one_kernel_all_succeed(void **stat
   free(image);
 }
 
+/* Processes building the same emulator module at once in an empty cache (headers folder and
+ * entry both raced for): all load and run it; one entry and one headers folder remain. */
+static void test_cache_concurrent_emulator_builds_all_succeed(void **state) {
+  cache_fixture *f = *state;
+  enum { kProcs = 3 };
+  static const char src[] =
+      "#include \"rda_device.cuh\"\n"
+      "struct race_params { float *out; float v; };\n"
+      "extern \"C\" __global__ void race_tiny(const race_params p) {\n"
+      "  p.out[threadIdx.x] = p.v + (float)threadIdx.x; }\n"
+      "RDA_EMU_EXPORT(race_tiny, race_params)\n";
+  const float val = (float)rt_rng_normal(rt_global_rng());
+  pid_t pids[kProcs];
+  for (int i = 0; i < kProcs; ++i) {
+    pids[i] = fork();
+    assert_true(pids[i] >= 0);
+    if (pids[i] == 0) {
+      rda_backend *b = NULL;
+      rda_err err = {0};
+      if (rda_backend_emu_open(&b, 90, &err) != RDA_OK) _exit(1);
+      rda_variant v;
+      memset(&v, 0, sizeof v);
+      snprintf(v.name, sizeof v.name, "race_tiny");
+      v.source = (char *)(uintptr_t)src;
+      rda_module *m = NULL;
+      if (b->load(b, &v, &m, &err) != RDA_OK) {
+        fprintf(stderr, "child: %s\n", err.msg);
+        _exit(2);
+      }
+      float out[32];
+      for (int t = 0; t < 32; ++t) out[t] = -1e30f;
+      struct {
+        float *out;
+        float v;
+      } params = {out, val};
+      const unsigned grid[3] = {1, 1, 1};
+      if (b->launch(b, m, grid, 32, 0, &params, sizeof params, &err) != RDA_OK) _exit(3);
+      for (int t = 0; t < 32; ++t)
+        if (out[t] != val + (float)t) _exit(4);
+      _exit(0);
+    }
+  }
+  for (int i = 0; i < kProcs; ++i) {
+    int status = 0;
+    assert_int_equal(waitpid(pids[i], &status, 0), pids[i]);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+  }
+  rda_cache_entry_info *e = NULL;
+  size_t count = 0;
+  rda_err err = {0};
+  assert_int_equal(rda_cache_list(NULL, &e, &count, &err), RDA_OK);
+  assert_true(count >= 1);
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/%s", f->root, e[0].target);
+  int modules = 0;
+  for (size_t i = 0; i < count; ++i) modules += strcmp(e[i].name, "race_tiny") == 0;
+  assert_int_equal(modules, 1);
+  free(e);
+  assert_int_equal(count_named(dir, "inc-"), 1);
+  assert_int_equal(count_named(dir, ".tmp."), 0);
+}
+
 /* ---- folders ------------------------------------------------------------------------------- */
 
 static void expect_refused(const char *folder, const char *what) {
@@ -931,6 +994,7 @@ int main(void) {
       T(test_cache_different_source_under_same_key_is_a_miss),
       T(test_cache_concurrent_processes_leave_one_entry),
       T(test_cache_concurrent_compiles_of_one_kernel_all_succeed),
+      T(test_cache_concurrent_emulator_builds_all_succeed),
       T(test_cache_refuses_folder_writable_by_others),
       T(test_cache_refuses_folder_of_another_user),
       T(test_cache_evicts_least_recently_used_first),

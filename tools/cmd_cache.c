@@ -78,7 +78,8 @@ static int cache_warm(const char *config, const int *archs, int narchs) {
       rc = rdagen_usage("cache warm: --arch sm_%d: %s", archs[a], err.msg);
       break;
     }
-    if (rda_gen_plan(g, &cfg, &hw, &plan, &err) != RDA_OK) {
+    if (rda_gen_plan_ex(g, &cfg, &hw, RDA_PLAN_BACKWARD | RDA_PLAN_BACKWARD_ATOMIC, &plan, &err) !=
+        RDA_OK) {
       rc = rdagen_fail("%s", err.msg);
       break;
     }

@@ -371,7 +371,8 @@ int rdagen_cmd_emit(int argc, char **argv) {
   }
   int total = 0;
   for (int a = 0; a < o.narchs; ++a) {
-    if (rda_gen_plan(g, &cfg, &hws[a], &plans[a], &err) != RDA_OK) {
+    if (rda_gen_plan_ex(g, &cfg, &hws[a], RDA_PLAN_BACKWARD | RDA_PLAN_BACKWARD_ATOMIC, &plans[a],
+                        &err) != RDA_OK) {
       rc = rdagen_fail("%s", err.msg);
       goto done;
     }

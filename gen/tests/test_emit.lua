@@ -116,7 +116,7 @@ T.test("bad variants are rejected", function()
   testing.contains(testing.raises(emit.cast_name, "fp8"), "cast dtype")
 end)
 
-T.test("backward variants: names spell every specialization, sources instantiate templates", function()
+T.test("backward variants: names spell every specialization, sources use templates", function()
   local v = { head_dim = 128, dtype = "bf16", causal = true, dilated = false, block_n = 64,
               block_m = 32, warps = 4, stages = 2, dsplit = 1 }
   local name = emit.bwd_dkdv_name(v)
