@@ -58,19 +58,35 @@ local function source(name, header, fields, threads, template, params)
   return table.concat(lines, "\n") .. "\n"
 end
 
--- Source of a forward variant { head_dim, dtype, causal, dilated, block_m, block_n, warps, stages }.
-function M.fwd_source(v)
-  local name = M.fwd_name(v)
-  return source(name, "rda_fwd.cuh", {
+-- The config fields every attention kernel starts with (head_dim, dtype, causal, dilated),
+-- then `more`.
+local function attn_fields(v, more)
+  local f = {
     { "int", "head_dim", v.head_dim },
     { "int", "dtype", DTYPE_ENUM[v.dtype] },
     { "bool", "causal", tostring(v.causal) },
     { "bool", "dilated", tostring(v.dilated), "r > 1 (false: r == 1, rows contiguous, offset 0)" },
+  }
+  for _, x in ipairs(more) do f[#f + 1] = x end
+  return f
+end
+
+-- The fields of a query-tiled kernel (forward, dQ): blocks of 16 * warps query rows walking
+-- key/value tiles through a cp.async pipeline.
+local function query_tiled_fields(v)
+  return attn_fields(v, {
     { "int", "block_m", v.block_m, "query rows per block = 16 * warps" },
     { "int", "block_n", v.block_n, "key rows per inner step" },
     { "int", "warps", v.warps },
     { "int", "stages", v.stages, "cp.async pipeline depth for K/V" },
-  }, 32 * v.warps, "rda::fwd_kernel", "rda_fwd_params")
+  })
+end
+
+-- Source of a forward variant { head_dim, dtype, causal, dilated, block_m, block_n, warps, stages }.
+function M.fwd_source(v)
+  local name = M.fwd_name(v)
+  return source(name, "rda_fwd.cuh", query_tiled_fields(v), 32 * v.warps, "rda::fwd_kernel",
+                "rda_fwd_params")
 end
 
 -- o = 0, lse = -inf over the whole output.
@@ -131,33 +147,21 @@ end
 -- dK/dV of a branch: { head_dim, dtype, causal, dilated, block_n, block_m, warps, stages, dsplit }.
 function M.bwd_dkdv_source(v)
   local name = M.bwd_dkdv_name(v)
-  return source(name, "rda_bwd.cuh", {
-    { "int", "head_dim", v.head_dim },
-    { "int", "dtype", DTYPE_ENUM[v.dtype] },
-    { "bool", "causal", tostring(v.causal) },
-    { "bool", "dilated", tostring(v.dilated), "r > 1 (false: r == 1, rows contiguous, offset 0)" },
+  return source(name, "rda_bwd.cuh", attn_fields(v, {
     { "int", "block_n", v.block_n, "key rows per block = 16 * warps" },
     { "int", "block_m", v.block_m, "query rows per step" },
     { "int", "warps", v.warps },
     { "int", "stages", v.stages, "cp.async pipeline depth for Q/dO" },
     { "int", "dsplit", v.dsplit, "blocks per key tile, each owning head_dim / dsplit columns" },
     { "bool", "dq_atomic", tostring(v.dq_atomic == true), "also dQ, by fp32 atomics" },
-  }, 32 * v.warps, "rda::bwd_dkdv_kernel", "rda_bwd_params")
+  }), 32 * v.warps, "rda::bwd_dkdv_kernel", "rda_bwd_params")
 end
 
 -- dQ of a branch: { head_dim, dtype, causal, dilated, block_m, block_n, warps, stages }.
 function M.bwd_dq_source(v)
   local name = M.bwd_dq_name(v)
-  return source(name, "rda_bwd.cuh", {
-    { "int", "head_dim", v.head_dim },
-    { "int", "dtype", DTYPE_ENUM[v.dtype] },
-    { "bool", "causal", tostring(v.causal) },
-    { "bool", "dilated", tostring(v.dilated), "r > 1 (false: r == 1, rows contiguous, offset 0)" },
-    { "int", "block_m", v.block_m, "query rows per block = 16 * warps" },
-    { "int", "block_n", v.block_n, "key rows per inner step" },
-    { "int", "warps", v.warps },
-    { "int", "stages", v.stages, "cp.async pipeline depth for K/V" },
-  }, 32 * v.warps, "rda::bwd_dq_kernel", "rda_bwd_params")
+  return source(name, "rda_bwd.cuh", query_tiled_fields(v), 32 * v.warps,
+                "rda::bwd_dq_kernel", "rda_bwd_params")
 end
 
 -- Dp = <dO, O> - dLSE and zeroed dq, dk, dv before the branches.

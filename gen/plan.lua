@@ -61,16 +61,14 @@ function M.check_space(space)
   return space
 end
 
--- The tile space: `home`/tuning/fwd_space.lua when it exists, else the stand-in above. With
--- `read` (e.g. native.source, which also serves librda's embedded copy), the text comes from
--- read("tuning/fwd_space.lua") instead of the file system.
+-- A tuning space: the text of `rel` (from read(rel), else `home`/`rel` on the file system), run
+-- with an empty environment and checked by `check`; `stand_in` when there is no text.
 -- Returns space, origin (the file, or "built-in stand-in"), or nil and a message.
-function M.load_space(home, read)
-  assert(type(home) == "string", "load_space needs the rda home directory")
-  local path = home .. "/tuning/fwd_space.lua"
+local function load_tuning(home, read, rel, stand_in, check)
+  local path = home .. "/" .. rel
   local text
   if read then
-    text = read("tuning/fwd_space.lua")
+    text = read(rel)
   else
     local f = io.open(path, "r")
     if f then
@@ -78,14 +76,23 @@ function M.load_space(home, read)
       f:close()
     end
   end
-  if not text then return STAND_IN, "built-in stand-in" end
+  if not text then return stand_in, "built-in stand-in" end
   local chunk, err = load(text, "@" .. path, "t", {})
   if not chunk then return nil, err end
   local ok, space = pcall(chunk)
   if not ok then return nil, path .. ": " .. tostring(space) end
-  local checked, why = M.check_space(space)
+  local checked, why = check(space)
   if not checked then return nil, path .. ": " .. why end
   return checked, path
+end
+
+-- The tile space: `home`/tuning/fwd_space.lua when it exists, else the stand-in above. With
+-- `read` (e.g. native.source, which also serves librda's embedded copy), the text comes from
+-- read("tuning/fwd_space.lua") instead of the file system.
+-- Returns space, origin (the file, or "built-in stand-in"), or nil and a message.
+function M.load_space(home, read)
+  assert(type(home) == "string", "load_space needs the rda home directory")
+  return load_tuning(home, read, "tuning/fwd_space.lua", STAND_IN, M.check_space)
 end
 
 -- Dynamic shared memory of a forward tile: Q block plus `stages` K and V blocks, 2-byte elements.
@@ -271,25 +278,7 @@ end
 -- Returns space, origin, or nil and a message.
 function M.load_bwd_space(home, read)
   assert(type(home) == "string", "load_bwd_space needs the rda home directory")
-  local path = home .. "/tuning/bwd_space.lua"
-  local text
-  if read then
-    text = read("tuning/bwd_space.lua")
-  else
-    local f = io.open(path, "r")
-    if f then
-      text = f:read("a")
-      f:close()
-    end
-  end
-  if not text then return BWD_STAND_IN, "built-in stand-in" end
-  local chunk, err = load(text, "@" .. path, "t", {})
-  if not chunk then return nil, err end
-  local ok, space = pcall(chunk)
-  if not ok then return nil, path .. ": " .. tostring(space) end
-  local checked, why = M.check_bwd_space(space)
-  if not checked then return nil, path .. ": " .. why end
-  return checked, path
+  return load_tuning(home, read, "tuning/bwd_space.lua", BWD_STAND_IN, M.check_bwd_space)
 end
 
 -- Dynamic shared memory of the backward kernels (16-bit tiles, fp32 row statistics).

@@ -629,6 +629,24 @@ static int rda_api_ranges_meet(const rda_tensor *t, const void *p, size_t bytes)
   return t0 < p1 && p0 < t1;
 }
 
+/* The caller's workspace for fn: there (need > 0), at least need bytes, 16-byte aligned; sizer
+ * names the function that reports the size. */
+static rda_status rda_api_check_workspace(rda_ctx *ctx, const char *fn, const char *sizer,
+                                          const void *workspace, size_t workspace_bytes,
+                                          size_t need) {
+  if (workspace == NULL)
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                         "%s: workspace is NULL: %zu bytes needed (%s)", fn, need, sizer);
+  if (workspace_bytes < need)
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                         "%s: workspace_bytes = %zu: too small, %zu needed (%s)", fn,
+                         workspace_bytes, need, sizer);
+  if ((uintptr_t)workspace % 16 != 0)
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                         "%s: workspace = %p: must be 16-byte aligned", fn, workspace);
+  return RDA_OK;
+}
+
 static size_t rda_api_round_up(size_t x) {
   return (x + kWsAlign - 1) / kWsAlign * kWsAlign;
 }
@@ -741,19 +759,8 @@ rda_status rda_forward(const rda_plan *plan, const rda_tensor *q, const rda_tens
   /* Fixed layout: [fp32 O accumulator | fp32 LSE]; only the parts in use must be there. */
   const size_t need = lse == NULL ? o_bytes + l_bytes : o_direct ? 0 : o_bytes;
   if (need > 0) {
-    if (workspace == NULL)
-      return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
-                           "rda_forward: workspace is NULL: %zu bytes needed "
-                           "(rda_plan_workspace_size)",
-                           need);
-    if (workspace_bytes < need)
-      return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
-                           "rda_forward: workspace_bytes = %zu: too small, %zu needed "
-                           "(rda_plan_workspace_size)",
-                           workspace_bytes, need);
-    if ((uintptr_t)workspace % 16 != 0)
-      return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
-                           "rda_forward: workspace = %p: must be 16-byte aligned", workspace);
+    RDA_TRY(rda_api_check_workspace(ctx, "rda_forward", "rda_plan_workspace_size", workspace,
+                                    workspace_bytes, need));
   }
   /* Outputs must not be the inputs; the workspace must not hold any tensor. (Interleaved
    * layouts in one buffer are allowed, so only these cheap, certain cases are refused.) */
@@ -895,19 +902,8 @@ rda_status rda_backward(const rda_plan *plan, const rda_tensor *q, const rda_ten
                              "another argument",
                              w[i].name, w[j].name);
   const size_t need = rda_api_round_up(rda_bwd_workspace_bytes(pk, batch, n));
-  if (workspace == NULL)
-    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
-                         "rda_backward: workspace is NULL: %zu bytes needed "
-                         "(rda_plan_backward_workspace_size)",
-                         need);
-  if (workspace_bytes < need)
-    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
-                         "rda_backward: workspace_bytes = %zu: too small, %zu needed "
-                         "(rda_plan_backward_workspace_size)",
-                         workspace_bytes, need);
-  if ((uintptr_t)workspace % 16 != 0)
-    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
-                         "rda_backward: workspace = %p: must be 16-byte aligned", workspace);
+  RDA_TRY(rda_api_check_workspace(ctx, "rda_backward", "rda_plan_backward_workspace_size",
+                                  workspace, workspace_bytes, need));
   for (int i = 0; i < 10; ++i)
     if (t[i] != NULL && rda_api_ranges_meet(t[i], workspace, need))
       return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,

@@ -114,6 +114,12 @@ static rda_status launch_init(rda_backend *b, const rda_plan_k *p, const rda_fwd
   return b->launch(b, k->modules[p->init_kernel], grid, kInitThreads, 0, &ip, sizeof ip, err);
 }
 
+rda_status rda_fwd_init(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                        const rda_fwd_args *a, rda_err *err) {
+  RDA_TRY(check_args(p, a, err));
+  return launch_init(b, p, k, a, err);
+}
+
 rda_status rda_fwd_run(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
                        const rda_fwd_args *a, rda_err *err) {
   RDA_TRY(check_args(p, a, err));
@@ -155,6 +161,13 @@ rda_status rda_fwd_run(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernel
     for (int e = 0; e < i; ++e)
       if (heads_overlap(&p->steps[e], s)) fp.merge = 1;
     fp.scale_log2 = (float)(p->cfg.scale * log2e);
+    /* Every query and key of every segment (rda_params.h). */
+    fp.seg0 = 0;
+    fp.q_lo = fp.kv_lo = 0;
+    fp.q_hi = fp.kv_hi = a->n;
+    fp.row_lo = fp.kv_row_lo = 0;
+    fp.k_rs = r * fp.k_sn;
+    fp.v_rs = r * fp.v_sn;
 
     const long long gx = fp.nseg * fp.tiles_per_seg;
     if (gx > 0x7fffffffLL || s->nheads > 65535)

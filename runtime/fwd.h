@@ -30,4 +30,8 @@ void rda_fwd_unload(rda_backend *b, rda_fwd_kernels *k);
 rda_status rda_fwd_run(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
                        const rda_fwd_args *a, rda_err *err);
 
+/* Enqueue only the init: o = 0 and lse = -inf over all of a's rows (the ring's first step). */
+rda_status rda_fwd_init(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                        const rda_fwd_args *a, rda_err *err);
+
 #endif

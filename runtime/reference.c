@@ -77,6 +77,16 @@ double rda_from_dtype_bits(unsigned short bits, int dtype) {
 
 /* --- the forward pass ------------------------------------------------------------------------- */
 
+/* The positions of segment m (window w, dilation r, head offset j) of a length-n sequence into
+ * grid, increasing; returns how many. */
+static long long rda_reference_segment(long long n, long long w, long long r, long long j,
+                                       long long m, long long *grid) {
+  const long long a = m * w, e = (m + 1) * w < n ? (m + 1) * w : n;
+  long long g = 0;
+  for (long long p = a + j; p < e; p += r) grid[g++] = p;
+  return g;
+}
+
 /* Merge one branch's (lse_i, o_i) of a row into the running (LSE, O) by log-sum-exp. */
 static void rda_reference_merge(double *lse, double *o, double lse_i, const double *o_i, int d) {
   if (lse_i == -INFINITY) return;
@@ -117,9 +127,7 @@ void rda_ref_forward(const rda_config *c, long long batch, long long n, const do
         if (j < 0) continue; /* this head does not use this branch */
         const long long hk = h / group;
         for (long long m = 0; m < nseg; m++) {
-          const long long a = m * w, e = (m + 1) * w < n ? (m + 1) * w : n;
-          long long g = 0;
-          for (long long p = a + j; p < e; p += r) grid[g++] = p;
+          const long long g = rda_reference_segment(n, w, r, j, m, grid);
           for (long long pi = 0; pi < g; pi++) {
             const long long p = grid[pi];
             const double *qp = q + ((b * n + p) * H + h) * D;
@@ -197,9 +205,7 @@ void rda_ref_backward(const rda_config *c, long long batch, long long n, const d
         if (j < 0) continue; /* this head does not use this branch */
         const long long hk = h / group;
         for (long long m = 0; m < nseg; m++) {
-          const long long a = m * w, e = (m + 1) * w < n ? (m + 1) * w : n;
-          long long g = 0;
-          for (long long p = a + j; p < e; p += r) grid[g++] = p;
+          const long long g = rda_reference_segment(n, w, r, j, m, grid);
           for (long long pi = 0; pi < g; pi++) {
             const long long p = grid[pi];
             const long long row = (b * H + h) * n + p;

@@ -4,100 +4,20 @@
 #ifndef RDA_BWD_CUH
 #define RDA_BWD_CUH
 
-#include "ptx.cuh"
+#include "rda_tile.cuh"
 
 namespace rda {
 namespace bwd_detail {
 
-__device__ __forceinline__ float neg_inf() {
-  return __uint_as_float(0xff800000u);
-}
-__device__ __forceinline__ float pos_inf() {
-  return __uint_as_float(0x7f800000u);
-}
-
-constexpr float kLog2e = 1.4426950408889634f;
-
-/* XOR swizzle of 16-byte chunks within a row of a 16-bit tile (as in the forward kernel): the
- * 8 rows an ldmatrix matrix reads land in 8 distinct 16-byte bank groups. */
-template <int CHUNKS>
-__device__ __forceinline__ int swz(int row, int chunk) {
-  if constexpr (CHUNKS % 8 == 0) {
-    return chunk ^ (row & 7);
-  } else {
-    static_assert(CHUNKS % 4 == 0, "rows must hold a multiple of 4 chunks");
-    return chunk ^ ((row >> 1) & 3);
-  }
-}
-
-template <int CHUNKS>
-__device__ __forceinline__ int tile_off(int row, int chunk) {
-  return row * (CHUNKS * 16) + swz<CHUNKS>(row, chunk) * 16;
-}
-
-template <int Dtype>
-__device__ __forceinline__ void mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
-  if constexpr (Dtype == RDA_DTYPE_BF16) {
-    mma_bf16_16816(d, a, b, d);
-  } else {
-    mma_f16_16816(d, a, b, d);
-  }
-}
-
-template <int Dtype>
-__device__ __forceinline__ uint32_t pack(float lo, float hi) {
-  if constexpr (Dtype == RDA_DTYPE_BF16) {
-    return pack_bf16x2(lo, hi);
-  } else {
-    return pack_f16x2(lo, hi);
-  }
-}
-
-template <int Dtype>
-__device__ __forceinline__ float widen(uint16_t h) {
-  if constexpr (Dtype == RDA_DTYPE_BF16) {
-    return bf16_to_float(h);
-  } else {
-    return f16_to_float(h);
-  }
-}
-
-/* Copy grid rows [t_first, t_first + ROWS) of a tile (rows `row_stride` elements apart from
- * `base`) into swizzled shared memory; rows >= ng are zero-filled. */
-template <int CHUNKS, int ROWS, int THREADS>
-__device__ __forceinline__ void load_tile(unsigned char *dst, const uint16_t *base,
-                                          long long row_stride, int t_first, int ng, int tid) {
-  constexpr int TOTAL = ROWS * CHUNKS;
-#pragma unroll
-  for (int i = 0; i < (TOTAL + THREADS - 1) / THREADS; ++i) {
-    const int idx = tid + i * THREADS;
-    if (TOTAL % THREADS == 0 || idx < TOTAL) {
-      const int row = idx / CHUNKS;
-      const int ch = idx % CHUNKS;
-      const int t = t_first + row;
-      const bool ok = t < ng;
-      const uint16_t *src = base + (ok ? static_cast<long long>(t) * row_stride : 0) + ch * 8;
-      cp_async_16(dst + tile_off<CHUNKS>(row, ch), src, ok);
-    }
-  }
-}
-
-/* Per-lane ldmatrix byte offsets in a swizzled tile, a few per lane (see rda_fwd.cuh):
- * off(cp, row16) for chunk pair cp and a row shift that is a multiple of 16. */
-template <int CHUNKS>
-struct LaneOfs {
-  static constexpr int PERIOD = CHUNKS % 8 == 0 ? 8 : 4;
-  static constexpr int PAIRS = PERIOD / 2;
-  int ofs[PAIRS];
-
-  __device__ __forceinline__ void init(int row, int odd) {
-#pragma unroll
-    for (int k = 0; k < PAIRS; ++k) ofs[k] = tile_off<CHUNKS>(row, 2 * k + odd);
-  }
-  __device__ __forceinline__ int at(int cp, int row16) const {
-    return ofs[cp % PAIRS] + (cp / PAIRS) * PERIOD * 16 + row16 * CHUNKS * 16;
-  }
-};
+using tile::kLog2e;
+using tile::LaneOfs;
+using tile::load_tile;
+using tile::mma;
+using tile::neg_inf;
+using tile::pack_a;
+using tile::pos_inf;
+using tile::tile_off;
+using tile::widen;
 
 /* A branch's grid in one segment for one query head (SPEC §1). */
 struct Grid {
@@ -113,19 +33,41 @@ __device__ __forceinline__ Grid grid_of(const rda_bwd_params &p, int seg, int h)
   g.a = seg * p.w;
   const long long seg_end = g.a + p.w < p.n ? g.a + p.w : p.n;
   g.r = Dilated ? p.r : 1;
-  g.j = 0;
-  if constexpr (Dilated) {
-    if (p.offset_mode == RDA_OFFSETS_MOD) {
-      g.j = h % g.r;
-    } else if (p.offset_mode == RDA_OFFSETS_BLOCK) {
-      g.j = h / p.offset_arg;
-    } else {
-      g.j = p.offset_arg % g.r;
+  g.j = tile::grid_offset<Dilated>(p.offset_mode, p.offset_arg, h, g.r);
+  g.ng = tile::grid_rows(seg_end - g.a, g.j, g.r);
+  return g;
+}
+
+/* s = X Y^T and dp = U W^T over the head dim (KS 16-wide k-steps) for this warp's 16 rows of
+ * the X and U tiles (rows 16 warp ..., offsets ao) against NT 8-row column tiles of the Y and W
+ * tiles (offsets bo), from zero: S^T and dP^T in dK/dV (X, U = K, V; Y, W = Q, dO), S and dP
+ * in dQ (X, U = Q, dO; Y, W = K, V). */
+template <int Dtype, int KS, int NT, int CHUNKS>
+__device__ __forceinline__ void two_products(const unsigned char *x, const unsigned char *u,
+                                             const unsigned char *y, const unsigned char *w,
+                                             const LaneOfs<CHUNKS> &ao, const LaneOfs<CHUNKS> &bo,
+                                             int warp, float (*s)[4], float (*dp)[4]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
+  }
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks) {
+    uint32_t xa[4], ua[4];
+    ldmatrix_x4(xa, x + ao.at(ks, 16 * warp));
+    ldmatrix_x4(ua, u + ao.at(ks, 16 * warp));
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t yb[4], wb[4];
+      ldmatrix_x4(yb, y + bo.at(ks, 16 * np));
+      mma<Dtype>(s[2 * np], xa, yb);
+      mma<Dtype>(s[2 * np + 1], xa, yb + 2);
+      ldmatrix_x4(wb, w + bo.at(ks, 16 * np));
+      mma<Dtype>(dp[2 * np], ua, wb);
+      mma<Dtype>(dp[2 * np + 1], ua, wb + 2);
     }
   }
-  const long long len = seg_end - g.a;
-  g.ng = g.j < len ? static_cast<int>((len - g.j + g.r - 1) / g.r) : 0;
-  return g;
 }
 
 /* log2-domain LSE of a row for P = exp2(s * scale_log2 - lse2): +inf (so P = 0) when the
@@ -230,27 +172,7 @@ __device__ __forceinline__ void dkdv_step(const unsigned char *sk, const unsigne
   const int lane = lane_id();
 
   float s[T::NT][4], dp[T::NT][4];
-#pragma unroll
-  for (int nt = 0; nt < T::NT; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
-  }
-#pragma unroll
-  for (int ks = 0; ks < T::KS; ++ks) {
-    uint32_t ka[4], va[4];
-    ldmatrix_x4(ka, sk + ao.at(ks, 16 * warp));
-    ldmatrix_x4(va, sv + ao.at(ks, 16 * warp));
-#pragma unroll
-    for (int np = 0; np < T::NT / 2; ++np) {
-      uint32_t qb[4], db[4];
-      ldmatrix_x4(qb, sq + bo.at(ks, 16 * np));
-      mma<Cfg::dtype>(s[2 * np], ka, qb);
-      mma<Cfg::dtype>(s[2 * np + 1], ka, qb + 2);
-      ldmatrix_x4(db, sdo + bo.at(ks, 16 * np));
-      mma<Cfg::dtype>(dp[2 * np], va, db);
-      mma<Cfg::dtype>(dp[2 * np + 1], va, db + 2);
-    }
-  }
+  two_products<Cfg::dtype, T::KS, T::NT>(sk, sv, sq, sdo, ao, bo, warp, s, dp);
 
   /* Element e of column tile nt: key kw0 + g + 8 (e / 2), query q0 + 8 nt + 2c + e % 2. */
   const int g = lane >> 2;
@@ -275,14 +197,8 @@ __device__ __forceinline__ void dkdv_step(const unsigned char *sk, const unsigne
 #pragma unroll
   for (int kk = 0; kk < T::BM / 16; ++kk) {
     uint32_t pa[4], da[4];
-    pa[0] = pack<Cfg::dtype>(s[2 * kk][0], s[2 * kk][1]);
-    pa[1] = pack<Cfg::dtype>(s[2 * kk][2], s[2 * kk][3]);
-    pa[2] = pack<Cfg::dtype>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    pa[3] = pack<Cfg::dtype>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    da[0] = pack<Cfg::dtype>(dp[2 * kk][0], dp[2 * kk][1]);
-    da[1] = pack<Cfg::dtype>(dp[2 * kk][2], dp[2 * kk][3]);
-    da[2] = pack<Cfg::dtype>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-    da[3] = pack<Cfg::dtype>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+    pack_a<Cfg::dtype>(pa, s[2 * kk], s[2 * kk + 1]);
+    pack_a<Cfg::dtype>(da, dp[2 * kk], dp[2 * kk + 1]);
     if constexpr (T::ATOMIC) {
       const int row = 16 * warp + g;
       *reinterpret_cast<uint32_t *>(sds + ds_off<T::DS_CHUNKS>(row, 2 * kk) + 2 * c2) = da[0];
@@ -399,27 +315,7 @@ __device__ __forceinline__ void dq_step(const unsigned char *sq, const unsigned 
   using T = DqTraits<Cfg>;
   const int lane = lane_id();
   float s[T::NT][4], dp[T::NT][4];
-#pragma unroll
-  for (int nt = 0; nt < T::NT; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
-  }
-#pragma unroll
-  for (int ks = 0; ks < T::KS; ++ks) {
-    uint32_t qa[4], da[4];
-    ldmatrix_x4(qa, sq + ao.at(ks, 16 * warp));
-    ldmatrix_x4(da, sdo + ao.at(ks, 16 * warp));
-#pragma unroll
-    for (int np = 0; np < T::NT / 2; ++np) {
-      uint32_t kb[4], vb[4];
-      ldmatrix_x4(kb, sk + bo.at(ks, 16 * np));
-      mma<Cfg::dtype>(s[2 * np], qa, kb);
-      mma<Cfg::dtype>(s[2 * np + 1], qa, kb + 2);
-      ldmatrix_x4(vb, sv + bo.at(ks, 16 * np));
-      mma<Cfg::dtype>(dp[2 * np], da, vb);
-      mma<Cfg::dtype>(dp[2 * np + 1], da, vb + 2);
-    }
-  }
+  two_products<Cfg::dtype, T::KS, T::NT>(sq, sdo, sk, sv, ao, bo, warp, s, dp);
 
   /* Element e of column tile nt: query wrow0 + g + 8 (e / 2), key n0 + 8 nt + 2c + e % 2. */
   const int g = lane >> 2;
@@ -442,10 +338,7 @@ __device__ __forceinline__ void dq_step(const unsigned char *sq, const unsigned 
 #pragma unroll
   for (int kk = 0; kk < T::BN / 16; ++kk) {
     uint32_t da[4];
-    da[0] = pack<Cfg::dtype>(s[2 * kk][0], s[2 * kk][1]);
-    da[1] = pack<Cfg::dtype>(s[2 * kk][2], s[2 * kk][3]);
-    da[2] = pack<Cfg::dtype>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    da[3] = pack<Cfg::dtype>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    pack_a<Cfg::dtype>(da, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
     for (int cp = 0; cp < T::D / 16; ++cp) {
       uint32_t kb[4];
@@ -463,8 +356,8 @@ __device__ __forceinline__ void dq_step(const unsigned char *sq, const unsigned 
 template <class Cfg>
 __device__ __forceinline__ void bwd_prep_kernel(const rda_bwd_prep_params &p) {
   using bwd_detail::neg_inf;
-  const long long first = static_cast<long long>(blockIdx.x) * Cfg::threads + threadIdx.x;
-  const long long step = static_cast<long long>(gridDim.x) * Cfg::threads;
+  const long long first = tile::first_index<Cfg::threads>();
+  const long long step = tile::grid_stride<Cfg::threads>();
   const long long rows = p.batch * p.n * p.heads;
   for (long long i = first; i < rows; i += step) {
     const long long h = i % p.heads;

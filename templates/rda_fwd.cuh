@@ -129,15 +129,19 @@ __device__ __forceinline__ void load_tile(unsigned char *dst, const uint16_t *ba
   }
 }
 
+/* The first grid row t >= 0 with x <= t * r (x: position relative to the grid's start),
+ * clamped to [0, ng]. */
+__device__ __forceinline__ int grid_at(long long x, long long r, int ng) {
+  if (x <= 0) return 0;
+  const long long t = (x + r - 1) / r;
+  return t < ng ? static_cast<int>(t) : ng;
+}
+
 /* Where the block's work lies: segment, head, grid and strides. */
 struct Block {
-  long long a; /* first position of the segment */
-  long long j; /* grid offset within the segment */
-  long long r; /* dilation rate (1 when not dilated) */
-  int ng;      /* rows of the grid */
-  int t0;      /* first grid row of this query tile */
-  int h;       /* query head */
-  long long b; /* batch element */
+  long long pos; /* local row in q, o, lse of the tile's first row (grid row t0) */
+  long long r;   /* dilation rate (1 when not dilated) */
+  int nrows;     /* rows of the tile that are queries of the launch (grid rows < q_hi's) */
 };
 
 /* Per-lane byte offsets of ldmatrix rows in a swizzled tile. An x4 ldmatrix reads chunk pair
@@ -310,18 +314,25 @@ __device__ __forceinline__ void epilogue(const rda_fwd_params &p, const Block &b
 
   /* Per row: the natural-log lse, and the weights of the old and the new output. */
   constexpr float kLn2 = 0.693147180559945309f;
+  /* Recomputed from the block index here rather than kept live through the main loop. */
+  const int h = p.head0 + static_cast<int>(blockIdx.y);
+  const long long b = blockIdx.z;
+  float *lse_row = p.lse + b * p.lse_sb + h * p.lse_sh + bk.pos;
   for (int row = tid; row < T::BM; row += T::THREADS) {
-    const int t = bk.t0 + row;
-    if (t < bk.ng) {
+    if (row < bk.nrows) {
       const float mm = srow[2 * row];
       const float ll = srow[2 * row + 1];
-      float lse = (mm + log2f(ll)) * kLn2;
-      float w_new = 1.f / ll;
+      /* ll == 0: every key of this launch was masked (only with sub-range keys, the ring). */
+      float lse = ll > 0.f ? (mm + log2f(ll)) * kLn2 : neg_inf();
+      float w_new = ll > 0.f ? 1.f / ll : 0.f;
       float w_old = 0.f;
-      float *lp = p.lse + bk.b * p.lse_sb + bk.h * p.lse_sh + (bk.a + bk.j + t * bk.r);
+      float *lp = lse_row + row * bk.r;
       if (p.merge) {
         const float old = *lp;
-        if (old != neg_inf()) {
+        if (old != neg_inf() && lse == neg_inf()) {
+          w_old = 1.f;
+          lse = old;
+        } else if (old != neg_inf()) {
           const float mx = fmax2(old, lse);
           const float merged = mx + logf(expf(old - mx) + expf(lse - mx));
           w_old = expf(old - merged);
@@ -336,18 +347,17 @@ __device__ __forceinline__ void epilogue(const rda_fwd_params &p, const Block &b
   }
   sync_threads();
 
-  float *obase = p.o + bk.b * p.o_sb + bk.h * p.o_sh + (bk.a + bk.j) * p.o_sn;
   const long long o_rs = bk.r * p.o_sn;
+  float *o_row = p.o + b * p.o_sb + h * p.o_sh + bk.pos * p.o_sn;
 #pragma unroll 4
   for (int idx = tid; idx < T::BM * C4; idx += T::THREADS) {
     const int row = idx / C4;
     const int ch = idx % C4;
-    const int t = bk.t0 + row;
-    if (t < bk.ng) {
+    if (row < bk.nrows) {
       const f32x4 v = *reinterpret_cast<const f32x4 *>(so + row * T::D + swz_o(row, ch) * 4);
       const float w_old = srow[2 * row];
       const float w_new = srow[2 * row + 1];
-      f32x4 *dst = reinterpret_cast<f32x4 *>(obase + t * o_rs + ch * 4);
+      f32x4 *dst = reinterpret_cast<f32x4 *>(o_row + row * o_rs + ch * 4);
       f32x4 out;
       out.x = v.x * w_new;
       out.y = v.y * w_new;
@@ -383,41 +393,51 @@ __device__ __forceinline__ void fwd_kernel(const rda_fwd_params &p) {
   const int lane = lane_id();
 
   Block bk;
-  const int seg = static_cast<int>(blockIdx.x) / p.tiles_per_seg;
+  const long long seg = static_cast<int>(blockIdx.x) / p.tiles_per_seg + p.seg0;
   /* Causal: the last query tiles of a segment have the most keys; blocks launched first take
    * them so the short ones fill the tail of the grid. */
   const int tile_in = static_cast<int>(blockIdx.x) % p.tiles_per_seg;
   const int tile = Cfg::causal ? p.tiles_per_seg - 1 - tile_in : tile_in;
-  bk.h = p.head0 + static_cast<int>(blockIdx.y);
-  bk.b = blockIdx.z;
-  bk.a = seg * p.w;
-  const long long seg_end = bk.a + p.w < p.n ? bk.a + p.w : p.n;
+  const int h = p.head0 + static_cast<int>(blockIdx.y);
+  const long long b = blockIdx.z;
+  const long long a = seg * p.w; /* first position of the segment */
+  const long long seg_end = a + p.w < p.n ? a + p.w : p.n;
   bk.r = Cfg::dilated ? p.r : 1;
-  bk.j = 0;
+  long long j = 0; /* grid offset within the segment */
   if constexpr (Cfg::dilated) {
     if (p.offset_mode == RDA_OFFSETS_MOD) {
-      bk.j = bk.h % bk.r;
+      j = h % bk.r;
     } else if (p.offset_mode == RDA_OFFSETS_BLOCK) {
-      bk.j = bk.h / p.offset_arg;
+      j = h / p.offset_arg;
     } else {
-      bk.j = p.offset_arg % bk.r;
+      j = p.offset_arg % bk.r;
     }
   }
-  const long long len = seg_end - bk.a;
-  bk.ng = bk.j < len ? static_cast<int>((len - bk.j + bk.r - 1) / bk.r) : 0;
-  bk.t0 = tile * T::BM;
-  if (bk.t0 >= bk.ng) return;
+  const long long len = seg_end - a;
+  const int ng = j < len ? static_cast<int>((len - j + bk.r - 1) / bk.r) : 0;
+  /* Query grid rows [qt0, qt1) and key grid rows [kt0, kt1) of this launch. */
+  const int qt0 = fwd_detail::grid_at(p.q_lo - (a + j), bk.r, ng);
+  const int qt1 = fwd_detail::grid_at(p.q_hi - (a + j), bk.r, ng);
+  const int kt0 = fwd_detail::grid_at(p.kv_lo - (a + j), bk.r, ng);
+  const int kt1 = fwd_detail::grid_at(p.kv_hi - (a + j), bk.r, ng);
+  const int t0 = qt0 + tile * T::BM; /* first grid row of this query tile */
+  if (t0 >= qt1) return;
+  const long long pos0 = a + j - p.row_lo; /* local row of grid row 0 in q, o, lse */
+  bk.nrows = qt1 - t0;
+  bk.pos = pos0 + t0 * bk.r;
+  const int nk = kt1 > kt0 ? kt1 - kt0 : 0; /* keys, counted from kt0 */
 
-  const int kvh = bk.h / p.kv_group;
-  const uint16_t *qg =
-      static_cast<const uint16_t *>(p.q) + bk.b * p.q_sb + bk.h * p.q_sh + (bk.a + bk.j) * p.q_sn;
+  const int kvh = h / p.kv_group;
+  /* Grid row 0's address; rows before qt0 are never read (cp.async with src-size 0). */
+  const uint16_t *qg = static_cast<const uint16_t *>(p.q) + b * p.q_sb + h * p.q_sh + pos0 * p.q_sn;
+  const long long kpos = a + j + kt0 * bk.r - p.kv_row_lo;
   const uint16_t *kg =
-      static_cast<const uint16_t *>(p.k) + bk.b * p.k_sb + kvh * p.k_sh + (bk.a + bk.j) * p.k_sn;
+      static_cast<const uint16_t *>(p.k) + b * p.k_sb + kvh * p.k_sh + kpos * p.k_sn;
   const uint16_t *vg =
-      static_cast<const uint16_t *>(p.v) + bk.b * p.v_sb + kvh * p.v_sh + (bk.a + bk.j) * p.v_sn;
+      static_cast<const uint16_t *>(p.v) + b * p.v_sb + kvh * p.v_sh + kpos * p.v_sn;
   const long long q_rs = bk.r * p.q_sn;
-  const long long k_rs = bk.r * p.k_sn;
-  const long long v_rs = bk.r * p.v_sn;
+  const long long k_rs = p.k_rs;
+  const long long v_rs = p.v_rs;
 
   unsigned char *smem = dynamic_smem();
   unsigned char *sq = smem;
@@ -425,16 +445,17 @@ __device__ __forceinline__ void fwd_kernel(const rda_fwd_params &p) {
   unsigned char *sv = sk + T::STAGES * T::KV_BYTES;
 
   /* Causal: keys t' <= t, so the last tile visited is the one holding the block's last row. */
-  const int n_end = Cfg::causal ? (bk.ng < bk.t0 + T::BM ? bk.ng : bk.t0 + T::BM) : bk.ng;
-  const int ntiles = (n_end + T::BN - 1) / T::BN;
+  const int q_end = qt1 < t0 + T::BM ? qt1 : t0 + T::BM;
+  const int n_end = Cfg::causal ? (nk < q_end - kt0 ? nk : q_end - kt0) : nk;
+  const int ntiles = n_end > 0 ? (n_end + T::BN - 1) / T::BN : 0;
 
   /* Prologue: Q with K/V tile 0 in group 0, tiles 1 .. stages-2 in their own groups. */
-  fwd_detail::load_tile<T, T::BM>(sq, qg, q_rs, bk.t0, bk.ng, tid);
+  fwd_detail::load_tile<T, T::BM>(sq, qg, q_rs, t0, qt1, tid);
 #pragma unroll
   for (int s = 0; s < T::STAGES - 1; ++s) {
     if (s < ntiles) {
-      fwd_detail::load_tile<T, T::BN>(sk + s * T::KV_BYTES, kg, k_rs, s * T::BN, bk.ng, tid);
-      fwd_detail::load_tile<T, T::BN>(sv + s * T::KV_BYTES, vg, v_rs, s * T::BN, bk.ng, tid);
+      fwd_detail::load_tile<T, T::BN>(sk + s * T::KV_BYTES, kg, k_rs, s * T::BN, nk, tid);
+      fwd_detail::load_tile<T, T::BN>(sv + s * T::KV_BYTES, vg, v_rs, s * T::BN, nk, tid);
     }
     cp_async_commit();
   }
@@ -450,7 +471,9 @@ __device__ __forceinline__ void fwd_kernel(const rda_fwd_params &p) {
   float l[2] = {0.f, 0.f};
   uint32_t qf[T::Q_IN_REGS ? T::KS : 1][4];
 
-  const int wrow0 = bk.t0 + 16 * warp; /* this warp's first grid row */
+  const int wrow0 = t0 + 16 * warp;   /* this warp's first grid row */
+  const int wrel = wrow0 - kt0;       /* the same, in key index space (causal masking) */
+  const bool warp_live = wrow0 < qt1; /* the warp has query rows */
   /* ldmatrix x4: lanes 8i..8i+7 address the rows of matrix i (see ptx.cuh). */
   const int mi = lane >> 3;
   const int mr = lane & 7;
@@ -477,24 +500,24 @@ __device__ __forceinline__ void fwd_kernel(const rda_fwd_params &p) {
     const int nxt = it + T::STAGES - 1;
     if (nxt < ntiles) {
       const int st = nxt % T::STAGES;
-      fwd_detail::load_tile<T, T::BN>(sk + st * T::KV_BYTES, kg, k_rs, nxt * T::BN, bk.ng, tid);
-      fwd_detail::load_tile<T, T::BN>(sv + st * T::KV_BYTES, vg, v_rs, nxt * T::BN, bk.ng, tid);
+      fwd_detail::load_tile<T, T::BN>(sk + st * T::KV_BYTES, kg, k_rs, nxt * T::BN, nk, tid);
+      fwd_detail::load_tile<T, T::BN>(sv + st * T::KV_BYTES, vg, v_rs, nxt * T::BN, nk, tid);
     }
     cp_async_commit();
 
     const int n0 = it * T::BN;
     /* Warp-uniform skips: rows all past the grid end, or (causal) keys all in the future. */
-    if (wrow0 >= bk.ng) continue;
-    if (Cfg::causal && n0 > wrow0 + 15) continue;
+    if (!warp_live) continue;
+    if (Cfg::causal && n0 > wrel + 15) continue;
     const int st = it % T::STAGES;
     const unsigned char *skt = sk + st * T::KV_BYTES;
     const unsigned char *svt = sv + st * T::KV_BYTES;
-    const bool need_mask = n0 + T::BN > bk.ng || (Cfg::causal && n0 + T::BN - 1 > wrow0);
+    const bool need_mask = n0 + T::BN > nk || (Cfg::causal && n0 + T::BN - 1 > wrel);
     if (need_mask) {
-      fwd_detail::tile_step<Cfg, true>(sq, skt, svt, qf, qo, ko, vo, qflip, sl2, n0, bk.ng, wrow0,
+      fwd_detail::tile_step<Cfg, true>(sq, skt, svt, qf, qo, ko, vo, qflip, sl2, n0, nk, wrel,
                                        acc, m, l);
     } else {
-      fwd_detail::tile_step<Cfg, false>(sq, skt, svt, qf, qo, ko, vo, qflip, sl2, n0, bk.ng, wrow0,
+      fwd_detail::tile_step<Cfg, false>(sq, skt, svt, qf, qo, ko, vo, qflip, sl2, n0, nk, wrel,
                                         acc, m, l);
     }
   }

@@ -35,6 +35,21 @@ typedef struct rda_fwd_params {
   int merge;                /* 0: first writer of every row it covers (o, lse are overwritten);
                                1: merge by log-sum-exp into o, lse */
   float scale_log2;         /* softmax scale times log2(e) */
+  /* Which queries and keys (the ring, runtime/ring.c, launches sub-ranges; grids stay on
+   * GLOBAL positions, so causal masking compares global grid rows). The segment of a block is
+   * blockIdx.x / tiles_per_seg + seg0; its queries are the grid rows at global positions in
+   * [q_lo, q_hi) (query tiles counted from the first of them), its keys those in
+   * [kv_lo, kv_hi). q, o, lse hold position p at local row p - row_lo. The first key grid row
+   * kt0 (at position x) is at k + (x - kv_row_lo) * k_sn, grid row t at that + (t - kt0) * k_rs
+   * (k_sn = 0 with k_rs = the row pitch: a compact received block); v alike. The single-device
+   * pass: seg0 = 0, q_lo = kv_lo = 0, q_hi = kv_hi = n, row_lo = kv_row_lo = 0,
+   * k_rs = r * k_sn, v_rs = r * v_sn. */
+  long long seg0;
+  long long q_lo, q_hi;
+  long long kv_lo, kv_hi;
+  long long row_lo;
+  long long kv_row_lo;
+  long long k_rs, v_rs;
 } rda_fwd_params;
 
 /* Fill o with 0 and lse with -inf (rows that no branch covers keep these values). */

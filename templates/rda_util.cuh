@@ -4,38 +4,16 @@
 #ifndef RDA_UTIL_CUH
 #define RDA_UTIL_CUH
 
-#include "ptx.cuh"
+#include "rda_tile.cuh"
 
 namespace rda {
 namespace util_detail {
 
-struct alignas(16) f32x4 {
-  float x, y, z, w;
-};
-
-struct alignas(16) u32x4 {
-  uint32_t x, y, z, w;
-};
-
-template <int Dtype>
-__device__ __forceinline__ uint32_t pack(float lo, float hi) {
-  if constexpr (Dtype == RDA_DTYPE_BF16) {
-    return pack_bf16x2(lo, hi);
-  } else {
-    return pack_f16x2(lo, hi);
-  }
-}
-
-/* Grid-stride loop bounds for a 1-D launch of THREADS threads per block. */
-template <int THREADS>
-__device__ __forceinline__ long long first_index() {
-  return static_cast<long long>(blockIdx.x) * THREADS + threadIdx.x;
-}
-
-template <int THREADS>
-__device__ __forceinline__ long long grid_stride() {
-  return static_cast<long long>(gridDim.x) * THREADS;
-}
+using tile::f32x4;
+using tile::first_index;
+using tile::grid_stride;
+using tile::pack;
+using tile::u32x4;
 
 }  // namespace util_detail
 
@@ -58,7 +36,7 @@ __device__ __forceinline__ void init_kernel(const rda_init_params &p) {
     *reinterpret_cast<f32x4 *>(p.o + b * p.o_sb + n * p.o_sn + h * p.o_sh + 4 * c) = zero;
   }
   const long long total_l = p.batch * p.heads * p.n;
-  const float ninf = __uint_as_float(0xff800000u);
+  const float ninf = tile::neg_inf();
   for (long long i = util_detail::first_index<Cfg::threads>(); i < total_l; i += step) {
     const long long n = i % p.n;
     const long long rest = i / p.n;

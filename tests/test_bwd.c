@@ -8,6 +8,7 @@
 #include "gen.h"
 #include "reference.h"
 #include "rda_test.h"
+#include "rda_test_backend.h"
 
 #include <math.h>
 #include <setjmp.h>
@@ -24,96 +25,17 @@
 
 /* ------------------------------------------------------------------ fixture */
 
-typedef struct bwd_backend {
-  rda_backend *b;
-  rda_hw hw;
-} bwd_backend;
-
-static rda_gen *g_gen;
-static bwd_backend g_backends[2];
-static int g_nbackends;
+static rt_backends g_rt; /* the generator and the backends every case runs on */
 
 static int group_setup(void **state) {
   (void)state;
-  rda_err err = {0};
-  if (rda_gen_open(&g_gen, &err) != RDA_OK) {
-    fprintf(stderr, "test_bwd: rda_gen_open: %s\n", err.msg);
-    return -1;
-  }
-  bwd_backend *e = &g_backends[g_nbackends];
-  if (rda_backend_emu_open(&e->b, 90, &err) != RDA_OK ||
-      rda_gen_hw_builtin(g_gen, e->b->arch, &e->hw, &err) != RDA_OK) {
-    fprintf(stderr, "test_bwd: emu backend: %s\n", err.msg);
-    return -1;
-  }
-  g_nbackends++;
-  rda_err cerr = {0};
-  bwd_backend *c = &g_backends[g_nbackends];
-  if (rda_backend_cuda_open(&c->b, 0, &cerr) == RDA_OK) {
-    if (rda_backend_cuda_hw(c->b, &c->hw, &cerr) == RDA_OK) {
-      g_nbackends++;
-    } else {
-      c->b->destroy(c->b);
-      c->b = NULL;
-    }
-  }
-  if (g_nbackends == 1)
-    fprintf(stderr, "test_bwd: no usable GPU (%s); the cuda backend is skipped, emu only\n",
-            cerr.msg);
-  return 0;
+  return rt_backends_open(&g_rt, "test_bwd");
 }
 
 static int group_teardown(void **state) {
   (void)state;
-  for (int i = 0; i < g_nbackends; ++i) g_backends[i].b->destroy(g_backends[i].b);
-  g_nbackends = 0;
-  rda_gen_close(g_gen);
-  g_gen = NULL;
+  rt_backends_close(&g_rt);
   return 0;
-}
-
-/* ------------------------------------------------------------------ helpers */
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void *dev_alloc(rda_backend *b, size_t bytes) {
-  rda_err err = {0};
-  void *p = NULL;
-  if (b->alloc(b, bytes, &p, &err) != RDA_OK) fail_msg("%s alloc: %s", b->name, err.msg);
-  return p;
-}
-
-static void dev_upload(rda_backend *b, void *dst, const void *src, size_t bytes) {
-  rda_err err = {0};
-  if (b->upload(b, dst, src, bytes, &err) != RDA_OK) fail_msg("%s upload: %s", b->name, err.msg);
-}
-
-static void dev_download(rda_backend *b, void *dst, const void *src, size_t bytes) {
-  rda_err err = {0};
-  if (b->download(b, dst, src, bytes, &err) != RDA_OK)
-    fail_msg("%s download: %s", b->name, err.msg);
-}
-
-/* A device fp32 buffer of `count` NaNs (outputs are poisoned before every run). */
-static float *dev_poisoned(rda_backend *b, size_t count) {
-  float *host = malloc(count * sizeof *host);
-  assert_non_null(host);
-  rt_poison_f32(host, count);
-  float *dev = dev_alloc(b, count * sizeof *dev);
-  dev_upload(b, dev, host, count * sizeof *dev);
-  free(host);
-  return dev;
-}
-
-static float *download_f32(rda_backend *b, const float *dev, size_t count) {
-  float *host = malloc(count * sizeof *host);
-  assert_non_null(host);
-  dev_download(b, host, dev, count * sizeof *host);
-  return host;
 }
 
 /* ------------------------------------------------------------------ one case */
@@ -135,9 +57,7 @@ typedef struct bwd_case {
 static void strides_of(const bwd_case *bc, long long heads, long long pad, long long s[3]) {
   const long long d = bc->head_dim;
   if (bc->strided) {
-    s[2] = d + pad;
-    s[0] = heads * s[2];
-    s[1] = bc->batch * s[0];
+    rt_strides_seq_first(bc->batch, heads, d, pad, s);
   } else {
     rt_strides_contig(bc->n, heads, d, s);
   }
@@ -148,15 +68,15 @@ static uint16_t *dev_bits(rda_backend *b, const double *x, const bwd_case *bc, l
                           const long long s[3]) {
   size_t count = 0;
   uint16_t *host = rt_make_bits(x, bc->batch, bc->n, heads, bc->head_dim, s, bc->dtype, &count);
-  uint16_t *dev = dev_alloc(b, count * sizeof *dev);
-  dev_upload(b, dev, host, count * sizeof *dev);
+  uint16_t *dev = rt_dev_alloc(b, count * sizeof *dev);
+  rt_dev_upload(b, dev, host, count * sizeof *dev);
   free(host);
   return dev;
 }
 
 /* Plan (forward + backward), run the forward pass for O and LSE, then the backward pass; compare
  * with the float64 reference gradient. */
-static void run_case_on(bwd_backend *be, const char *what, const bwd_case *bc) {
+static void run_case_on(rt_backend *be, const char *what, const bwd_case *bc) {
   rda_backend *b = be->b;
   const long long B = bc->batch, N = bc->n, H = bc->heads, Hkv = bc->kv_heads, D = bc->head_dim;
   rda_config cfg;
@@ -168,15 +88,15 @@ static void run_case_on(bwd_backend *be, const char *what, const bwd_case *bc) {
   rda_plan_k plan;
   memset(&plan, 0, sizeof plan);
   const unsigned flags = RDA_PLAN_BACKWARD | (bc->atomic ? RDA_PLAN_BACKWARD_ATOMIC : 0u);
-  if (rda_gen_plan_ex(g_gen, &cfg, &be->hw, flags, &plan, &err) != RDA_OK)
+  if (rda_gen_plan_ex(g_rt.gen, &cfg, &be->hw, flags, &plan, &err) != RDA_OK)
     fail_msg("%s: plan: %s", what, err.msg);
   assert_true(plan.has_bwd);
   for (int i = 0; i < plan.nsteps; ++i) /* d = 256 splits dK/dV: no atomic variant there */
     assert_int_equal(plan.bwd_steps[i].dkdv_atomic_kernel >= 0, bc->atomic && D != 256);
   rda_fwd_kernels kern = {0, NULL};
-  const double t_load = now_s();
+  const double t_load = rt_now_s();
   if (rda_fwd_load(b, &plan, &kern, &err) != RDA_OK) fail_msg("%s: load: %s", what, err.msg);
-  const double load_s = now_s() - t_load;
+  const double load_s = rt_now_s() - t_load;
 
   double *q = rt_normal((size_t)(B * N * H * D), bc->dtype);
   double *k = rt_normal((size_t)(B * N * Hkv * D), bc->dtype);
@@ -206,8 +126,8 @@ static void run_case_on(bwd_backend *be, const char *what, const bwd_case *bc) {
   uint16_t *k_dev = dev_bits(b, k, bc, Hkv, k_s);
   uint16_t *v_dev = dev_bits(b, v, bc, Hkv, v_s);
   uint16_t *do_dev = dev_bits(b, dout, bc, H, do_s);
-  float *o_dev = dev_poisoned(b, o_count);
-  float *lse_dev = dev_poisoned(b, lse_count);
+  float *o_dev = rt_dev_poisoned(b, o_count);
+  float *lse_dev = rt_dev_poisoned(b, lse_count);
   float *dlse_dev = NULL;
   if (dlse != NULL) {
     float *host = malloc(lse_count * sizeof *host);
@@ -217,16 +137,16 @@ static void run_case_on(bwd_backend *be, const char *what, const bwd_case *bc) {
       for (long long ih = 0; ih < H; ++ih)
         for (long long in = 0; in < N; ++in)
           host[ib * lse_s[0] + ih * lse_s[1] + in] = (float)dlse[(ib * H + ih) * N + in];
-    dlse_dev = dev_alloc(b, lse_count * sizeof *dlse_dev);
-    dev_upload(b, dlse_dev, host, lse_count * sizeof *host);
+    dlse_dev = rt_dev_alloc(b, lse_count * sizeof *dlse_dev);
+    rt_dev_upload(b, dlse_dev, host, lse_count * sizeof *host);
     free(host);
   }
-  float *dq_dev = dev_poisoned(b, dq_count);
-  float *dk_dev = dev_poisoned(b, dk_count);
-  float *dv_dev = dev_poisoned(b, dv_count);
+  float *dq_dev = rt_dev_poisoned(b, dq_count);
+  float *dk_dev = rt_dev_poisoned(b, dk_count);
+  float *dv_dev = rt_dev_poisoned(b, dv_count);
   const size_t ws_bytes = rda_bwd_workspace_bytes(&plan, B, N);
   assert_int_equal(ws_bytes, (size_t)(B * H * N) * sizeof(float));
-  float *ws_dev = dev_poisoned(b, ws_bytes / sizeof(float));
+  float *ws_dev = rt_dev_poisoned(b, ws_bytes / sizeof(float));
 
   rda_fwd_args fa;
   memset(&fa, 0, sizeof fa);
@@ -271,13 +191,13 @@ static void run_case_on(bwd_backend *be, const char *what, const bwd_case *bc) {
   memcpy(ba.dv_s, dv_s, sizeof dv_s);
   ba.workspace = ws_dev;
   ba.deterministic = !bc->atomic || bc->twice;
-  const double t_run = now_s();
+  const double t_run = rt_now_s();
   if (rda_bwd_run(b, &plan, &kern, &ba, &err) != RDA_OK || b->synchronize(b, &err) != RDA_OK)
     fail_msg("%s: backward: %s", what, err.msg);
-  const double run_s = now_s() - t_run;
-  float *dq_host = download_f32(b, dq_dev, dq_count);
-  float *dk_host = download_f32(b, dk_dev, dk_count);
-  float *dv_host = download_f32(b, dv_dev, dv_count);
+  const double run_s = rt_now_s() - t_run;
+  float *dq_host = rt_download_f32(b, dq_dev, dq_count);
+  float *dk_host = rt_download_f32(b, dk_dev, dk_count);
+  float *dv_host = rt_download_f32(b, dv_dev, dv_count);
 
   double *dq_ref, *dk_ref, *dv_ref;
   rt_reference_bwd(&cfg, B, N, q, k, v, dout, dlse, &dq_ref, &dk_ref, &dv_ref);
@@ -289,16 +209,16 @@ static void run_case_on(bwd_backend *be, const char *what, const bwd_case *bc) {
 
   if (ok && bc->twice) {
     /* Poison again and rerun: every gradient element must come back bit for bit. */
-    float *p1 = dev_poisoned(b, dq_count), *p2 = dev_poisoned(b, dk_count),
-          *p3 = dev_poisoned(b, dv_count);
+    float *p1 = rt_dev_poisoned(b, dq_count), *p2 = rt_dev_poisoned(b, dk_count),
+          *p3 = rt_dev_poisoned(b, dv_count);
     ba.dq = p1;
     ba.dk = p2;
     ba.dv = p3;
     if (rda_bwd_run(b, &plan, &kern, &ba, &err) != RDA_OK || b->synchronize(b, &err) != RDA_OK)
       fail_msg("%s: second backward: %s", what, err.msg);
-    float *dq2 = download_f32(b, p1, dq_count);
-    float *dk2 = download_f32(b, p2, dk_count);
-    float *dv2 = download_f32(b, p3, dv_count);
+    float *dq2 = rt_download_f32(b, p1, dq_count);
+    float *dk2 = rt_download_f32(b, p2, dk_count);
+    float *dv2 = rt_download_f32(b, p3, dv_count);
     /* Only the tensors' own elements: the padding stays NaN in both. */
     long long diff = 0;
     for (long long ib = 0; ib < B; ++ib)
@@ -353,7 +273,7 @@ static void run_case_on(bwd_backend *be, const char *what, const bwd_case *bc) {
 }
 
 static void run_case(const char *what, const bwd_case *bc) {
-  for (int i = 0; i < g_nbackends; ++i) run_case_on(&g_backends[i], what, bc);
+  for (int i = 0; i < g_rt.n; ++i) run_case_on(&g_rt.be[i], what, bc);
 }
 
 #define BR1(w0, r0) \
@@ -631,8 +551,8 @@ static void test_bwd_atomic_add_f32_wrapper_adds_every_contribution(void **state
       "}\n"
       "RDA_EMU_EXPORT(rda_test_atomic_add, rda_test_atomic_params)\n";
   enum { BLOCKS = 16, THREADS = 128 };
-  for (int i = 0; i < g_nbackends; ++i) {
-    rda_backend *b = g_backends[i].b;
+  for (int i = 0; i < g_rt.n; ++i) {
+    rda_backend *b = g_rt.be[i].b;
     rda_variant v;
     memset(&v, 0, sizeof v);
     snprintf(v.name, sizeof v.name, "rda_test_atomic_add");
@@ -644,8 +564,8 @@ static void test_bwd_atomic_add_f32_wrapper_adds_every_contribution(void **state
     if (b->load(b, &v, &m, &err) != RDA_OK) fail_msg("%s load: %s", b->name, err.msg);
     float host[4 + BLOCKS];
     for (int j = 0; j < 4 + BLOCKS; ++j) host[j] = 1.0f;
-    float *dev = dev_alloc(b, sizeof host);
-    dev_upload(b, dev, host, sizeof host);
+    float *dev = rt_dev_alloc(b, sizeof host);
+    rt_dev_upload(b, dev, host, sizeof host);
     struct {
       float *x;
     } params = {dev};
@@ -653,7 +573,7 @@ static void test_bwd_atomic_add_f32_wrapper_adds_every_contribution(void **state
     if (b->launch(b, m, grid, THREADS, 0, &params, sizeof params, &err) != RDA_OK ||
         b->synchronize(b, &err) != RDA_OK)
       fail_msg("%s launch: %s", b->name, err.msg);
-    dev_download(b, host, dev, sizeof host);
+    rt_dev_download(b, host, dev, sizeof host);
     for (int j = 0; j < 4; ++j) assert_true(host[j] == 1.0f + BLOCKS * THREADS / 4 * 0.5f);
     for (int j = 0; j < BLOCKS; ++j)
       assert_true(host[4 + j] == 1.0f + THREADS + THREADS * (THREADS - 1) / 2);
@@ -666,14 +586,14 @@ static void test_bwd_atomic_add_f32_wrapper_adds_every_contribution(void **state
  * missing workspace or misaligned input is refused before any launch. */
 static void test_bwd_rejects_forward_only_plan_and_bad_arguments(void **state) {
   (void)state;
-  bwd_backend *be = &g_backends[0];
+  rt_backend *be = &g_rt.be[0];
   rda_config cfg;
   const long long w[1] = {32}, r[1] = {1};
   rt_config_make(&cfg, 2, 2, 32, RDA_DTYPE_BF16, 0, RDA_OFFSETS_MOD, 1, w, r);
   rda_err err = {0};
   rda_plan_k plan;
   memset(&plan, 0, sizeof plan);
-  assert_int_equal(rda_gen_plan(g_gen, &cfg, &be->hw, &plan, &err), RDA_OK);
+  assert_int_equal(rda_gen_plan(g_rt.gen, &cfg, &be->hw, &plan, &err), RDA_OK);
   assert_false(plan.has_bwd);
   for (int i = 0; i < plan.nvariants; ++i)
     assert_null(strstr(plan.variants[i].kind, "bwd")); /* forward users compile nothing more */
@@ -686,12 +606,13 @@ static void test_bwd_rejects_forward_only_plan_and_bad_arguments(void **state) {
 
   memset(&plan, 0, sizeof plan);
   rda_err_clear(&err);
-  assert_int_equal(rda_gen_plan_ex(g_gen, &cfg, &be->hw, RDA_PLAN_BACKWARD, &plan, &err), RDA_OK);
+  assert_int_equal(rda_gen_plan_ex(g_rt.gen, &cfg, &be->hw, RDA_PLAN_BACKWARD, &plan, &err),
+                   RDA_OK);
   assert_true(plan.has_bwd);
   assert_int_equal(rda_fwd_load(be->b, &plan, &kern, &err), RDA_OK);
   const long long N = 32, H = 2, D = 32;
-  uint16_t *in = dev_alloc(be->b, (size_t)(4 * N * H * D + 8) * sizeof *in);
-  float *f = dev_alloc(be->b, (size_t)(5 * N * H * D + 2 * H * N) * sizeof *f);
+  uint16_t *in = rt_dev_alloc(be->b, (size_t)(4 * N * H * D + 8) * sizeof *in);
+  float *f = rt_dev_alloc(be->b, (size_t)(5 * N * H * D + 2 * H * N) * sizeof *f);
   memset(&a, 0, sizeof a);
   a.batch = 1;
   a.n = N;

@@ -118,6 +118,24 @@ static int count_named(const char *dir, const char *part) {
   return n;
 }
 
+/* Wait for every child; each must have exited with status 0. */
+static void wait_all_exit_zero(const pid_t *pids, int n) {
+  for (int i = 0; i < n; ++i) {
+    int status = 0;
+    assert_int_equal(waitpid(pids[i], &status, 0), pids[i]);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+  }
+}
+
+/* The cache's folder for target holds exactly one entry and no temporary file. */
+static void assert_one_entry_no_temp(const cache_fixture *f, const char *target) {
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/%s", f->root, target);
+  assert_int_equal(count_named(dir, ".rda"), 1);
+  assert_int_equal(count_named(dir, ".tmp."), 0);
+}
+
 /* ---- SHA-256 and keys ---------------------------------------------------------------------- */
 
 static void test_cache_sha256_matches_fips_vectors(void **state) {
@@ -339,16 +357,8 @@ static void test_cache_concurrent_processes_leave_one_entry(void **state) {
   }
   close(gate[0]);
   close(gate[1]);
-  for (int i = 0; i < kProcs; ++i) {
-    int status = 0;
-    assert_int_equal(waitpid(pids[i], &status, 0), pids[i]);
-    assert_true(WIFEXITED(status));
-    assert_int_equal(WEXITSTATUS(status), 0);
-  }
-  char dir[4096];
-  snprintf(dir, sizeof dir, "%s/sm_90", f->root);
-  assert_int_equal(count_named(dir, ".rda"), 1);
-  assert_int_equal(count_named(dir, ".tmp."), 0);
+  wait_all_exit_zero(pids, kProcs);
+  assert_one_entry_no_temp(f, "sm_90");
   free(payload);
 }
 
@@ -370,16 +380,8 @@ static void test_cache_concurrent_compiles_of_one_kernel_all_succeed(void **stat
       _exit(s == RDA_OK && n > 0 ? 0 : 1);
     }
   }
-  for (int i = 0; i < kProcs; ++i) {
-    int status = 0;
-    assert_int_equal(waitpid(pids[i], &status, 0), pids[i]);
-    assert_true(WIFEXITED(status));
-    assert_int_equal(WEXITSTATUS(status), 0);
-  }
-  char dir[4096];
-  snprintf(dir, sizeof dir, "%s/sm_80", f->root);
-  assert_int_equal(count_named(dir, ".rda"), 1);
-  assert_int_equal(count_named(dir, ".tmp."), 0);
+  wait_all_exit_zero(pids, kProcs);
+  assert_one_entry_no_temp(f, "sm_80");
   int compiled = 1;
   unsigned char *image = NULL;
   size_t n = 0;
@@ -432,12 +434,7 @@ static void test_cache_concurrent_emulator_builds_all_succeed(void **state) {
       _exit(0);
     }
   }
-  for (int i = 0; i < kProcs; ++i) {
-    int status = 0;
-    assert_int_equal(waitpid(pids[i], &status, 0), pids[i]);
-    assert_true(WIFEXITED(status));
-    assert_int_equal(WEXITSTATUS(status), 0);
-  }
+  wait_all_exit_zero(pids, kProcs);
   rda_cache_entry_info *e = NULL;
   size_t count = 0;
   rda_err err = {0};

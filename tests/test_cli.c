@@ -307,9 +307,85 @@ static void test_cli_unwritable_outputs_exit_1_and_write_nothing(void **state) {
 
 static void test_cli_unsupported_features_exit_1(void **state) {
   fixture *f = *state;
-  const char *const ranks[] = {"run", f->config, "--q", f->q,      "--k", f->k, "--v",
-                               f->v,  "--o",     f->o,  "--ranks", "4",   NULL};
-  expect_input_error(f, "ranks", ranks, "not yet supported");
+  const char *const ranks[] = {"run", f->config, "--q",   f->q, "--k",       f->k,   "--v",
+                               f->v,  "--o",     f->o,    "--ranks", "4", "--backend", "cuda",
+                               NULL};
+  expect_input_error(f, "ranks on cuda", ranks, "not yet supported");
+  const char *const bwd[] = {"run",  f->config, "--q",  f->q,  "--k",  f->k,  "--v",  f->v,
+                             "--o",  f->o,      "--do", f->d_o, "--dq", f->dq, "--dk", f->dk,
+                             "--dv", f->dv,     "--ranks", "2", NULL};
+  expect_input_error(f, "ring backward", bwd, "the ring backward is not yet supported");
+}
+
+/* --ranks P > N, and zigzag with N % 2P != 0 (N = 40): one clear line, exit 1. */
+static void test_cli_ranks_bad_split_exit_1(void **state) {
+  fixture *f = *state;
+  const char *const many[] = {"run", f->config, "--q", f->q,      "--k", f->k, "--v",
+                              f->v,  "--o",     f->o,  "--ranks", "41",  NULL};
+  expect_input_error(f, "ranks > N", many, "exceeds N");
+  const char *const zz[] = {"run", f->config, "--q",     f->q, "--k",      f->k,     "--v",
+                            f->v,  "--o",     f->o,      "--ranks", "3", "--layout", "zigzag",
+                            NULL};
+  expect_input_error(f, "zigzag N % 2P", zz, "zigzag");
+}
+
+static float *read_output(const char *path, int ndim, const long long *shape);
+
+/* --ranks 3 --stats: the gathered O and LSE match the reference; stats name every rank. */
+static void test_cli_ranks_3_matches_reference_and_writes_stats(void **state) {
+  fixture *f = *state;
+  char *stats = rt_path(f->dir, "stats.json");
+  const char *const args[] = {"run", f->config, "--q",     f->q, "--k",   f->k,
+                              "--v", f->v,      "--o",     f->o, "--lse", f->lse,
+                              "--ranks", "3",   "--stats", stats, "--backend", "emu", NULL};
+  rt_proc p = run_rdagen(600, args);
+  if (p.exit_code != 0) {
+    show("--ranks 3", &p);
+    fail();
+  }
+  rt_proc_free(&p);
+  const long long N = 40, H = 4, D = 32;
+  const long long qs[4] = {1, N, H, D}, ks[4] = {1, N, 2, D};
+  double *in[3];
+  const char *paths[3] = {f->q, f->k, f->v};
+  rda_err err = {0};
+  for (int a = 0; a < 3; a++) {
+    rda_npy x;
+    assert_int_equal(rda_npy_read(paths[a], &x, &err), RDA_OK);
+    in[a] = malloc(x.count * sizeof *in[a]);
+    assert_non_null(in[a]);
+    for (size_t i = 0; i < x.count; i++) in[a][i] = rda_round_to_dtype(x.data[i], RDA_DTYPE_BF16);
+    rda_npy_free(&x);
+  }
+  float *of = read_output(f->o, 4, qs);
+  const long long ls[3] = {1, H, N};
+  float *lf = read_output(f->lse, 3, ls);
+  rda_gen *g = NULL;
+  rda_config c;
+  assert_int_equal(rda_gen_open(&g, &err), RDA_OK);
+  assert_int_equal(rda_gen_config_string(g, small_config, "small.lua", &c, &err), RDA_OK);
+  rda_gen_close(g);
+  double *o_ref, *lse_ref;
+  rt_reference(&c, 1, N, in[0], in[1], in[2], &o_ref, &lse_ref);
+  const long long o_s[3] = {N * H * D, H * D, D}, l_s[2] = {H * N, N};
+  assert_true(rt_check_fwd("--ranks 3", &c, 1, N, of, o_s, lf, l_s, o_ref, lse_ref, NULL));
+  (void)ks;
+  size_t len = 0;
+  char *text = rt_read_file(stats, &len);
+  assert_non_null(text);
+  /* 40 rows over 3 ranks: 14, 13, 13; segments of 16 and 32 span ranks, so bytes move. */
+  assert_non_null(strstr(text, "\"rank\": 0, \"rows\": 14"));
+  assert_non_null(strstr(text, "\"rank\": 1, \"rows\": 13"));
+  assert_non_null(strstr(text, "\"rank\": 2, \"rows\": 13"));
+  assert_null(strstr(text, "\"rank\": 3"));
+  assert_non_null(strstr(text, "\"bytes_received\": "));
+  assert_non_null(strstr(text, "\"peak_bytes\": "));
+  assert_null(
+      strstr(text, "\"rank\": 2, \"rows\": 13, \"bytes_sent\": 0, \"bytes_received\": 0"));
+  free(text);
+  free(of), free(lf), free(o_ref), free(lse_ref);
+  for (int a = 0; a < 3; a++) free(in[a]);
+  free(stats);
 }
 
 /* A bad dO (wrong shape, unreadable, malformed) or an unwritable gradient output: exit 1 with
@@ -722,6 +798,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cli_unwritable_outputs_exit_1_and_write_nothing, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_unsupported_features_exit_1, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cli_ranks_bad_split_exit_1, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cli_ranks_3_matches_reference_and_writes_stats, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_cli_failure_keeps_existing_output_untouched, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_backward_bad_inputs_exit_1_and_write_nothing, setup,

@@ -23,22 +23,7 @@
 #include <unistd.h>
 
 #include "gen.h"
-
-static int gen_setup(void **state) {
-  rda_err err = {0};
-  rda_gen *g = NULL;
-  if (rda_gen_open(&g, &err) != RDA_OK) {
-    fprintf(stderr, "rda_gen_open: %s\n", err.msg);
-    return -1;
-  }
-  *state = g;
-  return 0;
-}
-
-static int gen_teardown(void **state) {
-  rda_gen_close(*state);
-  return 0;
-}
+#include "rda_test_backend.h"
 
 /* Loads text as "configs/x.lua"; on failure the error must be one line, start with the chunk
  * name, carry the expected status, and contain every part (a NULL-terminated list). */
@@ -789,5 +774,5 @@ int main(void) {
       cmocka_unit_test(test_config_stops_c_loops_that_allocate_nothing),
       cmocka_unit_test(test_config_generator_recovers_after_limits),
   };
-  return cmocka_run_group_tests(tests, gen_setup, gen_teardown);
+  return cmocka_run_group_tests(tests, rt_gen_setup, rt_gen_teardown);
 }

@@ -6,6 +6,7 @@
 #include "gen.h"
 #include "reference.h"
 #include "rda_test.h"
+#include "rda_test_backend.h"
 
 #include <math.h>
 #include <setjmp.h>
@@ -21,62 +22,20 @@
 
 /* ------------------------------------------------------------------ fixture */
 
-/* A backend the kernels run on, with the hardware profile its plans target. */
-typedef struct fwd_backend {
-  rda_backend *b;
-  rda_hw hw;
-} fwd_backend;
-
-static rda_gen *g_gen;
-static fwd_backend g_backends[2];
-static int g_nbackends;
+static rt_backends g_rt; /* the generator and the backends every case runs on */
 
 static int group_setup(void **state) {
   (void)state;
-  rda_err err = {0};
-  if (rda_gen_open(&g_gen, &err) != RDA_OK) {
-    fprintf(stderr, "test_fwd: rda_gen_open: %s\n", err.msg);
-    return -1;
-  }
-  fwd_backend *e = &g_backends[g_nbackends];
-  if (rda_backend_emu_open(&e->b, 90, &err) != RDA_OK ||
-      rda_gen_hw_builtin(g_gen, e->b->arch, &e->hw, &err) != RDA_OK) {
-    fprintf(stderr, "test_fwd: emu backend: %s\n", err.msg);
-    return -1;
-  }
-  g_nbackends++;
-  rda_err cerr = {0};
-  fwd_backend *c = &g_backends[g_nbackends];
-  if (rda_backend_cuda_open(&c->b, 0, &cerr) == RDA_OK) {
-    if (rda_backend_cuda_hw(c->b, &c->hw, &cerr) == RDA_OK) {
-      g_nbackends++;
-    } else {
-      c->b->destroy(c->b);
-      c->b = NULL;
-    }
-  }
-  if (g_nbackends == 1)
-    fprintf(stderr, "test_fwd: no usable GPU (%s); the cuda backend is skipped, emu only\n",
-            cerr.msg);
-  return 0;
+  return rt_backends_open(&g_rt, "test_fwd");
 }
 
 static int group_teardown(void **state) {
   (void)state;
-  for (int i = 0; i < g_nbackends; ++i) g_backends[i].b->destroy(g_backends[i].b);
-  g_nbackends = 0;
-  rda_gen_close(g_gen);
-  g_gen = NULL;
+  rt_backends_close(&g_rt);
   return 0;
 }
 
 /* ------------------------------------------------------------------ one case */
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 enum {
   LAYOUT_CONTIG = 0,    /* [B, N, H, D] everywhere */
@@ -98,37 +57,16 @@ typedef struct fwd_case {
  * elements per head row (keeps rows 16-byte aligned). */
 static void layout_strides(int layout, long long b, long long n, long long heads, long long d,
                            long long pad, long long s[3]) {
-  (void)b;
   if (layout == LAYOUT_SEQ_FIRST) {
-    s[2] = d + pad;
-    s[0] = heads * s[2];
-    s[1] = b * s[0];
+    rt_strides_seq_first(b, heads, d, pad, s);
   } else {
     rt_strides_contig(n, heads, d, s);
   }
 }
 
-static void *dev_alloc(rda_backend *b, size_t bytes) {
-  rda_err err = {0};
-  void *p = NULL;
-  if (b->alloc(b, bytes, &p, &err) != RDA_OK) fail_msg("%s alloc: %s", b->name, err.msg);
-  return p;
-}
-
-static void dev_upload(rda_backend *b, void *dst, const void *src, size_t bytes) {
-  rda_err err = {0};
-  if (b->upload(b, dst, src, bytes, &err) != RDA_OK) fail_msg("%s upload: %s", b->name, err.msg);
-}
-
-static void dev_download(rda_backend *b, void *dst, const void *src, size_t bytes) {
-  rda_err err = {0};
-  if (b->download(b, dst, src, bytes, &err) != RDA_OK)
-    fail_msg("%s download: %s", b->name, err.msg);
-}
-
 /* The cast kernel on o (fp32, strides o_s) into a fresh contiguous storage tensor; every
  * element must equal the round-to-nearest-even of its fp32 value. */
-static void check_cast(fwd_backend *be, const rda_plan_k *plan, const rda_fwd_kernels *k,
+static void check_cast(rt_backend *be, const rda_plan_k *plan, const rda_fwd_kernels *k,
                        const fwd_case *fc, const float *o_dev, const float *o_host,
                        const long long o_s[3]) {
   rda_backend *b = be->b;
@@ -137,8 +75,8 @@ static void check_cast(fwd_backend *be, const rda_plan_k *plan, const rda_fwd_ke
   rt_strides_contig(N, H, D, out_s);
   const size_t count = rt_span(B, N, H, D, out_s);
   uint16_t *host = rt_alloc_bits(count, fc->dtype); /* NaN bits: unwritten elements show */
-  uint16_t *dev = dev_alloc(b, count * sizeof *dev);
-  dev_upload(b, dev, host, count * sizeof *dev);
+  uint16_t *dev = rt_dev_alloc(b, count * sizeof *dev);
+  rt_dev_upload(b, dev, host, count * sizeof *dev);
 
   rda_cast_params cp;
   memset(&cp, 0, sizeof cp);
@@ -159,7 +97,7 @@ static void check_cast(fwd_backend *be, const rda_plan_k *plan, const rda_fwd_ke
                 &err) != RDA_OK ||
       b->synchronize(b, &err) != RDA_OK)
     fail_msg("%s cast: %s", b->name, err.msg);
-  dev_download(b, host, dev, count * sizeof *dev);
+  rt_dev_download(b, host, dev, count * sizeof *dev);
 
   long long bad = 0;
   for (long long ib = 0; ib < B; ++ib)
@@ -180,7 +118,7 @@ static void check_cast(fwd_backend *be, const rda_plan_k *plan, const rda_fwd_ke
 }
 
 /* Plan, load and run the forward pass of one case on one backend; compare with the reference. */
-static void run_case_on(fwd_backend *be, const char *what, const fwd_case *fc) {
+static void run_case_on(rt_backend *be, const char *what, const fwd_case *fc) {
   rda_backend *b = be->b;
   const long long B = fc->batch, N = fc->n, H = fc->heads, Hkv = fc->kv_heads, D = fc->head_dim;
   rda_config cfg;
@@ -191,12 +129,12 @@ static void run_case_on(fwd_backend *be, const char *what, const fwd_case *fc) {
   rda_err err = {0};
   rda_plan_k plan;
   memset(&plan, 0, sizeof plan);
-  if (rda_gen_plan(g_gen, &cfg, &be->hw, &plan, &err) != RDA_OK)
+  if (rda_gen_plan(g_rt.gen, &cfg, &be->hw, &plan, &err) != RDA_OK)
     fail_msg("%s: plan: %s", what, err.msg);
   rda_fwd_kernels kern = {0, NULL};
-  const double t_load = now_s();
+  const double t_load = rt_now_s();
   if (rda_fwd_load(b, &plan, &kern, &err) != RDA_OK) fail_msg("%s: load: %s", what, err.msg);
-  const double load_s = now_s() - t_load;
+  const double load_s = rt_now_s() - t_load;
 
   /* Inputs: normal(0, 1) rounded to the storage dtype. */
   double *q = rt_normal((size_t)(B * N * H * D), fc->dtype);
@@ -229,8 +167,8 @@ static void run_case_on(fwd_backend *be, const char *what, const fwd_case *fc) {
   rt_pack_bits(in_host + q_off, q, B, N, H, D, q_s, fc->dtype);
   rt_pack_bits(in_host + k_off, k, B, N, Hkv, D, k_s, fc->dtype);
   rt_pack_bits(in_host + v_off, v, B, N, Hkv, D, v_s, fc->dtype);
-  uint16_t *in_dev = dev_alloc(b, in_count * sizeof *in_dev);
-  dev_upload(b, in_dev, in_host, in_count * sizeof *in_dev);
+  uint16_t *in_dev = rt_dev_alloc(b, in_count * sizeof *in_dev);
+  rt_dev_upload(b, in_dev, in_host, in_count * sizeof *in_dev);
 
   if (fc->layout == LAYOUT_SEQ_FIRST) {
     layout_strides(fc->layout, B, N, H, D, 4, o_s);
@@ -249,10 +187,10 @@ static void run_case_on(fwd_backend *be, const char *what, const fwd_case *fc) {
   assert_non_null(lse_host);
   rt_poison_f32(o_host, o_count);
   rt_poison_f32(lse_host, lse_count);
-  float *o_dev = dev_alloc(b, o_count * sizeof *o_dev);
-  float *lse_dev = dev_alloc(b, lse_count * sizeof *lse_dev);
-  dev_upload(b, o_dev, o_host, o_count * sizeof *o_dev);
-  dev_upload(b, lse_dev, lse_host, lse_count * sizeof *lse_dev);
+  float *o_dev = rt_dev_alloc(b, o_count * sizeof *o_dev);
+  float *lse_dev = rt_dev_alloc(b, lse_count * sizeof *lse_dev);
+  rt_dev_upload(b, o_dev, o_host, o_count * sizeof *o_dev);
+  rt_dev_upload(b, lse_dev, lse_host, lse_count * sizeof *lse_dev);
 
   rda_fwd_args a;
   memset(&a, 0, sizeof a);
@@ -268,12 +206,12 @@ static void run_case_on(fwd_backend *be, const char *what, const fwd_case *fc) {
   memcpy(a.o_s, o_s, sizeof o_s);
   a.lse = lse_dev;
   memcpy(a.lse_s, lse_s, sizeof lse_s);
-  const double t_run = now_s();
+  const double t_run = rt_now_s();
   if (rda_fwd_run(b, &plan, &kern, &a, &err) != RDA_OK || b->synchronize(b, &err) != RDA_OK)
     fail_msg("%s: run: %s", what, err.msg);
-  const double run_s = now_s() - t_run;
-  dev_download(b, o_host, o_dev, o_count * sizeof *o_dev);
-  dev_download(b, lse_host, lse_dev, lse_count * sizeof *lse_dev);
+  const double run_s = rt_now_s() - t_run;
+  rt_dev_download(b, o_host, o_dev, o_count * sizeof *o_dev);
+  rt_dev_download(b, lse_host, lse_dev, lse_count * sizeof *lse_dev);
 
   double *o_ref, *lse_ref;
   rt_reference(&cfg, B, N, q, k, v, &o_ref, &lse_ref);
@@ -301,7 +239,7 @@ static void run_case_on(fwd_backend *be, const char *what, const fwd_case *fc) {
 }
 
 static void run_case(const char *what, const fwd_case *fc) {
-  for (int i = 0; i < g_nbackends; ++i) run_case_on(&g_backends[i], what, fc);
+  for (int i = 0; i < g_rt.n; ++i) run_case_on(&g_rt.be[i], what, fc);
 }
 
 #define BR1(w0, r0) \
@@ -560,20 +498,20 @@ static void test_fwd_matches_reference_causal_bf16_d128_multi_tile_diagonal(void
  * (a GPU would fault on it), naming the tensor. */
 static void test_fwd_rejects_misaligned_tensors(void **state) {
   (void)state;
-  fwd_backend *be = &g_backends[0];
+  rt_backend *be = &g_rt.be[0];
   rda_config cfg;
   const long long w[1] = {64}, r[1] = {1};
   rt_config_make(&cfg, 2, 2, 32, RDA_DTYPE_BF16, 0, RDA_OFFSETS_MOD, 1, w, r);
   rda_err err = {0};
   rda_plan_k plan;
   memset(&plan, 0, sizeof plan);
-  assert_int_equal(rda_gen_plan(g_gen, &cfg, &be->hw, &plan, &err), RDA_OK);
+  assert_int_equal(rda_gen_plan(g_rt.gen, &cfg, &be->hw, &plan, &err), RDA_OK);
   rda_fwd_kernels kern = {0, NULL};
   assert_int_equal(rda_fwd_load(be->b, &plan, &kern, &err), RDA_OK);
   const long long N = 64, H = 2, D = 32;
-  uint16_t *in = dev_alloc(be->b, (size_t)(3 * N * H * D + 8) * sizeof *in);
-  float *o = dev_alloc(be->b, (size_t)(N * H * D + 4) * sizeof *o);
-  float *lse = dev_alloc(be->b, (size_t)(H * N) * sizeof *lse);
+  uint16_t *in = rt_dev_alloc(be->b, (size_t)(3 * N * H * D + 8) * sizeof *in);
+  float *o = rt_dev_alloc(be->b, (size_t)(N * H * D + 4) * sizeof *o);
+  float *lse = rt_dev_alloc(be->b, (size_t)(H * N) * sizeof *lse);
   rda_fwd_args a;
   memset(&a, 0, sizeof a);
   a.batch = 1, a.n = N;

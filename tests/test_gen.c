@@ -19,27 +19,12 @@
 #include <unistd.h>
 
 #include "gen.h"
+#include "rda_test_backend.h"
 
 /* Every Lua test file; test_gen_every_lua_test_is_registered keeps this list complete. */
 static const char *const lua_tests[] = {"test_config.lua", "test_emit.lua", "test_hw.lua",
                                         "test_plan.lua"};
 enum { n_lua_tests = sizeof lua_tests / sizeof lua_tests[0] };
-
-static int gen_setup(void **state) {
-  rda_err err = {0};
-  rda_gen *g = NULL;
-  if (rda_gen_open(&g, &err) != RDA_OK) {
-    fprintf(stderr, "rda_gen_open: %s\n", err.msg);
-    return -1;
-  }
-  *state = g;
-  return 0;
-}
-
-static int gen_teardown(void **state) {
-  rda_gen_close(*state);
-  return 0;
-}
 
 static void run_lua_test(void **state, const char *file) {
   rda_gen *g = *state;
@@ -402,5 +387,5 @@ int main(void) {
       cmocka_unit_test(test_gen_home_prefers_environment),
       cmocka_unit_test(test_gen_close_accepts_null),
   };
-  return cmocka_run_group_tests(tests, gen_setup, gen_teardown);
+  return cmocka_run_group_tests(tests, rt_gen_setup, rt_gen_teardown);
 }

@@ -77,6 +77,16 @@ static const double *vrow(const problem *p, long long b, long long t, long long 
   return p->v + ((b * p->n + t) * p->c.kv_heads + hk) * p->c.head_dim;
 }
 
+/* The reference's row (b, t, h) equals a dense (o, lse): LSE to 1e-12 relative, every O element
+ * to 1e-12. */
+static void assert_row_equals(const problem *p, long long b, long long t, long long h,
+                              const double *o, double lse) {
+  const long long H = p->c.heads, D = p->c.head_dim;
+  assert_true(fabs(p->lse[(b * H + h) * p->n + t] - lse) < 1e-12 * (1 + fabs(lse)));
+  for (long long x = 0; x < D; x++)
+    assert_true(fabs(p->o[((b * p->n + t) * H + h) * D + x] - o[x]) < 1e-12);
+}
+
 /* A predicate over (branch, head, query p, key q): does the branch pair p with q? Written from
  * SPEC §1 by membership (same segment, both on the grid by modular arithmetic), not by stepping
  * through the grid as the reference does. */
@@ -155,9 +165,7 @@ static void test_reference_full_window_equals_dense(void **state) {
       for (long long t = 0; t < p.n; t++) {
         for (long long u = 0; u < p.n; u++) ks[u] = krow(&p, b, u, h), vs[u] = vrow(&p, b, u, h);
         dense_row(D, c.scale, qrow(&p, b, t, h), (int)p.n, ks, vs, o, &lse);
-        assert_true(fabs(p.lse[(b * c.heads + h) * p.n + t] - lse) < 1e-12 * (1 + fabs(lse)));
-        for (int x = 0; x < D; x++)
-          assert_true(fabs(p.o[((b * p.n + t) * c.heads + h) * D + x] - o[x]) < 1e-12);
+        assert_row_equals(&p, b, t, h, o, lse);
       }
   problem_free(&p);
 }
@@ -177,8 +185,7 @@ static void test_reference_causal_full_window_equals_masked_dense(void **state) 
     for (long long t = 0; t < p.n; t++) {
       for (long long u = 0; u <= t; u++) ks[u] = krow(&p, 0, u, h), vs[u] = vrow(&p, 0, u, h);
       dense_row(D, c.scale, qrow(&p, 0, t, h), (int)t + 1, ks, vs, o, &lse);
-      assert_true(fabs(p.lse[h * p.n + t] - lse) < 1e-12 * (1 + fabs(lse)));
-      for (int x = 0; x < D; x++) assert_true(fabs(p.o[(t * c.heads + h) * D + x] - o[x]) < 1e-12);
+      assert_row_equals(&p, 0, t, h, o, lse);
     }
   /* The first row attends to itself only: o = v[0]. */
   for (int h = 0; h < c.heads; h++)
@@ -210,9 +217,7 @@ static void test_reference_dilated_equals_dense_on_gathered_rows(void **state) {
         for (int i = 0; i < g; i++) {
           double o[32], lse;
           dense_row(D, c.scale, qrow(&p, 0, rows[i], h), causal ? i + 1 : g, ks, vs, o, &lse);
-          assert_true(fabs(p.lse[h * p.n + rows[i]] - lse) < 1e-12 * (1 + fabs(lse)));
-          for (int x = 0; x < D; x++)
-            assert_true(fabs(p.o[(rows[i] * c.heads + h) * D + x] - o[x]) < 1e-12);
+          assert_row_equals(&p, 0, rows[i], h, o, lse);
         }
         for (long long t = a; t < e; t++) {
           if (t >= a + j && (t - a - j) % 3 == 0) continue;
@@ -255,8 +260,7 @@ static void test_reference_duplicate_key_counts_twice(void **state) {
   for (int u = 4; u < 8; u++) ks[nk] = krow(&p, 0, u, 0), vs[nk++] = vrow(&p, 0, u, 0);
   double o[32], lse;
   dense_row(32, c.scale, qrow(&p, 0, 5, 0), nk, ks, vs, o, &lse);
-  assert_true(fabs(p.lse[5] - lse) < 1e-12 * (1 + fabs(lse)));
-  for (int x = 0; x < 32; x++) assert_true(fabs(p.o[5 * 32 + x] - o[x]) < 1e-12);
+  assert_row_equals(&p, 0, 5, 0, o, lse);
   /* And not the set union (each key once). */
   double o1[32], lse1;
   dense_row(32, c.scale, qrow(&p, 0, 5, 0), 8, ks, vs, o1, &lse1);

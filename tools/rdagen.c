@@ -33,15 +33,21 @@ static const char rdagen_usage_text[] =
     "\n"
     "exit status: 0 success, 1 bad input, 2 bad usage\n";
 
+/* Format a message into msg as exactly one line, whatever it holds. */
+static void rdagen_one_line(char *msg, size_t cap, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
+static void rdagen_one_line(char *msg, size_t cap, const char *fmt, va_list ap) {
+  vsnprintf(msg, cap, fmt, ap);
+  for (char *c = msg; *c; c++)
+    if (*c == '\n' || *c == '\r') *c = ' ';
+}
+
 int rdagen_fail(const char *fmt, ...) {
   char msg[2048];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  rdagen_one_line(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  /* Exactly one line, whatever the message holds. */
-  for (char *c = msg; *c; c++)
-    if (*c == '\n' || *c == '\r') *c = ' ';
   fprintf(stderr, "rdagen: error: %s\n", msg);
   return 1;
 }
@@ -50,10 +56,8 @@ int rdagen_usage(const char *fmt, ...) {
   char msg[2048];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
+  rdagen_one_line(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  for (char *c = msg; *c; c++)
-    if (*c == '\n' || *c == '\r') *c = ' ';
   fprintf(stderr, "rdagen: %s\nTry 'rdagen --help' for more information.\n", msg);
   return 2;
 }

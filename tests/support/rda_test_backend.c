@@ -1,0 +1,120 @@
+/* rda_test_backend.c — the backends kernel-running tests share (emu + optional cuda with
+ * hardware profiles), device buffers that fail the test on error, timing, and the padded
+ * sequence-first layout. Test-only code: out of memory fails the test. */
+// clang-format off
+#include "rda_test_backend.h"
+
+#include "rda_test.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h> /* after setjmp.h, stdarg.h, stddef.h */
+// clang-format on
+
+int rt_backends_open(rt_backends *s, const char *who) {
+  memset(s, 0, sizeof *s);
+  rda_err err = {0};
+  if (rda_gen_open(&s->gen, &err) != RDA_OK) {
+    fprintf(stderr, "%s: rda_gen_open: %s\n", who, err.msg);
+    return -1;
+  }
+  rt_backend *e = &s->be[s->n];
+  if (rda_backend_emu_open(&e->b, 90, &err) != RDA_OK ||
+      rda_gen_hw_builtin(s->gen, e->b->arch, &e->hw, &err) != RDA_OK) {
+    fprintf(stderr, "%s: emu backend: %s\n", who, err.msg);
+    return -1;
+  }
+  s->n++;
+  rda_err cerr = {0};
+  rt_backend *c = &s->be[s->n];
+  if (rda_backend_cuda_open(&c->b, 0, &cerr) == RDA_OK) {
+    if (rda_backend_cuda_hw(c->b, &c->hw, &cerr) == RDA_OK) {
+      s->n++;
+    } else {
+      c->b->destroy(c->b);
+      c->b = NULL;
+    }
+  }
+  if (s->n == 1)
+    fprintf(stderr, "%s: no usable GPU (%s); the cuda backend is skipped, emu only\n", who,
+            cerr.msg);
+  return 0;
+}
+
+void rt_backends_close(rt_backends *s) {
+  for (int i = 0; i < s->n; ++i) s->be[i].b->destroy(s->be[i].b);
+  s->n = 0;
+  rda_gen_close(s->gen);
+  s->gen = NULL;
+}
+
+int rt_gen_setup(void **state) {
+  rda_err err = {0};
+  rda_gen *g = NULL;
+  if (rda_gen_open(&g, &err) != RDA_OK) {
+    fprintf(stderr, "rda_gen_open: %s\n", err.msg);
+    return -1;
+  }
+  *state = g;
+  return 0;
+}
+
+int rt_gen_teardown(void **state) {
+  rda_gen_close(*state);
+  return 0;
+}
+
+double rt_now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void *rt_dev_alloc(rda_backend *b, size_t bytes) {
+  rda_err err = {0};
+  void *p = NULL;
+  if (b->alloc(b, bytes, &p, &err) != RDA_OK) fail_msg("%s alloc: %s", b->name, err.msg);
+  return p;
+}
+
+void rt_dev_upload(rda_backend *b, void *dst, const void *src, size_t bytes) {
+  rda_err err = {0};
+  if (b->upload(b, dst, src, bytes, &err) != RDA_OK) fail_msg("%s upload: %s", b->name, err.msg);
+}
+
+void rt_dev_download(rda_backend *b, void *dst, const void *src, size_t bytes) {
+  rda_err err = {0};
+  if (b->download(b, dst, src, bytes, &err) != RDA_OK)
+    fail_msg("%s download: %s", b->name, err.msg);
+}
+
+float *rt_dev_poisoned(rda_backend *b, size_t count) {
+  float *host = malloc(count * sizeof *host);
+  assert_non_null(host);
+  rt_poison_f32(host, count);
+  float *dev = rt_dev_alloc(b, count * sizeof *dev);
+  rt_dev_upload(b, dev, host, count * sizeof *dev);
+  free(host);
+  return dev;
+}
+
+float *rt_download_f32(rda_backend *b, const float *dev, size_t count) {
+  float *host = malloc(count * sizeof *host);
+  assert_non_null(host);
+  rt_dev_download(b, host, dev, count * sizeof *host);
+  return host;
+}
+
+void rt_strides_seq_first(long long b, long long heads, long long d, long long pad,
+                          long long s[3]) {
+  s[2] = d + pad;
+  s[0] = heads * s[2];
+  s[1] = b * s[0];
+}

@@ -1,0 +1,52 @@
+/* rda_test_backend.h — what the kernel-running tests share: the backends they run on (the
+ * emulator always, the cuda backend when a usable GPU is here) with their hardware profiles,
+ * device buffers that fail the test on error, timing, and the padded sequence-first layout. */
+#ifndef RDA_TEST_BACKEND_H
+#define RDA_TEST_BACKEND_H
+
+#include <stddef.h>
+
+#include "backend.h"
+#include "gen.h"
+
+/* A backend the kernels run on, with the hardware profile its plans target. */
+typedef struct rt_backend {
+  rda_backend *b;
+  rda_hw hw;
+} rt_backend;
+
+/* The generator and every backend a test runs its cases on (emu first). */
+typedef struct rt_backends {
+  rda_gen *gen;
+  rt_backend be[2];
+  int n;
+} rt_backends;
+
+/* Open the generator, the emulator (sm_90, its builtin profile) and, when it opens and reports
+ * its profile, the cuda backend (else one line on stderr saying why it is skipped). On failure
+ * prints "<who>: ..." to stderr and returns -1 (a cmocka group setup's failure); else 0. */
+int rt_backends_open(rt_backends *s, const char *who);
+void rt_backends_close(rt_backends *s);
+
+/* A cmocka group setup/teardown pair for tests that need only the generator: *state is an
+ * open rda_gen (setup prints "rda_gen_open: <error>" and returns -1 if it cannot open). */
+int rt_gen_setup(void **state);
+int rt_gen_teardown(void **state);
+
+/* Monotonic seconds. */
+double rt_now_s(void);
+
+/* Device memory calls that fail the running test with "<backend> alloc: <error>" etc. */
+void *rt_dev_alloc(rda_backend *b, size_t bytes);
+void rt_dev_upload(rda_backend *b, void *dst, const void *src, size_t bytes);
+void rt_dev_download(rda_backend *b, void *dst, const void *src, size_t bytes);
+/* A device fp32 buffer of `count` NaNs (outputs are poisoned before every run). */
+float *rt_dev_poisoned(rda_backend *b, size_t count);
+/* malloc'd host copy of `count` fp32 values on the device. */
+float *rt_download_f32(rda_backend *b, const float *dev, size_t count);
+
+/* Element strides (batch, n, head) of a [B, N, heads, d] tensor stored sequence-first,
+ * [N, B, heads, d + pad] (pad extra elements per head row keep rows 16-byte aligned). */
+void rt_strides_seq_first(long long b, long long heads, long long d, long long pad, long long s[3]);
+
+#endif
