@@ -5,10 +5,20 @@
 #ifndef RDA_FWD_CUH
 #define RDA_FWD_CUH
 
-#include "ptx.cuh"
+#include "rda_tile.cuh"
 
 namespace rda {
 namespace fwd_detail {
+
+/* Tile helpers shared with the backward kernels (rda_tile.cuh). */
+using tile::f32x4;
+using tile::fmax2;
+using tile::LaneOfs;
+using tile::mma;
+using tile::neg_inf;
+using tile::pack_a;
+using tile::swz;
+using tile::tile_off;
 
 /* Everything the kernel derives from the generated config struct. */
 template <class Cfg>
@@ -39,59 +49,10 @@ struct Traits {
   static_assert(EPI_BYTES <= SMEM_BYTES, "epilogue staging does not fit: raise stages or block_n");
 };
 
-/* XOR swizzle of 16-byte chunks within a row of a 16-bit tile, so that the 8 rows an ldmatrix
- * matrix reads (same logical chunk) fall into 8 distinct 16-byte bank groups. Rows of 8k
- * chunks (>= 128 bytes) XOR with row % 8; rows of 4 or 12 chunks (64 or 192 bytes; two rows
- * share a 128-byte line) XOR the low two bits with (row / 2) % 4, which stays inside the row. */
-template <int CHUNKS>
-__device__ __forceinline__ int swz(int row, int chunk) {
-  if constexpr (CHUNKS % 8 == 0) {
-    return chunk ^ (row & 7);
-  } else {
-    static_assert(CHUNKS % 4 == 0, "rows must hold a multiple of 4 chunks");
-    return chunk ^ ((row >> 1) & 3);
-  }
-}
-
 /* Swizzle of the epilogue's fp32 staging tile (rows of D/4 >= 8 chunks). A float2 store phase
  * covers 4 rows x 2 adjacent chunks; XOR with 2 * (row % 4) spreads them over 8 bank groups,
  * and a float4 read phase (8 chunks of one row) stays a permutation. */
 __device__ __forceinline__ int swz_o(int row, int chunk) { return chunk ^ ((row & 3) << 1); }
-
-/* Byte offset of (row, chunk) in a swizzled tile of CHUNKS chunks per row. */
-template <int CHUNKS>
-__device__ __forceinline__ int tile_off(int row, int chunk) {
-  return row * (CHUNKS * 16) + swz<CHUNKS>(row, chunk) * 16;
-}
-
-template <int Dtype>
-__device__ __forceinline__ void mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
-  if constexpr (Dtype == RDA_DTYPE_BF16) {
-    mma_bf16_16816(d, a, b, d);
-  } else {
-    mma_f16_16816(d, a, b, d);
-  }
-}
-
-template <int Dtype>
-__device__ __forceinline__ uint32_t pack(float lo, float hi) {
-  if constexpr (Dtype == RDA_DTYPE_BF16) {
-    return pack_bf16x2(lo, hi);
-  } else {
-    return pack_f16x2(lo, hi);
-  }
-}
-
-__device__ __forceinline__ float neg_inf() {
-  return __uint_as_float(0xff800000u);
-}
-__device__ __forceinline__ float fmax2(float a, float b) {
-  return a > b ? a : b;
-}
-
-struct alignas(16) f32x4 {
-  float x, y, z, w;
-};
 
 /* Copy rows [row0, row0 + ROWS) of a tile whose grid rows start at `base` with `row_stride`
  * elements between them; grid rows >= ng are zero-filled. Every thread issues its share. */
@@ -142,27 +103,6 @@ struct Block {
   long long pos; /* local row in q, o, lse of the tile's first row (grid row t0) */
   long long r;   /* dilation rate (1 when not dilated) */
   int nrows;     /* rows of the tile that are queries of the launch (grid rows < q_hi's) */
-};
-
-/* Per-lane byte offsets of ldmatrix rows in a swizzled tile. An x4 ldmatrix reads chunk pair
- * cp (chunks 2cp, 2cp+1) of 16 rows; lane L addresses row `row` (fixed per lane up to multiples
- * of 16, which keep the swizzle) and chunk 2cp + odd. The swizzle repeats every PERIOD chunks,
- * so PAIRS offsets per lane cover every cp: off(cp) = ofs[cp % PAIRS] + (cp / PAIRS) * PERIOD * 16.
- * Keeping only these few offsets live (instead of one per chunk) saves registers. */
-template <int CHUNKS>
-struct LaneOfs {
-  static constexpr int PERIOD = CHUNKS % 8 == 0 ? 8 : 4;
-  static constexpr int PAIRS = PERIOD / 2;
-  int ofs[PAIRS];
-
-  __device__ __forceinline__ void init(int row, int odd) {
-#pragma unroll
-    for (int k = 0; k < PAIRS; ++k) ofs[k] = tile_off<CHUNKS>(row, 2 * k + odd);
-  }
-  /* Offset of chunk pair cp for this lane's row plus `row16` rows (a multiple of 16). */
-  __device__ __forceinline__ int at(int cp, int row16) const {
-    return ofs[cp % PAIRS] + (cp / PAIRS) * PERIOD * 16 + row16 * CHUNKS * 16;
-  }
 };
 
 /* One K/V tile: S = Q K^T for this warp's 16 rows, online softmax, O += P V. */
@@ -261,10 +201,7 @@ __device__ __forceinline__ void tile_step(const unsigned char *sq, const unsigne
 #pragma unroll
   for (int kk = 0; kk < T::BN / 16; ++kk) {
     uint32_t pa[4];
-    pa[0] = pack<Cfg::dtype>(s[2 * kk][0], s[2 * kk][1]);
-    pa[1] = pack<Cfg::dtype>(s[2 * kk][2], s[2 * kk][3]);
-    pa[2] = pack<Cfg::dtype>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    pa[3] = pack<Cfg::dtype>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    pack_a<Cfg::dtype>(pa, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
     for (int dp = 0; dp < T::D / 16; ++dp) {
       uint32_t vb[4];
