@@ -120,54 +120,55 @@ rda_status rda_fwd_init(rda_backend *b, const rda_plan_k *p, const rda_fwd_kerne
   return launch_init(b, p, k, a, err);
 }
 
+void rda_fwd_params_for_step(const rda_plan_k *p, const rda_step *s, const rda_fwd_args *a,
+                             rda_fwd_params *fp) {
+  const int64_t r = p->cfg.dilations[s->branch];
+  const int64_t w = p->cfg.segments[s->branch] < a->n ? p->cfg.segments[s->branch] : a->n;
+  memset(fp, 0, sizeof *fp);
+  fp->q = a->q;
+  fp->k = a->k;
+  fp->v = a->v;
+  fp->o = a->o;
+  fp->lse = a->lse;
+  fp->q_sb = a->q_s[0], fp->q_sn = a->q_s[1], fp->q_sh = a->q_s[2];
+  fp->k_sb = a->k_s[0], fp->k_sn = a->k_s[1], fp->k_sh = a->k_s[2];
+  fp->v_sb = a->v_s[0], fp->v_sn = a->v_s[1], fp->v_sh = a->v_s[2];
+  fp->o_sb = a->o_s[0], fp->o_sn = a->o_s[1], fp->o_sh = a->o_s[2];
+  fp->lse_sb = a->lse_s[0], fp->lse_sh = a->lse_s[1];
+  fp->n = a->n;
+  fp->w = w;
+  fp->r = r;
+  fp->nseg = ceil_div(a->n, w);
+  fp->tiles_per_seg = (int)ceil_div(ceil_div(w, r), p->variants[s->kernel].block_m);
+  fp->heads = p->cfg.heads;
+  fp->kv_group = p->cfg.heads / p->cfg.kv_heads;
+  fp->head0 = s->head0;
+  fp->offset_mode = p->cfg.offsets;
+  fp->offset_arg = p->cfg.offsets == RDA_OFFSETS_BLOCK   ? (int)ceil_div(p->cfg.heads, r)
+                   : p->cfg.offsets == RDA_OFFSETS_GROUP ? s->branch
+                                                         : 0;
+  fp->scale_log2 = (float)(p->cfg.scale * 1.4426950408889634); /* log2(e) */
+  /* Every query and key of every segment (rda_params.h). */
+  fp->q_hi = fp->kv_hi = a->n;
+  fp->k_rs = r * fp->k_sn;
+  fp->v_rs = r * fp->v_sn;
+}
+
 rda_status rda_fwd_run(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
                        const rda_fwd_args *a, rda_err *err) {
   RDA_TRY(check_args(p, a, err));
   if (needs_init(p)) RDA_TRY(launch_init(b, p, k, a, err));
 
-  const double log2e = 1.4426950408889634;
   for (int i = 0; i < p->nsteps; ++i) {
     const rda_step *s = &p->steps[i];
     const rda_variant *v = &p->variants[s->kernel];
-    const int64_t r = p->cfg.dilations[s->branch];
-    const int64_t w = p->cfg.segments[s->branch] < a->n ? p->cfg.segments[s->branch] : a->n;
 
     rda_fwd_params fp;
-    memset(&fp, 0, sizeof fp);
-    fp.q = a->q;
-    fp.k = a->k;
-    fp.v = a->v;
-    fp.o = a->o;
-    fp.lse = a->lse;
-    fp.q_sb = a->q_s[0], fp.q_sn = a->q_s[1], fp.q_sh = a->q_s[2];
-    fp.k_sb = a->k_s[0], fp.k_sn = a->k_s[1], fp.k_sh = a->k_s[2];
-    fp.v_sb = a->v_s[0], fp.v_sn = a->v_s[1], fp.v_sh = a->v_s[2];
-    fp.o_sb = a->o_s[0], fp.o_sn = a->o_s[1], fp.o_sh = a->o_s[2];
-    fp.lse_sb = a->lse_s[0], fp.lse_sh = a->lse_s[1];
-    fp.n = a->n;
-    fp.w = w;
-    fp.r = r;
-    fp.nseg = ceil_div(a->n, w);
-    fp.tiles_per_seg = (int)ceil_div(ceil_div(w, r), v->block_m);
-    fp.heads = p->cfg.heads;
-    fp.kv_group = p->cfg.heads / p->cfg.kv_heads;
-    fp.head0 = s->head0;
-    fp.offset_mode = p->cfg.offsets;
-    fp.offset_arg = p->cfg.offsets == RDA_OFFSETS_BLOCK ? (int)ceil_div(p->cfg.heads, r)
-                    : p->cfg.offsets == RDA_OFFSETS_GROUP ? s->branch
-                                                          : 0;
+    rda_fwd_params_for_step(p, s, a, &fp);
     /* The first step to touch these heads overwrites; later ones merge. */
     fp.merge = 0;
     for (int e = 0; e < i; ++e)
       if (heads_overlap(&p->steps[e], s)) fp.merge = 1;
-    fp.scale_log2 = (float)(p->cfg.scale * log2e);
-    /* Every query and key of every segment (rda_params.h). */
-    fp.seg0 = 0;
-    fp.q_lo = fp.kv_lo = 0;
-    fp.q_hi = fp.kv_hi = a->n;
-    fp.row_lo = fp.kv_row_lo = 0;
-    fp.k_rs = r * fp.k_sn;
-    fp.v_rs = r * fp.v_sn;
 
     const long long gx = fp.nseg * fp.tiles_per_seg;
     if (gx > 0x7fffffffLL || s->nheads > 65535)

@@ -26,6 +26,11 @@ typedef struct rda_fwd_kernels {
 rda_status rda_fwd_load(rda_backend *b, const rda_plan_k *p, rda_fwd_kernels *out, rda_err *err);
 void rda_fwd_unload(rda_backend *b, rda_fwd_kernels *k);
 
+/* The kernel parameters of step s over all of a's rows and keys, as a single-device launch
+ * uses them; the ring narrows the row ranges and points k/v at received blocks. merge = 0. */
+void rda_fwd_params_for_step(const rda_plan_k *p, const rda_step *s, const rda_fwd_args *a,
+                             rda_fwd_params *fp);
+
 /* Enqueue the forward pass (asynchronous on cuda). */
 rda_status rda_fwd_run(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
                        const rda_fwd_args *a, rda_err *err);

@@ -60,44 +60,27 @@ static rda_status ring_launch_fwd(const ring_ctx *c, const ring_launch *l, rda_e
   const rda_variant *var = &p->variants[s->kernel];
   const int64_t r = p->cfg.dilations[s->branch];
   const int64_t w = p->cfg.segments[s->branch] < c->n ? p->cfg.segments[s->branch] : c->n;
+  /* The single-device parameters over the global sequence, with this launch's K/V. */
+  rda_fwd_args ga = *a;
+  ga.n = c->n;
+  ga.k = l->k;
+  ga.v = l->v;
+  memcpy(ga.k_s, l->k_s, sizeof ga.k_s);
+  memcpy(ga.v_s, l->v_s, sizeof ga.v_s);
   rda_fwd_params fp;
-  memset(&fp, 0, sizeof fp);
-  fp.q = a->q;
-  fp.k = l->k;
-  fp.v = l->v;
-  fp.o = a->o;
-  fp.lse = a->lse;
-  fp.q_sb = a->q_s[0], fp.q_sn = a->q_s[1], fp.q_sh = a->q_s[2];
-  fp.k_sb = l->k_s[0], fp.k_sn = l->k_s[1], fp.k_sh = l->k_s[2];
-  fp.v_sb = l->v_s[0], fp.v_sn = l->v_s[1], fp.v_sh = l->v_s[2];
-  fp.o_sb = a->o_s[0], fp.o_sn = a->o_s[1], fp.o_sh = a->o_s[2];
-  fp.lse_sb = a->lse_s[0], fp.lse_sh = a->lse_s[1];
-  fp.n = c->n;
-  fp.w = w;
-  fp.r = r;
-  fp.nseg = ring_ceil_div(c->n, w);
+  rda_fwd_params_for_step(p, s, &ga, &fp);
   /* At most ceil(L / r) grid rows fall in L consecutive positions. */
   int64_t rows = ring_ceil_div(w, r);
   const int64_t span = ring_ceil_div(l->q_hi - l->q_lo, r);
   if (span < rows) rows = span;
   fp.tiles_per_seg = (int)ring_ceil_div(rows, var->block_m);
-  fp.heads = p->cfg.heads;
-  fp.kv_group = p->cfg.heads / p->cfg.kv_heads;
   fp.head0 = l->head0;
-  fp.offset_mode = p->cfg.offsets;
-  fp.offset_arg = p->cfg.offsets == RDA_OFFSETS_BLOCK   ? (int)ring_ceil_div(p->cfg.heads, r)
-                  : p->cfg.offsets == RDA_OFFSETS_GROUP ? s->branch
-                                                        : 0;
   fp.merge = 1;
-  fp.scale_log2 = (float)(p->cfg.scale * 1.4426950408889634);
   if (l->kv_compact) {
     /* Grid rows one after another in the received block. */
     fp.k_rs = fp.k_sn;
     fp.v_rs = fp.v_sn;
     fp.k_sn = fp.v_sn = 0;
-  } else {
-    fp.k_rs = r * fp.k_sn;
-    fp.v_rs = r * fp.v_sn;
   }
   fp.seg0 = l->seg0;
   fp.q_lo = l->q_lo, fp.q_hi = l->q_hi;
