@@ -276,19 +276,6 @@ static void run_case(const char *what, const bwd_case *bc) {
   for (int i = 0; i < g_rt.n; ++i) run_case_on(&g_rt.be[i], what, bc);
 }
 
-#define BR1(w0, r0) \
-  1, {w0}, {        \
-    r0              \
-  }
-#define BR2(w0, r0, w1, r1) \
-  2, {w0, w1}, {            \
-    r0, r1                  \
-  }
-#define BR3(w0, r0, w1, r1, w2, r2) \
-  3, {w0, w1, w2}, {                \
-    r0, r1, r2                      \
-  }
-
 /* ------------------------------------------------------------------ the cases */
 /* Each head dim runs once; over the set: both dtypes with and without causal, every offset rule,
  * GQA and MQA, partial segments, w > N, r not dividing w, uncovered rows, batch > 1, a custom

@@ -242,19 +242,6 @@ static void run_case(const char *what, const fwd_case *fc) {
   for (int i = 0; i < g_rt.n; ++i) run_case_on(&g_rt.be[i], what, fc);
 }
 
-#define BR1(w0, r0) \
-  1, {w0}, {        \
-    r0              \
-  }
-#define BR2(w0, r0, w1, r1) \
-  2, {w0, w1}, {            \
-    r0, r1                  \
-  }
-#define BR3(w0, r0, w1, r1, w2, r2) \
-  3, {w0, w1, w2}, {                \
-    r0, r1, r2                      \
-  }
-
 /* ------------------------------------------------------------------ the cases */
 /* Each case names what it adds to the cover; pairwise causal x dilated x GQA x dtype holds over
  * the set, every head dim runs in both dtypes and both causal modes. */

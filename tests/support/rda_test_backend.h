@@ -49,4 +49,19 @@ float *rt_download_f32(rda_backend *b, const float *dev, size_t count);
  * [N, B, heads, d + pad] (pad extra elements per head row keep rows 16-byte aligned). */
 void rt_strides_seq_first(long long b, long long heads, long long d, long long pad, long long s[3]);
 
+/* Branch lists for the kernel-test case tables: `.nbranch, .w[], .r[]` in designated order,
+ * e.g. BR2(256, 1, 512, 2). */
+#define BR1(w0, r0) \
+  1, {w0}, {        \
+    r0              \
+  }
+#define BR2(w0, r0, w1, r1) \
+  2, {w0, w1}, {            \
+    r0, r1                  \
+  }
+#define BR3(w0, r0, w1, r1, w2, r2) \
+  3, {w0, w1, w2}, {                \
+    r0, r1, r2                      \
+  }
+
 #endif
