@@ -212,6 +212,93 @@ RDA_API rda_status rda_backward(const rda_plan *plan, const rda_tensor *q, const
                                 const rda_tensor *dq, const rda_tensor *dk, const rda_tensor *dv,
                                 void *workspace, size_t workspace_bytes, void *stream);
 
+/* ---- the ring: one attention over P ranks, each holding N/P rows ---------------------------
+ * Rank ρ holds only its rows of q, k, v (and of every output): with the contiguous layout rows
+ * [lo, hi) of an even split (the first N mod P ranks one row more); with zigzag, the sequence
+ * cut into 2P equal chunks, chunks ρ and 2P-1-ρ, in that order. Its tensors are [B, rows, H, D]
+ * (k, v, dk, dv: Hkv heads) and [B, H, rows] (lse); its results equal its rows of the
+ * single-device rda_forward / rda_backward within SPEC §5. The ring moves only the dilated K/V
+ * rows each rank's queries use (and their fp32 gradients back to their owners); memory per
+ * rank is O(N/P). Every rank of a ring calls the same functions in the same order. */
+
+typedef struct rda_ring rda_ring;
+/* P virtual ranks in one process (threads, one rda_ring per thread): over host memory on the
+ * emulator context, over device memory on a cuda context (all ranks on its GPU). */
+typedef struct rda_ring_world rda_ring_world;
+
+typedef enum { RDA_LAYOUT_CONTIGUOUS = 0, RDA_LAYOUT_ZIGZAG = 1 } rda_ring_layout;
+
+/* How one rank joins a ring: exactly one of world, nccl_comm, nccl_unique_id. */
+typedef struct rda_ring_desc {
+  size_t struct_size;         /* sizeof(rda_ring_desc) */
+  long long n;                /* global sequence length N >= ranks */
+  int ranks;                  /* P >= 1 */
+  int rank;                   /* 0 .. P-1 */
+  rda_ring_layout layout;
+  double timeout_s;           /* per ring operation; 0 means 60 s */
+  rda_ring_world *world;      /* virtual ranks of rda_ring_world_create, or NULL */
+  void *nccl_comm;            /* an ncclComm_t of P ranks the caller owns (aborted, never
+                                 destroyed, on a failure), or NULL */
+  const void *nccl_unique_id; /* 128 bytes of rda_ring_nccl_unique_id from rank 0, or NULL */
+  void *comm_stream;          /* CUstream for NCCL transfers; NULL: the ring makes its own */
+} rda_ring_desc;
+
+#define RDA_RING_DESC_INIT \
+  { sizeof(rda_ring_desc), 0, 0, 0, RDA_LAYOUT_CONTIGUOUS, 0.0, NULL, NULL, NULL, NULL }
+
+/* A world of `ranks` virtual ranks on ctx (1 .. 4096), per-operation timeout (0: 60 s). */
+RDA_API rda_status rda_ring_world_create(rda_ring_world **out, rda_ctx *ctx, int ranks,
+                                         double timeout_s);
+/* Every rda_ring of the world must have been destroyed. Accepts NULL. */
+RDA_API void rda_ring_world_destroy(rda_ring_world *world);
+
+/* 128 bytes for desc.nccl_unique_id (RDA_ERR_UNSUPPORTED when built without NCCL). */
+RDA_API rda_status rda_ring_nccl_unique_id(void *id);
+
+/* Join the ring as desc->rank: checks that every rank agrees on the config, N, P, the layout,
+ * the dtype and the rda version (a mismatch is RDA_ERR_NCCL on every rank, never a hang; a rank
+ * that never joins makes the others fail after the timeout). plan: the config for all ranks
+ * (with RDA_PLAN_WITH_BACKWARD for rda_ring_backward); takes a reference on it. */
+RDA_API rda_status rda_ring_create(rda_ring **out, rda_plan *plan, const rda_ring_desc *desc);
+
+/* The rank's rows: count, and its pieces [lo[i], hi[i]) of global rows (npieces 1 or 2). */
+RDA_API rda_status rda_ring_rows(const rda_ring *ring, long long *rows, int *npieces,
+                                 long long lo[2], long long hi[2]);
+
+/* Workspace bytes of rda_ring_forward (backward = 0) or rda_ring_backward (1) for batch B. */
+RDA_API rda_status rda_ring_workspace_size(const rda_ring *ring, long long batch, int backward,
+                                           size_t *bytes);
+
+/* rda_forward over the ring: the same tensors, dtypes, stream and workspace rules, on this
+ * rank's rows. A failure on any rank (or the timeout) makes every rank return an error. */
+RDA_API rda_status rda_ring_forward(rda_ring *ring, const rda_tensor *q, const rda_tensor *k,
+                                    const rda_tensor *v, const rda_tensor *o,
+                                    const rda_tensor *lse, void *workspace,
+                                    size_t workspace_bytes, void *stream);
+
+/* rda_backward over the ring, on this rank's rows: dq from local work, dk and dv including the
+ * contributions of the other ranks' queries (returned to this rank in fp32). */
+RDA_API rda_status rda_ring_backward(rda_ring *ring, const rda_tensor *q, const rda_tensor *k,
+                                     const rda_tensor *v, const rda_tensor *o,
+                                     const rda_tensor *lse, const rda_tensor *dout,
+                                     const rda_tensor *dlse, const rda_tensor *dq,
+                                     const rda_tensor *dk, const rda_tensor *dv, void *workspace,
+                                     size_t workspace_bytes, void *stream);
+
+/* What the ring moved and held on this rank in its last forward or backward call. */
+typedef struct rda_ring_stats {
+  long long rows;
+  unsigned long long bytes_sent, bytes_received;
+  unsigned long long peak_bytes; /* the most memory the ring itself held at once */
+} rda_ring_stats;
+RDA_API rda_status rda_ring_get_stats(const rda_ring *ring, rda_ring_stats *out);
+
+/* Make every rank's pending and later ring calls fail with `reason` (any thread). */
+RDA_API void rda_ring_abort(rda_ring *ring, const char *reason);
+
+/* Leave the ring and drop the plan reference. Accepts NULL. */
+RDA_API void rda_ring_destroy(rda_ring *ring);
+
 #ifdef __cplusplus
 }
 #endif

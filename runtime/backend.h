@@ -28,6 +28,25 @@ struct rda_backend {
                        unsigned smem_bytes, const void *params, size_t params_bytes,
                        rda_err *err);
   rda_status (*synchronize)(rda_backend *b, rda_err *err);
+  /* Stream-ordered device work on the backend's current stream (cuda: the thread's stream of
+   * rda_backend_cuda_use_stream, else its own; the emulator runs it at once). */
+  rda_status (*memset_async)(rda_backend *b, void *dptr, int value, size_t bytes, rda_err *err);
+  rda_status (*copy_async)(rda_backend *b, void *dst, const void *src, size_t bytes,
+                           rda_err *err); /* device to device */
+  /* Events order work across streams without host synchronization (emulator: no-ops that
+   * still hand out distinct non-NULL handles). record: on the current stream; wait: the
+   * current stream waits for the event's last record; query: 1 when done, 0 when not yet. */
+  rda_status (*event_create)(rda_backend *b, void **ev, rda_err *err);
+  void (*event_destroy)(rda_backend *b, void *ev); /* accepts NULL */
+  rda_status (*event_record)(rda_backend *b, void *ev, rda_err *err);
+  rda_status (*stream_wait_event)(rda_backend *b, void *ev, rda_err *err);
+  rda_status (*event_query)(rda_backend *b, void *ev, int *done, rda_err *err);
+  /* A stream of the backend's own for communication (cuda: non-blocking; emulator: a
+   * distinct handle) and running work on it: rda_backend_with_stream sets the current stream
+   * of the calling thread to s until rda_backend_with_stream(b, NULL). */
+  rda_status (*stream_create)(rda_backend *b, void **s, rda_err *err);
+  void (*stream_destroy)(rda_backend *b, void *s); /* accepts NULL */
+  void (*set_stream)(rda_backend *b, void *s);     /* NULL: back to the default choice */
   void (*destroy)(rda_backend *b);
 };
 

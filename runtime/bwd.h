@@ -43,4 +43,34 @@ size_t rda_bwd_workspace_bytes(const rda_plan_k *p, long long batch, long long n
 rda_status rda_bwd_run(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
                        const rda_bwd_args *a, rda_err *err);
 
+/* --- pieces for the ring (runtime/ring.c) ---------------------------------------------------
+ * rda_bwd_run = rda_bwd_prep, then per branch step rda_bwd_launch_dkdv and rda_bwd_launch_dq on
+ * rda_bwd_params_for_step's parameters. The ring narrows the parameters' row ranges
+ * (rda_bwd_params: seg0, q_lo..dv_rs) and points k, v, dk, dv at compact blocks. */
+
+/* Dp = <dO, O> - dLSE into a->workspace and dq = dk = dv = 0, over all of a's rows. */
+rda_status rda_bwd_prep(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                        const rda_bwd_args *a, rda_err *err);
+
+/* The parameters of branch step s over all of a's rows and keys (single-device ranges), with
+ * dp = a->workspace. tiles_per_seg is left 0: the launchers set it from the ranges. */
+void rda_bwd_params_for_step(const rda_plan_k *p, const rda_bwd_step *s, const rda_bwd_args *a,
+                             rda_bwd_params *bp);
+
+/* dK/dV of bp's ranges over segments [bp->seg0, bp->seg0 + nseg) for batch `batch`: one launch
+ * per group member that has a query head in [bp->head0, bp->head0 + bp->nheads), kv heads
+ * bp->head0 / kv_group .. (head0 + nheads - 1) / kv_group. atomic: the step's dkdv_atomic_kernel
+ * (which also adds dQ; then rda_bwd_launch_dq must not run); it must exist. tiles_per_seg is
+ * set from min(ceil(w / r), ceil((kv_hi - kv_lo) / r)) key grid rows. Nothing is launched
+ * when the ranges hold no grid row. */
+rda_status rda_bwd_launch_dkdv(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                               const rda_bwd_step *s, rda_bwd_params *bp, long long nseg,
+                               long long batch, int atomic, rda_err *err);
+
+/* dQ of bp's ranges over segments [bp->seg0, bp->seg0 + nseg), query heads
+ * [bp->head0, bp->head0 + bp->nheads); tiles_per_seg from the query range. */
+rda_status rda_bwd_launch_dq(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                             const rda_bwd_step *s, rda_bwd_params *bp, long long nseg,
+                             long long batch, rda_err *err);
+
 #endif

@@ -13,7 +13,8 @@ typedef struct rda_gen rda_gen;
 /* A kernel the plan needs: its generated source and what launching it takes. */
 typedef struct rda_variant {
   char name[128];   /* deterministic; also the extern "C" entry point */
-  char kind[16];    /* "fwd", "init", "cast", "bwd_prep", "bwd_dkdv" or "bwd_dq" */
+  char kind[16];    /* "fwd", "init", "cast", "ring_pack", "ring_add", "bwd_prep", "bwd_dkdv"
+                       or "bwd_dq" */
   char *source;     /* generated CUDA source (malloc'd, owned by the plan) */
   int threads;      /* block size */
   int block_m;      /* query rows per block (fwd), 0 otherwise */
@@ -47,6 +48,8 @@ typedef struct rda_plan_k {
   rda_step steps[RDA_MAX_BRANCHES];
   int init_kernel; /* variant index of the o = 0, lse = -inf kernel */
   int cast_kernel; /* variant index of the fp32 -> storage dtype kernel */
+  int ring_pack_kernel; /* variant index of the ring's K/V row packer (kind "ring_pack") */
+  int ring_add_kernel;  /* variant index of the ring's fp32 dK/dV row adder (kind "ring_add") */
   /* Backward (only when planned with RDA_PLAN_BACKWARD; has_bwd = 0 otherwise). */
   int has_bwd;
   rda_bwd_step bwd_steps[RDA_MAX_BRANCHES]; /* nsteps of them, in branch order */

@@ -255,7 +255,7 @@ static size_t ring_sum(const rda_ring_xfer *x, int n, long long batch) {
 }
 
 static rda_status ring_run(ring_ctx *c, const rda_ring_plan *rp, int rank, rda_transport *t,
-                           rda_ring_stats *stats, rda_err *err) {
+                           rda_ring_run_stats *stats, rda_err *err) {
   rda_ring_step *steps = NULL;
   int64_t nsteps = 0;
   unsigned char *sbuf = NULL, *rbuf = NULL;
@@ -332,9 +332,9 @@ static rda_status ring_check(const rda_backend *b, const rda_ring_plan *rp, int 
   return RDA_OK;
 }
 
-rda_status rda_ring_forward(rda_backend *b, const rda_plan_k *pk, const rda_fwd_kernels *k,
+rda_status rda_ring_fwd_run(rda_backend *b, const rda_plan_k *pk, const rda_fwd_kernels *k,
                             const rda_ring_plan *rp, int rank, rda_transport *t,
-                            const rda_fwd_args *a, rda_ring_stats *stats, rda_err *err) {
+                            const rda_fwd_args *a, rda_ring_run_stats *stats, rda_err *err) {
   if (b == NULL || pk == NULL || k == NULL || rp == NULL || t == NULL || a == NULL)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring forward: a NULL argument");
   rda_status s = ring_check(b, rp, rank, t, a, err);

@@ -13,21 +13,43 @@
 #include "transport.h"
 
 /* What one rank's ring did. */
-typedef struct rda_ring_stats {
+typedef struct rda_ring_run_stats {
   int64_t rows;            /* rows this rank owns */
   uint64_t bytes_sent;     /* bytes its sends delivered (plan bytes times the batch) */
   uint64_t bytes_received; /* bytes its receives got */
   uint64_t peak_bytes;     /* most the ring itself held at once: send, receive and device blocks */
-} rda_ring_stats;
+} rda_ring_run_stats;
+
+/* Backend memory the ring itself needs on `rank` for `batch`: the packed send block, two
+ * receive blocks and, for the backward pass, two fp32 gradient blocks and two fp32 returned-
+ * gradient blocks (each piece 256-byte aligned). O(N/P): the largest single transfer, never the
+ * sequence. This is stats->peak_bytes. */
+size_t rda_ring_workspace_bytes(const rda_plan_k *pk, const rda_ring_plan *rp, int rank,
+                                long long batch, int backward);
 
 /* The forward pass of `rank` over the transport endpoint t (t->rank == rank). a holds only this
  * rank's rows: a->n must equal the rank's row count; local row i is the i-th owned global row
  * in ascending order (zigzag: chunk rank, then chunk 2P-1-rank). o and lse (fp32) receive the
- * rank's rows of the single-device result. The backend's memory must be host memory (the
- * emulator) when t is a host transport. k holds pk's loaded kernels. stats may be NULL. On a
- * failure the transport is aborted, so the other ranks fail instead of waiting. */
-rda_status rda_ring_forward(rda_backend *b, const rda_plan_k *pk, const rda_fwd_kernels *k,
+ * rank's rows of the single-device result. workspace: rda_ring_workspace_bytes(..., 0) bytes of
+ * backend memory (or more). The host transport needs host memory (the emulator backend). k
+ * holds pk's loaded kernels. stats may be NULL. Launches go to the backend's current stream;
+ * the host is never synchronized with the device inside the loop (only the transport's own
+ * matching). On a failure the transport is aborted, so the other ranks fail instead of
+ * waiting. */
+rda_status rda_ring_fwd_run(rda_backend *b, const rda_plan_k *pk, const rda_fwd_kernels *k,
                             const rda_ring_plan *rp, int rank, rda_transport *t,
-                            const rda_fwd_args *a, rda_ring_stats *stats, rda_err *err);
+                            const rda_fwd_args *a, void *workspace, size_t workspace_bytes,
+                            rda_ring_run_stats *stats, rda_err *err);
+
+/* The backward pass of `rank`: a as for rda_bwd_run over the rank's rows (a->n = its rows,
+ * a->workspace = rda_bwd_workspace_bytes(pk, batch, rows) for Dp; o and lse the ring
+ * forward's). dq (local, fp32) gets the rank's rows of the single-device dQ; dk, dv (fp32) the
+ * rank's rows of dK, dV, including the contributions other ranks computed for these rows and
+ * returned (fp32) over the transport. Deterministic for a fixed P and layout.
+ * workspace: rda_ring_workspace_bytes(..., 1) bytes. pk must be planned with the backward. */
+rda_status rda_ring_bwd_run(rda_backend *b, const rda_plan_k *pk, const rda_fwd_kernels *k,
+                             const rda_ring_plan *rp, int rank, rda_transport *t,
+                             const rda_bwd_args *a, void *workspace, size_t workspace_bytes,
+                             rda_ring_run_stats *stats, rda_err *err);
 
 #endif

@@ -17,6 +17,12 @@
  *    sizes must agree. Posting order inside a group, and between ranks, never deadlocks as long
  *    as every rank eventually posts its half (the ring plan orders steps by a shared key).
  *  - Buffers stay owned by the caller and must stay valid and untouched until wait returns.
+ *  - Device-side order (device and NCCL transports): a send reads what the caller's current
+ *    stream had written when group_end was called; a receive writes its buffer only after the
+ *    work enqueued on that stream before group_end; once wait returns, work the caller enqueues
+ *    on its stream sees the received data and may overwrite the send buffers. wait blocks the
+ *    host only until every transfer is matched and enqueued (device transport), never for the
+ *    device to finish. The host transport copies at once (its memory is host memory).
  *  - Errors are RDA_ERR_NCCL with one line naming the rank, e.g. "rank 3: timed out after
  *    2.0 s waiting for rank 5". A timeout or a failure aborts the world: every other rank's
  *    pending or later call fails within its own timeout, never hangs.
@@ -84,6 +90,23 @@ void rda_host_world_destroy(rda_host_world *w);
  * time out. *out is NULL on failure. */
 rda_status rda_host_world_join(rda_host_world *w, int rank, uint64_t fingerprint,
                                rda_transport **out, rda_err *err);
+
+/* --- device virtual ranks (runtime/transport_device.c) ------------------------------------ */
+
+typedef struct rda_device_world rda_device_world;
+
+/* A world of `size` virtual ranks (1..4096) of one process on one device, per-operation
+ * timeout in seconds (> 0). Matching, timeouts, abort and the fingerprint check are the host
+ * world's; the copies are device-to-device on each receiving endpoint's communication stream. */
+rda_status rda_device_world_create(int size, double timeout_s, rda_device_world **out,
+                                   rda_err *err);
+void rda_device_world_destroy(rda_device_world *w); /* endpoints destroyed first; NULL ok */
+
+/* Called by the thread of rank `rank`, whose backend is b (every rank's backend on the same
+ * device: cuda, or the emulator, where copies run at once). The endpoint creates its
+ * communication stream and events on b. Errors as rda_host_world_join. */
+rda_status rda_device_world_join(rda_device_world *w, int rank, uint64_t fingerprint,
+                                 rda_backend *b, rda_transport **out, rda_err *err);
 
 /* --- NCCL (runtime/transport_nccl.c; RDA_ERR_UNSUPPORTED when built without nccl.h) ------- */
 

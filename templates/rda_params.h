@@ -114,6 +114,22 @@ typedef struct rda_bwd_params {
   int offset_arg;    /* block: ceil(H / r); group: the branch index; mod: unused */
   float scale_log2;  /* softmax scale times log2(e) */
   float scale;       /* softmax scale (the factor of dq and dk) */
+  /* Which queries and keys, exactly as in rda_fwd_params (the ring launches sub-ranges; grids
+   * stay on GLOBAL positions): segment = blockIdx.x / tiles_per_seg + seg0; queries are the grid
+   * rows at positions in [q_lo, q_hi), keys those in [kv_lo, kv_hi); q, dout, dq, lse, dp hold
+   * position p at local row p - row_lo. The first key grid row kt0 (position x) of a launch is
+   * at k + (x - kv_row_lo) * k_sn, grid row t at that + (t - kt0) * k_rs; v, dk, dv alike with
+   * v_rs, dk_rs, dv_rs (k_sn = 0 and k_rs = the row pitch: a compact received block, whose
+   * gradients go to a compact fp32 block). tiles_per_seg counts the tiles of these ranges.
+   * The single-device pass: seg0 = 0, q_lo = kv_lo = row_lo = kv_row_lo = 0, q_hi = kv_hi = n,
+   * k_rs = r * k_sn, v_rs = r * v_sn, dk_rs = r * dk_sn, dv_rs = r * dv_sn. */
+  long long seg0;
+  long long q_lo, q_hi;
+  long long kv_lo, kv_hi;
+  long long row_lo;
+  long long kv_row_lo;
+  long long k_rs, v_rs;
+  long long dk_rs, dv_rs;
 } rda_bwd_params;
 
 /* Before the branches of a backward pass: dp[b, h, n] = <dO, O> - dLSE (0 where lse = -inf),
@@ -137,5 +153,28 @@ typedef struct rda_bwd_prep_params {
   long long batch, n;
   int heads, kv_heads, head_dim;
 } rda_bwd_prep_params;
+
+/* The rows of one ring transfer, between a rank's strided K/V (or fp32 dK/dV) and a compact
+ * block (runtime/ring.c). Block layout [2][batch][rows][nkv_total][head_dim]: K then V (dK then
+ * dV). Block row t of range i is the rank's LOCAL row first[i] + (t - t_i) * stride, where t_i
+ * is the number of rows of the ranges before i. One launch moves kv head slots
+ * [slot0, slot0 + nkv) of the block, slot slot0 + e holding kv head kv_heads[e].
+ *   ring_pack (16-bit): block[...] = k/v rows (bf16 and fp16 alike: bits are copied).
+ *   ring_add (fp32):    k/v rows (the rank's dK/dV accumulators) += block[...].
+ * Grid-stride over all elements; 16-byte vectors (head_dim is a multiple of 8). */
+#define RDA_RING_ROWS_MAX_HEADS 64
+typedef struct rda_ring_rows_params {
+  void *k, *v; /* pack: 16-bit sources; add: fp32 destinations */
+  long long k_sb, k_sn, k_sh;
+  long long v_sb, v_sn, v_sh;
+  void *block; /* pack: 16-bit destination; add: fp32 source */
+  long long batch, rows;        /* rows = count[0] + ... + count[nranges - 1] */
+  long long first[2], count[2]; /* local rows */
+  long long stride;
+  int nranges;
+  int head_dim;
+  int nkv_total, slot0, nkv;
+  int kv_heads[RDA_RING_ROWS_MAX_HEADS];
+} rda_ring_rows_params;
 
 #endif

@@ -67,7 +67,7 @@ typedef struct rank_job {
   int rank;
   rda_fwd_args a;
   void *mem[5]; /* q, k, v, o, lse in backend memory */
-  rda_ring_stats stats;
+  rda_ring_run_stats stats;
   rda_status status;
   rda_err err;
 } rank_job;
@@ -78,7 +78,7 @@ static void *rank_main(void *arg) {
   j->status = rda_host_world_join(j->world, j->rank, j->fp, &t, &j->err);
   if (j->status == RDA_OK)
     j->status =
-        rda_ring_forward(j->b, j->pk, &j->kern, j->rp, j->rank, t, &j->a, &j->stats, &j->err);
+        rda_ring_fwd_run(j->b, j->pk, &j->kern, j->rp, j->rank, t, &j->a, &j->stats, &j->err);
   rda_transport_destroy(t);
   return NULL;
 }
@@ -92,7 +92,7 @@ typedef struct ring_case {
 } ring_case;
 
 typedef struct ring_result {
-  rda_ring_stats stats[MAXP];
+  rda_ring_run_stats stats[MAXP];
   uint64_t plan_sent[MAXP], plan_received[MAXP];
 } ring_result;
 

@@ -309,7 +309,7 @@ typedef struct run_rank {
   int rank;
   void *mem[5]; /* q, k, v, o, lse */
   rda_fwd_args a;
-  rda_ring_stats stats;
+  rda_ring_run_stats stats;
   rda_status status;
   rda_err err;
 } run_rank;
@@ -320,7 +320,7 @@ static void *run_rank_main(void *arg) {
   r->status = rda_host_world_join(r->world, r->rank, r->fingerprint, &t, &r->err);
   if (r->status == RDA_OK)
     r->status =
-        rda_ring_forward(r->b, r->plan, &r->kernels, r->rp, r->rank, t, &r->a, &r->stats, &r->err);
+        rda_ring_fwd_run(r->b, r->plan, &r->kernels, r->rp, r->rank, t, &r->a, &r->stats, &r->err);
   rda_transport_destroy(t);
   return NULL;
 }
