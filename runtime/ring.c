@@ -334,7 +334,10 @@ static rda_status ring_check(const rda_backend *b, const rda_ring_plan *rp, int 
 
 rda_status rda_ring_fwd_run(rda_backend *b, const rda_plan_k *pk, const rda_fwd_kernels *k,
                             const rda_ring_plan *rp, int rank, rda_transport *t,
-                            const rda_fwd_args *a, rda_ring_run_stats *stats, rda_err *err) {
+                            const rda_fwd_args *a, void *workspace, size_t workspace_bytes,
+                            rda_ring_run_stats *stats, rda_err *err) {
+  (void)workspace;
+  (void)workspace_bytes;
   if (b == NULL || pk == NULL || k == NULL || rp == NULL || t == NULL || a == NULL)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring forward: a NULL argument");
   rda_status s = ring_check(b, rp, rank, t, a, err);

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "bwd.h"
 #include "fwd.h"
 #include "gen.h"
 #include "ring_plan.h"

@@ -33,6 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend.h"
 #include "err.h"
 
 typedef struct rda_transport rda_transport;

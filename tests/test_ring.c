@@ -78,7 +78,7 @@ static void *rank_main(void *arg) {
   j->status = rda_host_world_join(j->world, j->rank, j->fp, &t, &j->err);
   if (j->status == RDA_OK)
     j->status =
-        rda_ring_fwd_run(j->b, j->pk, &j->kern, j->rp, j->rank, t, &j->a, &j->stats, &j->err);
+        rda_ring_fwd_run(j->b, j->pk, &j->kern, j->rp, j->rank, t, &j->a, NULL, 0, &j->stats, &j->err);
   rda_transport_destroy(t);
   return NULL;
 }

@@ -320,7 +320,7 @@ static void *run_rank_main(void *arg) {
   r->status = rda_host_world_join(r->world, r->rank, r->fingerprint, &t, &r->err);
   if (r->status == RDA_OK)
     r->status =
-        rda_ring_fwd_run(r->b, r->plan, &r->kernels, r->rp, r->rank, t, &r->a, &r->stats, &r->err);
+        rda_ring_fwd_run(r->b, r->plan, &r->kernels, r->rp, r->rank, t, &r->a, NULL, 0, &r->stats, &r->err);
   rda_transport_destroy(t);
   return NULL;
 }
