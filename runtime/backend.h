@@ -28,11 +28,12 @@ struct rda_backend {
                        unsigned smem_bytes, const void *params, size_t params_bytes,
                        rda_err *err);
   rda_status (*synchronize)(rda_backend *b, rda_err *err);
-  /* Stream-ordered device work on the backend's current stream (cuda: the thread's stream of
-   * rda_backend_cuda_use_stream, else its own; the emulator runs it at once). */
+  /* Stream-ordered device work on the calling thread's current stream of b: the stream
+   * set_stream gave for this thread, else the thread's stream of rda_backend_cuda_use_stream,
+   * else the backend's own (the emulator runs everything at once). */
   rda_status (*memset_async)(rda_backend *b, void *dptr, int value, size_t bytes, rda_err *err);
   rda_status (*copy_async)(rda_backend *b, void *dst, const void *src, size_t bytes,
-                           rda_err *err); /* device to device */
+                           rda_err *err); /* device to device; the ranges must not overlap */
   /* Events order work across streams without host synchronization (emulator: no-ops that
    * still hand out distinct non-NULL handles). record: on the current stream; wait: the
    * current stream waits for the event's last record; query: 1 when done, 0 when not yet. */
@@ -42,10 +43,12 @@ struct rda_backend {
   rda_status (*stream_wait_event)(rda_backend *b, void *ev, rda_err *err);
   rda_status (*event_query)(rda_backend *b, void *ev, int *done, rda_err *err);
   /* A stream of the backend's own for communication (cuda: non-blocking; emulator: a
-   * distinct handle) and running work on it: rda_backend_with_stream sets the current stream
-   * of the calling thread to s until rda_backend_with_stream(b, NULL). */
+   * distinct handle), and running work on it: set_stream(b, s) makes s the calling thread's
+   * current stream of b (over rda_backend_cuda_use_stream's) until set_stream(b, NULL). The
+   * device transport uses it for its communication stream and leaves it at NULL, so callers
+   * that share a backend with a transport pick their own stream with use_stream. */
   rda_status (*stream_create)(rda_backend *b, void **s, rda_err *err);
-  void (*stream_destroy)(rda_backend *b, void *s); /* accepts NULL */
+  void (*stream_destroy)(rda_backend *b, void *s); /* accepts NULL; queued work completes */
   void (*set_stream)(rda_backend *b, void *s);     /* NULL: back to the default choice */
   void (*destroy)(rda_backend *b);
 };
@@ -59,10 +62,12 @@ rda_status rda_backend_cuda_open(rda_backend **out, int ordinal, rda_err *err);
  * Thread-local, so threads sharing a backend may each target their own stream. */
 void rda_backend_cuda_use_stream(void *stream);
 void rda_backend_cuda_own_stream(void);
+/* The calling thread's stream of rda_backend_cuda_use_stream: *set = 1 and *stream when one is
+ * set, else *set = 0 (work goes to a backend's own stream). For the NCCL transport, which has
+ * no backend, to order its communication after the caller's work. */
+void rda_backend_cuda_thread_stream(void **stream, int *set);
 /* The live profile of the GPU behind a cuda backend. */
 rda_status rda_backend_cuda_hw(rda_backend *b, rda_hw *out, rda_err *err);
-
-
 
 /* Open a backend by name: "cuda", "emu", or "auto" (cuda when a GPU is usable, else emu).
  * `why` receives a short human-readable note of what was picked and why, e.g.

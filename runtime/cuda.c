@@ -28,10 +28,17 @@
   X(cuStreamCreate, (CUstream * stream, unsigned int flags))                                 \
   X(cuStreamSynchronize, (CUstream stream))                                                  \
   X(cuStreamDestroy_v2, (CUstream stream))                                                   \
+  X(cuStreamWaitEvent, (CUstream stream, CUevent ev, unsigned int flags))                    \
+  X(cuEventCreate, (CUevent * ev, unsigned int flags))                                       \
+  X(cuEventDestroy_v2, (CUevent ev))                                                         \
+  X(cuEventRecord, (CUevent ev, CUstream stream))                                            \
+  X(cuEventQuery, (CUevent ev))                                                              \
   X(cuMemAlloc_v2, (CUdeviceptr * dptr, size_t bytes))                                       \
   X(cuMemFree_v2, (CUdeviceptr dptr))                                                        \
   X(cuMemcpyHtoDAsync_v2, (CUdeviceptr dst, const void *src, size_t bytes, CUstream stream)) \
   X(cuMemcpyDtoHAsync_v2, (void *dst, CUdeviceptr src, size_t bytes, CUstream stream))       \
+  X(cuMemcpyDtoDAsync_v2, (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream)) \
+  X(cuMemsetD8Async, (CUdeviceptr dst, unsigned char value, size_t bytes, CUstream stream))  \
   X(cuModuleLoadData, (CUmodule * module, const void *image))                                \
   X(cuModuleUnload, (CUmodule module))                                                       \
   X(cuModuleGetFunction, (CUfunction * fn, CUmodule module, const char *name))               \
@@ -286,6 +293,117 @@ void rda_backend_cuda_own_stream(void) {
   rda_cuda_caller_stream_.stream = NULL;
 }
 
+/* Streams set with set_stream, per backend, for the calling thread (a handful of backends per
+ * thread at most; when all slots are taken, the oldest is reused). */
+enum { RDA_CUDA_SET_STREAMS = 8 };
+static _Thread_local struct {
+  rda_backend *b;
+  CUstream stream;
+} rda_cuda_set_streams_[RDA_CUDA_SET_STREAMS];
+
+static void rda_cuda_set_stream(rda_backend *b, void *s) {
+  int slot = -1, free_slot = -1;
+  for (int q = 0; q < RDA_CUDA_SET_STREAMS; q++) {
+    if (rda_cuda_set_streams_[q].b == b) slot = q;
+    if (rda_cuda_set_streams_[q].b == NULL && free_slot < 0) free_slot = q;
+  }
+  if (s == NULL) {
+    if (slot >= 0) rda_cuda_set_streams_[slot].b = NULL, rda_cuda_set_streams_[slot].stream = NULL;
+    return;
+  }
+  if (slot < 0) slot = free_slot;
+  if (slot < 0) { /* full: drop the oldest entry */
+    memmove(&rda_cuda_set_streams_[0], &rda_cuda_set_streams_[1],
+            (RDA_CUDA_SET_STREAMS - 1) * sizeof rda_cuda_set_streams_[0]);
+    slot = RDA_CUDA_SET_STREAMS - 1;
+  }
+  rda_cuda_set_streams_[slot].b = b;
+  rda_cuda_set_streams_[slot].stream = (CUstream)s;
+}
+
+/* The stream the calling thread's work on b goes to: set_stream's, else the caller's stream of
+ * rda_backend_cuda_use_stream, else the backend's own. set_stream wins so that code holding a
+ * backend (the device transport) can put work on its own stream whatever the caller chose. */
+static CUstream rda_cuda_current(rda_backend *b) {
+  for (int q = 0; q < RDA_CUDA_SET_STREAMS; q++)
+    if (rda_cuda_set_streams_[q].b == b) return rda_cuda_set_streams_[q].stream;
+  if (rda_cuda_caller_stream_.set) return rda_cuda_caller_stream_.stream;
+  return rda_cuda_impl_of(b)->stream;
+}
+
+void rda_backend_cuda_thread_stream(void **stream, int *set) {
+  *stream = rda_cuda_caller_stream_.set ? (void *)rda_cuda_caller_stream_.stream : NULL;
+  *set = rda_cuda_caller_stream_.set;
+}
+
+static rda_status rda_cuda_memset_async(rda_backend *b, void *dptr, int value, size_t bytes,
+                                        rda_err *err) {
+  if (bytes == 0) return RDA_OK;
+  RDA_TRY(rda_cuda_enter(b, err));
+  return RDA_CU(err, cuMemsetD8Async, rda_cuda_dptr(dptr), (unsigned char)value, bytes,
+                rda_cuda_current(b));
+}
+
+static rda_status rda_cuda_copy_async(rda_backend *b, void *dst, const void *src, size_t bytes,
+                                      rda_err *err) {
+  if (bytes == 0) return RDA_OK;
+  RDA_TRY(rda_cuda_enter(b, err));
+  return RDA_CU(err, cuMemcpyDtoDAsync_v2, rda_cuda_dptr(dst), rda_cuda_dptr(src), bytes,
+                rda_cuda_current(b));
+}
+
+static rda_status rda_cuda_event_create(rda_backend *b, void **ev, rda_err *err) {
+  *ev = NULL;
+  RDA_TRY(rda_cuda_enter(b, err));
+  CUevent e = NULL;
+  RDA_CU_TRY(err, cuEventCreate, &e, CU_EVENT_DISABLE_TIMING);
+  *ev = e;
+  return RDA_OK;
+}
+
+static void rda_cuda_event_destroy(rda_backend *b, void *ev) {
+  if (ev == NULL || rda_cuda_enter(b, NULL) != RDA_OK) return;
+  (void)RDA_CU(NULL, cuEventDestroy_v2, (CUevent)ev);
+}
+
+static rda_status rda_cuda_event_record(rda_backend *b, void *ev, rda_err *err) {
+  if (ev == NULL) return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "cuda: record of a NULL event");
+  RDA_TRY(rda_cuda_enter(b, err));
+  return RDA_CU(err, cuEventRecord, (CUevent)ev, rda_cuda_current(b));
+}
+
+static rda_status rda_cuda_stream_wait_event(rda_backend *b, void *ev, rda_err *err) {
+  if (ev == NULL) return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "cuda: wait on a NULL event");
+  RDA_TRY(rda_cuda_enter(b, err));
+  return RDA_CU(err, cuStreamWaitEvent, rda_cuda_current(b), (CUevent)ev, 0);
+}
+
+static rda_status rda_cuda_event_query(rda_backend *b, void *ev, int *done, rda_err *err) {
+  *done = 0;
+  if (ev == NULL) return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "cuda: query of a NULL event");
+  RDA_TRY(rda_cuda_enter(b, err));
+  const CUresult r = rda_cuda_api_.cuEventQuery((CUevent)ev);
+  if (r == CUDA_ERROR_NOT_READY) return RDA_OK;
+  RDA_TRY(rda_cuda_check(r, "cuEventQuery", __FILE__, __LINE__, err));
+  *done = 1;
+  return RDA_OK;
+}
+
+static rda_status rda_cuda_stream_create(rda_backend *b, void **s, rda_err *err) {
+  *s = NULL;
+  RDA_TRY(rda_cuda_enter(b, err));
+  CUstream st = NULL;
+  RDA_CU_TRY(err, cuStreamCreate, &st, CU_STREAM_NON_BLOCKING);
+  *s = st;
+  return RDA_OK;
+}
+
+/* Work still queued on s completes; the driver releases the stream afterwards. */
+static void rda_cuda_stream_destroy(rda_backend *b, void *s) {
+  if (s == NULL || rda_cuda_enter(b, NULL) != RDA_OK) return;
+  (void)RDA_CU(NULL, cuStreamDestroy_v2, (CUstream)s);
+}
+
 static rda_status rda_cuda_launch(rda_backend *b, rda_module *m, const unsigned grid[3],
                                   unsigned threads, unsigned smem_bytes, const void *params,
                                   size_t params_bytes, rda_err *err) {
@@ -301,10 +419,8 @@ static rda_status rda_cuda_launch(rda_backend *b, rda_module *m, const unsigned 
   /* The kernel takes one struct by value: one parameter, copied by the driver at launch. */
   void *args[1];
   memcpy(&args[0], &params, sizeof params);
-  const CUstream stream =
-      rda_cuda_caller_stream_.set ? rda_cuda_caller_stream_.stream : rda_cuda_impl_of(b)->stream;
   return RDA_CU(err, cuLaunchKernel, m->fn, grid[0], grid[1], grid[2], threads, 1, 1, smem_bytes,
-                stream, args, NULL);
+                rda_cuda_current(b), args, NULL);
 }
 
 static rda_status rda_cuda_synchronize(rda_backend *b, rda_err *err) {
@@ -314,6 +430,7 @@ static rda_status rda_cuda_synchronize(rda_backend *b, rda_err *err) {
 
 static void rda_cuda_destroy(rda_backend *b) {
   if (b == NULL) return;
+  rda_cuda_set_stream(b, NULL); /* no stale entry if the address is reused */
   rda_cuda_impl *impl = rda_cuda_impl_of(b);
   if (impl != NULL) {
     if (impl->ctx != NULL) {
@@ -362,6 +479,16 @@ rda_status rda_backend_cuda_open(rda_backend **out, int ordinal, rda_err *err) {
   b->unload = rda_cuda_unload;
   b->launch = rda_cuda_launch;
   b->synchronize = rda_cuda_synchronize;
+  b->memset_async = rda_cuda_memset_async;
+  b->copy_async = rda_cuda_copy_async;
+  b->event_create = rda_cuda_event_create;
+  b->event_destroy = rda_cuda_event_destroy;
+  b->event_record = rda_cuda_event_record;
+  b->stream_wait_event = rda_cuda_stream_wait_event;
+  b->event_query = rda_cuda_event_query;
+  b->stream_create = rda_cuda_stream_create;
+  b->stream_destroy = rda_cuda_stream_destroy;
+  b->set_stream = rda_cuda_set_stream;
   b->destroy = rda_cuda_destroy;
   impl->ordinal = ordinal;
 

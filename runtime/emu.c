@@ -573,6 +573,54 @@ static rda_status rda_emu_synchronize(rda_backend *b, rda_err *err) {
   return RDA_OK; /* launches run to completion */
 }
 
+/* Stream-ordered work runs at once; events and streams are distinct tokens that order nothing
+ * (every operation has completed by the time its call returns). */
+static rda_status rda_emu_memset_async(rda_backend *b, void *dptr, int value, size_t bytes,
+                                       rda_err *err) {
+  (void)b;
+  if (bytes == 0) return RDA_OK;
+  if (dptr == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "emu: memset of %zu bytes at NULL", bytes);
+  memset(dptr, value, bytes);
+  return RDA_OK;
+}
+
+static rda_status rda_emu_token(void **out, const char *what, rda_err *err) {
+  *out = malloc(1);
+  if (*out == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "emu: no memory for %s", what);
+  return RDA_OK;
+}
+
+static rda_status rda_emu_event_create(rda_backend *b, void **ev, rda_err *err) {
+  (void)b;
+  return rda_emu_token(ev, "an event", err);
+}
+
+static rda_status rda_emu_stream_create(rda_backend *b, void **s, rda_err *err) {
+  (void)b;
+  return rda_emu_token(s, "a stream", err);
+}
+
+static void rda_emu_token_free(rda_backend *b, void *token) {
+  (void)b;
+  free(token);
+}
+
+static rda_status rda_emu_event_op(rda_backend *b, void *ev, rda_err *err) {
+  (void)b;
+  if (ev == NULL) return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "emu: NULL event");
+  return RDA_OK;
+}
+
+static rda_status rda_emu_event_query(rda_backend *b, void *ev, int *done, rda_err *err) {
+  *done = 1;
+  return rda_emu_event_op(b, ev, err);
+}
+
+static void rda_emu_set_stream(rda_backend *b, void *s) {
+  (void)b, (void)s;
+}
+
 static void rda_emu_destroy(rda_backend *b) {
   if (b == NULL) return;
   rda_emu_impl *im = b->impl;
@@ -619,6 +667,16 @@ rda_status rda_backend_emu_open(rda_backend **out, int arch, rda_err *err) {
   b->unload = rda_emu_unload;
   b->launch = rda_emu_launch1;
   b->synchronize = rda_emu_synchronize;
+  b->memset_async = rda_emu_memset_async;
+  b->copy_async = rda_emu_copy;
+  b->event_create = rda_emu_event_create;
+  b->event_destroy = rda_emu_token_free;
+  b->event_record = rda_emu_event_op;
+  b->stream_wait_event = rda_emu_event_op;
+  b->event_query = rda_emu_event_query;
+  b->stream_create = rda_emu_stream_create;
+  b->stream_destroy = rda_emu_token_free;
+  b->set_stream = rda_emu_set_stream;
   b->destroy = rda_emu_destroy;
   *out = b;
   return RDA_OK;

@@ -56,15 +56,19 @@ rda_status rda_transport_allgather(rda_transport *t, const void *send, void *rec
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rank %d: all-gather with a NULL buffer",
                        t->rank);
   char *out = recv;
+  /* The own block goes through the transport too (a send to self), so it is a device copy
+   * ordered like the others on device transports, where the buffers are device memory. */
   RDA_TRY(t->vt->group_start(t, err));
   for (int q = 0; q < t->size; q++) {
-    if (q == t->rank) continue;
     RDA_TRY(t->vt->send(t, q, send, bytes, err));
     RDA_TRY(t->vt->recv(t, q, out + (size_t)q * bytes, bytes, err));
   }
   RDA_TRY(t->vt->group_end(t, err));
-  if (bytes > 0) memcpy(out + (size_t)t->rank * bytes, send, bytes);
-  return t->vt->wait(t, err);
+  RDA_TRY(t->vt->wait(t, err));
+  /* The byte counters count what moved between ranks, not the local copy. */
+  t->bytes_sent -= bytes;
+  t->bytes_received -= bytes;
+  return RDA_OK;
 }
 
 rda_status rda_transport_barrier(rda_transport *t, rda_err *err) {

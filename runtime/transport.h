@@ -2,14 +2,17 @@
  * ncclGroupStart/End), an all-gather, a barrier, abort and a per-operation timeout, behind one
  * interface so one ring driver runs over NCCL, host virtual ranks or device virtual ranks.
  *
- * Implementations (one vtable each):
- *  - host virtual ranks (runtime/transport_host.c, done): P threads of one process over host
- *    memory; a "world" shared by the threads, one endpoint per rank. Used with the emulator.
- *  - NCCL (runtime/transport_nccl.c, planned): ncclSend/ncclRecv between ncclGroupStart/End on
- *    a communication stream; group_end enqueues, wait polls an event and ncclCommGetAsyncError
- *    until done or the timeout, then ncclCommAbort. Buffers are device pointers.
- *  - device virtual ranks (planned): the host world's matching with cuMemcpyDtoDAsync on the
- *    communication stream instead of memcpy, so P virtual ranks run natively on one GPU.
+ * Implementations (one vtable each; the matching, timeouts, abort and fingerprint check of the
+ * two virtual-rank worlds are shared in runtime/transport_world.c):
+ *  - host virtual ranks (runtime/transport_host.c): P threads of one process over host memory;
+ *    a "world" shared by the threads, one endpoint per rank. Used with the emulator.
+ *  - device virtual ranks (runtime/transport_device.c): the same world with device-to-device
+ *    copies on each receiver's communication stream, ordered by events, so P virtual ranks run
+ *    natively on one GPU (and, through the emulator backend, in CI).
+ *  - NCCL (runtime/transport_nccl.c; compiled, not yet run on a GPU): ncclSend/ncclRecv between
+ *    ncclGroupStart/End on a communication stream ordered against the caller's stream by
+ *    events; wait polls an event and ncclCommGetAsyncError until done or the timeout, then
+ *    ncclCommAbort. Buffers are device pointers.
  *
  * Semantics every implementation keeps:
  *  - A group: group_start, any number of send/recv, group_end (posts them all), wait (blocks
@@ -117,7 +120,8 @@ rda_status rda_transport_nccl_unique_id(void *id, rda_err *err);
 /* One rank's endpoint, with the calling thread's CUDA context current. Pass either comm (an
  * ncclComm_t the host program owns: never destroyed, but aborted on a failure or timeout) or
  * unique_id (a communicator is created non-blocking, so a missing peer times out). stream is
- * the CUstream for communication (the ring driver orders it against compute with events);
+ * the CUstream for communication (the transport orders it against the caller's stream with
+ * events: the caller's stream is the one of rda_backend_cuda_use_stream on its thread);
  * buffers of send/recv are device pointers. Creation all-gathers the fingerprints (which also
  * warms up the connections); a mismatch is an error on every rank. */
 rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank, int size,

@@ -68,6 +68,7 @@ rda_status rda_transport_nccl_unique_id(void *id, rda_err *err) {
   X(cuEventCreate, (CUevent * ev, unsigned int flags))                 \
   X(cuEventRecord, (CUevent ev, CUstream stream))                      \
   X(cuEventQuery, (CUevent ev))                                        \
+  X(cuStreamWaitEvent, (CUstream stream, CUevent ev, unsigned int f))  \
   X(cuEventDestroy_v2, (CUevent ev))                                   \
   X(cuMemAlloc_v2, (CUdeviceptr * p, size_t bytes))                    \
   X(cuMemFree_v2, (CUdeviceptr p))                                     \
@@ -154,8 +155,10 @@ typedef struct tn_endpoint {
   int owns_comm;
   int aborted;
   char reason[256];
-  CUstream stream;
-  CUevent done;
+  CUstream stream;     /* communication */
+  CUstream caller;     /* the caller's stream at group_end */
+  CUevent ready;       /* recorded there: the communication stream waits for it */
+  CUevent done;        /* recorded on the communication stream after a group */
   CUdeviceptr scratch; /* 8 * size bytes: fingerprints, barriers */
   tn_op *ops;
   int nops, cap, state; /* 0 idle, 1 in a group, 2 posted */
@@ -277,6 +280,15 @@ static rda_status tn_group_end(rda_transport *t, rda_err *err) {
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rank %d: group_end without group_start",
                        t->rank);
   ep->state = 2;
+  /* Device-side order (transport.h): the group starts after the caller's work so far. The
+   * caller's stream is the thread's rda_backend_cuda_use_stream stream (else the legacy
+   * default stream). */
+  void *cs = NULL;
+  int cs_set = 0;
+  rda_backend_cuda_thread_stream(&cs, &cs_set);
+  ep->caller = (CUstream)cs;
+  RDA_TRY(tn_cu(ep, err, "cuEventRecord", tn_.cuEventRecord(ep->ready, ep->caller)));
+  RDA_TRY(tn_cu(ep, err, "cuStreamWaitEvent", tn_.cuStreamWaitEvent(ep->stream, ep->ready, 0)));
   ncclResult_t r = tn_.ncclGroupStart();
   if (r != ncclSuccess) return tn_fail(ep, err, "ncclGroupStart", r);
   for (int q = 0; q < ep->nops; q++) {
@@ -305,6 +317,9 @@ static rda_status tn_wait(rda_transport *t, rda_err *err) {
                        t->rank);
   ep->state = 0;
   RDA_TRY(tn_poll(ep, 1, "a send/recv group", err));
+  /* Work the caller enqueues from now on runs after the transfers (already complete here, as
+   * the poll above is what detects a timeout, but ordered all the same). */
+  RDA_TRY(tn_cu(ep, err, "cuStreamWaitEvent", tn_.cuStreamWaitEvent(ep->caller, ep->done, 0)));
   for (int q = 0; q < ep->nops; q++) {
     if (ep->ops[q].send)
       t->bytes_sent += ep->ops[q].bytes;
@@ -351,6 +366,7 @@ static void tn_destroy(rda_transport *t) {
       tn_.ncclCommDestroy(ep->comm);
   }
   if (ep->done != NULL) tn_.cuEventDestroy_v2(ep->done);
+  if (ep->ready != NULL) tn_.cuEventDestroy_v2(ep->ready);
   if (ep->scratch != 0) tn_.cuMemFree_v2(ep->scratch);
   free(ep->ops);
   free(ep);
@@ -421,6 +437,8 @@ rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank
   }
   if (s == RDA_OK)
     s = tn_cu(ep, err, "cuEventCreate", tn_.cuEventCreate(&ep->done, CU_EVENT_DISABLE_TIMING));
+  if (s == RDA_OK)
+    s = tn_cu(ep, err, "cuEventCreate", tn_.cuEventCreate(&ep->ready, CU_EVENT_DISABLE_TIMING));
   if (s == RDA_OK)
     s = tn_cu(ep, err, "cuMemAlloc", tn_.cuMemAlloc_v2(&ep->scratch, 8u * (size_t)size));
   /* The fingerprint check is also the warm-up: it connects every rank before the ring starts. */

@@ -1,5 +1,6 @@
 /* test_cuda.c — the CUDA driver backend (a clear error with no driver, a real kernel when there
- * is a GPU) and `rdagen emit` end to end: sources, cubins and a manifest that parses, zero
+ * is a GPU; stream-ordered copies, events, streams and the device virtual-rank transport on the
+ * GPU) and `rdagen emit` end to end: sources, cubins and a manifest that parses, zero
  * spills, sources rewritten only when changed, and exit codes 1 and 2 with no manifest. */
 /* cmocka.h needs these first. */
 // clang-format off
@@ -14,6 +15,7 @@
 #include <ctype.h>
 #include <dlfcn.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +24,7 @@
 #include "backend.h"
 #include "json.h"
 #include "rda_test.h"
+#include "transport.h"
 
 /* NVRTC keeps process-lifetime allocations of its own; they are not rda's leaks. */
 const char *__lsan_default_suppressions(void);
@@ -381,6 +384,194 @@ static void test_cuda_hw_rejects_what_is_not_a_cuda_backend(void **state) {
   assert_int_equal(rda_backend_cuda_hw(NULL, &hw, &err), RDA_ERR_INVALID_ARGUMENT);
 }
 
+/* --- stream-ordered operations and the device transport (GPU only) ----------------------- */
+
+/* The cuda backend on GPU 0, or NULL (the caller skips) when there is none. */
+static rda_backend *open_gpu(void) {
+  rda_backend *b = NULL;
+  rda_err err = {0};
+  if (rda_backend_cuda_open(&b, 0, &err) != RDA_OK) {
+    print_message("skipped: %s\n", err.msg);
+    return NULL;
+  }
+  return b;
+}
+
+/* Host-wait for everything enqueued so far on b's current stream, through an event. */
+static rda_status sync_current(rda_backend *b, void *ev, rda_err *err) {
+  int done = 0;
+  RDA_TRY(b->event_record(b, ev, err));
+  while (!done) RDA_TRY(b->event_query(b, ev, &done, err));
+  return RDA_OK;
+}
+
+static void test_cuda_stream_ops_order_work_across_streams(void **state) {
+  (void)state;
+  rda_backend *b = open_gpu();
+  if (b == NULL) skip();
+  rda_err err = {0};
+  enum { N = 32 << 20 }; /* large enough that an unordered copy would overtake the memset */
+  unsigned char *host = malloc(N), *back = malloc(N);
+  assert_non_null(host);
+  assert_non_null(back);
+  for (size_t i = 0; i < N; i++) host[i] = (unsigned char)rt_rng_next(rt_global_rng());
+  void *x = NULL, *y = NULL, *side = NULL, *ev1 = NULL, *ev2 = NULL, *ev3 = NULL;
+  assert_int_equal(b->alloc(b, N, &x, &err), RDA_OK);
+  assert_int_equal(b->alloc(b, N, &y, &err), RDA_OK);
+  assert_int_equal(b->stream_create(b, &side, &err), RDA_OK);
+  assert_int_equal(b->event_create(b, &ev1, &err), RDA_OK);
+  assert_int_equal(b->event_create(b, &ev2, &err), RDA_OK);
+  assert_int_equal(b->event_create(b, &ev3, &err), RDA_OK);
+  assert_non_null(side);
+  assert_true(ev1 != NULL && ev2 != NULL && ev1 != ev2);
+  int done = 0;
+  assert_int_equal(b->event_query(b, ev3, &done, &err), RDA_OK); /* never recorded: done */
+  assert_int_equal(done, 1);
+  for (int round = 0; round < 4; round++) {
+    const int value = 0x11 * (round + 1);
+    assert_int_equal(b->upload(b, x, host, N, &err), RDA_OK);
+    /* The backend's stream overwrites x; the side stream copies x to y only after that. */
+    assert_int_equal(b->memset_async(b, y, 0xEE, N, &err), RDA_OK);
+    assert_int_equal(b->memset_async(b, x, value, N, &err), RDA_OK);
+    assert_int_equal(b->event_record(b, ev1, &err), RDA_OK);
+    b->set_stream(b, side);
+    assert_int_equal(b->stream_wait_event(b, ev1, &err), RDA_OK);
+    assert_int_equal(b->copy_async(b, y, x, N, &err), RDA_OK);
+    assert_int_equal(b->event_record(b, ev2, &err), RDA_OK);
+    b->set_stream(b, NULL);
+    /* Downloads run on the backend's stream: make it wait for the side stream's copy. */
+    assert_int_equal(b->stream_wait_event(b, ev2, &err), RDA_OK);
+    assert_int_equal(b->download(b, back, y, N, &err), RDA_OK);
+    assert_int_equal(b->event_query(b, ev2, &done, &err), RDA_OK);
+    assert_int_equal(done, 1);
+    size_t bad = 0;
+    for (size_t i = 0; i < N; i++) bad += back[i] != (unsigned char)value;
+    if (bad != 0) fail_msg("round %d: %zu of %d bytes not ordered after the memset", round, bad, N);
+  }
+  /* A copy of random bytes on the current stream, checked byte for byte. */
+  assert_int_equal(b->upload(b, x, host, N, &err), RDA_OK);
+  assert_int_equal(b->copy_async(b, y, x, N, &err), RDA_OK);
+  if (sync_current(b, ev3, &err) != RDA_OK) fail_msg("%s", err.msg);
+  assert_int_equal(b->download(b, back, y, N, &err), RDA_OK);
+  assert_memory_equal(back, host, N);
+  /* Errors are one line; NULL handles are argument errors. */
+  rda_err_clear(&err);
+  assert_int_equal(b->event_record(b, NULL, &err), RDA_ERR_INVALID_ARGUMENT);
+  assert_null(strchr(err.msg, '\n'));
+  b->event_destroy(b, ev1);
+  b->event_destroy(b, ev2);
+  b->event_destroy(b, ev3);
+  b->event_destroy(b, NULL);
+  b->stream_destroy(b, side);
+  b->stream_destroy(b, NULL);
+  b->free(b, x);
+  b->free(b, y);
+  b->destroy(b);
+  free(host);
+  free(back);
+}
+
+/* P virtual ranks on one GPU: each rank's compute stream (rda_backend_cuda_use_stream) writes
+ * its send blocks and poisons its receive blocks right before group_end, and reads what
+ * arrived right after wait, without any host synchronization in between. */
+typedef struct gpu_rank {
+  rda_device_world *world;
+  rda_backend *b;
+  int rank, P, rounds;
+  rda_status status;
+  char msg[1024];
+  long long bad;
+  uint64_t sent, received;
+} gpu_rank;
+
+enum { GPU_BLOCK = 1 << 20 };
+
+static unsigned char gpu_byte(int from, int to, int round, size_t i) {
+  return (unsigned char)((size_t)from * 131u + (size_t)to * 17u + (size_t)round * 7u + i * 13u +
+                         (i >> 8));
+}
+
+static void *gpu_rank_main(void *arg) {
+  gpu_rank *c = arg;
+  rda_backend *b = c->b;
+  rda_err err = {0};
+  rda_transport *t = NULL;
+  const size_t all = (size_t)c->P * GPU_BLOCK;
+  unsigned char *host = malloc(all), *back = malloc(all);
+  void *stage = NULL, *sbuf = NULL, *rbuf = NULL, *compute = NULL, *ev = NULL;
+  if (host == NULL || back == NULL) abort();
+  if (b->alloc(b, all, &stage, &err) != RDA_OK || b->alloc(b, all, &sbuf, &err) != RDA_OK ||
+      b->alloc(b, all, &rbuf, &err) != RDA_OK || b->stream_create(b, &compute, &err) != RDA_OK ||
+      b->event_create(b, &ev, &err) != RDA_OK)
+    goto done;
+  rda_backend_cuda_use_stream(compute);
+  if (rda_device_world_join(c->world, c->rank, 77, b, &t, &err) != RDA_OK) goto done;
+  for (int round = 0; round < c->rounds && err.status == RDA_OK; round++) {
+    for (int q = 0; q < c->P; q++)
+      for (size_t i = 0; i < GPU_BLOCK; i++)
+        host[(size_t)q * GPU_BLOCK + i] = gpu_byte(c->rank, q, round, i);
+    /* Staged outside the ring (upload waits for it), then moved on the compute stream. */
+    if (b->upload(b, stage, host, all, &err) != RDA_OK) break;
+    if (b->copy_async(b, sbuf, stage, all, &err) != RDA_OK ||
+        b->memset_async(b, rbuf, 0xEE, all, &err) != RDA_OK)
+      break;
+    if (rda_transport_group_start(t, &err) != RDA_OK) break;
+    for (int k = 0; k < c->P && err.status == RDA_OK; k++) {
+      const int q = (c->rank + k) % c->P; /* every rank starts with a different peer */
+      rda_transport_recv(t, q, (char *)rbuf + (size_t)q * GPU_BLOCK, GPU_BLOCK, &err);
+      rda_transport_send(t, q, (char *)sbuf + (size_t)q * GPU_BLOCK, GPU_BLOCK, &err);
+    }
+    if (err.status != RDA_OK || rda_transport_group_end(t, &err) != RDA_OK ||
+        rda_transport_wait(t, &err) != RDA_OK)
+      break;
+    /* On the compute stream: ordered after the copies by wait. */
+    if (b->copy_async(b, stage, rbuf, all, &err) != RDA_OK) break;
+    if (sync_current(b, ev, &err) != RDA_OK) break;
+    if (b->download(b, back, stage, all, &err) != RDA_OK) break;
+    for (int q = 0; q < c->P; q++)
+      for (size_t i = 0; i < GPU_BLOCK; i++)
+        c->bad += back[(size_t)q * GPU_BLOCK + i] != gpu_byte(q, c->rank, round, i);
+  }
+done:
+  if (t != NULL && err.status != RDA_OK) rda_transport_abort(t, err.msg); /* peers fail fast */
+  if (t != NULL) rda_transport_bytes(t, &c->sent, &c->received);
+  rda_transport_destroy(t);
+  rda_backend_cuda_own_stream();
+  b->event_destroy(b, ev);
+  b->stream_destroy(b, compute);
+  b->free(b, stage), b->free(b, sbuf), b->free(b, rbuf);
+  free(host), free(back);
+  c->status = err.status;
+  snprintf(c->msg, sizeof c->msg, "%s", err.msg);
+  return NULL;
+}
+
+static void test_cuda_device_transport_moves_blocks_between_virtual_ranks(void **state) {
+  (void)state;
+  rda_backend *b = open_gpu();
+  if (b == NULL) skip();
+  enum { P = 4, ROUNDS = 6 };
+  rda_device_world *w = NULL;
+  rda_err err = {0};
+  assert_int_equal(rda_device_world_create(P, 30.0, &w, &err), RDA_OK);
+  gpu_rank ctx[P];
+  pthread_t th[P];
+  memset(ctx, 0, sizeof ctx);
+  for (int x = 0; x < P; x++) {
+    ctx[x].world = w, ctx[x].b = b, ctx[x].rank = x, ctx[x].P = P, ctx[x].rounds = ROUNDS;
+    assert_int_equal(pthread_create(&th[x], NULL, gpu_rank_main, &ctx[x]), 0);
+  }
+  for (int x = 0; x < P; x++) pthread_join(th[x], NULL);
+  rda_device_world_destroy(w);
+  b->destroy(b);
+  for (int x = 0; x < P; x++) {
+    if (ctx[x].status != RDA_OK) fail_msg("rank %d: %s", x, ctx[x].msg);
+    if (ctx[x].bad != 0) fail_msg("rank %d: %lld bytes wrong", x, ctx[x].bad);
+    assert_int_equal(ctx[x].sent, (uint64_t)ROUNDS * P * GPU_BLOCK);
+    assert_int_equal(ctx[x].received, (uint64_t)ROUNDS * P * GPU_BLOCK);
+  }
+}
+
 /* --- rdagen emit ------------------------------------------------------------------------- */
 
 static const char small_config[] =
@@ -623,6 +814,8 @@ int main(void) {
       cmocka_unit_test(test_cuda_open_fails_clearly_without_a_driver_or_runs_a_kernel),
       cmocka_unit_test(test_cuda_open_rejects_a_negative_ordinal),
       cmocka_unit_test(test_cuda_hw_rejects_what_is_not_a_cuda_backend),
+      cmocka_unit_test(test_cuda_stream_ops_order_work_across_streams),
+      cmocka_unit_test(test_cuda_device_transport_moves_blocks_between_virtual_ranks),
       cmocka_unit_test_setup_teardown(test_emit_writes_sources_cubins_and_a_manifest, emit_setup,
                                       emit_teardown),
       cmocka_unit_test_setup_teardown(test_emit_rewrites_a_source_only_when_it_changed, emit_setup,

@@ -1,7 +1,11 @@
-/* test_transport.c — the host virtual-rank transport: P threads exchange deterministic random
- * K/V blocks exactly as the ring plan says, every received byte checked, bytes moved equal to
- * the plan's and `rdagen ring-sim`'s; fingerprint mismatch, injected failures, adversarial orders.
- */
+/* test_transport.c — the virtual-rank transports: P threads exchange deterministic random K/V
+ * blocks exactly as the ring plan says, every received byte checked, bytes moved equal to the
+ * plan's and `rdagen ring-sim`'s; fingerprint mismatch, injected failures, adversarial orders.
+ * Each test runs over the host world and over the device world with emulator backends (the
+ * plan matrix with one backend per rank, as with one GPU context per rank thread; the others
+ * with one backend shared by every rank, as a process would share one GPU backend), buffers
+ * in backend memory filled and read back through the backend. A fake backend with truly
+ * asynchronous streams checks the device transport's event ordering. */
 /* clang-format off */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -11,6 +15,7 @@
 /* clang-format on */
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,15 +82,110 @@ static void *xmalloc(size_t n) {
   return p;
 }
 
+/* --- a world of either kind ------------------------------------------------------------------ */
+
+enum { KIND_HOST = 0, KIND_DEVICE = 1 };
+
+typedef struct tworld {
+  int kind;
+  rda_host_world *host;
+  rda_device_world *dev;
+  rda_backend *shared; /* device world: every rank's backend, or NULL for one per rank */
+} tworld;
+
+static rda_status tworld_create(tworld *w, int kind, int shared, int P, double timeout_s,
+                                rda_err *err) {
+  memset(w, 0, sizeof *w);
+  w->kind = kind;
+  if (kind == KIND_HOST) return rda_host_world_create(P, timeout_s, &w->host, err);
+  if (shared) RDA_TRY(rda_backend_emu_open(&w->shared, 90, err));
+  return rda_device_world_create(P, timeout_s, &w->dev, err);
+}
+
+static void tworld_destroy(tworld *w) {
+  rda_host_world_destroy(w->host);
+  rda_device_world_destroy(w->dev);
+  if (w->shared != NULL) w->shared->destroy(w->shared);
+  memset(w, 0, sizeof *w);
+}
+
+/* A rank's backend: NULL in a host world (buffers are malloc'd), else the shared one or one
+ * opened for the rank (*own set: the rank destroys it). */
+static rda_backend *rank_backend(const tworld *w, int *own) {
+  *own = 0;
+  if (w->kind == KIND_HOST) return NULL;
+  if (w->shared != NULL) return w->shared;
+  rda_backend *b = NULL;
+  rda_err err = {0};
+  if (rda_backend_emu_open(&b, 90, &err) != RDA_OK) abort();
+  *own = 1;
+  return b;
+}
+
+static rda_status tworld_join(tworld *w, int rank, uint64_t fp, rda_backend *b, rda_transport **t,
+                              rda_err *err) {
+  if (w->kind == KIND_HOST) return rda_host_world_join(w->host, rank, fp, t, err);
+  return rda_device_world_join(w->dev, rank, fp, b, t, err);
+}
+
+/* Buffers of a rank: host memory, or backend memory written and read through the backend. */
+static void *buf_alloc(rda_backend *b, size_t n) {
+  if (b == NULL) return xmalloc(n);
+  void *p = NULL;
+  rda_err err = {0};
+  if (b->alloc(b, n > 0 ? n : 1, &p, &err) != RDA_OK) abort();
+  return p;
+}
+
+static void buf_free(rda_backend *b, void *p) {
+  if (b == NULL)
+    free(p);
+  else if (p != NULL)
+    b->free(b, p);
+}
+
+static void buf_put(rda_backend *b, void *dst, const void *src, size_t n) {
+  rda_err err = {0};
+  if (b == NULL)
+    memcpy(dst, src, n);
+  else if (b->upload(b, dst, src, n, &err) != RDA_OK)
+    abort();
+}
+
+static void buf_get(rda_backend *b, void *dst, const void *src, size_t n) {
+  rda_err err = {0};
+  if (b == NULL)
+    memcpy(dst, src, n);
+  else if (b->download(b, dst, src, n, &err) != RDA_OK)
+    abort();
+}
+
+/* Poison: the device path goes through the backend's stream-ordered memset. */
+static void buf_poison(rda_backend *b, void *p, int byte, size_t n) {
+  rda_err err = {0};
+  if (b == NULL)
+    memset(p, byte, n);
+  else if (b->memset_async(b, p, byte, n, &err) != RDA_OK)
+    abort();
+}
+
+static void rank_backend_close(rda_backend *b, int own) {
+  if (own) b->destroy(b);
+}
+
 enum { MODE_PLAN = 0, MODE_ABORT = 1, MODE_SILENT = 2, MODE_ABSENT = 3 };
 
 typedef struct rank_ctx {
-  rda_host_world *world;
+  tworld *world;
   const rda_ring_plan *plan;
   int rank, mode;
   uint64_t fingerprint, seed;
-  int jitter;     /* random sleeps between posting and waiting */
-  int fail_after; /* MODE_ABORT, MODE_SILENT: steps done before failing */
+  int jitter;           /* random sleeps between posting and waiting */
+  int fail_after;       /* MODE_ABORT, MODE_SILENT: steps done before failing */
+  long silent_us;       /* MODE_SILENT: the longest the rank stays away */
+  struct rank_ctx *all; /* every rank's context (run_world), and their count */
+  int P;
+  atomic_int finished;
   /* results */
   rda_status status;
   char msg[1024];
@@ -105,8 +205,10 @@ static void *plan_rank(void *arg) {
   rt_rng_seed(&rng, c->seed + 977u * (uint64_t)c->rank);
   const rda_config *cfg = rda_ring_plan_config(c->plan);
   const int D = cfg->head_dim;
+  int own = 0;
+  rda_backend *b = rank_backend(c->world, &own);
   if (c->mode == MODE_ABSENT) goto done;
-  if (rda_host_world_join(c->world, c->rank, c->fingerprint, &t, &err) != RDA_OK) goto done;
+  if (tworld_join(c->world, c->rank, c->fingerprint, b, &t, &err) != RDA_OK) goto done;
   if (rda_ring_plan_steps(c->plan, c->rank, &steps, &nsteps, &err) != RDA_OK) goto done;
   for (int64_t s = 0; s < nsteps && err.status == RDA_OK; s++) {
     const rda_ring_step *st = &steps[s];
@@ -116,20 +218,30 @@ static void *plan_rank(void *arg) {
       break;
     }
     if (c->mode == MODE_SILENT && s == c->fail_after) {
-      sleep_us(10000000); /* posts nothing more; leaves long after the others gave up */
+      /* Posts nothing more; leaves only after the others gave up (or silent_us passed). */
+      for (int x = 0; x < c->P; x++)
+        while (x != c->rank && !atomic_load(&c->all[x].finished) &&
+               now_s() - t0 < 1e-6 * (double)c->silent_us)
+          sleep_us(5000);
       rda_err_set(&err, RDA_ERR_NCCL, "rank %d: stayed silent on purpose", c->rank);
       break;
     }
     rda_ring_class cl;
     rda_ring_plan_class(c->plan, st->cls, &cl);
-    uint16_t *sb[2] = {NULL, NULL}, *rb[2] = {NULL, NULL};
+    uint16_t *sb[2] = {NULL, NULL}, *rb[2] = {NULL, NULL}; /* the rank's buffers */
+    uint16_t *host = NULL;                                 /* staging for packing and checking */
+    size_t most = 0;
+    for (int k = 0; k < st->nsend; k++) most = st->send[k].bytes > most ? st->send[k].bytes : most;
+    for (int k = 0; k < st->nrecv; k++) most = st->recv[k].bytes > most ? st->recv[k].bytes : most;
+    host = xmalloc(most);
     for (int k = 0; k < st->nsend; k++) {
-      sb[k] = xmalloc(st->send[k].bytes);
-      pack_block(sb[k], &st->send[k], st->stride, &cl, D, c->seed);
+      sb[k] = buf_alloc(b, st->send[k].bytes);
+      pack_block(host, &st->send[k], st->stride, &cl, D, c->seed);
+      buf_put(b, sb[k], host, st->send[k].bytes);
     }
     for (int k = 0; k < st->nrecv; k++) {
-      rb[k] = xmalloc(st->recv[k].bytes);
-      memset(rb[k], 0xA5, st->recv[k].bytes); /* poison */
+      rb[k] = buf_alloc(b, st->recv[k].bytes);
+      buf_poison(b, rb[k], 0xA5, st->recv[k].bytes);
     }
     /* Post the group's operations in a random order. */
     int order[4], nops = 0;
@@ -152,39 +264,48 @@ static void *plan_rank(void *arg) {
       if (c->jitter) sleep_us((long)rt_rng_range(&rng, 0, 300));
       if (rda_transport_wait(t, &err) == RDA_OK)
         for (int k = 0; k < st->nrecv; k++) {
-          c->bad += check_block(rb[k], &st->recv[k], st->stride, &cl, D, c->seed);
+          buf_get(b, host, rb[k], st->recv[k].bytes);
+          c->bad += check_block(host, &st->recv[k], st->stride, &cl, D, c->seed);
           c->checked += (long long)(st->recv[k].bytes / 2);
         }
     }
-    for (int k = 0; k < 2; k++) free(sb[k]), free(rb[k]);
+    for (int k = 0; k < 2; k++) buf_free(b, sb[k]), buf_free(b, rb[k]);
+    free(host);
   }
 done:
   if (t != NULL) rda_transport_bytes(t, &c->sent, &c->received);
   rda_transport_destroy(t);
+  rank_backend_close(b, own);
   free(steps);
   c->status = err.status;
   snprintf(c->msg, sizeof c->msg, "%s", err.msg);
   c->elapsed = now_s() - t0;
+  atomic_store(&c->finished, 1);
   return NULL;
 }
 
-/* Run P rank threads over one world; ctx[P] filled by the caller except world and results. */
-static void run_world(rank_ctx *ctx, int P, double timeout_s) {
-  rda_host_world *w = NULL;
+/* Run P rank threads over one world of `kind` (device: one emulator backend per rank); ctx[P]
+ * filled by the caller except world and results. */
+static void run_world(int kind, rank_ctx *ctx, int P, double timeout_s) {
+  tworld w;
   rda_err err = {0};
-  assert_int_equal(rda_host_world_create(P, timeout_s, &w, &err), RDA_OK);
+  if (tworld_create(&w, kind, 0, P, timeout_s, &err) != RDA_OK) fail_msg("%s", err.msg);
   pthread_t *th = calloc((size_t)P, sizeof *th);
   for (int x = 0; x < P; x++) {
-    ctx[x].world = w;
+    ctx[x].world = &w, ctx[x].all = ctx, ctx[x].P = P;
+    atomic_store(&ctx[x].finished, 0);
+  }
+  for (int x = 0; x < P; x++) {
     assert_int_equal(pthread_create(&th[x], NULL, plan_rank, &ctx[x]), 0);
   }
   for (int x = 0; x < P; x++) pthread_join(th[x], NULL);
   free(th);
-  rda_host_world_destroy(w);
+  tworld_destroy(&w);
 }
 
 /* The plan executed over P virtual ranks: every byte right, byte counts equal the plan's. */
-static void exchange_plan(const rda_config *c, long long n, int P, int layout, int jitter) {
+static void exchange_plan(int kind, const rda_config *c, long long n, int P, int layout,
+                          int jitter) {
   rda_ring_plan *plan = NULL;
   rda_err err = {0};
   if (rda_ring_plan_create(c, n, P, layout, &plan, &err) != RDA_OK) fail_msg("%s", err.msg);
@@ -194,11 +315,12 @@ static void exchange_plan(const rda_config *c, long long n, int P, int layout, i
     ctx[x].plan = plan, ctx[x].rank = x, ctx[x].fingerprint = fp;
     ctx[x].seed = rt_seed_value() + (uint64_t)n, ctx[x].jitter = jitter;
   }
-  run_world(ctx, P, 20.0);
+  run_world(kind, ctx, P, 20.0);
   for (int x = 0; x < P; x++) {
     const rda_ring_rank *rk = rda_ring_plan_rank(plan, x);
     if (ctx[x].status != RDA_OK)
-      fail_msg("N %lld P %d %s rank %d: %s", n, P, rda_ring_layout_name(layout), x, ctx[x].msg);
+      fail_msg("%s N %lld P %d %s rank %d: %s", kind ? "device" : "host", n, P,
+               rda_ring_layout_name(layout), x, ctx[x].msg);
     if (ctx[x].bad != 0)
       fail_msg("N %lld P %d rank %d: %lld of %lld received elements wrong (seed %llu)", n, P, x,
                ctx[x].bad, ctx[x].checked, (unsigned long long)rt_seed_value());
@@ -212,8 +334,7 @@ static void exchange_plan(const rda_config *c, long long n, int P, int layout, i
   rda_ring_plan_destroy(plan);
 }
 
-static void test_transport_moves_exactly_the_plans_blocks(void **state) {
-  (void)state;
+static void moves_exactly_the_plans_blocks(int kind) {
   static const struct {
     int heads, kv, offsets, nb;
     long long w[3], r[3];
@@ -231,10 +352,20 @@ static void test_transport_moves_exactly_the_plans_blocks(void **state) {
                      cases[k].nb, cases[k].w, cases[k].r);
       for (size_t a = 0; a < 2; a++)
         for (int P = 1; P <= 8; P++) {
-          exchange_plan(&c, ns[a], P, RDA_RING_CONTIGUOUS, (P + (int)a) % 3 == 0);
-          if (ns[a] % (2 * P) == 0) exchange_plan(&c, ns[a], P, RDA_RING_ZIGZAG, P % 2);
+          exchange_plan(kind, &c, ns[a], P, RDA_RING_CONTIGUOUS, (P + (int)a) % 3 == 0);
+          if (ns[a] % (2 * P) == 0) exchange_plan(kind, &c, ns[a], P, RDA_RING_ZIGZAG, P % 2);
         }
     }
+}
+
+static void test_transport_moves_exactly_the_plans_blocks(void **state) {
+  (void)state;
+  moves_exactly_the_plans_blocks(KIND_HOST);
+}
+
+static void test_device_transport_moves_exactly_the_plans_blocks(void **state) {
+  (void)state;
+  moves_exactly_the_plans_blocks(KIND_DEVICE);
 }
 
 /* The bytes of `rdagen ring-sim --json` per rank, in rank order. */
@@ -302,7 +433,7 @@ static void test_transport_bytes_equal_ring_sim(void **state) {
       ctx[x].plan = plan, ctx[x].rank = x, ctx[x].seed = 7;
       ctx[x].fingerprint = rda_ring_fingerprint(&cfg, n, P, layout);
     }
-    run_world(ctx, P, 20.0);
+    run_world(KIND_HOST, ctx, P, 20.0);
     uint64_t total = 0;
     for (int x = 0; x < P; x++) {
       if (ctx[x].status != RDA_OK || ctx[x].bad != 0) fail_msg("rank %d: %s", x, ctx[x].msg);
@@ -330,8 +461,7 @@ static rda_ring_plan *all_to_all_plan(int P, rda_config *c) {
   return plan;
 }
 
-static void test_transport_fingerprint_mismatch_errors_every_rank(void **state) {
-  (void)state;
+static void fingerprint_mismatch_errors_every_rank(int kind) {
   enum { P = 4 };
   rda_config c;
   rda_ring_plan *plan = all_to_all_plan(P, &c);
@@ -344,7 +474,7 @@ static void test_transport_fingerprint_mismatch_errors_every_rank(void **state) 
   /* Rank 2 thinks the sequence is one row longer. */
   ctx[2].fingerprint = rda_ring_fingerprint(&c, 16 * P + 1, P, RDA_RING_CONTIGUOUS);
   const double t0 = now_s();
-  run_world(ctx, P, 10.0);
+  run_world(kind, ctx, P, 10.0);
   assert_true(now_s() - t0 < 5.0); /* not a hang, not even a timeout */
   for (int x = 0; x < P; x++) {
     assert_int_equal(ctx[x].status, RDA_ERR_NCCL);
@@ -356,8 +486,17 @@ static void test_transport_fingerprint_mismatch_errors_every_rank(void **state) 
   rda_ring_plan_destroy(plan);
 }
 
-static void test_transport_rank_that_aborts_fails_the_others_promptly(void **state) {
+static void test_transport_fingerprint_mismatch_errors_every_rank(void **state) {
   (void)state;
+  fingerprint_mismatch_errors_every_rank(KIND_HOST);
+}
+
+static void test_device_transport_fingerprint_mismatch_errors_every_rank(void **state) {
+  (void)state;
+  fingerprint_mismatch_errors_every_rank(KIND_DEVICE);
+}
+
+static void rank_that_aborts_fails_the_others_promptly(int kind) {
   enum { P = 5 };
   rda_config c;
   rda_ring_plan *plan = all_to_all_plan(P, &c);
@@ -371,7 +510,7 @@ static void test_transport_rank_that_aborts_fails_the_others_promptly(void **sta
   for (int fail_after = 0; fail_after <= 2; fail_after += 2) {
     for (int x = 0; x < P; x++) ctx[x].status = RDA_OK, ctx[x].msg[0] = '\0';
     ctx[3].mode = MODE_ABORT, ctx[3].fail_after = fail_after;
-    run_world(ctx, P, 30.0);
+    run_world(kind, ctx, P, 30.0);
     for (int x = 0; x < P; x++) {
       if (x == 3) continue;
       assert_int_equal(ctx[x].status, RDA_ERR_NCCL);
@@ -384,8 +523,17 @@ static void test_transport_rank_that_aborts_fails_the_others_promptly(void **sta
   rda_ring_plan_destroy(plan);
 }
 
-static void test_transport_silent_rank_times_the_others_out_without_a_hang(void **state) {
+static void test_transport_rank_that_aborts_fails_the_others_promptly(void **state) {
   (void)state;
+  rank_that_aborts_fails_the_others_promptly(KIND_HOST);
+}
+
+static void test_device_transport_rank_that_aborts_fails_the_others_promptly(void **state) {
+  (void)state;
+  rank_that_aborts_fails_the_others_promptly(KIND_DEVICE);
+}
+
+static void silent_rank_times_the_others_out_without_a_hang(int kind, double timeout_s) {
   enum { P = 4 };
   rda_config c;
   rda_ring_plan *plan = all_to_all_plan(P, &c);
@@ -401,16 +549,19 @@ static void test_transport_silent_rank_times_the_others_out_without_a_hang(void 
      * where a rank may first wait on a live peer that is itself stuck, is left to the abort
      * test below, which does not depend on which timer fires first. */
     ctx[P - 1].mode = mode, ctx[P - 1].fail_after = 0;
+    ctx[P - 1].silent_us = (long)(5e6 * timeout_s);
     /* A timeout generous enough that a live rank slowed by a loaded CI machine is never the
      * one blamed; the silent rank stays away far longer. */
-    run_world(ctx, P, 2.0);
+    run_world(kind, ctx, P, timeout_s);
+    char expect[64];
+    snprintf(expect, sizeof expect, "timed out after %.1f s", timeout_s);
     int named = 0;
     for (int x = 0; x < P - 1; x++) {
       assert_int_equal(ctx[x].status, RDA_ERR_NCCL);
-      if (strstr(ctx[x].msg, "timed out after 2.0 s") == NULL)
-        fail_msg("rank %d: %s", x, ctx[x].msg);
-      /* Slack for a loaded CI machine, yet well before the silent rank leaves (10 s). */
-      if (ctx[x].elapsed > 7.0) fail_msg("rank %d took %.1f s (timeout 2.0 s)", x, ctx[x].elapsed);
+      if (strstr(ctx[x].msg, expect) == NULL) fail_msg("rank %d: %s", x, ctx[x].msg);
+      /* Slack for a loaded CI machine, yet well before the silent rank leaves (5 timeouts). */
+      if (ctx[x].elapsed > 3.5 * timeout_s)
+        fail_msg("rank %d took %.1f s (timeout %.1f s)", x, ctx[x].elapsed, timeout_s);
       named += strstr(ctx[x].msg, mode == MODE_ABSENT ? "waiting for rank 3 to join"
                                                       : "waiting for rank 3") != NULL;
     }
@@ -419,10 +570,20 @@ static void test_transport_silent_rank_times_the_others_out_without_a_hang(void 
   rda_ring_plan_destroy(plan);
 }
 
+static void test_transport_silent_rank_times_the_others_out_without_a_hang(void **state) {
+  (void)state;
+  silent_rank_times_the_others_out_without_a_hang(KIND_HOST, 2.0);
+}
+
+static void test_device_transport_silent_rank_times_the_others_out_without_a_hang(void **state) {
+  (void)state;
+  silent_rank_times_the_others_out_without_a_hang(KIND_DEVICE, 1.5);
+}
+
 /* Every rank sends two messages to every rank (itself included) and receives them all, in one
  * group, posting sends and receives in a random order; FIFO matching per pair is checked. */
 typedef struct a2a_ctx {
-  rda_host_world *world;
+  tworld *world;
   int rank, P, rounds;
   rda_status status;
   char msg[1024];
@@ -434,18 +595,24 @@ static uint32_t a2a_word(int from, int to, int round, int k, int i) {
                        ((uint64_t)k << 8) ^ (uint64_t)i);
 }
 
+enum { A2A_WORDS = 257, A2A_MAXP = 8 };
+typedef uint32_t a2a_bufs[A2A_MAXP][2][A2A_WORDS];
+
 static void *a2a_rank(void *arg) {
   a2a_ctx *c = arg;
   rda_err err = {0};
   rda_transport *t = NULL;
   rt_rng rng;
   rt_rng_seed(&rng, 1234u + (uint64_t)c->rank);
-  enum { WORDS = 257, MAXP = 8 };
-  uint32_t sbuf[MAXP][2][WORDS], rbuf[MAXP][2][WORDS];
-  if (rda_host_world_join(c->world, c->rank, 42, &t, &err) != RDA_OK) goto done;
+  int own = 0;
+  rda_backend *b = rank_backend(c->world, &own);
+  /* Host copies of what is sent and received; the transport moves the rank's buffers. */
+  a2a_bufs *shost = xmalloc(sizeof *shost), *rhost = xmalloc(sizeof *rhost);
+  a2a_bufs *sbuf = buf_alloc(b, sizeof *sbuf), *rbuf = buf_alloc(b, sizeof *rbuf);
+  if (tworld_join(c->world, c->rank, 42, b, &t, &err) != RDA_OK) goto done;
   for (int round = 0; round < c->rounds && err.status == RDA_OK; round++) {
     const int n = 4 * c->P;
-    int order[4 * MAXP];
+    int order[4 * A2A_MAXP];
     for (int q = 0; q < n; q++) order[q] = q;
     if (round % 3 == 1) {        /* every send before any receive: deadlocks a blocking transport */
     } else if (round % 3 == 2) { /* every receive first, peers in reverse */
@@ -458,50 +625,53 @@ static void *a2a_rank(void *arg) {
     }
     for (int peer = 0; peer < c->P; peer++)
       for (int k = 0; k < 2; k++)
-        for (int i = 0; i < WORDS; i++) {
-          sbuf[peer][k][i] = a2a_word(c->rank, peer, round, k, i);
-          rbuf[peer][k][i] = 0xdeadbeefu;
-        }
+        for (int i = 0; i < A2A_WORDS; i++)
+          (*shost)[peer][k][i] = a2a_word(c->rank, peer, round, k, i);
+    buf_put(b, sbuf, shost, sizeof *sbuf);
+    buf_poison(b, rbuf, 0xEF, sizeof *rbuf);
     rda_transport_group_start(t, &err);
     /* op q: kind q / (2P) (0 send, 1 recv), peer (q / 2) % P, message q % 2; the two messages
      * of one pair keep their relative order, as FIFO matching requires. */
-    int next_k[2][MAXP] = {{0}};
+    int next_k[2][A2A_MAXP] = {{0}};
     for (int q = 0; q < n && err.status == RDA_OK; q++) {
       const int kind = order[q] / (2 * c->P), peer = (order[q] / 2) % c->P;
       const int k = next_k[kind][peer]++;
       if (kind == 0)
-        rda_transport_send(t, peer, sbuf[peer][k], sizeof sbuf[peer][k], &err);
+        rda_transport_send(t, peer, (*sbuf)[peer][k], sizeof(*sbuf)[peer][k], &err);
       else
-        rda_transport_recv(t, peer, rbuf[peer][k], sizeof rbuf[peer][k], &err);
+        rda_transport_recv(t, peer, (*rbuf)[peer][k], sizeof(*rbuf)[peer][k], &err);
     }
     if (err.status == RDA_OK) rda_transport_group_end(t, &err);
     if (err.status == RDA_OK && rt_rng_range(&rng, 0, 1))
       sleep_us((long)rt_rng_range(&rng, 0, 500));
     if (err.status == RDA_OK) rda_transport_wait(t, &err);
     if (err.status != RDA_OK) break;
+    buf_get(b, rhost, rbuf, sizeof *rbuf);
     for (int peer = 0; peer < c->P; peer++)
       for (int k = 0; k < 2; k++)
-        for (int i = 0; i < WORDS; i++)
-          c->bad += rbuf[peer][k][i] != a2a_word(peer, c->rank, round, k, i);
+        for (int i = 0; i < A2A_WORDS; i++)
+          c->bad += (*rhost)[peer][k][i] != a2a_word(peer, c->rank, round, k, i);
   }
 done:
   rda_transport_destroy(t);
+  buf_free(b, sbuf), buf_free(b, rbuf);
+  free(shost), free(rhost);
+  rank_backend_close(b, own);
   c->status = err.status;
   snprintf(c->msg, sizeof c->msg, "%s", err.msg);
   return NULL;
 }
 
-static void test_transport_adversarial_post_orders_never_deadlock(void **state) {
-  (void)state;
+static void adversarial_post_orders_never_deadlock(int kind) {
   for (int P = 1; P <= 8; P += 3) {
-    rda_host_world *w = NULL;
+    tworld w;
     rda_err err = {0};
-    assert_int_equal(rda_host_world_create(P, 20.0, &w, &err), RDA_OK);
+    if (tworld_create(&w, kind, 1, P, 20.0, &err) != RDA_OK) fail_msg("%s", err.msg);
     a2a_ctx ctx[8];
     pthread_t th[8];
     memset(ctx, 0, sizeof ctx);
     for (int x = 0; x < P; x++) {
-      ctx[x].world = w, ctx[x].rank = x, ctx[x].P = P, ctx[x].rounds = 24;
+      ctx[x].world = &w, ctx[x].rank = x, ctx[x].P = P, ctx[x].rounds = 24;
       assert_int_equal(pthread_create(&th[x], NULL, a2a_rank, &ctx[x]), 0);
     }
     for (int x = 0; x < P; x++) pthread_join(th[x], NULL);
@@ -509,27 +679,40 @@ static void test_transport_adversarial_post_orders_never_deadlock(void **state) 
       if (ctx[x].status != RDA_OK) fail_msg("P %d rank %d: %s", P, x, ctx[x].msg);
       assert_int_equal(ctx[x].bad, 0);
     }
-    rda_host_world_destroy(w);
+    tworld_destroy(&w);
   }
+}
+
+static void test_transport_adversarial_post_orders_never_deadlock(void **state) {
+  (void)state;
+  adversarial_post_orders_never_deadlock(KIND_HOST);
+}
+
+static void test_device_transport_adversarial_post_orders_never_deadlock(void **state) {
+  (void)state;
+  adversarial_post_orders_never_deadlock(KIND_DEVICE);
 }
 
 /* --- small semantics ------------------------------------------------------------------------ */
 
 typedef struct pair_ctx {
-  rda_host_world *world;
+  tworld *world;
   int rank, P;
   size_t send_bytes, recv_bytes; /* rank 0 sends to 1 */
   rda_status status, misuse;
   char msg[1024];
   int gathered_ok, barriers_ok;
+  uint64_t sent, received;
 } pair_ctx;
 
 static void *mismatch_rank(void *arg) {
   pair_ctx *c = arg;
   rda_err err = {0};
   rda_transport *t = NULL;
-  char buf[64] = {0};
-  if (rda_host_world_join(c->world, c->rank, 1, &t, &err) == RDA_OK &&
+  int own = 0;
+  rda_backend *b = rank_backend(c->world, &own);
+  char *buf = buf_alloc(b, 64);
+  if (tworld_join(c->world, c->rank, 1, b, &t, &err) == RDA_OK &&
       rda_transport_group_start(t, &err) == RDA_OK) {
     if (c->rank == 0)
       rda_transport_send(t, 1, buf, c->send_bytes, &err);
@@ -539,21 +722,22 @@ static void *mismatch_rank(void *arg) {
       rda_transport_wait(t, &err);
   }
   rda_transport_destroy(t);
+  buf_free(b, buf);
+  rank_backend_close(b, own);
   c->status = err.status;
   snprintf(c->msg, sizeof c->msg, "%s", err.msg);
   return NULL;
 }
 
-static void test_transport_size_mismatch_errors_both_sides(void **state) {
-  (void)state;
-  rda_host_world *w = NULL;
+static void size_mismatch_errors_both_sides(int kind) {
+  tworld w;
   rda_err err = {0};
-  assert_int_equal(rda_host_world_create(2, 10.0, &w, &err), RDA_OK);
+  if (tworld_create(&w, kind, 1, 2, 10.0, &err) != RDA_OK) fail_msg("%s", err.msg);
   pair_ctx ctx[2];
   pthread_t th[2];
   memset(ctx, 0, sizeof ctx);
   for (int x = 0; x < 2; x++) {
-    ctx[x].world = w, ctx[x].rank = x, ctx[x].send_bytes = 48, ctx[x].recv_bytes = 40;
+    ctx[x].world = &w, ctx[x].rank = x, ctx[x].send_bytes = 48, ctx[x].recv_bytes = 40;
     assert_int_equal(pthread_create(&th[x], NULL, mismatch_rank, &ctx[x]), 0);
   }
   for (int x = 0; x < 2; x++) pthread_join(th[x], NULL);
@@ -562,21 +746,34 @@ static void test_transport_size_mismatch_errors_both_sides(void **state) {
     if (strstr(ctx[x].msg, "received 48 bytes from rank 0 but expected 40") == NULL)
       fail_msg("rank %d: %s", x, ctx[x].msg);
   }
-  rda_host_world_destroy(w);
+  tworld_destroy(&w);
+}
+
+static void test_transport_size_mismatch_errors_both_sides(void **state) {
+  (void)state;
+  size_mismatch_errors_both_sides(KIND_HOST);
+}
+
+static void test_device_transport_size_mismatch_errors_both_sides(void **state) {
+  (void)state;
+  size_mismatch_errors_both_sides(KIND_DEVICE);
 }
 
 static void *collective_rank(void *arg) {
   pair_ctx *c = arg;
   rda_err err = {0};
   rda_transport *t = NULL;
-  if (rda_host_world_join(c->world, c->rank, 9, &t, &err) != RDA_OK) goto done;
+  int own = 0;
+  rda_backend *b = rank_backend(c->world, &own);
+  double *mine_d = buf_alloc(b, 3 * sizeof(double)), *all_d = buf_alloc(b, 8 * 3 * sizeof(double));
+  char *one_d = buf_alloc(b, 1);
+  if (tworld_join(c->world, c->rank, 9, b, &t, &err) != RDA_OK) goto done;
   /* Misuse is an argument error, not a hang: send outside a group, a peer out of range. */
-  char one = 1;
   rda_err e2 = {0};
-  c->misuse = rda_transport_send(t, 0, &one, 1, &e2);
+  c->misuse = rda_transport_send(t, 0, one_d, 1, &e2);
   rda_err_clear(&e2);
   if (rda_transport_group_start(t, &e2) == RDA_OK) {
-    if (rda_transport_send(t, c->P, &one, 1, &e2) != RDA_ERR_INVALID_ARGUMENT) c->misuse = RDA_OK;
+    if (rda_transport_send(t, c->P, one_d, 1, &e2) != RDA_ERR_INVALID_ARGUMENT) c->misuse = RDA_OK;
     rda_err_clear(&e2);
     if (rda_transport_group_end(t, &e2) != RDA_OK || rda_transport_wait(t, &e2) != RDA_OK)
       c->misuse = RDA_OK; /* an empty group completes */
@@ -585,7 +782,10 @@ static void *collective_rank(void *arg) {
   for (int round = 0; round < 5; round++) {
     double mine[3], all[8 * 3];
     for (int i = 0; i < 3; i++) mine[i] = c->rank * 10.0 + round + 0.25 * i;
-    if (rda_transport_allgather(t, mine, all, sizeof mine, &err) != RDA_OK) goto done;
+    buf_put(b, mine_d, mine, sizeof mine);
+    buf_poison(b, all_d, 0xFF, sizeof all); /* NaN */
+    if (rda_transport_allgather(t, mine_d, all_d, sizeof mine, &err) != RDA_OK) goto done;
+    buf_get(b, all, all_d, sizeof all);
     for (int q = 0; q < c->P; q++)
       for (int i = 0; i < 3; i++)
         if (all[q * 3 + i] != q * 10.0 + round + 0.25 * i) c->gathered_ok = 0;
@@ -593,27 +793,31 @@ static void *collective_rank(void *arg) {
     c->barriers_ok++;
   }
 done:
+  if (t != NULL) rda_transport_bytes(t, &c->sent, &c->received);
   rda_transport_destroy(t);
+  buf_free(b, mine_d), buf_free(b, all_d), buf_free(b, one_d);
+  rank_backend_close(b, own);
   c->status = err.status;
   snprintf(c->msg, sizeof c->msg, "%s", err.msg);
   return NULL;
 }
 
-static void test_transport_allgather_barrier_and_misuse(void **state) {
-  (void)state;
+static void allgather_barrier_and_misuse(int kind) {
   enum { P = 5 };
-  rda_host_world *w = NULL;
+  tworld w;
   rda_err err = {0};
-  assert_int_equal(rda_host_world_create(0, 1.0, &w, &err), RDA_ERR_INVALID_ARGUMENT);
+  assert_int_equal(tworld_create(&w, kind, 1, 0, 1.0, &err), RDA_ERR_INVALID_ARGUMENT);
+  tworld_destroy(&w);
   rda_err_clear(&err);
-  assert_int_equal(rda_host_world_create(2, 0.0, &w, &err), RDA_ERR_INVALID_ARGUMENT);
+  assert_int_equal(tworld_create(&w, kind, 1, 2, 0.0, &err), RDA_ERR_INVALID_ARGUMENT);
+  tworld_destroy(&w);
   rda_err_clear(&err);
-  assert_int_equal(rda_host_world_create(P, 10.0, &w, &err), RDA_OK);
+  if (tworld_create(&w, kind, 1, P, 10.0, &err) != RDA_OK) fail_msg("%s", err.msg);
   pair_ctx ctx[P];
   pthread_t th[P];
   memset(ctx, 0, sizeof ctx);
   for (int x = 0; x < P; x++) {
-    ctx[x].world = w, ctx[x].rank = x, ctx[x].P = P;
+    ctx[x].world = &w, ctx[x].rank = x, ctx[x].P = P;
     assert_int_equal(pthread_create(&th[x], NULL, collective_rank, &ctx[x]), 0);
   }
   for (int x = 0; x < P; x++) pthread_join(th[x], NULL);
@@ -622,8 +826,403 @@ static void test_transport_allgather_barrier_and_misuse(void **state) {
     assert_int_equal(ctx[x].misuse, RDA_ERR_INVALID_ARGUMENT);
     assert_true(ctx[x].gathered_ok);
     assert_int_equal(ctx[x].barriers_ok, 5);
+    /* Five all-gathers of 24 bytes with 4 other ranks; the own block is not counted. */
+    assert_int_equal(ctx[x].sent, 5 * 24 * (P - 1));
+    assert_int_equal(ctx[x].received, 5 * 24 * (P - 1));
   }
-  rda_host_world_destroy(w);
+  tworld_destroy(&w);
+}
+
+static void test_transport_allgather_barrier_and_misuse(void **state) {
+  (void)state;
+  allgather_barrier_and_misuse(KIND_HOST);
+}
+
+static void test_device_transport_allgather_barrier_and_misuse(void **state) {
+  (void)state;
+  allgather_barrier_and_misuse(KIND_DEVICE);
+}
+
+/* A rank whose backend cannot do the device transport's work fails its join, and the others
+ * fail at once instead of waiting for it to time out. */
+typedef struct nob_ctx {
+  rda_device_world *world;
+  rda_backend *b;
+  int rank;
+  rda_status status;
+  char msg[1024];
+} nob_ctx;
+
+static void *nob_rank(void *arg) {
+  nob_ctx *c = arg;
+  rda_err err = {0};
+  rda_transport *t = NULL;
+  rda_device_world_join(c->world, c->rank, 3, c->b, &t, &err);
+  rda_transport_destroy(t);
+  c->status = err.status;
+  snprintf(c->msg, sizeof c->msg, "%s", err.msg);
+  return NULL;
+}
+
+static void test_device_transport_rank_without_a_usable_backend_fails_every_rank(void **state) {
+  (void)state;
+  enum { P = 3 };
+  rda_backend *emu = NULL, crippled;
+  rda_err err = {0};
+  assert_int_equal(rda_backend_emu_open(&emu, 90, &err), RDA_OK);
+  crippled = *emu;
+  crippled.copy_async = NULL; /* say, a backend from before the stream-ordered operations */
+  for (int which = 0; which < 2; which++) {
+    rda_device_world *w = NULL;
+    assert_int_equal(rda_device_world_create(P, 30.0, &w, &err), RDA_OK);
+    nob_ctx ctx[P];
+    pthread_t th[P];
+    memset(ctx, 0, sizeof ctx);
+    const double t0 = now_s();
+    for (int x = 0; x < P; x++) {
+      ctx[x].world = w, ctx[x].rank = x, ctx[x].b = x != 1 ? emu : which ? &crippled : NULL;
+      assert_int_equal(pthread_create(&th[x], NULL, nob_rank, &ctx[x]), 0);
+    }
+    for (int x = 0; x < P; x++) pthread_join(th[x], NULL);
+    assert_true(now_s() - t0 < 10.0); /* not the 30 s timeout */
+    const char *why = which ? "rank 1: device transport: the emu backend has no stream-ordered"
+                            : "rank 1: device transport: no backend";
+    assert_int_equal(ctx[1].status, RDA_ERR_INVALID_ARGUMENT);
+    for (int x = 0; x < P; x++) {
+      if (strstr(ctx[x].msg, why) == NULL) fail_msg("rank %d: %s", x, ctx[x].msg);
+      if (x != 1) assert_int_equal(ctx[x].status, RDA_ERR_NCCL);
+    }
+    rda_device_world_destroy(w);
+  }
+  emu->destroy(emu);
+}
+
+/* --- device-side ordering, on a fake device with truly asynchronous streams ------------------ */
+
+/* One fake device shared by every fake backend: streams are queues of operations that a device
+ * thread runs in a random interleaving with random delays; an event wait blocks its stream
+ * until the record it names ran (CUDA's semantics: the last record when the wait is enqueued).
+ * Any missing edge in the transport's event protocol lets a copy overtake the work it must
+ * follow, which the ranks below see as wrong data. */
+enum { AB_COPY, AB_MEMSET, AB_RECORD, AB_WAIT };
+
+typedef struct ab_event {
+  uint64_t seq;        /* records enqueued so far */
+  unsigned char *done; /* done[k]: record k ran */
+  size_t cap;
+  struct ab_event *next; /* every event, freed at the end */
+} ab_event;
+
+typedef struct ab_op {
+  int kind, value;
+  void *dst;
+  const void *src;
+  size_t n;
+  ab_event *ev;
+  uint64_t seq;
+  struct ab_op *next;
+} ab_op;
+
+typedef struct ab_stream {
+  ab_op *head, *tail;
+} ab_stream;
+
+enum { AB_MAX_STREAMS = 64 };
+
+static struct {
+  pthread_mutex_t mu;
+  ab_stream streams[AB_MAX_STREAMS];
+  int nstreams, stop;
+  ab_event *events;
+  pthread_t th;
+  rt_rng rng;
+} abd = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static _Thread_local struct {
+  rda_backend *b;
+  ab_stream *s;
+} ab_cur[4];
+
+static ab_stream *ab_current(rda_backend *b) {
+  for (int q = 0; q < 4; q++)
+    if (ab_cur[q].b == b) return ab_cur[q].s;
+  return b->impl; /* the backend's own stream */
+}
+
+static void ab_set_stream(rda_backend *b, void *s) {
+  for (int q = 0; q < 4; q++)
+    if (ab_cur[q].b == b) ab_cur[q].b = NULL;
+  if (s == NULL) return;
+  for (int q = 0; q < 4; q++)
+    if (ab_cur[q].b == NULL) {
+      ab_cur[q].b = b, ab_cur[q].s = s;
+      return;
+    }
+  abort();
+}
+
+static int ab_event_done(const ab_event *e, uint64_t seq) {
+  return seq == 0 || (seq < e->cap && e->done[seq]);
+}
+
+/* Lock held. */
+static void ab_push(ab_stream *s, ab_op *op) {
+  op->next = NULL;
+  if (s->tail != NULL)
+    s->tail->next = op;
+  else
+    s->head = op;
+  s->tail = op;
+}
+
+static rda_status ab_enqueue(rda_backend *b, int kind, void *dst, const void *src, size_t n,
+                             int value, ab_event *ev) {
+  ab_op *op = xmalloc(sizeof *op);
+  *op = (ab_op){.kind = kind, .value = value, .dst = dst, .src = src, .n = n, .ev = ev};
+  pthread_mutex_lock(&abd.mu);
+  if (kind == AB_RECORD) {
+    op->seq = ++ev->seq;
+    if (op->seq >= ev->cap) {
+      const size_t cap = 2 * (size_t)op->seq;
+      ev->done = realloc(ev->done, cap);
+      if (ev->done == NULL) abort();
+      memset(ev->done + ev->cap, 0, cap - ev->cap);
+      ev->cap = cap;
+    }
+  }
+  if (kind == AB_WAIT) op->seq = ev->seq;
+  ab_push(ab_current(b), op);
+  pthread_mutex_unlock(&abd.mu);
+  return RDA_OK;
+}
+
+static void *ab_device(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&abd.mu);
+  while (!abd.stop) {
+    int ready[AB_MAX_STREAMS], nready = 0;
+    for (int q = 0; q < abd.nstreams; q++) {
+      const ab_op *h = abd.streams[q].head;
+      if (h != NULL && (h->kind != AB_WAIT || ab_event_done(h->ev, h->seq))) ready[nready++] = q;
+    }
+    if (nready == 0) {
+      pthread_mutex_unlock(&abd.mu);
+      sleep_us(20);
+      pthread_mutex_lock(&abd.mu);
+      continue;
+    }
+    ab_stream *s = &abd.streams[ready[rt_rng_range(&abd.rng, 0, nready - 1)]];
+    ab_op *op = s->head;
+    s->head = op->next;
+    if (s->head == NULL) s->tail = NULL;
+    const long nap = (long)rt_rng_range(&abd.rng, 0, 60);
+    pthread_mutex_unlock(&abd.mu);
+    sleep_us(nap);
+    if (op->kind == AB_COPY) memcpy(op->dst, op->src, op->n);
+    if (op->kind == AB_MEMSET) memset(op->dst, op->value, op->n);
+    pthread_mutex_lock(&abd.mu);
+    if (op->kind == AB_RECORD) op->ev->done[op->seq] = 1;
+    free(op);
+  }
+  pthread_mutex_unlock(&abd.mu);
+  return NULL;
+}
+
+static rda_status ab_copy_async(rda_backend *b, void *dst, const void *src, size_t n,
+                                rda_err *err) {
+  (void)err;
+  return ab_enqueue(b, AB_COPY, dst, src, n, 0, NULL);
+}
+
+static rda_status ab_memset_async(rda_backend *b, void *dst, int value, size_t n, rda_err *err) {
+  (void)err;
+  return ab_enqueue(b, AB_MEMSET, dst, NULL, n, value, NULL);
+}
+
+static rda_status ab_event_create(rda_backend *b, void **ev, rda_err *err) {
+  (void)b, (void)err;
+  ab_event *e = calloc(1, sizeof *e);
+  if (e == NULL) abort();
+  pthread_mutex_lock(&abd.mu);
+  e->next = abd.events, abd.events = e;
+  pthread_mutex_unlock(&abd.mu);
+  *ev = e;
+  return RDA_OK;
+}
+
+static void ab_event_destroy(rda_backend *b, void *ev) {
+  (void)b, (void)ev; /* queued waits may still name it: freed when the device stops */
+}
+
+static rda_status ab_event_record(rda_backend *b, void *ev, rda_err *err) {
+  (void)err;
+  return ab_enqueue(b, AB_RECORD, NULL, NULL, 0, 0, ev);
+}
+
+static rda_status ab_stream_wait_event(rda_backend *b, void *ev, rda_err *err) {
+  (void)err;
+  return ab_enqueue(b, AB_WAIT, NULL, NULL, 0, 0, ev);
+}
+
+static rda_status ab_event_query(rda_backend *b, void *ev, int *done, rda_err *err) {
+  (void)b, (void)err;
+  ab_event *e = ev;
+  pthread_mutex_lock(&abd.mu);
+  *done = ab_event_done(e, e->seq);
+  pthread_mutex_unlock(&abd.mu);
+  return RDA_OK;
+}
+
+static rda_status ab_stream_create(rda_backend *b, void **s, rda_err *err) {
+  (void)b, (void)err;
+  pthread_mutex_lock(&abd.mu);
+  if (abd.nstreams == AB_MAX_STREAMS) abort();
+  *s = &abd.streams[abd.nstreams++];
+  pthread_mutex_unlock(&abd.mu);
+  return RDA_OK;
+}
+
+static void ab_stream_destroy(rda_backend *b, void *s) {
+  (void)b, (void)s; /* its queued work still runs */
+}
+
+static void ab_destroy(rda_backend *b) {
+  free(b);
+}
+
+static rda_backend *ab_open(void) {
+  rda_backend *b = calloc(1, sizeof *b);
+  if (b == NULL) abort();
+  b->name = "fake-async";
+  void *own = NULL;
+  ab_stream_create(b, &own, NULL);
+  b->impl = own;
+  b->memset_async = ab_memset_async;
+  b->copy_async = ab_copy_async;
+  b->event_create = ab_event_create;
+  b->event_destroy = ab_event_destroy;
+  b->event_record = ab_event_record;
+  b->stream_wait_event = ab_stream_wait_event;
+  b->event_query = ab_event_query;
+  b->stream_create = ab_stream_create;
+  b->stream_destroy = ab_stream_destroy;
+  b->set_stream = ab_set_stream;
+  b->destroy = ab_destroy;
+  return b;
+}
+
+/* Host-synchronize with everything enqueued so far on b's current stream. */
+static void ab_sync(rda_backend *b, void *ev) {
+  int done = 0;
+  b->event_record(b, ev, NULL);
+  while (b->event_query(b, ev, &done, NULL) == RDA_OK && !done) sleep_us(20);
+}
+
+typedef struct ord_ctx {
+  rda_device_world *world;
+  int rank, P, rounds;
+  rda_status status;
+  char msg[1024];
+  long long bad;
+  unsigned char *mem[4 + 64]; /* freed once the device drained: it reads them late */
+} ord_ctx;
+
+enum { ORD_BYTES = 2048 };
+
+static unsigned char ord_byte(int from, int round, int i) {
+  return (unsigned char)mix(((uint64_t)from << 32) ^ ((uint64_t)round << 16) ^ (uint64_t)i);
+}
+
+/* Each round: the rank's stream writes its send block (from a fresh host copy), poisons its
+ * receive blocks, sends to its right neighbour and to itself, receives from its left one,
+ * then copies what arrived into a check buffer on the same stream; only that copy is host-
+ * synchronized. The next round's write reuses the send block at once. */
+static void *ord_rank(void *arg) {
+  ord_ctx *c = arg;
+  rda_err err = {0};
+  rda_transport *t = NULL;
+  rda_backend *b = ab_open();
+  void *ev = NULL;
+  ab_event_create(b, &ev, NULL);
+  unsigned char *sbuf = c->mem[0] = xmalloc(ORD_BYTES);
+  unsigned char *rbuf = c->mem[1] = xmalloc(2 * ORD_BYTES);
+  unsigned char *check = c->mem[2] = xmalloc(2 * ORD_BYTES);
+  unsigned char **host = &c->mem[4];
+  const int right = (c->rank + 1) % c->P, left = (c->rank + c->P - 1) % c->P;
+  if (rda_device_world_join(c->world, c->rank, 5, b, &t, &err) != RDA_OK) goto done;
+  for (int round = 0; round < c->rounds && round < 64; round++) {
+    host[round] = xmalloc(ORD_BYTES); /* a fresh one: the device reads it some time later */
+    for (int i = 0; i < ORD_BYTES; i++) host[round][i] = ord_byte(c->rank, round, i);
+    b->copy_async(b, sbuf, host[round], ORD_BYTES, &err);
+    b->memset_async(b, rbuf, 0xEE, 2 * ORD_BYTES, &err);
+    if (rda_transport_group_start(t, &err) != RDA_OK) break;
+    if (round % 2 == 0) rda_transport_recv(t, left, rbuf, ORD_BYTES, &err);
+    rda_transport_send(t, right, sbuf, ORD_BYTES, &err);
+    rda_transport_send(t, c->rank, sbuf, ORD_BYTES, &err);
+    rda_transport_recv(t, c->rank, rbuf + ORD_BYTES, ORD_BYTES, &err);
+    if (round % 2 == 1) rda_transport_recv(t, left, rbuf, ORD_BYTES, &err);
+    if (err.status != RDA_OK || rda_transport_group_end(t, &err) != RDA_OK ||
+        rda_transport_wait(t, &err) != RDA_OK)
+      break;
+    b->copy_async(b, check, rbuf, 2 * ORD_BYTES, &err);
+    if (round % 4 == 3) { /* now and then, check the data on the host */
+      ab_sync(b, ev);
+      for (int i = 0; i < ORD_BYTES; i++) {
+        c->bad += check[i] != ord_byte(left, round, i);
+        c->bad += check[ORD_BYTES + i] != ord_byte(c->rank, round, i);
+      }
+    }
+  }
+  if (t != NULL) ab_sync(b, ev);
+done:
+  rda_transport_destroy(t);
+  b->destroy(b);
+  c->status = err.status;
+  snprintf(c->msg, sizeof c->msg, "%s", err.msg);
+  return NULL;
+}
+
+static void test_device_transport_orders_copies_with_events(void **state) {
+  (void)state;
+  enum { P = 3 };
+  rt_rng_seed(&abd.rng, rt_seed_value() + 99);
+  abd.stop = 0;
+  pthread_t dev;
+  assert_int_equal(pthread_create(&dev, NULL, ab_device, NULL), 0);
+  rda_device_world *w = NULL;
+  rda_err err = {0};
+  assert_int_equal(rda_device_world_create(P, 20.0, &w, &err), RDA_OK);
+  ord_ctx ctx[P];
+  pthread_t th[P];
+  memset(ctx, 0, sizeof ctx);
+  for (int x = 0; x < P; x++) {
+    ctx[x].world = w, ctx[x].rank = x, ctx[x].P = P, ctx[x].rounds = 40;
+    assert_int_equal(pthread_create(&th[x], NULL, ord_rank, &ctx[x]), 0);
+  }
+  for (int x = 0; x < P; x++) pthread_join(th[x], NULL);
+  /* Let the device drain, then stop it. */
+  for (int busy = 1; busy;) {
+    pthread_mutex_lock(&abd.mu);
+    busy = 0;
+    for (int q = 0; q < abd.nstreams; q++) busy |= abd.streams[q].head != NULL;
+    abd.stop = !busy;
+    pthread_mutex_unlock(&abd.mu);
+    if (busy) sleep_us(100);
+  }
+  pthread_join(dev, NULL);
+  rda_device_world_destroy(w);
+  for (int x = 0; x < P; x++)
+    for (size_t k = 0; k < sizeof ctx[x].mem / sizeof ctx[x].mem[0]; k++) free(ctx[x].mem[k]);
+  while (abd.events != NULL) {
+    ab_event *e = abd.events;
+    abd.events = e->next;
+    free(e->done), free(e);
+  }
+  abd.nstreams = 0;
+  for (int x = 0; x < P; x++) {
+    if (ctx[x].status != RDA_OK) fail_msg("rank %d: %s", x, ctx[x].msg);
+    if (ctx[x].bad != 0) fail_msg("rank %d: %lld bytes wrong", x, ctx[x].bad);
+  }
 }
 
 /* Without a GPU (CI here) the NCCL transport must fail with one clear line, not crash. */
@@ -660,6 +1259,15 @@ int main(void) {
       cmocka_unit_test(test_transport_size_mismatch_errors_both_sides),
       cmocka_unit_test(test_transport_allgather_barrier_and_misuse),
       cmocka_unit_test(test_transport_nccl_without_a_gpu_fails_cleanly),
+      cmocka_unit_test(test_device_transport_moves_exactly_the_plans_blocks),
+      cmocka_unit_test(test_device_transport_fingerprint_mismatch_errors_every_rank),
+      cmocka_unit_test(test_device_transport_rank_that_aborts_fails_the_others_promptly),
+      cmocka_unit_test(test_device_transport_silent_rank_times_the_others_out_without_a_hang),
+      cmocka_unit_test(test_device_transport_adversarial_post_orders_never_deadlock),
+      cmocka_unit_test(test_device_transport_size_mismatch_errors_both_sides),
+      cmocka_unit_test(test_device_transport_allgather_barrier_and_misuse),
+      cmocka_unit_test(test_device_transport_rank_without_a_usable_backend_fails_every_rank),
+      cmocka_unit_test(test_device_transport_orders_copies_with_events),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

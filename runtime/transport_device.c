@@ -1,0 +1,156 @@
+/* transport_device.c — the device virtual-rank transport: P ranks as threads of one process on
+ * one device, blocks moved device to device. The world (matching, timeouts, abort,
+ * fingerprints) is runtime/transport_world.c; this file orders the copies with events:
+ *  - group_end records the endpoint's "ready" event on the caller's current stream (sends: the
+ *    data is written; receives: the buffer is free);
+ *  - whoever matches a pair enqueues, on the receiver's communication stream, waits on both
+ *    ready events, the copy, then each side's "copied" event;
+ *  - wait blocks the host until every op of the group is matched and enqueued, then makes the
+ *    caller's current stream wait on each op's copied event. It never synchronizes the device.
+ * Every backend call goes through the rank's backend, which makes its CUDA context current on
+ * the calling thread (runtime/cuda.c enters the context in every operation). Events of one
+ * rank's backend are used on another rank's streams: all backends must be on one device (one
+ * CUDA context), as rda_device_world_join requires. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "transport.h"
+#include "transport_world.h"
+
+struct rda_device_world {
+  tw_world w;
+};
+
+typedef struct td_endpoint {
+  tw_endpoint tw;
+  rda_backend *b;
+  void *stream;     /* communication: receives' copies run here */
+  void *ev_ready;   /* recorded at group_end on the caller's stream */
+  void **ev_copied; /* one per op slot of a group, created as groups grow */
+  int ncopied;
+} td_endpoint;
+
+/* Lock held, on any rank's thread: enqueue the pair's copy on the receiver's stream. set_stream
+ * is thread-local, so this never disturbs the rank whose thread runs it. */
+static rda_status td_complete(tw_op *s, tw_op *r, rda_err *err) {
+  td_endpoint *re = (td_endpoint *)r->ep;
+  rda_backend *b = re->b;
+  b->set_stream(b, re->stream);
+  rda_status st = b->stream_wait_event(b, s->ev_ready, err);
+  if (st == RDA_OK && r->ev_ready != s->ev_ready) st = b->stream_wait_event(b, r->ev_ready, err);
+  if (st == RDA_OK && s->bytes > 0 && r->buf != s->buf)
+    st = b->copy_async(b, r->buf, s->buf, s->bytes, err);
+  if (st == RDA_OK) st = b->event_record(b, r->ev_copied, err);
+  if (st == RDA_OK) st = b->event_record(b, s->ev_copied, err);
+  b->set_stream(b, NULL);
+  return st;
+}
+
+/* The owner's thread at group_end: events for every op, the ready event recorded. The events
+ * are reused group after group: the previous group's were consumed (waits enqueued) before
+ * its wait returned, and a later record does not change what an enqueued wait waits for. */
+static rda_status td_before_post(tw_endpoint *t, rda_err *err) {
+  td_endpoint *ep = (td_endpoint *)t;
+  rda_backend *b = ep->b;
+  if (t->nops > ep->ncopied) {
+    void **n = realloc(ep->ev_copied, (size_t)t->nops * sizeof *n);
+    if (n == NULL)
+      return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "device transport: out of memory");
+    ep->ev_copied = n;
+    for (; ep->ncopied < t->nops; ep->ncopied++)
+      RDA_TRY(b->event_create(b, &ep->ev_copied[ep->ncopied], err));
+  }
+  for (int q = 0; q < t->nops; q++) {
+    t->ops[q]->ev_ready = ep->ev_ready;
+    t->ops[q]->ev_copied = ep->ev_copied[q];
+  }
+  return b->event_record(b, ep->ev_ready, err);
+}
+
+/* The owner's thread once every op is matched: its stream waits for the copies. */
+static rda_status td_after_wait(tw_endpoint *t, rda_err *err) {
+  td_endpoint *ep = (td_endpoint *)t;
+  for (int q = 0; q < t->nops; q++)
+    RDA_TRY(ep->b->stream_wait_event(ep->b, t->ops[q]->ev_copied, err));
+  return RDA_OK;
+}
+
+static void td_fini(tw_endpoint *t) {
+  td_endpoint *ep = (td_endpoint *)t;
+  rda_backend *b = ep->b;
+  if (b == NULL) return;
+  for (int q = 0; q < ep->ncopied; q++) b->event_destroy(b, ep->ev_copied[q]);
+  free(ep->ev_copied);
+  ep->ev_copied = NULL, ep->ncopied = 0;
+  b->event_destroy(b, ep->ev_ready);
+  b->stream_destroy(b, ep->stream); /* copies still queued complete first */
+  ep->ev_ready = ep->stream = NULL;
+}
+
+static rda_status td_init(tw_endpoint *t, void *arg, rda_err *err) {
+  td_endpoint *ep = (td_endpoint *)t;
+  rda_backend *b = arg;
+  /* Checked here rather than before joining: the failure aborts the world, so the other
+   * ranks fail at once instead of waiting for this one to time out. */
+  if (b == NULL) return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "device transport: no backend");
+  if (b->copy_async == NULL || b->event_create == NULL || b->event_record == NULL ||
+      b->stream_wait_event == NULL || b->stream_create == NULL || b->set_stream == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "device transport: the %s backend has no stream-ordered copies and events",
+                       b->name);
+  ep->b = b;
+  RDA_TRY(b->stream_create(b, &ep->stream, err));
+  return b->event_create(b, &ep->ev_ready, err);
+}
+
+static const tw_hooks td_hooks = {
+    .complete = td_complete,
+    .before_post = td_before_post,
+    .after_wait = td_after_wait,
+    .fini = td_fini,
+};
+
+static const rda_transport_vtbl td_vtbl = {
+    .name = "device",
+    .group_start = tw_group_start,
+    .send = tw_send,
+    .recv = tw_recv,
+    .group_end = tw_group_end,
+    .wait = tw_wait,
+    .barrier = tw_barrier,
+    .abort = tw_abort,
+    .destroy = tw_destroy,
+};
+
+rda_status rda_device_world_create(int size, double timeout_s, rda_device_world **out,
+                                   rda_err *err) {
+  *out = NULL;
+  rda_device_world *dw = calloc(1, sizeof *dw);
+  if (dw == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "device transport: out of memory");
+  const rda_status s =
+      tw_world_init(&dw->w, "device transport", &td_vtbl, &td_hooks, size, timeout_s, err);
+  if (s != RDA_OK) {
+    free(dw);
+    return s;
+  }
+  *out = dw;
+  return RDA_OK;
+}
+
+void rda_device_world_destroy(rda_device_world *w) {
+  if (w == NULL) return;
+  tw_world_fini(&w->w);
+  free(w);
+}
+
+rda_status rda_device_world_join(rda_device_world *w, int rank, uint64_t fingerprint,
+                                 rda_backend *b, rda_transport **out, rda_err *err) {
+  *out = NULL;
+  if (w == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "device transport: rank %d of no world",
+                       rank);
+  tw_endpoint *ep = NULL;
+  RDA_TRY(tw_join(&w->w, rank, fingerprint, sizeof(td_endpoint), td_init, b, &ep, err));
+  *out = &ep->base;
+  return RDA_OK;
+}

@@ -1,0 +1,403 @@
+/* transport_world.c — the virtual-rank world the host and device transports share: P ranks as
+ * threads of one process, one lock and condition, per-receiver queues of unmatched operations,
+ * FIFO matching per (sender, receiver); the transport's hooks move the bytes. */
+#include "transport_world.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* --- helpers (world lock held where noted) --------------------------------------------------- */
+
+static struct timespec tw_deadline(double s) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const double whole = (double)(long long)s;
+  ts.tv_sec += (time_t)whole;
+  ts.tv_nsec += (long)((s - whole) * 1e9);
+  if (ts.tv_nsec >= 1000000000L) ts.tv_sec += 1, ts.tv_nsec -= 1000000000L;
+  return ts;
+}
+
+/* Lock held. Returns 1 when the deadline passed. */
+static int tw_wait_until(tw_world *w, const struct timespec *dl) {
+  return pthread_cond_timedwait(&w->cv, &w->mu, dl) == ETIMEDOUT;
+}
+
+/* Lock held: abort the world with "rank r: why" (first wins) and wake everyone. */
+static void tw_abort_locked(tw_world *w, int rank, const char *why) {
+  if (!w->aborted) {
+    w->aborted = 1;
+    snprintf(w->reason, sizeof w->reason, "rank %d: %.480s", rank, why);
+  }
+  pthread_cond_broadcast(&w->cv);
+}
+
+static rda_status tw_aborted_error(const tw_world *w, int rank, rda_err *err) {
+  char mine[24];
+  snprintf(mine, sizeof mine, "rank %d:", rank);
+  if (strncmp(w->reason, mine, strlen(mine)) == 0) /* this rank's own failure */
+    return rda_err_set(err, RDA_ERR_NCCL, "%s", w->reason);
+  return rda_err_set(err, RDA_ERR_NCCL, "rank %d: the ring was aborted: %s", rank, w->reason);
+}
+
+/* Without the lock: abort the world with a hook's failure and return it as this rank's error. */
+static rda_status tw_hook_failed(tw_world *w, int rank, const rda_err *why, rda_err *err) {
+  pthread_mutex_lock(&w->mu);
+  tw_abort_locked(w, rank, why->msg);
+  const rda_status s = tw_aborted_error(w, rank, err);
+  pthread_mutex_unlock(&w->mu);
+  return s;
+}
+
+/* Lock held: complete a matched pair (s from its owner to r's owner). */
+static void tw_complete(tw_world *w, tw_op *s, tw_op *r) {
+  if (s->bytes != r->bytes) {
+    char why[160];
+    snprintf(why, sizeof why, "received %zu bytes from rank %d but expected %zu", s->bytes,
+             s->owner, r->bytes);
+    tw_abort_locked(w, r->owner, why);
+    return;
+  }
+  rda_err e = {0};
+  if (w->hooks->complete(s, r, &e) != RDA_OK) {
+    tw_abort_locked(w, r->owner, e.msg);
+    return;
+  }
+  s->done = r->done = 1;
+  w->ep[s->owner]->pending--;
+  w->ep[r->owner]->pending--;
+  pthread_cond_broadcast(&w->cv);
+}
+
+/* Lock held: match op against the other queue of the receiver, or queue it. */
+static void tw_post(tw_world *w, tw_op *op) {
+  const int recver = op->kind == TW_SEND ? op->peer : op->owner;
+  const int sender = op->kind == TW_SEND ? op->owner : op->peer;
+  tw_op **other = op->kind == TW_SEND ? &w->recvq[recver] : &w->sendq[recver];
+  for (tw_op **pp = other; *pp != NULL; pp = &(*pp)->next) {
+    tw_op *c = *pp;
+    const int c_sender = c->kind == TW_SEND ? c->owner : c->peer;
+    if (c_sender != sender) continue;
+    *pp = c->next; /* unlink the first match: FIFO per (sender, receiver) */
+    c->next = NULL;
+    if (op->kind == TW_SEND)
+      tw_complete(w, op, c);
+    else
+      tw_complete(w, c, op);
+    return;
+  }
+  tw_op **mine = op->kind == TW_SEND ? &w->sendq[recver] : &w->recvq[recver];
+  while (*mine != NULL) mine = &(*mine)->next;
+  op->next = NULL;
+  *mine = op;
+}
+
+/* Lock held: take every op of ep out of the world queues (after an abort nothing is matched
+ * again, but the queues must not point into freed memory). */
+static void tw_unlink_all(tw_world *w, tw_endpoint *ep) {
+  for (int q = 0; q < w->size; q++) {
+    tw_op **lists[2] = {&w->sendq[q], &w->recvq[q]};
+    for (int l = 0; l < 2; l++)
+      for (tw_op **pp = lists[l]; *pp != NULL;) {
+        if ((*pp)->owner == ep->base.rank)
+          *pp = (*pp)->next;
+        else
+          pp = &(*pp)->next;
+      }
+  }
+}
+
+static void tw_free_ops(tw_endpoint *ep) {
+  for (int q = 0; q < ep->nops; q++) free(ep->ops[q]);
+  ep->nops = 0;
+}
+
+/* --- the vtable ------------------------------------------------------------------------------ */
+
+rda_status tw_group_start(rda_transport *t, rda_err *err) {
+  tw_endpoint *ep = (tw_endpoint *)t;
+  if (ep->state != 0)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rank %d: group_start while a group is %s",
+                       t->rank, ep->state == 1 ? "open" : "posted and not waited for");
+  pthread_mutex_lock(&ep->world->mu);
+  const int aborted = ep->world->aborted;
+  rda_status s = aborted ? tw_aborted_error(ep->world, t->rank, err) : RDA_OK;
+  pthread_mutex_unlock(&ep->world->mu);
+  if (s != RDA_OK) return s;
+  tw_free_ops(ep);
+  ep->state = 1;
+  return RDA_OK;
+}
+
+static rda_status tw_add(tw_endpoint *ep, int kind, int peer, void *buf, size_t bytes,
+                         rda_err *err) {
+  if (ep->state != 1)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rank %d: %s outside a group", ep->base.rank,
+                       kind == TW_SEND ? "send" : "recv");
+  if (ep->nops == ep->cap) {
+    const int cap = ep->cap ? 2 * ep->cap : 8;
+    tw_op **n = realloc(ep->ops, (size_t)cap * sizeof *n);
+    if (n == NULL)
+      return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "rank %d: out of memory", ep->base.rank);
+    ep->ops = n, ep->cap = cap;
+  }
+  tw_op *op = calloc(1, sizeof *op);
+  if (op == NULL)
+    return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "rank %d: out of memory", ep->base.rank);
+  op->kind = kind, op->owner = ep->base.rank, op->peer = peer, op->buf = buf, op->bytes = bytes;
+  op->ep = ep;
+  ep->ops[ep->nops++] = op;
+  return RDA_OK;
+}
+
+rda_status tw_send(rda_transport *t, int peer, const void *buf, size_t bytes, rda_err *err) {
+  void *b;
+  memcpy(&b, &buf, sizeof b); /* only ever read through */
+  return tw_add((tw_endpoint *)t, TW_SEND, peer, b, bytes, err);
+}
+
+rda_status tw_recv(rda_transport *t, int peer, void *buf, size_t bytes, rda_err *err) {
+  return tw_add((tw_endpoint *)t, TW_RECV, peer, buf, bytes, err);
+}
+
+rda_status tw_group_end(rda_transport *t, rda_err *err) {
+  tw_endpoint *ep = (tw_endpoint *)t;
+  tw_world *w = ep->world;
+  if (ep->state != 1)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rank %d: group_end without group_start",
+                       t->rank);
+  if (w->hooks->before_post != NULL) {
+    rda_err why = {0};
+    if (w->hooks->before_post(ep, &why) != RDA_OK) {
+      ep->state = 0;
+      return tw_hook_failed(w, t->rank, &why, err);
+    }
+  }
+  pthread_mutex_lock(&w->mu);
+  rda_status s = RDA_OK;
+  if (w->aborted) {
+    s = tw_aborted_error(w, t->rank, err);
+    ep->state = 0;
+  } else {
+    ep->pending = ep->nops;
+    ep->state = 2;
+    /* Receives first, then sends: either order is correct (matching is symmetric). */
+    for (int q = 0; q < ep->nops && !w->aborted; q++)
+      if (ep->ops[q]->kind == TW_RECV) tw_post(w, ep->ops[q]);
+    for (int q = 0; q < ep->nops && !w->aborted; q++)
+      if (ep->ops[q]->kind == TW_SEND) tw_post(w, ep->ops[q]);
+  }
+  pthread_mutex_unlock(&w->mu);
+  return s;
+}
+
+rda_status tw_wait(rda_transport *t, rda_err *err) {
+  tw_endpoint *ep = (tw_endpoint *)t;
+  tw_world *w = ep->world;
+  if (ep->state != 2)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rank %d: wait without a posted group",
+                       t->rank);
+  const struct timespec dl = tw_deadline(t->timeout_s);
+  rda_status s = RDA_OK;
+  pthread_mutex_lock(&w->mu);
+  for (;;) {
+    if (w->aborted) {
+      s = tw_aborted_error(w, t->rank, err);
+      break;
+    }
+    if (ep->pending == 0) break;
+    if (tw_wait_until(w, &dl) && ep->pending > 0 && !w->aborted) {
+      int peer = -1;
+      for (int q = 0; q < ep->nops && peer < 0; q++)
+        if (!ep->ops[q]->done) peer = ep->ops[q]->peer;
+      char why[160];
+      snprintf(why, sizeof why, "timed out after %.1f s waiting for rank %d", t->timeout_s, peer);
+      tw_abort_locked(w, t->rank, why);
+    }
+  }
+  if (s != RDA_OK) tw_unlink_all(w, ep);
+  pthread_mutex_unlock(&w->mu);
+  if (s == RDA_OK && w->hooks->after_wait != NULL) {
+    rda_err why = {0};
+    if (w->hooks->after_wait(ep, &why) != RDA_OK) s = tw_hook_failed(w, t->rank, &why, err);
+  }
+  if (s == RDA_OK)
+    for (int q = 0; q < ep->nops; q++) {
+      if (ep->ops[q]->kind == TW_SEND)
+        t->bytes_sent += ep->ops[q]->bytes;
+      else
+        t->bytes_received += ep->ops[q]->bytes;
+    }
+  tw_free_ops(ep);
+  ep->state = 0;
+  return s;
+}
+
+rda_status tw_barrier(rda_transport *t, rda_err *err) {
+  tw_endpoint *ep = (tw_endpoint *)t;
+  tw_world *w = ep->world;
+  const struct timespec dl = tw_deadline(t->timeout_s);
+  rda_status s = RDA_OK;
+  pthread_mutex_lock(&w->mu);
+  const uint64_t gen = w->bar_gen;
+  if (!w->aborted && ++w->bar_count == w->size) {
+    w->bar_count = 0;
+    w->bar_gen++;
+    pthread_cond_broadcast(&w->cv);
+  }
+  for (;;) {
+    if (w->aborted) {
+      s = tw_aborted_error(w, t->rank, err);
+      break;
+    }
+    if (w->bar_gen != gen) break;
+    if (tw_wait_until(w, &dl) && w->bar_gen == gen && !w->aborted) {
+      char why[160];
+      snprintf(why, sizeof why, "timed out after %.1f s in a barrier (%d of %d ranks arrived)",
+               t->timeout_s, w->bar_count, w->size);
+      tw_abort_locked(w, t->rank, why);
+    }
+  }
+  pthread_mutex_unlock(&w->mu);
+  return s;
+}
+
+void tw_abort(rda_transport *t, const char *reason) {
+  tw_endpoint *ep = (tw_endpoint *)t;
+  pthread_mutex_lock(&ep->world->mu);
+  tw_abort_locked(ep->world, t->rank, reason);
+  pthread_mutex_unlock(&ep->world->mu);
+}
+
+void tw_destroy(rda_transport *t) {
+  tw_endpoint *ep = (tw_endpoint *)t;
+  tw_world *w = ep->world;
+  pthread_mutex_lock(&w->mu);
+  if (ep->state == 2 && ep->pending > 0)
+    tw_abort_locked(w, t->rank, "left the ring with operations pending");
+  tw_unlink_all(w, ep);
+  w->ep[t->rank] = NULL;
+  pthread_mutex_unlock(&w->mu);
+  if (w->hooks->fini != NULL) w->hooks->fini(ep);
+  tw_free_ops(ep);
+  free(ep->ops);
+  free(ep);
+}
+
+/* --- the world ------------------------------------------------------------------------------- */
+
+rda_status tw_world_init(tw_world *w, const char *what, const rda_transport_vtbl *vt,
+                         const tw_hooks *hooks, int size, double timeout_s, rda_err *err) {
+  memset(w, 0, sizeof *w);
+  if (size < 1 || size > 4096)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: %d ranks: need 1..4096", what, size);
+  if (!(timeout_s > 0.0) || timeout_s > 1e6)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: timeout %g s: need 0 < timeout <= 1e6",
+                       what, timeout_s);
+  w->what = what, w->vt = vt, w->hooks = hooks;
+  w->size = size, w->timeout_s = timeout_s;
+  w->present = calloc((size_t)size, sizeof *w->present);
+  w->fingerprint = calloc((size_t)size, sizeof *w->fingerprint);
+  w->ep = calloc((size_t)size, sizeof *w->ep);
+  w->sendq = calloc((size_t)size, sizeof *w->sendq);
+  w->recvq = calloc((size_t)size, sizeof *w->recvq);
+  pthread_condattr_t ca;
+  int ok = w->present && w->fingerprint && w->ep && w->sendq && w->recvq;
+  if (ok && pthread_mutex_init(&w->mu, NULL) != 0) ok = 0;
+  if (ok) {
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    if (pthread_cond_init(&w->cv, &ca) != 0) {
+      pthread_mutex_destroy(&w->mu);
+      ok = 0;
+    }
+    pthread_condattr_destroy(&ca);
+  }
+  if (!ok) {
+    free(w->present), free(w->fingerprint), free(w->ep), free(w->sendq), free(w->recvq);
+    memset(w, 0, sizeof *w);
+    return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+  }
+  return RDA_OK;
+}
+
+void tw_world_fini(tw_world *w) {
+  pthread_mutex_destroy(&w->mu);
+  pthread_cond_destroy(&w->cv);
+  free(w->present), free(w->fingerprint), free(w->ep), free(w->sendq), free(w->recvq);
+}
+
+rda_status tw_join(tw_world *w, int rank, uint64_t fingerprint, size_t ep_bytes,
+                   rda_status (*init)(tw_endpoint *ep, void *arg, rda_err *err), void *arg,
+                   tw_endpoint **out, rda_err *err) {
+  *out = NULL;
+  if (rank < 0 || rank >= w->size)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: rank %d of %d", w->what, rank, w->size);
+  tw_endpoint *ep = calloc(1, ep_bytes);
+  rda_err why = {0};
+  rda_status init_st = RDA_OK;
+  if (ep != NULL) {
+    ep->base.vt = w->vt, ep->base.rank = rank, ep->base.size = w->size;
+    ep->base.timeout_s = w->timeout_s;
+    ep->world = w;
+    if (init != NULL) init_st = init(ep, arg, &why);
+  }
+  pthread_mutex_lock(&w->mu);
+  if (ep == NULL || init_st != RDA_OK || w->present[rank]) {
+    const char *msg = ep == NULL          ? "out of memory joining the ring"
+                      : init_st != RDA_OK ? why.msg
+                                          : "joined the ring twice";
+    const rda_status s = ep == NULL          ? RDA_ERR_OUT_OF_MEMORY
+                         : init_st != RDA_OK ? init_st
+                                             : RDA_ERR_INVALID_ARGUMENT;
+    tw_abort_locked(w, rank, msg);
+    pthread_mutex_unlock(&w->mu);
+    rda_err_set(err, s, "rank %d: %s", rank, msg);
+    if (ep != NULL && w->hooks->fini != NULL) w->hooks->fini(ep);
+    free(ep);
+    return s;
+  }
+  w->present[rank] = 1;
+  w->fingerprint[rank] = fingerprint;
+  w->ep[rank] = ep;
+  w->joined++;
+  pthread_cond_broadcast(&w->cv);
+  const struct timespec dl = tw_deadline(w->timeout_s);
+  rda_status s = RDA_OK;
+  while (w->joined < w->size && !w->aborted) {
+    if (tw_wait_until(w, &dl) && w->joined < w->size && !w->aborted) {
+      int missing = 0;
+      while (missing < w->size && w->present[missing]) missing++;
+      char msg[160];
+      snprintf(msg, sizeof msg, "timed out after %.1f s waiting for rank %d to join", w->timeout_s,
+               missing);
+      tw_abort_locked(w, rank, msg);
+    }
+  }
+  if (w->aborted) {
+    s = tw_aborted_error(w, rank, err);
+  } else {
+    /* Every rank compares the same table, so every rank reports the same mismatch. */
+    for (int q = 1; q < w->size; q++)
+      if (w->fingerprint[q] != w->fingerprint[0]) {
+        s = rda_err_set(err, RDA_ERR_NCCL,
+                        "rank %d: fingerprint mismatch: rank 0 has 0x%016llx, rank %d has "
+                        "0x%016llx (config, N, P, layout, dtype or rda version differ)",
+                        rank, (unsigned long long)w->fingerprint[0], q,
+                        (unsigned long long)w->fingerprint[q]);
+        break;
+      }
+  }
+  if (s != RDA_OK) w->ep[rank] = NULL;
+  pthread_mutex_unlock(&w->mu);
+  if (s != RDA_OK) {
+    if (w->hooks->fini != NULL) w->hooks->fini(ep);
+    free(ep);
+    return s;
+  }
+  *out = ep;
+  return RDA_OK;
+}
