@@ -5,7 +5,7 @@
 local M = {}
 
 local DTYPE_ENUM <const> = { bf16 = "RDA_DTYPE_BF16", fp16 = "RDA_DTYPE_FP16" }
-local SMALL_THREADS <const> = 256 -- block size of the init and cast kernels
+local SMALL_THREADS <const> = 256 -- block size of the init, cast and ring row kernels
 
 local function check_fwd(v)
   assert(type(v) == "table", "variant must be a table")
@@ -103,6 +103,23 @@ function M.cast_source(dtype)
     { "int", "dtype", DTYPE_ENUM[dtype] },
     { "int", "threads", SMALL_THREADS },
   }, SMALL_THREADS, "rda::cast_kernel", "rda_cast_params")
+end
+
+-- The ring's row movers (templates/rda_ring.cuh): one of each per plan, whatever the dtype
+-- (pack copies 16-bit bits; add works in fp32).
+function M.ring_pack_name() return "rda_ring_pack" end
+function M.ring_add_name() return "rda_ring_add" end
+
+function M.ring_pack_source()
+  local name = M.ring_pack_name()
+  return source(name, "rda_ring.cuh", { { "int", "threads", SMALL_THREADS } }, SMALL_THREADS,
+                "rda::ring_pack_kernel", "rda_ring_rows_params")
+end
+
+function M.ring_add_source()
+  local name = M.ring_add_name()
+  return source(name, "rda_ring.cuh", { { "int", "threads", SMALL_THREADS } }, SMALL_THREADS,
+                "rda::ring_add_kernel", "rda_ring_rows_params")
 end
 
 -- Backward variants (templates/rda_bwd.cuh).

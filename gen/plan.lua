@@ -1,6 +1,7 @@
 -- plan.lua — from a validated config and a hardware profile to the kernels a forward pass needs:
 -- one fwd variant per distinct (head_dim, dtype, causal, dilated, tile), the init and cast
--- kernels, and one launch step per branch. Every variant fits the target's resources.
+-- kernels, the ring's row pack/add kernels, and one launch step per branch. Every variant fits
+-- the target's resources.
 
 local emit = require "gen.emit"
 
@@ -170,7 +171,8 @@ end
 
 -- The plan: { variants = { {name, kind, source, threads, block_m, block_n, smem_bytes, ...} },
 -- steps = { {kernel (index into variants), branch (0-based), head0, nheads} },
--- init_kernel, cast_kernel (indices into variants) }, or nil and why it cannot fit.
+-- init_kernel, cast_kernel, ring_pack_kernel, ring_add_kernel (indices into variants) }, or nil
+-- and why it cannot fit.
 -- With `bspace` (a backward tile space), the backward kernels too (and with `atomic` their
 -- atomic-dQ variants): see M.add_backward.
 function M.build(cfg, hw, space, bspace, atomic)
@@ -199,6 +201,12 @@ function M.build(cfg, hw, space, bspace, atomic)
   small = { kind = "cast", name = emit.cast_name(cfg.dtype), source = emit.cast_source(cfg.dtype),
             threads = emit.SMALL_THREADS, block_m = 0, block_n = 0, smem_bytes = 0 }
   plan.cast_kernel = add_variant(plan, index, small)
+  small = { kind = "ring_pack", name = emit.ring_pack_name(), source = emit.ring_pack_source(),
+            threads = emit.SMALL_THREADS, block_m = 0, block_n = 0, smem_bytes = 0 }
+  plan.ring_pack_kernel = add_variant(plan, index, small)
+  small = { kind = "ring_add", name = emit.ring_add_name(), source = emit.ring_add_source(),
+            threads = emit.SMALL_THREADS, block_m = 0, block_n = 0, smem_bytes = 0 }
+  plan.ring_add_kernel = add_variant(plan, index, small)
   if bspace then
     local ok, why = M.add_backward(plan, index, cfg, hw, bspace, atomic)
     if not ok then return nil, why end

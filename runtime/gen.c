@@ -711,6 +711,8 @@ static int rda_gen_p_plan(lua_State *L) {
   lua_pop(L, 1);
   o->init_kernel = (int)rda_gen_int_field(L, t, "init_kernel", 1, o->nvariants) - 1;
   o->cast_kernel = (int)rda_gen_int_field(L, t, "cast_kernel", 1, o->nvariants) - 1;
+  o->ring_pack_kernel = (int)rda_gen_int_field(L, t, "ring_pack_kernel", 1, o->nvariants) - 1;
+  o->ring_add_kernel = (int)rda_gen_int_field(L, t, "ring_add_kernel", 1, o->nvariants) - 1;
   if (c->backward) rda_gen_read_bwd(L, t, c->cfg, o);
   c->status = RDA_OK;
   return 0;

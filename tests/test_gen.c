@@ -208,7 +208,7 @@ static void test_gen_plan_dedups_equal_specializations(void **state) {
            "return { heads = 4, head_dim = 128, dtype = 'bf16',"
            " segments = { 4096, 8192, 16384 }, dilations = { 2, 4, 8 } }",
            90, &p);
-  assert_int_equal(p.nvariants, 3); /* one fwd + init + cast */
+  assert_int_equal(p.nvariants, 5); /* one fwd + init + cast + ring pack + ring add */
   assert_int_equal(p.steps[0].kernel, p.steps[1].kernel);
   assert_int_equal(p.steps[1].kernel, p.steps[2].kernel);
   rda_plan_k_free(&p);

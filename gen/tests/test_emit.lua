@@ -74,6 +74,7 @@ end)
 
 T.test("emitted source has no loops or math", function()
   local s = emit.fwd_source(variant()) .. emit.init_source() .. emit.cast_source("fp16")
+            .. emit.ring_pack_source() .. emit.ring_add_source()
   for _, word in ipairs { "for (", "while (", "exp(", "exp2", "asm", "__syncthreads" } do
     assert(not s:find(word, 1, true), "generated source contains " .. word)
   end
@@ -101,6 +102,23 @@ T.test("cast kernels per dtype", function()
                             "RDA_EMU_EXPORT(" .. name .. ", rda_cast_params)" } do
       testing.contains(s, part)
     end
+  end
+end)
+
+T.test("ring row kernels", function()
+  for name, want in pairs { [emit.ring_pack_name()] = { "rda_ring_pack", emit.ring_pack_source(),
+                                                         "rda::ring_pack_kernel" },
+                            [emit.ring_add_name()] = { "rda_ring_add", emit.ring_add_source(),
+                                                       "rda::ring_add_kernel" } } do
+    assert(name == want[1], name)
+    for _, part in ipairs { '#include "rda_ring.cuh"', "struct " .. name .. "_cfg {",
+                            "static constexpr int threads = 256;", "__launch_bounds__(256)",
+                            name .. "(const rda_ring_rows_params p) {",
+                            want[3] .. "<" .. name .. "_cfg>(p);",
+                            "RDA_EMU_EXPORT(" .. name .. ", rda_ring_rows_params)" } do
+      testing.contains(want[2], part)
+    end
+    assert(not want[2]:find("dtype", 1, true), name .. " does not depend on the dtype")
   end
 end)
 

@@ -4,6 +4,7 @@
 
 local testing = require "gen.testing"
 local plan = require "gen.plan"
+local emit = require "gen.emit"
 local hw = require "gen.hw"
 local native = require "rda.native"
 
@@ -78,10 +79,34 @@ T.test("one step per branch, each with a fwd kernel of the branch's specializati
   assert(pl.variants[pl.cast_kernel].name == "rda_cast_bf16", "cast kernel")
 end)
 
+T.test("every plan has one ring pack and one ring add kernel, whatever the dtype", function()
+  for _, dtype in ipairs { "bf16", "fp16" } do
+    for _, bwd in ipairs { false, true } do
+      local pl = assert(plan.build(config { dtype = dtype }, hw.builtin(80), nil,
+                                   bwd and plan.BWD_STAND_IN or nil, bwd))
+      local pk, ad = pl.variants[pl.ring_pack_kernel], pl.variants[pl.ring_add_kernel]
+      assert(pk and pk.name == "rda_ring_pack" and pk.kind == "ring_pack", "ring pack kernel")
+      assert(ad and ad.name == "rda_ring_add" and ad.kind == "ring_add", "ring add kernel")
+      for _, v in ipairs { pk, ad } do
+        assert(v.threads == emit.SMALL_THREADS and v.smem_bytes == 0 and v.block_m == 0
+               and v.block_n == 0, v.name .. " launch shape")
+      end
+      assert(pl.ring_pack_kernel > pl.cast_kernel and pl.ring_add_kernel > pl.cast_kernel,
+             "ring kernels come after cast")
+      local n = 0
+      for _, v in ipairs(pl.variants) do
+        if v.kind == "ring_pack" or v.kind == "ring_add" then n = n + 1 end
+      end
+      assert(n == 2, "two ring kernels, got " .. n)
+    end
+  end
+end)
+
 T.test("variants are deduplicated by name", function()
   local pl = assert(plan.build(config { segments = { 4096, 8192, 16384 },
                                         dilations = { 2, 4, 8 } }, hw.builtin(90)))
-  assert(#pl.variants == 3, "one fwd variant plus init and cast, got " .. #pl.variants)
+  assert(#pl.variants == 5, "one fwd variant plus init, cast, ring pack and ring add, got "
+                            .. #pl.variants)
   assert(pl.steps[1].kernel == pl.steps[2].kernel and pl.steps[2].kernel == pl.steps[3].kernel,
          "steps share the variant")
   local names = {}

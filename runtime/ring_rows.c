@@ -1,0 +1,156 @@
+/* ring_rows.c — launchers of the ring's row kernels (templates/rda_ring.cuh): check a transfer's
+ * rows once, then launch the plan's ring_pack or ring_add variant per chunk of at most
+ * RDA_RING_ROWS_MAX_HEADS kv heads, grid-stride with the grid capped to what fills the device. */
+#include "ring_rows.h"
+
+#include <limits.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Resident blocks per SM we size the grid for; the kernels loop over whatever remains. */
+enum { kBlocksPerSm = 8, kFallbackBlocks = 1024 };
+
+static long long ring_rows_min(long long a, long long b) {
+  return a < b ? a : b;
+}
+
+/* Everything the kernels assume about `r` (rda_params.h), for either direction: `what` names
+ * the call in messages, `elem` is the byte size of a k/v element (2: pack, 4: add), and `add`
+ * also asks for distinct kv heads (each destination row is read-modify-written by one thread). */
+static rda_status ring_rows_check(const char *what, const rda_plan_k *p,
+                                  const rda_ring_rows_params *r, const int *kv_heads, int elem,
+                                  int add, rda_err *err) {
+  if (r->nranges < 1 || r->nranges > 2)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: nranges = %d: must be 1 or 2", what,
+                       r->nranges);
+  if (r->stride < 1)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: stride = %lld: must be >= 1", what,
+                       r->stride);
+  long long sum = 0;
+  for (int i = 0; i < r->nranges; ++i) {
+    if (r->count[i] < 0)
+      return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: count[%d] = %lld: must be >= 0", what,
+                         i, r->count[i]);
+    if (r->count[i] > 0 && r->first[i] < 0)
+      return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                         "%s: first[%d] = %lld: a local row must be >= 0", what, i, r->first[i]);
+    if (r->count[i] > 0 && (r->count[i] - 1) > (LLONG_MAX / 4 - r->first[i]) / r->stride)
+      return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                         "%s: range %d: row %lld + (%lld - 1) x %lld overflows", what, i,
+                         r->first[i], r->count[i], r->stride);
+    if (r->count[i] > LLONG_MAX / 4 - sum)
+      return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: count[%d] = %lld is too large", what,
+                         i, r->count[i]);
+    sum += r->count[i];
+  }
+  if (r->rows != sum)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "%s: rows = %lld: must equal the sum of the %d range counts (%lld)", what,
+                       r->rows, r->nranges, sum);
+  if (r->batch < 1)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: batch = %lld: must be >= 1", what,
+                       r->batch);
+  if (r->nkv_total < 1)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: nkv_total = %d: must be >= 1", what,
+                       r->nkv_total);
+  if (r->head_dim < 8 || r->head_dim % 8 != 0)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "%s: head_dim = %d: must be a positive multiple of 8", what, r->head_dim);
+  /* The block's element count (both halves) must fit the kernels' 64-bit index math. */
+  const long long row_el = (long long)r->nkv_total * r->head_dim;
+  if (r->rows > 0 && r->batch > LLONG_MAX / 2 / row_el / r->rows)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "%s: batch %lld x rows %lld x %d kv heads x %d: the block is too large",
+                       what, r->batch, r->rows, r->nkv_total, r->head_dim);
+  if (r->rows == 0) return RDA_OK; /* nothing is read or written */
+
+  if (r->k == NULL || r->v == NULL || r->block == NULL || kv_heads == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "%s: k, v, block and kv_heads must not be NULL (rows = %lld)", what,
+                       r->rows);
+  /* 16-byte vectors: 8 16-bit or 4 fp32 elements. */
+  const int vec = 16 / elem;
+  const struct {
+    const char *name;
+    const void *ptr;
+    long long s[3];
+  } t[3] = {{"k", r->k, {r->k_sb, r->k_sn, r->k_sh}},
+            {"v", r->v, {r->v_sb, r->v_sn, r->v_sh}},
+            {"block", r->block, {0, 0, 0}}};
+  for (int i = 0; i < 3; ++i) {
+    if ((uintptr_t)t[i].ptr % 16 != 0)
+      return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: %s: pointer %p is not 16-byte aligned",
+                         what, t[i].name, t[i].ptr);
+    for (int d = 0; d < 3; ++d)
+      if (t[i].s[d] % vec != 0)
+        return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                           "%s: %s: stride %d = %lld elements is not a multiple of %d (16 bytes)",
+                           what, t[i].name, d, t[i].s[d], vec);
+  }
+  /* Two ranges of one stride meet when their rows are congruent and their spans overlap. */
+  if (add && r->nranges == 2 && r->count[0] > 0 && r->count[1] > 0 &&
+      (r->first[1] - r->first[0]) % r->stride == 0 &&
+      r->first[0] <= r->first[1] + (r->count[1] - 1) * r->stride &&
+      r->first[1] <= r->first[0] + (r->count[0] - 1) * r->stride)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "%s: ranges [%lld, +%lld) and [%lld, +%lld) with stride %lld share rows",
+                       what, r->first[0], r->count[0], r->first[1], r->count[1], r->stride);
+  for (int e = 0; e < r->nkv_total; ++e) {
+    if (kv_heads[e] < 0 || kv_heads[e] >= p->cfg.kv_heads)
+      return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                         "%s: kv_heads[%d] = %d: the config has kv heads 0..%d", what, e,
+                         kv_heads[e], p->cfg.kv_heads - 1);
+    for (int f = 0; add && f < e; ++f)
+      if (kv_heads[f] == kv_heads[e])
+        return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                           "%s: kv_heads[%d] and kv_heads[%d] are both %d: the heads must differ",
+                           what, f, e, kv_heads[e]);
+  }
+  return RDA_OK;
+}
+
+/* Check, then launch variant `kernel` once per chunk of kv heads. */
+static rda_status ring_rows_run(const char *what, rda_backend *b, const rda_plan_k *p,
+                                const rda_fwd_kernels *k, int kernel, const char *kind,
+                                const rda_ring_rows_params *rows, const int *kv_heads, int elem,
+                                int add, rda_err *err) {
+  if (b == NULL || p == NULL || k == NULL || rows == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "%s: the backend, plan, kernels and rows must not be NULL", what);
+  RDA_TRY(ring_rows_check(what, p, rows, kv_heads, elem, add, err));
+  if (rows->rows == 0) return RDA_OK;
+  if (kernel < 0 || kernel >= p->nvariants || kernel >= k->n || k->modules[kernel] == NULL ||
+      strcmp(p->variants[kernel].kind, kind) != 0)
+    return rda_err_set(err, RDA_ERR_INTERNAL, "%s: the plan has no loaded %s kernel", what, kind);
+
+  const unsigned threads = (unsigned)p->variants[kernel].threads;
+  long long cap = kFallbackBlocks;
+  if (p->hw.sm_count > 0 && p->hw.max_threads_per_sm >= (int)threads)
+    cap =
+        (long long)p->hw.sm_count * ring_rows_min(kBlocksPerSm, p->hw.max_threads_per_sm / threads);
+  rda_ring_rows_params lp = *rows;
+  for (int slot0 = 0; slot0 < rows->nkv_total; slot0 += RDA_RING_ROWS_MAX_HEADS) {
+    const int nkv = (int)ring_rows_min(RDA_RING_ROWS_MAX_HEADS, rows->nkv_total - slot0);
+    lp.slot0 = slot0;
+    lp.nkv = nkv;
+    memset(lp.kv_heads, 0, sizeof lp.kv_heads);
+    memcpy(lp.kv_heads, kv_heads + slot0, (size_t)nkv * sizeof *kv_heads);
+    const long long vectors = rows->batch * rows->rows * nkv * (rows->head_dim / 8);
+    const long long blocks = ring_rows_min((vectors + threads - 1) / threads, cap);
+    const unsigned grid[3] = {(unsigned)blocks, 1, 1};
+    RDA_TRY(b->launch(b, k->modules[kernel], grid, threads, 0, &lp, sizeof lp, err));
+  }
+  return RDA_OK;
+}
+
+rda_status rda_ring_rows_pack(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                              const rda_ring_rows_params *rows, const int *kv_heads, rda_err *err) {
+  return ring_rows_run("rda_ring_rows_pack", b, p, k, p ? p->ring_pack_kernel : -1, "ring_pack",
+                       rows, kv_heads, 2, 0, err);
+}
+
+rda_status rda_ring_rows_add(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                             const rda_ring_rows_params *rows, const int *kv_heads, rda_err *err) {
+  return ring_rows_run("rda_ring_rows_add", b, p, k, p ? p->ring_add_kernel : -1, "ring_add", rows,
+                       kv_heads, 4, 1, err);
+}
