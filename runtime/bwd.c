@@ -95,9 +95,8 @@ static rda_status launch_prep(rda_backend *b, const rda_plan_k *p, const rda_fwd
   return b->launch(b, k->modules[p->bwd_prep_kernel], grid, kPrepThreads, 0, &pp, sizeof pp, err);
 }
 
-/* The parameters every launch of one branch shares. */
-static void branch_params(const rda_plan_k *p, const rda_bwd_args *a, const rda_bwd_step *s,
-                          const float *dp, rda_bwd_params *bp) {
+void rda_bwd_params_for_step(const rda_plan_k *p, const rda_bwd_step *s, const rda_bwd_args *a,
+                             rda_bwd_params *bp) {
   const double log2e = 1.4426950408889634;
   const int64_t r = p->cfg.dilations[s->branch];
   const int64_t w = p->cfg.segments[s->branch] < a->n ? p->cfg.segments[s->branch] : a->n;
@@ -107,7 +106,7 @@ static void branch_params(const rda_plan_k *p, const rda_bwd_args *a, const rda_
   bp->v = a->v;
   bp->dout = a->dout;
   bp->lse = a->lse;
-  bp->dp = dp;
+  bp->dp = (const float *)a->workspace;
   bp->dq = a->dq;
   bp->dk = a->dk;
   bp->dv = a->dv;
@@ -134,29 +133,56 @@ static void branch_params(const rda_plan_k *p, const rda_bwd_args *a, const rda_
                                                          : 0;
   bp->scale_log2 = (float)(p->cfg.scale * log2e);
   bp->scale = (float)p->cfg.scale;
+  /* Every query and key of every segment (rda_params.h). */
+  bp->q_hi = bp->kv_hi = a->n;
+  bp->k_rs = r * bp->k_sn;
+  bp->v_rs = r * bp->v_sn;
+  bp->dk_rs = r * bp->dk_sn;
+  bp->dv_rs = r * bp->dv_sn;
 }
 
-/* dK/dV of one branch: one launch per member g of the kv groups, so that within a launch each
- * kv head is written by one query head's blocks (the offset rules give the heads of a group
- * different grids); launches run in order on the stream, each accumulating. */
-static rda_status launch_dkdv(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
-                              const rda_bwd_args *a, const rda_bwd_step *s, int kernel, int dsplit,
-                              rda_bwd_params *bp, rda_err *err) {
+/* Tiles of `block` grid rows per segment that hold the grid rows of positions [lo, hi): at most
+ * ceil(w / r) in a segment, at most ceil((hi - lo) / r) in hi - lo consecutive positions. */
+static long long range_tiles(const rda_bwd_params *bp, long long lo, long long hi, int block) {
+  long long rows = ceil_div(bp->w, bp->r);
+  const long long span = ceil_div(hi - lo, bp->r);
+  if (span < rows) rows = span;
+  return ceil_div(rows, block);
+}
+
+/* Nothing to compute: no segment, or an empty query or key range. */
+static int ranges_empty(const rda_bwd_params *bp, long long nseg) {
+  return nseg < 1 || bp->q_hi <= bp->q_lo || bp->kv_hi <= bp->kv_lo || bp->nheads < 1;
+}
+
+/* dK/dV: one launch per member g of the kv groups, so that within a launch each kv head is
+ * written by one query head's blocks (the offset rules give the heads of a group different
+ * grids); launches run in order on the stream, each accumulating. */
+rda_status rda_bwd_launch_dkdv(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                               const rda_bwd_step *s, rda_bwd_params *bp, long long nseg,
+                               long long batch, int atomic, rda_err *err) {
+  const int kernel = atomic ? s->dkdv_atomic_kernel : s->dkdv_kernel;
+  if (!kernel_ok(p, k, kernel))
+    return rda_err_set(err, RDA_ERR_INTERNAL, "branch %d: the %sdK/dV kernel is not %s", s->branch,
+                       atomic ? "atomic " : "", kernel < 0 ? "planned" : "loaded");
+  const int dsplit = atomic ? 1 : s->dsplit;
+  if (ranges_empty(bp, nseg)) return RDA_OK;
   const rda_variant *v = &p->variants[kernel];
   const int group = bp->kv_group;
-  bp->tiles_per_seg = (int)ceil_div(ceil_div(bp->w, bp->r), v->block_n);
-  bp->kv_head0 = s->head0 / group;
-  const int kv_end = (s->head0 + s->nheads - 1) / group + 1;
-  const long long gx = bp->nseg * bp->tiles_per_seg * dsplit;
-  if (gx > 0x7fffffffLL || kv_end - bp->kv_head0 > 65535)
+  const long long tiles = range_tiles(bp, bp->kv_lo, bp->kv_hi, v->block_n);
+  bp->kv_head0 = bp->head0 / group;
+  const int kv_end = (bp->head0 + bp->nheads - 1) / group + 1;
+  const long long gx = nseg * tiles * dsplit;
+  if (tiles > 0x7fffffffLL || gx > 0x7fffffffLL || kv_end - bp->kv_head0 > 65535 || batch > 65535)
     return rda_err_set(err, RDA_ERR_UNSUPPORTED,
-                       "branch %d: dK/dV grid of %lld x %d blocks exceeds the launch limits",
-                       s->branch, gx, kv_end - bp->kv_head0);
-  const unsigned grid[3] = {(unsigned)gx, (unsigned)(kv_end - bp->kv_head0), (unsigned)a->batch};
+                       "branch %d: dK/dV grid of %lld x %d x %lld blocks exceeds the launch limits",
+                       s->branch, gx, kv_end - bp->kv_head0, batch);
+  bp->tiles_per_seg = (int)tiles;
+  const unsigned grid[3] = {(unsigned)gx, (unsigned)(kv_end - bp->kv_head0), (unsigned)batch};
   for (int g = 0; g < group; ++g) {
     /* Skip a member none of whose heads uses this branch (the "group" rule). */
     int used = 0;
-    for (int h = s->head0; h < s->head0 + s->nheads && !used; ++h) used = h % group == g;
+    for (int h = bp->head0; h < bp->head0 + bp->nheads && !used; ++h) used = h % group == g;
     if (!used) continue;
     bp->group_member = g;
     RDA_TRY(b->launch(b, k->modules[kernel], grid, (unsigned)v->threads, (unsigned)v->smem_bytes,
@@ -165,21 +191,33 @@ static rda_status launch_dkdv(rda_backend *b, const rda_plan_k *p, const rda_fwd
   return RDA_OK;
 }
 
-static rda_status launch_dq(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
-                            const rda_bwd_args *a, const rda_bwd_step *s, rda_bwd_params *bp,
-                            rda_err *err) {
+rda_status rda_bwd_launch_dq(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                             const rda_bwd_step *s, rda_bwd_params *bp, long long nseg,
+                             long long batch, rda_err *err) {
+  if (!kernel_ok(p, k, s->dq_kernel))
+    return rda_err_set(err, RDA_ERR_INTERNAL, "branch %d: the dQ kernel is not loaded", s->branch);
+  if (ranges_empty(bp, nseg)) return RDA_OK;
   const rda_variant *v = &p->variants[s->dq_kernel];
-  bp->tiles_per_seg = (int)ceil_div(ceil_div(bp->w, bp->r), v->block_m);
+  const long long tiles = range_tiles(bp, bp->q_lo, bp->q_hi, v->block_m);
+  const long long gx = nseg * tiles;
+  if (tiles > 0x7fffffffLL || gx > 0x7fffffffLL || bp->nheads > 65535 || batch > 65535)
+    return rda_err_set(err, RDA_ERR_UNSUPPORTED,
+                       "branch %d: dQ grid of %lld x %d x %lld blocks exceeds the launch limits",
+                       s->branch, gx, bp->nheads, batch);
+  bp->tiles_per_seg = (int)tiles;
   bp->kv_head0 = 0;
   bp->group_member = 0;
-  const long long gx = bp->nseg * bp->tiles_per_seg;
-  if (gx > 0x7fffffffLL || s->nheads > 65535)
-    return rda_err_set(err, RDA_ERR_UNSUPPORTED,
-                       "branch %d: dQ grid of %lld x %d blocks exceeds the launch limits",
-                       s->branch, gx, s->nheads);
-  const unsigned grid[3] = {(unsigned)gx, (unsigned)s->nheads, (unsigned)a->batch};
+  const unsigned grid[3] = {(unsigned)gx, (unsigned)bp->nheads, (unsigned)batch};
   return b->launch(b, k->modules[s->dq_kernel], grid, (unsigned)v->threads, (unsigned)v->smem_bytes,
                    bp, sizeof *bp, err);
+}
+
+rda_status rda_bwd_prep(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                        const rda_bwd_args *a, rda_err *err) {
+  if (b == NULL || p == NULL || k == NULL || a == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_bwd_prep: NULL argument");
+  RDA_TRY(check_args(p, k, a, err));
+  return launch_prep(b, p, k, a, (float *)a->workspace, err);
 }
 
 /* Deterministic: every launch writes its rows with plain read-modify-writes and no two blocks
@@ -190,18 +228,16 @@ rda_status rda_bwd_run(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernel
                        const rda_bwd_args *a, rda_err *err) {
   if (b == NULL || p == NULL || k == NULL || a == NULL)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_bwd_run: NULL argument");
-  RDA_TRY(check_args(p, k, a, err));
-  float *dp = (float *)a->workspace;
-  RDA_TRY(launch_prep(b, p, k, a, dp, err));
+  RDA_TRY(rda_bwd_prep(b, p, k, a, err));
   for (int i = 0; i < p->nsteps; ++i) {
     const rda_bwd_step *s = &p->bwd_steps[i];
     rda_bwd_params bp;
-    branch_params(p, a, s, dp, &bp);
+    rda_bwd_params_for_step(p, s, a, &bp);
     if (!a->deterministic && s->dkdv_atomic_kernel >= 0) {
-      RDA_TRY(launch_dkdv(b, p, k, a, s, s->dkdv_atomic_kernel, 1, &bp, err));
+      RDA_TRY(rda_bwd_launch_dkdv(b, p, k, s, &bp, bp.nseg, a->batch, 1, err));
     } else {
-      RDA_TRY(launch_dkdv(b, p, k, a, s, s->dkdv_kernel, s->dsplit, &bp, err));
-      RDA_TRY(launch_dq(b, p, k, a, s, &bp, err));
+      RDA_TRY(rda_bwd_launch_dkdv(b, p, k, s, &bp, bp.nseg, a->batch, 0, err));
+      RDA_TRY(rda_bwd_launch_dq(b, p, k, s, &bp, bp.nseg, a->batch, err));
     }
   }
   return RDA_OK;

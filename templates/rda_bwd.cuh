@@ -19,23 +19,50 @@ using tile::pos_inf;
 using tile::tile_off;
 using tile::widen;
 
-/* A branch's grid in one segment for one query head (SPEC §1). */
+/* The first grid row t >= 0 with x <= t * r (x: position relative to the grid's start),
+ * clamped to [0, ng]. */
+__device__ __forceinline__ int grid_at(long long x, long long r, int ng) {
+  if (x <= 0) return 0;
+  const long long t = (x + r - 1) / r;
+  return t < ng ? static_cast<int>(t) : ng;
+}
+
+/* A branch's grid in one segment for one query head (SPEC §1), and the launch's part of it
+ * (rda_params.h): query grid rows [qt0, qt0 + nq) and key grid rows [kt0, kt0 + nk). Tiles and
+ * in-kernel row indices count from qt0 (queries) and kt0 (keys); causal masking compares the
+ * global grid rows, i.e. key index + kq against query index. */
 struct Grid {
   long long a; /* first position of the segment */
   long long j; /* offset of the grid within the segment */
   long long r; /* dilation rate (1 when not dilated) */
   int ng;      /* rows of the grid (0 when j >= segment length) */
+  int qt0, nq; /* the launch's query grid rows */
+  int kt0, nk; /* the launch's key grid rows */
+  int kq;      /* kt0 - qt0 */
 };
 
 template <bool Dilated>
-__device__ __forceinline__ Grid grid_of(const rda_bwd_params &p, int seg, int h) {
+__device__ __forceinline__ Grid grid_of(const rda_bwd_params &p, long long seg, int h) {
   Grid g;
   g.a = seg * p.w;
   const long long seg_end = g.a + p.w < p.n ? g.a + p.w : p.n;
   g.r = Dilated ? p.r : 1;
   g.j = tile::grid_offset<Dilated>(p.offset_mode, p.offset_arg, h, g.r);
   g.ng = tile::grid_rows(seg_end - g.a, g.j, g.r);
+  const long long base = g.a + g.j;
+  g.qt0 = grid_at(p.q_lo - base, g.r, g.ng);
+  const int qt1 = grid_at(p.q_hi - base, g.r, g.ng);
+  g.kt0 = grid_at(p.kv_lo - base, g.r, g.ng);
+  const int kt1 = grid_at(p.kv_hi - base, g.r, g.ng);
+  g.nq = qt1 > g.qt0 ? qt1 - g.qt0 : 0;
+  g.nk = kt1 > g.kt0 ? kt1 - g.kt0 : 0;
+  g.kq = g.kt0 - g.qt0;
   return g;
+}
+
+/* Position (global) of grid row t. */
+__device__ __forceinline__ long long grid_pos(const Grid &g, int t) {
+  return g.a + g.j + static_cast<long long>(t) * g.r;
 }
 
 /* s = X Y^T and dp = U W^T over the head dim (KS 16-wide k-steps) for this warp's 16 rows of
@@ -130,22 +157,23 @@ __device__ __forceinline__ int ds_off(int row, int chunk) {
   }
 }
 
-/* Issue the loads of query tile `qt` (rows qt * BM ...) into stage buffer `st`: Q and dO by
- * cp.async, lse2 and Dp by plain loads (visible after the next barrier). */
+/* Issue the loads of query tile `qt` (rows qt * BM ... of the launch's nq query rows) into stage
+ * buffer `st`: Q and dO by cp.async, lse2 and Dp by plain loads (visible after the next
+ * barrier). */
 template <class Cfg>
 __device__ __forceinline__ void dkdv_issue(unsigned char *st, const uint16_t *qg,
                                            const uint16_t *dog, long long q_rs, long long do_rs,
                                            const float *lg, const float *dg, long long stat_rs,
-                                           int qt, int ng, int tid) {
+                                           int qt, int nq, int tid) {
   using T = DkdvTraits<Cfg>;
   const int t0 = qt * T::BM;
-  load_tile<T::CHUNKS, T::BM, T::THREADS>(st, qg, q_rs, t0, ng, tid);
-  load_tile<T::CHUNKS, T::BM, T::THREADS>(st + T::QT_BYTES, dog, do_rs, t0, ng, tid);
+  load_tile<T::CHUNKS, T::BM, T::THREADS>(st, qg, q_rs, t0, nq, tid);
+  load_tile<T::CHUNKS, T::BM, T::THREADS>(st + T::QT_BYTES, dog, do_rs, t0, nq, tid);
   float *stat = reinterpret_cast<float *>(st + 2 * T::QT_BYTES);
   for (int i = tid; i < T::BM; i += T::THREADS) {
     const int t = t0 + i;
     float l2 = pos_inf(), dp = 0.f;
-    if (t < ng) {
+    if (t < nq) {
       l2 = lse2_of(lg[t * stat_rs]);
       dp = dg[t * stat_rs];
     }
@@ -161,8 +189,8 @@ __device__ __forceinline__ void dkdv_step(const unsigned char *sk, const unsigne
                                           const unsigned char *st,
                                           const LaneOfs<Cfg::head_dim / 8> &ao,
                                           const LaneOfs<Cfg::head_dim / 8> &bo, int warp, int part,
-                                          float sl2, int q0, int kw0, int ng, float (*dk)[4],
-                                          float (*dv)[4], unsigned char *sds) {
+                                          float sl2, int q0, int kw0, int nq, int nk, int kq,
+                                          float (*dk)[4], float (*dv)[4], unsigned char *sds) {
   using T = DkdvTraits<Cfg>;
   (void)sds;
   const unsigned char *sq = st;
@@ -174,7 +202,8 @@ __device__ __forceinline__ void dkdv_step(const unsigned char *sk, const unsigne
   float s[T::NT][4], dp[T::NT][4];
   two_products<Cfg::dtype, T::KS, T::NT>(sk, sv, sq, sdo, ao, bo, warp, s, dp);
 
-  /* Element e of column tile nt: key kw0 + g + 8 (e / 2), query q0 + 8 nt + 2c + e % 2. */
+  /* Element e of column tile nt: key kw0 + g + 8 (e / 2), query q0 + 8 nt + 2c + e % 2 (key
+   * indices count from kt0, query indices from qt0: key + kq is the key in query index space). */
   const int g = lane >> 2;
   const int c2 = 2 * (lane & 3);
 #pragma unroll
@@ -186,7 +215,7 @@ __device__ __forceinline__ void dkdv_step(const unsigned char *sk, const unsigne
       if constexpr (Mask) {
         const int key = kw0 + g + 8 * (e >> 1);
         const int qry = q0 + qi;
-        if (qry >= ng || key >= ng || (Cfg::causal && key > qry)) pv = 0.f;
+        if (qry >= nq || key >= nk || (Cfg::causal && key + kq > qry)) pv = 0.f;
       }
       s[nt][e] = pv;
       dp[nt][e] = pv * (dp[nt][e] - sdp[qi]);
@@ -238,7 +267,7 @@ __device__ __forceinline__ void dkdv_zero_ds(unsigned char *sds, int warp) {
 template <class Cfg>
 __device__ __forceinline__ void dkdv_dq_atomic(const unsigned char *sds, const unsigned char *sk,
                                                const LaneOfs<Cfg::head_dim / 8> &ao, int warp,
-                                               int q0, int ng, float *dqg, long long dq_rs,
+                                               int q0, int nq, float *dqg, long long dq_rs,
                                                float scale) {
   using T = DkdvTraits<Cfg>;
   const int lane = lane_id();
@@ -268,7 +297,7 @@ __device__ __forceinline__ void dkdv_dq_atomic(const unsigned char *sds, const u
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int row = q0 + 16 * mt + g + 8 * hf;
-    if (row < ng) {
+    if (row < nq) {
       float *dst = dqg + row * dq_rs + cg * T::DQC + c2;
 #pragma unroll
       for (int dt = 0; dt < T::DQC / 8; ++dt) {
@@ -311,13 +340,14 @@ __device__ __forceinline__ void dq_step(const unsigned char *sq, const unsigned 
                                         const LaneOfs<Cfg::head_dim / 8> &ao,
                                         const LaneOfs<Cfg::head_dim / 8> &bo, int warp, float sl2,
                                         const float lse2[2], const float dpr[2], int n0, int wrow0,
-                                        int ng, float (*acc)[4]) {
+                                        int nk, int kq, float (*acc)[4]) {
   using T = DqTraits<Cfg>;
   const int lane = lane_id();
   float s[T::NT][4], dp[T::NT][4];
   two_products<Cfg::dtype, T::KS, T::NT>(sq, sdo, sk, sv, ao, bo, warp, s, dp);
 
-  /* Element e of column tile nt: query wrow0 + g + 8 (e / 2), key n0 + 8 nt + 2c + e % 2. */
+  /* Element e of column tile nt: query wrow0 + g + 8 (e / 2), key n0 + 8 nt + 2c + e % 2
+   * (queries counted from qt0, keys from kt0; key + kq is in query index space). */
   const int g = lane >> 2;
   const int c2 = 2 * (lane & 3);
 #pragma unroll
@@ -329,7 +359,7 @@ __device__ __forceinline__ void dq_step(const unsigned char *sq, const unsigned 
       if constexpr (Mask) {
         const int key = n0 + nt * 8 + c2 + (e & 1);
         const int row = wrow0 + g + 8 * hf;
-        if (key >= ng || (Cfg::causal && key > row)) pv = 0.f;
+        if (key >= nk || (Cfg::causal && key + kq > row)) pv = 0.f;
       }
       s[nt][e] = pv * (dp[nt][e] - dpr[hf]);
     }
@@ -388,17 +418,18 @@ __device__ __forceinline__ void bwd_prep_kernel(const rda_bwd_prep_params &p) {
     for (int c = 0; c < p.head_dim; ++c) dk[c] = dv[c] = 0.f;
   }
 }
-
-/* dK/dV of one branch for one query head per kv head (see rda_params.h for the grid). Each
- * warp owns 16 key rows of the block's key tile (K and V stay in shared memory) and walks the
- * query tiles that can see them (causal: from the tile holding the first key on), with a
- * cp.async pipeline of `stages` Q/dO tiles. Cfg: head_dim, dtype, causal, dilated, block_n
- * (= 16 * warps keys), block_m (queries per step), warps, stages, dsplit, dq_atomic (also add
- * this block's dQ contribution by fp32 atomics; then no dq launch is needed).
+/* dK/dV of one branch for one query head per kv head (see rda_params.h for the grid and the
+ * row ranges). Each warp owns 16 key rows of the block's key tile (K and V stay in shared
+ * memory) and walks the query tiles of the launch's query range that can see them (causal: from
+ * the tile holding the first key on), with a cp.async pipeline of `stages` Q/dO tiles. Key
+ * tiles count from the launch's first key grid row, query tiles from its first query grid row;
+ * rows outside the ranges are neither read nor written. Cfg: head_dim, dtype, causal, dilated,
+ * block_n (= 16 * warps keys), block_m (queries per step), warps, stages, dsplit, dq_atomic
+ * (also add this block's dQ contribution by fp32 atomics; then no dq launch is needed).
  * Dynamic shared memory: DkdvTraits<Cfg>::SMEM_BYTES = 2 block_n row tiles (K, V) + stages x
  * (2 block_m row tiles + 8 block_m bytes) [+ 2 block_n block_m bytes with dq_atomic].
- * q, k, v, dout: 16-byte aligned, strides multiples
- * of 8 elements; lse, dp, dk, dv: no alignment requirement. */
+ * q, k, v, dout: 16-byte aligned, strides (and k_rs, v_rs) multiples of 8 elements; lse, dp,
+ * dk, dv: no alignment requirement. */
 template <class Cfg>
 __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
   using T = bwd_detail::DkdvTraits<Cfg>;
@@ -408,48 +439,53 @@ __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
 
   const int part = static_cast<int>(blockIdx.x) % T::DSPLIT;
   const int tile_idx = static_cast<int>(blockIdx.x) / T::DSPLIT;
-  const int seg = tile_idx / p.tiles_per_seg;
+  const long long seg = tile_idx / p.tiles_per_seg + p.seg0;
   const int ktile = tile_idx % p.tiles_per_seg;
   const int kvh = p.kv_head0 + static_cast<int>(blockIdx.y);
   const int h = kvh * p.kv_group + p.group_member;
   if (h < p.head0 || h >= p.head0 + p.nheads) return;
   const long long b = blockIdx.z;
   const bwd_detail::Grid gr = bwd_detail::grid_of<Cfg::dilated>(p, seg, h);
-  const int k0 = ktile * T::BN;
-  if (k0 >= gr.ng) return;
+  const int k0 = ktile * T::BN; /* the tile's first key, counted from kt0 */
+  if (k0 >= gr.nk) return;
 
-  const long long base_row = gr.a + gr.j;
-  const uint16_t *qg =
-      static_cast<const uint16_t *>(p.q) + b * p.q_sb + h * p.q_sh + base_row * p.q_sn;
+  /* Query tiles that see these keys: causal, only those at or after the first key. */
+  const int kq0 = k0 + gr.kq; /* the first key in query index space */
+  const int qt_first = Cfg::causal ? (kq0 > 0 ? kq0 : 0) / T::BM : 0;
+  const int qt_end = (gr.nq + T::BM - 1) / T::BM;
+  const int nq = qt_end - qt_first;
+  if (nq <= 0) return; /* only with sub-ranges: no query of the launch sees these keys */
+
+  /* Local rows of the first query and the first key of the launch. */
+  const long long qpos = bwd_detail::grid_pos(gr, gr.qt0) - p.row_lo;
+  const long long kpos = bwd_detail::grid_pos(gr, gr.kt0) - p.kv_row_lo;
+  const uint16_t *qg = static_cast<const uint16_t *>(p.q) + b * p.q_sb + h * p.q_sh + qpos * p.q_sn;
   const uint16_t *dog =
-      static_cast<const uint16_t *>(p.dout) + b * p.do_sb + h * p.do_sh + base_row * p.do_sn;
+      static_cast<const uint16_t *>(p.dout) + b * p.do_sb + h * p.do_sh + qpos * p.do_sn;
   const uint16_t *kg =
-      static_cast<const uint16_t *>(p.k) + b * p.k_sb + kvh * p.k_sh + base_row * p.k_sn;
+      static_cast<const uint16_t *>(p.k) + b * p.k_sb + kvh * p.k_sh + kpos * p.k_sn;
   const uint16_t *vg =
-      static_cast<const uint16_t *>(p.v) + b * p.v_sb + kvh * p.v_sh + base_row * p.v_sn;
-  const float *lg = p.lse + b * p.lse_sb + h * p.lse_sh + base_row;
-  const float *dg = p.dp + b * p.dp_sb + h * p.dp_sh + base_row;
+      static_cast<const uint16_t *>(p.v) + b * p.v_sb + kvh * p.v_sh + kpos * p.v_sn;
+  const float *lg = p.lse + b * p.lse_sb + h * p.lse_sh + qpos;
+  const float *dg = p.dp + b * p.dp_sb + h * p.dp_sh + qpos;
+  const long long q_rs = gr.r * p.q_sn;
+  const long long do_rs = gr.r * p.do_sn;
 
   unsigned char *smem = dynamic_smem();
   unsigned char *sk = smem;
   unsigned char *sv = smem + T::KV_BYTES;
   unsigned char *stages = smem + 2 * T::KV_BYTES;
   unsigned char *sds = stages + T::STAGES * T::STAGE_BYTES; /* dq_atomic only */
-  float *dqg = p.dq + b * p.dq_sb + h * p.dq_sh + base_row * p.dq_sn;
+  float *dqg = p.dq + b * p.dq_sb + h * p.dq_sh + qpos * p.dq_sn;
   (void)dqg;
 
-  /* Query tiles that see these keys: causal, only those at or after the first key. */
-  const int qt_first = Cfg::causal ? k0 / T::BM : 0;
-  const int qt_end = (gr.ng + T::BM - 1) / T::BM;
-  const int nq = qt_end - qt_first;
-
-  bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sk, kg, gr.r * p.k_sn, k0, gr.ng, tid);
-  bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sv, vg, gr.r * p.v_sn, k0, gr.ng, tid);
+  bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sk, kg, p.k_rs, k0, gr.nk, tid);
+  bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sv, vg, p.v_rs, k0, gr.nk, tid);
 #pragma unroll
   for (int s = 0; s < T::STAGES - 1; ++s) {
     if (s < nq)
-      bwd_detail::dkdv_issue<Cfg>(stages + s * T::STAGE_BYTES, qg, dog, gr.r * p.q_sn,
-                                  gr.r * p.do_sn, lg, dg, gr.r, qt_first + s, gr.ng, tid);
+      bwd_detail::dkdv_issue<Cfg>(stages + s * T::STAGE_BYTES, qg, dog, q_rs, do_rs, lg, dg, gr.r,
+                                  qt_first + s, gr.nq, tid);
     cp_async_commit();
   }
 
@@ -465,6 +501,7 @@ __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
   ao.init((mi & 1) * 8 + mr, mi >> 1); /* A operands, and B operands through .trans */
   bo.init((mi >> 1) * 8 + mr, mi & 1); /* B operands of two n-tiles (non-trans) */
   const int kw0 = k0 + 16 * warp;      /* this warp's first key */
+  const int kwq = kw0 + gr.kq;         /* the same, in query index space */
   const float sl2 = p.scale_log2;
 
   for (int it = 0; it < nq; ++it) {
@@ -472,30 +509,29 @@ __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
     sync_threads(); /* tile `it` landed; every warp is done with the stage refilled below */
     const int nxt = it + T::STAGES - 1;
     if (nxt < nq)
-      bwd_detail::dkdv_issue<Cfg>(stages + (nxt % T::STAGES) * T::STAGE_BYTES, qg, dog,
-                                  gr.r * p.q_sn, gr.r * p.do_sn, lg, dg, gr.r, qt_first + nxt,
-                                  gr.ng, tid);
+      bwd_detail::dkdv_issue<Cfg>(stages + (nxt % T::STAGES) * T::STAGE_BYTES, qg, dog, q_rs, do_rs,
+                                  lg, dg, gr.r, qt_first + nxt, gr.nq, tid);
     cp_async_commit();
 
     const int q0 = (qt_first + it) * T::BM;
-    /* Warp-uniform skips: keys past the grid end, or (causal) keys after every query. */
-    const bool idle = kw0 >= gr.ng || (Cfg::causal && kw0 > q0 + T::BM - 1);
+    /* Warp-uniform skips: keys past the range end, or (causal) keys after every query. */
+    const bool idle = kw0 >= gr.nk || (Cfg::causal && kwq > q0 + T::BM - 1);
     if (!idle) {
       const unsigned char *st = stages + (it % T::STAGES) * T::STAGE_BYTES;
       const bool need_mask =
-          q0 + T::BM > gr.ng || kw0 + 16 > gr.ng || (Cfg::causal && kw0 + 15 > q0);
+          q0 + T::BM > gr.nq || kw0 + 16 > gr.nk || (Cfg::causal && kwq + 15 > q0);
       if (need_mask) {
-        bwd_detail::dkdv_step<Cfg, true>(sk, sv, st, ao, bo, warp, part, sl2, q0, kw0, gr.ng, dk,
-                                         dv, sds);
+        bwd_detail::dkdv_step<Cfg, true>(sk, sv, st, ao, bo, warp, part, sl2, q0, kw0, gr.nq, gr.nk,
+                                         gr.kq, dk, dv, sds);
       } else {
-        bwd_detail::dkdv_step<Cfg, false>(sk, sv, st, ao, bo, warp, part, sl2, q0, kw0, gr.ng, dk,
-                                          dv, sds);
+        bwd_detail::dkdv_step<Cfg, false>(sk, sv, st, ao, bo, warp, part, sl2, q0, kw0, gr.nq,
+                                          gr.nk, gr.kq, dk, dv, sds);
       }
     }
     if constexpr (T::ATOMIC) {
       if (idle) bwd_detail::dkdv_zero_ds<Cfg>(sds, warp);
       sync_threads(); /* dS^T of every warp staged */
-      bwd_detail::dkdv_dq_atomic<Cfg>(sds, sk, ao, warp, q0, gr.ng, dqg, gr.r * p.dq_sn, p.scale);
+      bwd_detail::dkdv_dq_atomic<Cfg>(sds, sk, ao, warp, q0, gr.nq, dqg, gr.r * p.dq_sn, p.scale);
     }
   }
   cp_async_wait<0>();
@@ -506,10 +542,11 @@ __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int key = kw0 + g + 8 * hf;
-    if (key < gr.ng) {
-      const long long pos = base_row + static_cast<long long>(key) * gr.r;
-      float *dkr = p.dk + b * p.dk_sb + kvh * p.dk_sh + pos * p.dk_sn + part * T::DA + c2;
-      float *dvr = p.dv + b * p.dv_sb + kvh * p.dv_sh + pos * p.dv_sn + part * T::DA + c2;
+    if (key < gr.nk) {
+      float *dkr =
+          p.dk + b * p.dk_sb + kvh * p.dk_sh + kpos * p.dk_sn + key * p.dk_rs + part * T::DA + c2;
+      float *dvr =
+          p.dv + b * p.dv_sb + kvh * p.dv_sh + kpos * p.dv_sn + key * p.dv_rs + part * T::DA + c2;
 #pragma unroll
       for (int dt = 0; dt < T::DT; ++dt) {
         dkr[8 * dt] += p.scale * dk[dt][2 * hf];
@@ -521,9 +558,11 @@ __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
   }
 }
 
-/* dQ of one branch: one block per query tile of a grid, one warp per 16 query rows, walking the
- * key tiles that the rows see with a cp.async pipeline of `stages` K/V tiles; each dq row is
- * written by one block, so the result is deterministic. Cfg: head_dim, dtype, causal, dilated,
+/* dQ of one branch: one block per query tile of the launch's query range, one warp per 16 query
+ * rows, walking the key tiles of the key range that the rows see with a cp.async pipeline of
+ * `stages` K/V tiles; each dq row is written by one block, so the result is deterministic.
+ * Query tiles count from the launch's first query grid row, keys from its first key grid row;
+ * rows outside the ranges are neither read nor written. Cfg: head_dim, dtype, causal, dilated,
  * block_m (= 16 * warps), block_n, warps, stages. Dynamic shared memory:
  * DqTraits<Cfg>::SMEM_BYTES = 2 block_m row tiles (Q, dO) + 2 x stages block_n row tiles. */
 template <class Cfg>
@@ -533,26 +572,33 @@ __device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
   const int warp = tid >> 5;
   const int lane = lane_id();
 
-  const int seg = static_cast<int>(blockIdx.x) / p.tiles_per_seg;
+  const long long seg = static_cast<int>(blockIdx.x) / p.tiles_per_seg + p.seg0;
   const int tile_in = static_cast<int>(blockIdx.x) % p.tiles_per_seg;
   /* Causal: the last query tiles have the most keys; launch them first. */
   const int tile = Cfg::causal ? p.tiles_per_seg - 1 - tile_in : tile_in;
   const int h = p.head0 + static_cast<int>(blockIdx.y);
   const long long b = blockIdx.z;
   const bwd_detail::Grid gr = bwd_detail::grid_of<Cfg::dilated>(p, seg, h);
-  const int t0 = tile * T::BM;
-  if (t0 >= gr.ng) return;
+  const int t0 = tile * T::BM; /* the tile's first query, counted from qt0 */
+  if (t0 >= gr.nq) return;
+
+  /* Causal: keys up to the tile's last query row (key + kq <= row). */
+  const int q_end = gr.nq < t0 + T::BM ? gr.nq : t0 + T::BM;
+  const int n_end = Cfg::causal ? (gr.nk < q_end - gr.kq ? gr.nk : q_end - gr.kq) : gr.nk;
+  const int ntiles = n_end > 0 ? (n_end + T::BN - 1) / T::BN : 0;
+  if (ntiles == 0) return; /* only with sub-ranges: these rows see no key of the launch */
 
   const int kvh = h / p.kv_group;
-  const long long base_row = gr.a + gr.j;
-  const uint16_t *qg =
-      static_cast<const uint16_t *>(p.q) + b * p.q_sb + h * p.q_sh + base_row * p.q_sn;
+  /* Local rows of the first query and the first key of the launch. */
+  const long long qpos = bwd_detail::grid_pos(gr, gr.qt0) - p.row_lo;
+  const long long kpos = bwd_detail::grid_pos(gr, gr.kt0) - p.kv_row_lo;
+  const uint16_t *qg = static_cast<const uint16_t *>(p.q) + b * p.q_sb + h * p.q_sh + qpos * p.q_sn;
   const uint16_t *dog =
-      static_cast<const uint16_t *>(p.dout) + b * p.do_sb + h * p.do_sh + base_row * p.do_sn;
+      static_cast<const uint16_t *>(p.dout) + b * p.do_sb + h * p.do_sh + qpos * p.do_sn;
   const uint16_t *kg =
-      static_cast<const uint16_t *>(p.k) + b * p.k_sb + kvh * p.k_sh + base_row * p.k_sn;
+      static_cast<const uint16_t *>(p.k) + b * p.k_sb + kvh * p.k_sh + kpos * p.k_sn;
   const uint16_t *vg =
-      static_cast<const uint16_t *>(p.v) + b * p.v_sb + kvh * p.v_sh + base_row * p.v_sn;
+      static_cast<const uint16_t *>(p.v) + b * p.v_sb + kvh * p.v_sh + kpos * p.v_sn;
 
   unsigned char *smem = dynamic_smem();
   unsigned char *sq = smem;
@@ -560,18 +606,15 @@ __device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
   unsigned char *sk = smem + 2 * T::Q_BYTES;
   unsigned char *sv = sk + T::STAGES * T::KV_BYTES;
 
-  const int n_end = Cfg::causal ? (gr.ng < t0 + T::BM ? gr.ng : t0 + T::BM) : gr.ng;
-  const int ntiles = (n_end + T::BN - 1) / T::BN;
-
-  bwd_detail::load_tile<T::CHUNKS, T::BM, T::THREADS>(sq, qg, gr.r * p.q_sn, t0, gr.ng, tid);
-  bwd_detail::load_tile<T::CHUNKS, T::BM, T::THREADS>(sdo, dog, gr.r * p.do_sn, t0, gr.ng, tid);
+  bwd_detail::load_tile<T::CHUNKS, T::BM, T::THREADS>(sq, qg, gr.r * p.q_sn, t0, gr.nq, tid);
+  bwd_detail::load_tile<T::CHUNKS, T::BM, T::THREADS>(sdo, dog, gr.r * p.do_sn, t0, gr.nq, tid);
 #pragma unroll
   for (int s = 0; s < T::STAGES - 1; ++s) {
     if (s < ntiles) {
-      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sk + s * T::KV_BYTES, kg, gr.r * p.k_sn,
-                                                          s * T::BN, gr.ng, tid);
-      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sv + s * T::KV_BYTES, vg, gr.r * p.v_sn,
-                                                          s * T::BN, gr.ng, tid);
+      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sk + s * T::KV_BYTES, kg, p.k_rs,
+                                                          s * T::BN, gr.nk, tid);
+      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sv + s * T::KV_BYTES, vg, p.v_rs,
+                                                          s * T::BN, gr.nk, tid);
     }
     cp_async_commit();
   }
@@ -586,8 +629,8 @@ __device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
     const int row = wrow0 + g + 8 * hf;
     lse2[hf] = bwd_detail::pos_inf();
     dpr[hf] = 0.f;
-    if (row < gr.ng) {
-      const long long pos = base_row + static_cast<long long>(row) * gr.r;
+    if (row < gr.nq) {
+      const long long pos = qpos + static_cast<long long>(row) * gr.r;
       lse2[hf] = bwd_detail::lse2_of(p.lse[b * p.lse_sb + h * p.lse_sh + pos]);
       dpr[hf] = p.dp[b * p.dp_sb + h * p.dp_sh + pos];
     }
@@ -609,24 +652,24 @@ __device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
     const int nxt = it + T::STAGES - 1;
     if (nxt < ntiles) {
       const int st = nxt % T::STAGES;
-      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sk + st * T::KV_BYTES, kg, gr.r * p.k_sn,
-                                                          nxt * T::BN, gr.ng, tid);
-      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sv + st * T::KV_BYTES, vg, gr.r * p.v_sn,
-                                                          nxt * T::BN, gr.ng, tid);
+      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sk + st * T::KV_BYTES, kg, p.k_rs,
+                                                          nxt * T::BN, gr.nk, tid);
+      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sv + st * T::KV_BYTES, vg, p.v_rs,
+                                                          nxt * T::BN, gr.nk, tid);
     }
     cp_async_commit();
 
     const int n0 = it * T::BN;
-    if (wrow0 >= gr.ng) continue;
-    if (Cfg::causal && n0 > wrow0 + 15) continue;
+    if (wrow0 >= gr.nq) continue;
+    if (Cfg::causal && n0 + gr.kq > wrow0 + 15) continue;
     const int st = it % T::STAGES;
-    const bool need_mask = n0 + T::BN > gr.ng || (Cfg::causal && n0 + T::BN - 1 > wrow0);
+    const bool need_mask = n0 + T::BN > gr.nk || (Cfg::causal && n0 + gr.kq + T::BN - 1 > wrow0);
     if (need_mask) {
       bwd_detail::dq_step<Cfg, true>(sq, sdo, sk + st * T::KV_BYTES, sv + st * T::KV_BYTES, ao, bo,
-                                     warp, sl2, lse2, dpr, n0, wrow0, gr.ng, acc);
+                                     warp, sl2, lse2, dpr, n0, wrow0, gr.nk, gr.kq, acc);
     } else {
       bwd_detail::dq_step<Cfg, false>(sq, sdo, sk + st * T::KV_BYTES, sv + st * T::KV_BYTES, ao, bo,
-                                      warp, sl2, lse2, dpr, n0, wrow0, gr.ng, acc);
+                                      warp, sl2, lse2, dpr, n0, wrow0, gr.nk, gr.kq, acc);
     }
   }
   cp_async_wait<0>();
@@ -634,8 +677,8 @@ __device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const int row = wrow0 + g + 8 * hf;
-    if (row < gr.ng) {
-      const long long pos = base_row + static_cast<long long>(row) * gr.r;
+    if (row < gr.nq) {
+      const long long pos = qpos + static_cast<long long>(row) * gr.r;
       float *dqr = p.dq + b * p.dq_sb + h * p.dq_sh + pos * p.dq_sn + c2;
 #pragma unroll
       for (int dt = 0; dt < T::DT; ++dt) {

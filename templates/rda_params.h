@@ -104,7 +104,8 @@ typedef struct rda_bwd_params {
   long long w;       /* segment length, already clamped to N */
   long long r;       /* dilation rate */
   long long nseg;    /* ceil(N / w) */
-  int tiles_per_seg; /* dkdv: ceil(ceil(w / r) / block_n); dq: ceil(ceil(w / r) / block_m) */
+  int tiles_per_seg; /* dkdv: ceil(min(ceil(w / r), ceil((kv_hi - kv_lo) / r)) / block_n);
+                        dq: the same over the query range with block_m */
   int heads;         /* H */
   int kv_group;      /* H / Hkv */
   int head0, nheads; /* query heads [head0, head0 + nheads) use this branch */

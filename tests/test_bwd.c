@@ -1,6 +1,7 @@
 /* test_bwd.c — the generated backward kernels (templates/rda_bwd.cuh through runtime/bwd.c)
  * against the float64 reference gradient (SPEC §1 "Backward, exact", §5): dtypes, head dims,
- * causal, offset rules, GQA, segment edge cases, batch, scale, strides, dLSE; determinism. */
+ * causal, offset rules, GQA, segment edge cases, batch, scale, strides, dLSE; determinism; the
+ * ring's launch pieces (rda_bwd_launch_dkdv/dq) on query/key row ranges and compact key blocks. */
 // clang-format off
 #include "backend.h"
 #include "bwd.h"
@@ -638,6 +639,615 @@ static void test_bwd_rejects_forward_only_plan_and_bad_arguments(void **state) {
   rda_plan_k_free(&plan);
 }
 
+/* ------------------------------------------------------------------ row ranges (the ring) */
+/* The ring (runtime/ring_compute.c) runs the backward kernels on sub-ranges: a rank's query
+ * rows against its own or received key rows, per range of segments, with q/dout/dq/lse/dp as
+ * the rank's local tensors (row_lo) and K/V either local (kv_row_lo) or a compact received
+ * block (k_sn = 0, k_rs = the block's row pitch) whose gradients go to a compact fp32 block.
+ * These cases split one problem that way, sum the pieces' gradients and compare them with
+ * rda_bwd_run on the whole problem and with the float64 reference. Every piece is its own
+ * allocation with kGuard rows of NaN before and after each batch's rows (and NaN in the other
+ * kv slot of a compact block): a read outside the ranges turns a gradient into NaN, a write
+ * outside them shows in the guards. */
+
+enum { kGuard = 4, kSlots = 2 /* kv head slots of a compact block */ };
+
+typedef struct split_case {
+  bwd_case c;                 /* the problem; contiguous layouts */
+  int nq, nk;                 /* query and key pieces */
+  long long qcut[4], kcut[4]; /* piece boundaries: cut[0] = 0 < ... < cut[n] = N */
+  int compact;                /* keys from compact blocks: one per (query head, segment, piece) */
+} split_case;
+
+/* A device copy of rows [lo, lo + len) of a contiguous [B, N, X] tensor of `esize`-byte
+ * elements (host NULL: zeros) as [B, kGuard + len + kGuard, X], guards all 0xff bytes (NaN in
+ * every dtype). view is row lo of batch 0; sb, sn are its element strides. */
+typedef struct piece {
+  unsigned char *base;
+  unsigned char *view;
+  size_t bytes, esize;
+  long long batch, len, x, sb, sn;
+} piece;
+
+static void piece_make(rda_backend *b, piece *pc, const void *host, size_t esize, long long B,
+                       long long N, long long X, long long lo, long long len) {
+  const long long rows = len + 2 * kGuard;
+  pc->esize = esize;
+  pc->batch = B;
+  pc->len = len;
+  pc->x = X;
+  pc->sb = rows * X;
+  pc->sn = X;
+  pc->bytes = (size_t)(B * rows * X) * esize;
+  unsigned char *h = malloc(pc->bytes);
+  assert_non_null(h);
+  memset(h, 0xff, pc->bytes);
+  const size_t row_bytes = (size_t)X * esize;
+  for (long long ib = 0; ib < B; ++ib)
+    for (long long t = 0; t < len; ++t) {
+      unsigned char *dst = h + (size_t)(ib * rows + kGuard + t) * row_bytes;
+      if (host == NULL)
+        memset(dst, 0, row_bytes);
+      else
+        memcpy(dst, (const unsigned char *)host + (size_t)(ib * N + lo + t) * row_bytes, row_bytes);
+    }
+  pc->base = rt_dev_alloc(b, pc->bytes);
+  rt_dev_upload(b, pc->base, h, pc->bytes);
+  free(h);
+  pc->view = pc->base + (size_t)kGuard * row_bytes;
+}
+
+/* Download a piece: guard bytes that are not 0xff are counted into *bad; the rows go to
+ * full[B, N, X] (fp32) at rows lo ... (full NULL: only the guards are checked). */
+static void piece_take(rda_backend *b, const piece *pc, float *full, long long N, long long lo,
+                       long long *bad) {
+  unsigned char *h = malloc(pc->bytes);
+  assert_non_null(h);
+  rt_dev_download(b, h, pc->base, pc->bytes);
+  const long long rows = pc->len + 2 * kGuard;
+  const size_t row_bytes = (size_t)pc->x * pc->esize;
+  for (long long ib = 0; ib < pc->batch; ++ib)
+    for (long long t = 0; t < rows; ++t) {
+      const unsigned char *src = h + (size_t)(ib * rows + t) * row_bytes;
+      if (t < kGuard || t >= kGuard + pc->len) {
+        for (size_t i = 0; i < row_bytes; ++i) *bad += src[i] != 0xff;
+      } else if (full != NULL) {
+        memcpy(full + (ib * N + lo + t - kGuard) * pc->x, src, row_bytes);
+      }
+    }
+  free(h);
+  b->free(b, pc->base);
+}
+
+/* [B, H, N] fp32 rows [lo, lo + len) as [B, H, kGuard + len + kGuard] with NaN guards. */
+static float *stat_piece(rda_backend *b, const float *full, long long B, long long H, long long N,
+                         long long lo, long long len, long long s[2]) {
+  const long long rows = len + 2 * kGuard;
+  const size_t count = (size_t)(B * H * rows);
+  float *h = malloc(count * sizeof *h);
+  assert_non_null(h);
+  rt_poison_f32(h, count);
+  for (long long i = 0; i < B * H; ++i)
+    memcpy(h + i * rows + kGuard, full + i * N + lo, (size_t)len * sizeof *h);
+  float *dev = rt_dev_alloc(b, count * sizeof *dev);
+  rt_dev_upload(b, dev, h, count * sizeof *h);
+  free(h);
+  s[0] = H * rows;
+  s[1] = rows;
+  return dev;
+}
+
+/* The query-side tensors of one query piece. */
+typedef struct qpiece {
+  long long lo, hi;
+  piece q, dout, dq;
+  float *lse_base, *dp_base;
+  long long stat_s[2];
+} qpiece;
+
+/* The key-side tensors of one key piece (or one compact block). */
+typedef struct kpiece {
+  long long lo, hi;
+  piece k, v, dk, dv;
+} kpiece;
+
+/* Point bp's query side at qp (row_lo = its first row). */
+static void bind_queries(rda_bwd_params *bp, const qpiece *qp, long long D) {
+  bp->q = qp->q.view;
+  bp->dout = qp->dout.view;
+  bp->dq = (float *)(void *)qp->dq.view;
+  bp->lse = qp->lse_base + kGuard;
+  bp->dp = qp->dp_base + kGuard;
+  bp->q_sb = qp->q.sb, bp->q_sn = qp->q.sn, bp->q_sh = D;
+  bp->do_sb = qp->dout.sb, bp->do_sn = qp->dout.sn, bp->do_sh = D;
+  bp->dq_sb = qp->dq.sb, bp->dq_sn = qp->dq.sn, bp->dq_sh = D;
+  bp->lse_sb = bp->dp_sb = qp->stat_s[0];
+  bp->lse_sh = bp->dp_sh = qp->stat_s[1];
+  bp->q_lo = qp->lo, bp->q_hi = qp->hi, bp->row_lo = qp->lo;
+}
+
+/* Run one step's launches on bp (dQ too unless atomic), failing the test on error. */
+static void launch_pair(rt_backend *be, const rda_plan_k *plan, const rda_fwd_kernels *kern,
+                        const rda_bwd_step *s, const rda_bwd_params *bp, long long nseg,
+                        long long batch, int atomic, const char *what) {
+  rda_err err = {0};
+  rda_bwd_params p1 = *bp, p2 = *bp;
+  if (rda_bwd_launch_dkdv(be->b, plan, kern, s, &p1, nseg, batch, atomic, &err) != RDA_OK)
+    fail_msg("%s: dkdv launch: %s", what, err.msg);
+  if (!atomic && rda_bwd_launch_dq(be->b, plan, kern, s, &p2, nseg, batch, &err) != RDA_OK)
+    fail_msg("%s: dq launch: %s", what, err.msg);
+}
+
+/* Relative L2 distance of two fp32 arrays (NaN anywhere: +inf). */
+static double rel_l2_f32(const float *got, const float *want, size_t n) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    if (isnan(got[i]) || isnan(want[i])) return INFINITY;
+    const double d = (double)got[i] - (double)want[i];
+    num += d * d;
+    den += (double)want[i] * want[i];
+  }
+  return den > 0.0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void run_split_on(rt_backend *be, const char *what, const split_case *sc) {
+  rda_backend *b = be->b;
+  const bwd_case *bc = &sc->c;
+  const long long B = bc->batch, N = bc->n, H = bc->heads, Hkv = bc->kv_heads, D = bc->head_dim;
+  const int group = (int)(H / Hkv);
+  assert_true(sc->qcut[0] == 0 && sc->qcut[sc->nq] == N && sc->kcut[0] == 0 &&
+              sc->kcut[sc->nk] == N);
+  rda_config cfg;
+  rt_config_make(&cfg, bc->heads, bc->kv_heads, bc->head_dim, bc->dtype, bc->causal, bc->offsets,
+                 bc->nbranch, bc->w, bc->r);
+  rda_err err = {0};
+  rda_plan_k plan;
+  memset(&plan, 0, sizeof plan);
+  const unsigned flags = RDA_PLAN_BACKWARD | (bc->atomic ? RDA_PLAN_BACKWARD_ATOMIC : 0u);
+  if (rda_gen_plan_ex(g_rt.gen, &cfg, &be->hw, flags, &plan, &err) != RDA_OK)
+    fail_msg("%s: plan: %s", what, err.msg);
+  rda_fwd_kernels kern = {0, NULL};
+  if (rda_fwd_load(b, &plan, &kern, &err) != RDA_OK) fail_msg("%s: load: %s", what, err.msg);
+  for (int i = 0; bc->atomic && i < plan.nsteps; ++i)
+    assert_true(plan.bwd_steps[i].dkdv_atomic_kernel >= 0);
+
+  /* Inputs, contiguous, on the host (storage bits) and the device. */
+  double *q = rt_normal((size_t)(B * N * H * D), bc->dtype);
+  double *k = rt_normal((size_t)(B * N * Hkv * D), bc->dtype);
+  double *v = rt_normal((size_t)(B * N * Hkv * D), bc->dtype);
+  double *dout = rt_normal((size_t)(B * N * H * D), bc->dtype);
+  double *dlse = bc->with_dlse ? rt_normal((size_t)(B * H * N), RDA_DTYPE_BF16) : NULL;
+  long long qs[3], ks[3], lse_s[2] = {H * N, N};
+  rt_strides_contig(N, H, D, qs);
+  rt_strides_contig(N, Hkv, D, ks);
+  uint16_t *q_bits = rt_make_bits(q, B, N, H, D, qs, bc->dtype, NULL);
+  uint16_t *k_bits = rt_make_bits(k, B, N, Hkv, D, ks, bc->dtype, NULL);
+  uint16_t *v_bits = rt_make_bits(v, B, N, Hkv, D, ks, bc->dtype, NULL);
+  uint16_t *do_bits = rt_make_bits(dout, B, N, H, D, qs, bc->dtype, NULL);
+  const size_t nq_el = (size_t)(B * N * H * D), nk_el = (size_t)(B * N * Hkv * D);
+  const size_t nstat = (size_t)(B * H * N);
+  uint16_t *q_dev = rt_dev_alloc(b, nq_el * 2), *k_dev = rt_dev_alloc(b, nk_el * 2);
+  uint16_t *v_dev = rt_dev_alloc(b, nk_el * 2), *do_dev = rt_dev_alloc(b, nq_el * 2);
+  rt_dev_upload(b, q_dev, q_bits, nq_el * 2);
+  rt_dev_upload(b, k_dev, k_bits, nk_el * 2);
+  rt_dev_upload(b, v_dev, v_bits, nk_el * 2);
+  rt_dev_upload(b, do_dev, do_bits, nq_el * 2);
+  float *o_dev = rt_dev_poisoned(b, nq_el), *lse_dev = rt_dev_poisoned(b, nstat);
+  float *dlse_dev = NULL;
+  if (dlse != NULL) {
+    float *h = malloc(nstat * sizeof *h);
+    assert_non_null(h);
+    for (size_t i = 0; i < nstat; ++i) h[i] = (float)dlse[i];
+    dlse_dev = rt_dev_alloc(b, nstat * sizeof *h);
+    rt_dev_upload(b, dlse_dev, h, nstat * sizeof *h);
+    free(h);
+  }
+  float *dq_dev = rt_dev_poisoned(b, nq_el), *dk_dev = rt_dev_poisoned(b, nk_el);
+  float *dv_dev = rt_dev_poisoned(b, nk_el), *ws_dev = rt_dev_poisoned(b, nstat);
+
+  rda_fwd_args fa;
+  memset(&fa, 0, sizeof fa);
+  fa.batch = B;
+  fa.n = N;
+  fa.q = q_dev, fa.k = k_dev, fa.v = v_dev, fa.o = o_dev, fa.lse = lse_dev;
+  memcpy(fa.q_s, qs, sizeof qs);
+  memcpy(fa.k_s, ks, sizeof ks);
+  memcpy(fa.v_s, ks, sizeof ks);
+  memcpy(fa.o_s, qs, sizeof qs);
+  memcpy(fa.lse_s, lse_s, sizeof lse_s);
+  if (rda_fwd_run(b, &plan, &kern, &fa, &err) != RDA_OK || b->synchronize(b, &err) != RDA_OK)
+    fail_msg("%s: forward: %s", what, err.msg);
+
+  /* The whole problem in one call (deterministic), for comparison and for Dp. */
+  rda_bwd_args ba;
+  memset(&ba, 0, sizeof ba);
+  ba.batch = B;
+  ba.n = N;
+  ba.q = q_dev, ba.k = k_dev, ba.v = v_dev, ba.o = o_dev, ba.lse = lse_dev, ba.dout = do_dev;
+  memcpy(ba.q_s, qs, sizeof qs);
+  memcpy(ba.k_s, ks, sizeof ks);
+  memcpy(ba.v_s, ks, sizeof ks);
+  memcpy(ba.o_s, qs, sizeof qs);
+  memcpy(ba.do_s, qs, sizeof qs);
+  memcpy(ba.lse_s, lse_s, sizeof lse_s);
+  ba.dlse = dlse_dev;
+  memcpy(ba.dlse_s, lse_s, sizeof lse_s);
+  ba.dq = dq_dev, ba.dk = dk_dev, ba.dv = dv_dev;
+  memcpy(ba.dq_s, qs, sizeof qs);
+  memcpy(ba.dk_s, ks, sizeof ks);
+  memcpy(ba.dv_s, ks, sizeof ks);
+  ba.workspace = ws_dev;
+  ba.deterministic = 1;
+  if (rda_bwd_run(b, &plan, &kern, &ba, &err) != RDA_OK || b->synchronize(b, &err) != RDA_OK)
+    fail_msg("%s: backward: %s", what, err.msg);
+  float *dq_run = rt_download_f32(b, dq_dev, nq_el);
+  float *dk_run = rt_download_f32(b, dk_dev, nk_el);
+  float *dv_run = rt_download_f32(b, dv_dev, nk_el);
+  float *lse_host = rt_download_f32(b, lse_dev, nstat);
+  float *dp_host = rt_download_f32(b, ws_dev, nstat);
+
+  /* Query pieces: local tensors with row_lo = their first row. */
+  qpiece qp[3];
+  assert_true(sc->nq <= 3 && sc->nk <= 3);
+  for (int i = 0; i < sc->nq; ++i) {
+    qpiece *x = &qp[i];
+    x->lo = sc->qcut[i];
+    x->hi = sc->qcut[i + 1];
+    const long long len = x->hi - x->lo;
+    piece_make(b, &x->q, q_bits, 2, B, N, H * D, x->lo, len);
+    piece_make(b, &x->dout, do_bits, 2, B, N, H * D, x->lo, len);
+    piece_make(b, &x->dq, NULL, 4, B, N, H * D, x->lo, len);
+    x->lse_base = stat_piece(b, lse_host, B, H, N, x->lo, len, x->stat_s);
+    x->dp_base = stat_piece(b, dp_host, B, H, N, x->lo, len, x->stat_s);
+  }
+
+  float *dq_got = calloc(nq_el, sizeof *dq_got), *dk_got = calloc(nk_el, sizeof *dk_got);
+  float *dv_got = calloc(nk_el, sizeof *dv_got);
+  assert_true(dq_got != NULL && dk_got != NULL && dv_got != NULL);
+  long long bad_guard = 0, launches = 0;
+  const int atomic = bc->atomic;
+
+  if (!sc->compact) {
+    /* Key pieces: local tensors with kv_row_lo = their first row. */
+    kpiece kp[3];
+    for (int i = 0; i < sc->nk; ++i) {
+      kpiece *x = &kp[i];
+      x->lo = sc->kcut[i];
+      x->hi = sc->kcut[i + 1];
+      const long long len = x->hi - x->lo;
+      piece_make(b, &x->k, k_bits, 2, B, N, Hkv * D, x->lo, len);
+      piece_make(b, &x->v, v_bits, 2, B, N, Hkv * D, x->lo, len);
+      piece_make(b, &x->dk, NULL, 4, B, N, Hkv * D, x->lo, len);
+      piece_make(b, &x->dv, NULL, 4, B, N, Hkv * D, x->lo, len);
+    }
+    for (int st = 0; st < plan.nsteps; ++st) {
+      const rda_bwd_step *s = &plan.bwd_steps[st];
+      const long long w = cfg.segments[s->branch] < N ? cfg.segments[s->branch] : N;
+      const long long r = cfg.dilations[s->branch];
+      for (int iq = 0; iq < sc->nq; ++iq)
+        for (int ik = 0; ik < sc->nk; ++ik) {
+          const qpiece *x = &qp[iq];
+          const kpiece *y = &kp[ik];
+          /* The segments both pieces meet (no causal skip: the kernels must find nothing to
+           * do for keys wholly in the future), as two launches when there are several. */
+          const long long ma = x->lo / w > y->lo / w ? x->lo / w : y->lo / w;
+          const long long mb =
+              (x->hi - 1) / w < (y->hi - 1) / w ? (x->hi - 1) / w : (y->hi - 1) / w;
+          for (long long m0 = ma; m0 <= mb; m0 = m0 == ma ? ma + 1 : mb + 1) {
+            const long long nseg = m0 == ma ? 1 : mb - ma;
+            rda_bwd_params bp;
+            rda_bwd_params_for_step(&plan, s, &ba, &bp);
+            bind_queries(&bp, x, D);
+            bp.k = y->k.view, bp.v = y->v.view;
+            bp.dk = (float *)(void *)y->dk.view, bp.dv = (float *)(void *)y->dv.view;
+            bp.k_sb = bp.v_sb = bp.dk_sb = bp.dv_sb = y->k.sb;
+            bp.k_sn = bp.v_sn = bp.dk_sn = bp.dv_sn = y->k.sn;
+            bp.k_sh = bp.v_sh = bp.dk_sh = bp.dv_sh = D;
+            bp.k_rs = bp.v_rs = bp.dk_rs = bp.dv_rs = r * y->k.sn;
+            bp.kv_lo = y->lo, bp.kv_hi = y->hi, bp.kv_row_lo = y->lo;
+            bp.seg0 = m0;
+            launch_pair(be, &plan, &kern, s, &bp, nseg, B, atomic, what);
+            ++launches;
+          }
+        }
+    }
+    if (b->synchronize(b, &err) != RDA_OK) fail_msg("%s: synchronize: %s", what, err.msg);
+    for (int i = 0; i < sc->nk; ++i) {
+      piece_take(b, &kp[i].k, NULL, N, kp[i].lo, &bad_guard);
+      piece_take(b, &kp[i].v, NULL, N, kp[i].lo, &bad_guard);
+      piece_take(b, &kp[i].dk, dk_got, N, kp[i].lo, &bad_guard);
+      piece_take(b, &kp[i].dv, dv_got, N, kp[i].lo, &bad_guard);
+    }
+  } else {
+    /* Compact keys: per query head h (the ring's launches for one offset class), segment and
+     * key piece, the grid rows of h's kv head gathered into block slot 1 of kSlots
+     * ([B][rows][kSlots][D], pitch kSlots D, k_sn = k_sh = 0), slot 0 NaN; the gradients go
+     * to a zeroed compact fp32 block and are scattered back here. */
+    const long long pitch = kSlots * D, slot = 1;
+    for (int st = 0; st < plan.nsteps; ++st) {
+      const rda_bwd_step *s = &plan.bwd_steps[st];
+      const long long w = cfg.segments[s->branch] < N ? cfg.segments[s->branch] : N;
+      const long long r = cfg.dilations[s->branch];
+      for (int h = s->head0; h < s->head0 + s->nheads; ++h) {
+        const long long j = rda_config_offset(&cfg, s->branch, h);
+        const long long kvh = h / group;
+        for (long long m = 0; m * w < N; ++m) {
+          const long long a = m * w, e = a + w < N ? a + w : N;
+          for (int ik = 0; ik < sc->nk; ++ik) {
+            const long long lo = sc->kcut[ik] > a ? sc->kcut[ik] : a;
+            const long long hi = sc->kcut[ik + 1] < e ? sc->kcut[ik + 1] : e;
+            /* Grid rows t with a + j + t r in [lo, hi). */
+            long long t0 = lo - a - j <= 0 ? 0 : (lo - a - j + r - 1) / r;
+            long long t1 = hi - a - j <= 0 ? 0 : (hi - a - j + r - 1) / r;
+            if (t1 <= t0) continue;
+            const long long rows = t1 - t0;
+            const size_t kb_count = (size_t)(B * rows * pitch);
+            uint16_t *kb = malloc(kb_count * 2), *vb = malloc(kb_count * 2);
+            assert_true(kb != NULL && vb != NULL);
+            memset(kb, 0xff, kb_count * 2);
+            memset(vb, 0xff, kb_count * 2);
+            for (long long ib = 0; ib < B; ++ib)
+              for (long long t = 0; t < rows; ++t) {
+                const long long pos = a + j + (t0 + t) * r;
+                const size_t src = (size_t)(((ib * N + pos) * Hkv + kvh) * D);
+                const size_t dst = (size_t)((ib * rows + t) * pitch + slot * D);
+                memcpy(kb + dst, k_bits + src, (size_t)D * 2);
+                memcpy(vb + dst, v_bits + src, (size_t)D * 2);
+              }
+            uint16_t *kb_dev = rt_dev_alloc(b, kb_count * 2),
+                     *vb_dev = rt_dev_alloc(b, kb_count * 2);
+            rt_dev_upload(b, kb_dev, kb, kb_count * 2);
+            rt_dev_upload(b, vb_dev, vb, kb_count * 2);
+            float *gb = malloc(kb_count * sizeof *gb);
+            assert_non_null(gb);
+            rt_poison_f32(gb, kb_count);
+            for (long long i = 0; i < B * rows; ++i)
+              memset(gb + i * pitch + slot * D, 0, (size_t)D * 4);
+            float *dkb_dev = rt_dev_alloc(b, kb_count * 4),
+                  *dvb_dev = rt_dev_alloc(b, kb_count * 4);
+            rt_dev_upload(b, dkb_dev, gb, kb_count * 4);
+            rt_dev_upload(b, dvb_dev, gb, kb_count * 4);
+            for (int iq = 0; iq < sc->nq; ++iq) {
+              rda_bwd_params bp;
+              rda_bwd_params_for_step(&plan, s, &ba, &bp);
+              bind_queries(&bp, &qp[iq], D);
+              bp.head0 = h;
+              bp.nheads = 1;
+              bp.k = kb_dev + slot * D, bp.v = vb_dev + slot * D;
+              bp.dk = dkb_dev + slot * D, bp.dv = dvb_dev + slot * D;
+              bp.k_sb = bp.v_sb = bp.dk_sb = bp.dv_sb = rows * pitch;
+              bp.k_sn = bp.v_sn = bp.dk_sn = bp.dv_sn = 0;
+              bp.k_sh = bp.v_sh = bp.dk_sh = bp.dv_sh = 0;
+              bp.k_rs = bp.v_rs = bp.dk_rs = bp.dv_rs = pitch;
+              bp.kv_lo = lo, bp.kv_hi = hi;
+              bp.kv_row_lo = 0; /* unused with k_sn = 0 */
+              bp.seg0 = m;
+              launch_pair(be, &plan, &kern, s, &bp, 1, B, atomic, what);
+              ++launches;
+            }
+            if (b->synchronize(b, &err) != RDA_OK) fail_msg("%s: synchronize: %s", what, err.msg);
+            for (int g = 0; g < 2; ++g) {
+              rt_dev_download(b, gb, g == 0 ? dkb_dev : dvb_dev, kb_count * 4);
+              float *full = g == 0 ? dk_got : dv_got;
+              for (long long ib = 0; ib < B; ++ib)
+                for (long long t = 0; t < rows; ++t) {
+                  const long long pos = a + j + (t0 + t) * r;
+                  const float *src = gb + (ib * rows + t) * pitch;
+                  for (long long c = 0; c < D; ++c) {
+                    bad_guard += !isnan(src[c]); /* the other slot */
+                    full[((ib * N + pos) * Hkv + kvh) * D + c] += src[slot * D + c];
+                  }
+                }
+            }
+            free(kb);
+            free(vb);
+            free(gb);
+            b->free(b, kb_dev);
+            b->free(b, vb_dev);
+            b->free(b, dkb_dev);
+            b->free(b, dvb_dev);
+          }
+        }
+      }
+    }
+  }
+  if (b->synchronize(b, &err) != RDA_OK) fail_msg("%s: synchronize: %s", what, err.msg);
+  for (int i = 0; i < sc->nq; ++i) {
+    piece_take(b, &qp[i].q, NULL, N, qp[i].lo, &bad_guard);
+    piece_take(b, &qp[i].dout, NULL, N, qp[i].lo, &bad_guard);
+    piece_take(b, &qp[i].dq, dq_got, N, qp[i].lo, &bad_guard);
+    float *lse_p = rt_download_f32(b, qp[i].lse_base, (size_t)(B * qp[i].stat_s[0]));
+    float *dp_p = rt_download_f32(b, qp[i].dp_base, (size_t)(B * qp[i].stat_s[0]));
+    for (long long e = 0; e < B * H; ++e)
+      for (long long t = 0; t < qp[i].stat_s[1]; ++t)
+        if (t < kGuard || t >= qp[i].stat_s[1] - kGuard)
+          bad_guard +=
+              !isnan(lse_p[e * qp[i].stat_s[1] + t]) + !isnan(dp_p[e * qp[i].stat_s[1] + t]);
+    free(lse_p);
+    free(dp_p);
+    b->free(b, qp[i].lse_base);
+    b->free(b, qp[i].dp_base);
+  }
+
+  /* The pieces sum to the one-call result up to fp32 summation order, and to the reference. */
+  const double dq_vs = rel_l2_f32(dq_got, dq_run, nq_el);
+  const double dk_vs = rel_l2_f32(dk_got, dk_run, nk_el);
+  const double dv_vs = rel_l2_f32(dv_got, dv_run, nk_el);
+  double *dq_ref, *dk_ref, *dv_ref;
+  rt_reference_bwd(&cfg, B, N, q, k, v, dout, dlse, &dq_ref, &dk_ref, &dv_ref);
+  rt_grad_report rep;
+  bool ok = rt_check_bwd(what, &cfg, B, N, dq_got, qs, dk_got, ks, dv_got, ks, dq_ref, dk_ref,
+                         dv_ref, &rep);
+  fprintf(stderr,
+          "  %-4s %-40s %3lld launches; vs one call dQ %.1e dK %.1e dV %.1e; vs ref dQ %.2e "
+          "dK %.2e dV %.2e\n",
+          b->name, what, launches, dq_vs, dk_vs, dv_vs, rep.dq_rel_l2, rep.dk_rel_l2,
+          rep.dv_rel_l2);
+  if (bad_guard != 0) fprintf(stderr, "  %s: %lld guard elements changed\n", what, bad_guard);
+  const double same = 1e-5; /* fp32 reassociation of the same products */
+  if (!(dq_vs <= same && dk_vs <= same && dv_vs <= same))
+    fprintf(stderr, "  %s: pieces differ from the one-call gradients by more than %.0e\n", what,
+            same);
+  ok = ok && bad_guard == 0 && dq_vs <= same && dk_vs <= same && dv_vs <= same;
+
+  free(dq_ref);
+  free(dk_ref);
+  free(dv_ref);
+  free(dq_got);
+  free(dk_got);
+  free(dv_got);
+  free(dq_run);
+  free(dk_run);
+  free(dv_run);
+  free(lse_host);
+  free(dp_host);
+  free(q_bits);
+  free(k_bits);
+  free(v_bits);
+  free(do_bits);
+  b->free(b, q_dev);
+  b->free(b, k_dev);
+  b->free(b, v_dev);
+  b->free(b, do_dev);
+  b->free(b, o_dev);
+  b->free(b, lse_dev);
+  if (dlse_dev != NULL) b->free(b, dlse_dev);
+  b->free(b, dq_dev);
+  b->free(b, dk_dev);
+  b->free(b, dv_dev);
+  b->free(b, ws_dev);
+  free(q);
+  free(k);
+  free(v);
+  free(dout);
+  free(dlse);
+  rda_fwd_unload(b, &kern);
+  rda_plan_k_free(&plan);
+  assert_true(ok);
+}
+
+static void run_split(const char *what, const split_case *sc) {
+  for (int i = 0; i < g_rt.n; ++i) run_split_on(&g_rt.be[i], what, sc);
+}
+
+/* Queries in three uneven pieces, keys in two: causal GQA with "mod" offsets (the heads of a
+ * kv group on different grids), a dense, a dilated and a clamped (w > N) branch, batch 2,
+ * dLSE; pieces that cut segments and grids mid-tile, keys wholly in the future of a piece. */
+static void test_bwd_ranges_split_causal_gqa_bf16_d64(void **state) {
+  (void)state;
+  const split_case sc = {.c = {.heads = 4,
+                               .kv_heads = 2,
+                               .head_dim = 64,
+                               .dtype = RDA_DTYPE_BF16,
+                               .causal = 1,
+                               .offsets = RDA_OFFSETS_MOD,
+                               BR3(64, 1, 96, 2, 512, 3),
+                               .batch = 2,
+                               .n = 150,
+                               .with_dlse = 1},
+                         .nq = 3,
+                         .qcut = {0, 37, 101, 150},
+                         .nk = 2,
+                         .kcut = {0, 70, 150}};
+  run_split(__func__, &sc);
+}
+
+/* Non-causal MQA with "block" offsets and r not dividing w (fp16 d32), then causal "group"
+ * offsets (each head one branch) with three key pieces. */
+static void test_bwd_ranges_split_block_mqa_and_group(void **state) {
+  (void)state;
+  const split_case a = {.c = {.heads = 4,
+                              .kv_heads = 1,
+                              .head_dim = 32,
+                              .dtype = RDA_DTYPE_FP16,
+                              .causal = 0,
+                              .offsets = RDA_OFFSETS_BLOCK,
+                              BR2(48, 3, 130, 2),
+                              .batch = 1,
+                              .n = 130},
+                        .nq = 2,
+                        .qcut = {0, 50, 130},
+                        .nk = 3,
+                        .kcut = {0, 23, 89, 130}};
+  run_split("ranges_block_mqa_fp16_d32", &a);
+  const split_case b = {.c = {.heads = 3,
+                              .kv_heads = 3,
+                              .head_dim = 32,
+                              .dtype = RDA_DTYPE_BF16,
+                              .causal = 1,
+                              .offsets = RDA_OFFSETS_GROUP,
+                              BR2(40, 1, 90, 2),
+                              .batch = 2,
+                              .n = 128},
+                        .nq = 2,
+                        .qcut = {0, 81, 128},
+                        .nk = 3,
+                        .kcut = {0, 19, 64, 128}};
+  run_split("ranges_group_causal_bf16_d32", &b);
+}
+
+/* Compact received keys: every (query head, segment, key piece) from its own gathered block,
+ * gradients scattered back; causal GQA bf16 d64 with dilated branches, then non-causal "block"
+ * MQA fp16 d32 with one key piece (whole segments, as a ring transfer of a segment). */
+static void test_bwd_ranges_compact_key_blocks(void **state) {
+  (void)state;
+  const split_case a = {.c = {.heads = 4,
+                              .kv_heads = 2,
+                              .head_dim = 64,
+                              .dtype = RDA_DTYPE_BF16,
+                              .causal = 1,
+                              .offsets = RDA_OFFSETS_MOD,
+                              BR2(64, 2, 150, 3),
+                              .batch = 2,
+                              .n = 150},
+                        .nq = 2,
+                        .qcut = {0, 61, 150},
+                        .nk = 2,
+                        .kcut = {0, 97, 150},
+                        .compact = 1};
+  run_split("ranges_compact_causal_gqa_bf16_d64", &a);
+  const split_case b = {.c = {.heads = 4,
+                              .kv_heads = 1,
+                              .head_dim = 32,
+                              .dtype = RDA_DTYPE_FP16,
+                              .causal = 0,
+                              .offsets = RDA_OFFSETS_BLOCK,
+                              BR2(40, 1, 100, 3),
+                              .batch = 1,
+                              .n = 100},
+                        .nq = 3,
+                        .qcut = {0, 33, 34, 100},
+                        .nk = 1,
+                        .kcut = {0, 100},
+                        .compact = 1};
+  run_split("ranges_compact_block_mqa_fp16_d32", &b);
+}
+
+/* The atomic-dQ dK/dV variant on the same ranges (no dq launches): split and compact. */
+static void test_bwd_ranges_atomic_variant(void **state) {
+  (void)state;
+  const split_case a = {.c = {.heads = 4,
+                              .kv_heads = 2,
+                              .head_dim = 64,
+                              .dtype = RDA_DTYPE_BF16,
+                              .causal = 1,
+                              .offsets = RDA_OFFSETS_MOD,
+                              BR2(64, 1, 120, 2),
+                              .batch = 1,
+                              .n = 120,
+                              .atomic = 1},
+                        .nq = 3,
+                        .qcut = {0, 29, 75, 120},
+                        .nk = 2,
+                        .kcut = {0, 58, 120}};
+  run_split("ranges_atomic_split_causal_gqa_bf16_d64", &a);
+  split_case b = a;
+  b.c.causal = 0;
+  b.c.dtype = RDA_DTYPE_FP16;
+  b.compact = 1;
+  run_split("ranges_atomic_compact_fp16_d64", &b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bwd_matches_reference_causal_gqa_bf16_d64_three_branches_dlse),
@@ -653,6 +1263,10 @@ int main(void) {
       cmocka_unit_test(test_bwd_atomic_mode_matches_reference),
       cmocka_unit_test(test_bwd_deterministic_mode_ignores_atomic_variants),
       cmocka_unit_test(test_bwd_rejects_forward_only_plan_and_bad_arguments),
+      cmocka_unit_test(test_bwd_ranges_split_causal_gqa_bf16_d64),
+      cmocka_unit_test(test_bwd_ranges_split_block_mqa_and_group),
+      cmocka_unit_test(test_bwd_ranges_compact_key_blocks),
+      cmocka_unit_test(test_bwd_ranges_atomic_variant),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
