@@ -1,334 +1,322 @@
-/* ring.c — the ring forward pass of one rank (see ring.h): init, the own-block compute, then each
- * plan step: pack the send ranges, post the grouped sends/receives, compute the previous block
- * while they are in flight, wait. Every launch merges into the rank's fp32 o / lse by LSE. */
+/* ring.c — the ring passes of one rank (see ring.h): the schedule of grouped transfers, the
+ * workspace blocks and the loop that overlaps each transfer with the previous block's compute.
+ * What is computed on a block lives in ring_compute.c.
+ *
+ * Schedule. The plan gives each rank its steps, ordered by a key every rank shares; a step is
+ * one (segment group, shift) of the ring. The backward pass also returns fp32 dK/dV of every
+ * received block to the block's owner. To keep every pair of ranks posting matching operations
+ * in the same order (the transports match sends and receives FIFO per pair), the gradients of
+ * the block of shift s travel in the same segment group at "virtual" shift s + 2, after the
+ * K/V blocks of that shift: both ends of a transfer have the step of shift s, so both add the
+ * virtual shifts s + 1 and s + 2 (s + 1 keeps the compute of s before the post of s + 2).
+ *
+ * Loop. Virtual step i: wait for its transfers; add the gradients it returned; post step i+1
+ * (pack, then sends and receives); compute on step i's received block. Receive blocks and
+ * gradient blocks alternate between two buffers by the parity of i, so step i+1 lands while
+ * step i is computed. Nothing waits for the device: ordering is the stream's and the
+ * transport's (transport.h). */
 #include "ring.h"
 
-#include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* The rank's owned pieces: global rows [lo[i], hi[i]) at local rows from base[i]. */
-typedef struct ring_rank {
-  int npieces;
-  int64_t lo[2], hi[2], base[2];
-} ring_rank;
+#include "ring_compute.h"
+#include "ring_rows.h"
 
-typedef struct ring_ctx {
-  rda_backend *b;
-  const rda_plan_k *pk;
-  const rda_fwd_kernels *k;
-  const rda_fwd_args *a;
-  int64_t n; /* global N */
-  ring_rank me;
-} ring_ctx;
+/* One virtual step: the real step whose K/V moves (or NULL), the real step whose gradients
+ * return (or NULL). */
+typedef struct ring_vstep {
+  const rda_ring_step *kv;
+  const rda_ring_step *grad;
+} ring_vstep;
 
-static int64_t ring_ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
+/* The ring's workspace blocks (backend memory) and their sizes for the batch. */
+typedef struct ring_blocks {
+  size_t send, recv; /* largest sum of one step's send / receive transfers (16-bit) */
+  unsigned char *sblk, *rblk[2];
+  unsigned char *gblk[2];  /* fp32 gradients of a received block, going back */
+  unsigned char *grblk[2]; /* fp32 gradients of a sent block, coming back */
+} ring_blocks;
+
+static const size_t kAlign = 256;
+
+static size_t ring_round(size_t x) {
+  return (x + kAlign - 1) / kAlign * kAlign;
 }
 
-/* Local row of an owned global row. */
-static int64_t ring_local_row(const ring_rank *me, int64_t pos) {
-  for (int i = 0; i < me->npieces; ++i)
-    if (pos >= me->lo[i] && pos < me->hi[i]) return me->base[i] + (pos - me->lo[i]);
-  return -1;
-}
-
-/* The plan_k step that runs branch `branch` for head h (its kernel variant), or NULL. */
-static const rda_step *ring_step_for(const rda_plan_k *pk, int branch, int h) {
-  for (int i = 0; i < pk->nsteps; ++i) {
-    const rda_step *s = &pk->steps[i];
-    if (s->branch == branch && h >= s->head0 && h < s->head0 + s->nheads) return s;
-  }
-  return NULL;
-}
-
-typedef struct ring_launch {
-  const rda_step *step;
-  int head0, nheads;
-  int64_t seg0, nseg;
-  int64_t q_lo, q_hi, row_lo;
-  int64_t kv_lo, kv_hi, kv_row_lo;
-  int kv_compact;
-  const void *k, *v;
-  long long k_s[3], v_s[3];
-} ring_launch;
-
-static rda_status ring_launch_fwd(const ring_ctx *c, const ring_launch *l, rda_err *err) {
-  const rda_plan_k *p = c->pk;
-  const rda_fwd_args *a = c->a;
-  const rda_step *s = l->step;
-  const rda_variant *var = &p->variants[s->kernel];
-  const int64_t r = p->cfg.dilations[s->branch];
-  const int64_t w = p->cfg.segments[s->branch] < c->n ? p->cfg.segments[s->branch] : c->n;
-  /* The single-device parameters over the global sequence, with this launch's K/V. */
-  rda_fwd_args ga = *a;
-  ga.n = c->n;
-  ga.k = l->k;
-  ga.v = l->v;
-  memcpy(ga.k_s, l->k_s, sizeof ga.k_s);
-  memcpy(ga.v_s, l->v_s, sizeof ga.v_s);
-  rda_fwd_params fp;
-  rda_fwd_params_for_step(p, s, &ga, &fp);
-  /* At most ceil(L / r) grid rows fall in L consecutive positions. */
-  int64_t rows = ring_ceil_div(w, r);
-  const int64_t span = ring_ceil_div(l->q_hi - l->q_lo, r);
-  if (span < rows) rows = span;
-  fp.tiles_per_seg = (int)ring_ceil_div(rows, var->block_m);
-  fp.head0 = l->head0;
-  fp.merge = 1;
-  if (l->kv_compact) {
-    /* Grid rows one after another in the received block. */
-    fp.k_rs = fp.k_sn;
-    fp.v_rs = fp.v_sn;
-    fp.k_sn = fp.v_sn = 0;
-  }
-  fp.seg0 = l->seg0;
-  fp.q_lo = l->q_lo, fp.q_hi = l->q_hi;
-  fp.kv_lo = l->kv_lo, fp.kv_hi = l->kv_hi;
-  fp.row_lo = l->row_lo;
-  fp.kv_row_lo = l->kv_row_lo;
-  const long long gx = l->nseg * fp.tiles_per_seg;
-  if (gx < 1 || fp.tiles_per_seg < 1) return RDA_OK;
-  if (gx > 0x7fffffffLL)
-    return rda_err_set(err, RDA_ERR_UNSUPPORTED, "branch %d: grid of %lld blocks is too large",
-                       s->branch, gx);
-  const unsigned grid[3] = {(unsigned)gx, (unsigned)l->nheads, (unsigned)a->batch};
-  return c->b->launch(c->b, c->k->modules[s->kernel], grid, (unsigned)var->threads,
-                      (unsigned)var->smem_bytes, &fp, sizeof fp, err);
-}
-
-/* Keys and queries both from the rank's own rows: one launch per (branch step, query piece,
- * key piece) over the segments both pieces meet. */
-static rda_status ring_own_blocks(const ring_ctx *c, rda_err *err) {
-  const rda_plan_k *p = c->pk;
-  for (int i = 0; i < p->nsteps; ++i) {
-    const rda_step *s = &p->steps[i];
-    const int64_t w = p->cfg.segments[s->branch] < c->n ? p->cfg.segments[s->branch] : c->n;
-    for (int qp = 0; qp < c->me.npieces; ++qp) {
-      for (int kp = 0; kp < c->me.npieces; ++kp) {
-        const int64_t qlo = c->me.lo[qp], qhi = c->me.hi[qp];
-        const int64_t klo = c->me.lo[kp], khi = c->me.hi[kp];
-        if (p->cfg.causal && klo >= qhi) continue; /* keys all in the future */
-        const int64_t ma = (qlo / w > klo / w ? qlo / w : klo / w);
-        const int64_t mb = ((qhi - 1) / w < (khi - 1) / w ? (qhi - 1) / w : (khi - 1) / w);
-        if (ma > mb) continue;
-        ring_launch l;
-        memset(&l, 0, sizeof l);
-        l.step = s;
-        l.head0 = s->head0;
-        l.nheads = s->nheads;
-        l.seg0 = ma;
-        l.nseg = mb - ma + 1;
-        l.q_lo = qlo, l.q_hi = qhi, l.row_lo = c->me.lo[qp] - c->me.base[qp];
-        l.kv_lo = klo, l.kv_hi = khi, l.kv_row_lo = c->me.lo[kp] - c->me.base[kp];
-        l.kv_compact = 0;
-        l.k = c->a->k;
-        l.v = c->a->v;
-        memcpy(l.k_s, c->a->k_s, sizeof l.k_s);
-        memcpy(l.v_s, c->a->v_s, sizeof l.v_s);
-        RDA_TRY(ring_launch_fwd(c, &l, err));
-      }
-    }
-  }
-  return RDA_OK;
-}
-
-/* Bytes of one transfer for the whole batch: K then V, each [B][rows][nkv][D] 16-bit. */
-static size_t ring_xfer_bytes(const rda_ring_xfer *x, long long batch) {
-  return (size_t)x->bytes * (size_t)batch;
-}
-
-/* Pack a send transfer's rows from the rank's own K/V into dst (host memory). */
-static rda_status ring_pack(const ring_ctx *c, const rda_ring_class *cls, const rda_ring_xfer *x,
-                            int64_t stride, unsigned char *dst, rda_err *err) {
-  const rda_fwd_args *a = c->a;
-  const int d = c->pk->cfg.head_dim;
-  const size_t row_bytes = (size_t)d * 2;
-  for (int kv = 0; kv < 2; ++kv) {
-    const uint16_t *src = kv == 0 ? a->k : a->v;
-    const long long *st = kv == 0 ? a->k_s : a->v_s;
-    for (long long bb = 0; bb < a->batch; ++bb)
-      for (int i = 0; i < x->nranges; ++i)
-        for (int64_t t = 0; t < x->count[i]; ++t) {
-          const int64_t lr = ring_local_row(&c->me, x->first[i] + t * stride);
-          if (lr < 0)
-            return rda_err_set(err, RDA_ERR_INTERNAL, "ring: row %lld to send is not owned",
-                               (long long)(x->first[i] + t * stride));
-          for (int h = 0; h < cls->nkv; ++h) {
-            const uint16_t *p = src + bb * st[0] + lr * st[1] + (long long)cls->kv_heads[h] * st[2];
-            RDA_TRY(c->b->download(c->b, dst, p, row_bytes, err));
-            dst += row_bytes;
-          }
-        }
-  }
-  return RDA_OK;
-}
-
-/* Compute this rank's queries against one received transfer at dev (device memory). */
-static rda_status ring_compute_recv(const ring_ctx *c, const rda_ring_step *st,
-                                    const rda_ring_class *cls, const rda_ring_xfer *x,
-                                    const unsigned char *dev, rda_err *err) {
-  const rda_plan_k *p = c->pk;
-  const int d = p->cfg.head_dim;
-  const long long row_el = (long long)cls->nkv * d; /* elements per received row */
-  const long long batch_el = x->rows * row_el;
-  const uint16_t *kbase = (const uint16_t *)dev;
-  const uint16_t *vbase = kbase + batch_el * c->a->batch;
-  const int64_t w = p->cfg.segments[st->branch] < c->n ? p->cfg.segments[st->branch] : c->n;
-  const int64_t seg_lo = st->segment * w;
-  const int64_t seg_hi = seg_lo + w < c->n ? seg_lo + w : c->n;
-  int h0 = 0, hn = 0;
-  rda_config_branch_heads(&p->cfg, st->branch, &h0, &hn);
-  const int group = p->cfg.heads / p->cfg.kv_heads;
-  for (int h = h0; h < h0 + hn; ++h) {
-    if (rda_config_offset(&p->cfg, st->branch, h) != cls->offset) continue;
-    int slot = -1;
-    for (int e = 0; e < cls->nkv; ++e)
-      if (cls->kv_heads[e] == h / group) slot = e;
-    const rda_step *ks = ring_step_for(p, st->branch, h);
-    if (slot < 0 || ks == NULL)
-      return rda_err_set(err, RDA_ERR_INTERNAL, "ring: head %d of branch %d has no kv slot", h,
-                         st->branch);
-    int64_t row0 = 0;
-    for (int i = 0; i < x->nranges; row0 += x->count[i], ++i) {
-      if (x->count[i] < 1) continue;
-      const int64_t kv_lo = x->first[i];
-      const int64_t kv_hi = x->first[i] + (x->count[i] - 1) * st->stride + 1;
-      for (int qp = 0; qp < c->me.npieces; ++qp) {
-        const int64_t qlo = c->me.lo[qp] > seg_lo ? c->me.lo[qp] : seg_lo;
-        const int64_t qhi = c->me.hi[qp] < seg_hi ? c->me.hi[qp] : seg_hi;
-        if (qlo >= qhi) continue;
-        if (p->cfg.causal && kv_lo >= qhi) continue;
-        ring_launch l;
-        memset(&l, 0, sizeof l);
-        l.step = ks;
-        l.head0 = h;
-        l.nheads = 1;
-        l.seg0 = st->segment;
-        l.nseg = 1;
-        l.q_lo = qlo, l.q_hi = qhi, l.row_lo = c->me.lo[qp] - c->me.base[qp];
-        l.kv_lo = kv_lo, l.kv_hi = kv_hi;
-        l.kv_compact = 1;
-        l.k = kbase + row0 * row_el + (long long)slot * d;
-        l.v = vbase + row0 * row_el + (long long)slot * d;
-        l.k_s[0] = l.v_s[0] = batch_el;
-        l.k_s[1] = l.v_s[1] = row_el;
-        l.k_s[2] = l.v_s[2] = 0;
-        RDA_TRY(ring_launch_fwd(c, &l, err));
-      }
-    }
-  }
-  return RDA_OK;
-}
-
-/* Post one step's grouped sends and receives (the sends packed into sbuf first). */
-static rda_status ring_post(const ring_ctx *c, const rda_ring_plan *rp, rda_transport *t,
-                            const rda_ring_step *st, unsigned char *sbuf, unsigned char *rbuf,
-                            rda_err *err) {
-  rda_ring_class cls;
-  rda_ring_plan_class(rp, st->cls, &cls);
-  size_t off = 0;
-  for (int q = 0; q < st->nsend; ++q) {
-    RDA_TRY(ring_pack(c, &cls, &st->send[q], st->stride, sbuf + off, err));
-    off += ring_xfer_bytes(&st->send[q], c->a->batch);
-  }
-  RDA_TRY(rda_transport_group_start(t, err));
-  off = 0;
-  for (int q = 0; q < st->nsend; ++q) {
-    const size_t n = ring_xfer_bytes(&st->send[q], c->a->batch);
-    RDA_TRY(rda_transport_send(t, st->send[q].peer, sbuf + off, n, err));
-    off += n;
-  }
-  off = 0;
-  for (int q = 0; q < st->nrecv; ++q) {
-    const size_t n = ring_xfer_bytes(&st->recv[q], c->a->batch);
-    RDA_TRY(rda_transport_recv(t, st->recv[q].peer, rbuf + off, n, err));
-    off += n;
-  }
-  return rda_transport_group_end(t, err);
-}
-
-static size_t ring_sum(const rda_ring_xfer *x, int n, long long batch) {
+static size_t ring_xfers_bytes(const rda_ring_xfer *x, int n, long long batch) {
   size_t s = 0;
-  for (int i = 0; i < n; ++i) s += ring_xfer_bytes(&x[i], batch);
+  for (int i = 0; i < n; ++i) s += (size_t)x[i].bytes * (size_t)batch;
   return s;
 }
 
-static rda_status ring_run(ring_ctx *c, const rda_ring_plan *rp, int rank, rda_transport *t,
-                           rda_ring_run_stats *stats, rda_err *err) {
+static void ring_max_blocks(const rda_ring_step *steps, int64_t nsteps, long long batch,
+                            size_t *send, size_t *recv) {
+  *send = *recv = 0;
+  for (int64_t i = 0; i < nsteps; ++i) {
+    const size_t sn = ring_xfers_bytes(steps[i].send, steps[i].nsend, batch);
+    const size_t rn = ring_xfers_bytes(steps[i].recv, steps[i].nrecv, batch);
+    if (sn > *send) *send = sn;
+    if (rn > *recv) *recv = rn;
+  }
+}
+
+/* Gradients are fp32: twice the bytes of the 16-bit K/V they belong to. */
+static size_t ring_layout_bytes(size_t send, size_t recv, int backward) {
+  size_t total = ring_round(send) + 2 * ring_round(recv);
+  if (backward) total += 2 * ring_round(2 * recv) + 2 * ring_round(2 * send);
+  return total;
+}
+
+size_t rda_ring_workspace_bytes(const rda_plan_k *pk, const rda_ring_plan *rp, int rank,
+                                long long batch, int backward) {
+  (void)pk;
   rda_ring_step *steps = NULL;
   int64_t nsteps = 0;
-  unsigned char *sbuf = NULL, *rbuf = NULL;
-  void *dbuf = NULL;
-  rda_status s = rda_ring_plan_steps(rp, rank, &steps, &nsteps, err);
-  if (s != RDA_OK) return s;
-  size_t smax = 0, rmax = 0;
-  for (int64_t i = 0; i < nsteps; ++i) {
-    const size_t sn = ring_sum(steps[i].send, steps[i].nsend, c->a->batch);
-    const size_t rn = ring_sum(steps[i].recv, steps[i].nrecv, c->a->batch);
-    if (sn > smax) smax = sn;
-    if (rn > rmax) rmax = rn;
-  }
-  if (smax > 0) sbuf = malloc(smax);
-  if (rmax > 0) rbuf = malloc(rmax);
-  if ((smax > 0 && sbuf == NULL) || (rmax > 0 && rbuf == NULL)) {
-    s = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "rank %d: out of memory for ring buffers", rank);
-    goto done;
-  }
-  if (rmax > 0 && (s = c->b->alloc(c->b, rmax, &dbuf, err)) != RDA_OK) goto done;
-  if (stats != NULL) stats->peak_bytes = smax + 2 * rmax;
-
-  /* Step 0's transfer runs while the own blocks are computed; then step i's block is computed
-   * while step i+1's transfer is in flight. The received host block is copied to the device
-   * block right after its wait, which frees the host block for the next step. */
-  if (nsteps > 0 && (s = ring_post(c, rp, t, &steps[0], sbuf, rbuf, err)) != RDA_OK) goto done;
-  if ((s = ring_own_blocks(c, err)) != RDA_OK) goto done;
-  for (int64_t i = 0; i < nsteps; ++i) {
-    if ((s = rda_transport_wait(t, err)) != RDA_OK) goto done;
-    const rda_ring_step *st = &steps[i];
-    const size_t rn = ring_sum(st->recv, st->nrecv, c->a->batch);
-    /* The device block is still read by step i-1's launches on an asynchronous backend. */
-    if (rn > 0 && (s = c->b->synchronize(c->b, err)) != RDA_OK) goto done;
-    if (rn > 0 && (s = c->b->upload(c->b, dbuf, rbuf, rn, err)) != RDA_OK) goto done;
-    if (i + 1 < nsteps && (s = ring_post(c, rp, t, &steps[i + 1], sbuf, rbuf, err)) != RDA_OK)
-      goto done;
-    rda_ring_class cls;
-    rda_ring_plan_class(rp, st->cls, &cls);
-    size_t off = 0;
-    for (int q = 0; q < st->nrecv; ++q) {
-      if ((s = ring_compute_recv(c, st, &cls, &st->recv[q], (const unsigned char *)dbuf + off,
-                                 err)) != RDA_OK)
-        goto done;
-      off += ring_xfer_bytes(&st->recv[q], c->a->batch);
-    }
-  }
-  s = c->b->synchronize(c->b, err);
-done:
-  /* Abort before the buffers go: a posted transfer must not land in freed memory, and the
-   * other ranks must fail instead of waiting for this one. */
-  if (s != RDA_OK) rda_transport_abort(t, err != NULL ? err->msg : "a rank failed");
-  if (dbuf != NULL) c->b->free(c->b, dbuf);
-  free(sbuf);
-  free(rbuf);
+  rda_err err = {0};
+  if (rp == NULL || batch < 1 || rda_ring_plan_steps(rp, rank, &steps, &nsteps, &err) != RDA_OK)
+    return SIZE_MAX;
+  size_t send = 0, recv = 0;
+  ring_max_blocks(steps, nsteps, batch, &send, &recv);
   free(steps);
-  return s;
+  return ring_layout_bytes(send, recv, backward);
+}
+
+static void ring_carve(ring_blocks *bl, unsigned char *base, int backward) {
+  size_t off = 0;
+  bl->sblk = base;
+  off += ring_round(bl->send);
+  for (int i = 0; i < 2; ++i, off += ring_round(bl->recv)) bl->rblk[i] = base + off;
+  if (!backward) return;
+  for (int i = 0; i < 2; ++i, off += ring_round(2 * bl->recv)) bl->gblk[i] = base + off;
+  for (int i = 0; i < 2; ++i, off += ring_round(2 * bl->send)) bl->grblk[i] = base + off;
+}
+
+/* The virtual steps of a rank (see the top comment); *out malloc'd. */
+static rda_status ring_vsteps(const rda_ring_step *steps, int64_t nsteps, int backward,
+                              ring_vstep **out, int64_t *count, rda_err *err) {
+  *out = NULL;
+  *count = 0;
+  ring_vstep *v = NULL;
+  if (nsteps > 0 && (v = calloc((size_t)nsteps * 3, sizeof *v)) == NULL)
+    return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring: out of memory for the schedule");
+  int64_t nv = 0;
+  for (int64_t g0 = 0; g0 < nsteps;) {
+    int64_t g1 = g0 + 1;
+    while (g1 < nsteps && steps[g1].group == steps[g0].group) ++g1;
+    /* Shifts grow within a group; walk the union of {s, s+1, s+2} in order. */
+    int last = -1;
+    for (int64_t i = g0; i < g1; ++i) {
+      const int reach = backward ? 2 : 0;
+      for (int sh = steps[i].shift; sh <= steps[i].shift + reach; ++sh) {
+        if (sh <= last) continue;
+        last = sh;
+        ring_vstep *x = &v[nv++];
+        x->kv = x->grad = NULL;
+        for (int64_t j = g0; j < g1; ++j) {
+          if (steps[j].shift == sh) x->kv = &steps[j];
+          if (backward && steps[j].shift == sh - 2) x->grad = &steps[j];
+        }
+      }
+    }
+    g0 = g1;
+  }
+  *out = v;
+  *count = nv;
+  return RDA_OK;
+}
+
+typedef struct ring_run {
+  ring_ctx c;
+  const rda_ring_plan *rp;
+  rda_transport *t;
+  ring_blocks bl;
+  int backward;
+} ring_run;
+
+/* Pack the K/V rows of a step's send transfers into the send block. */
+static rda_status ring_pack_step(ring_run *r, const rda_ring_step *st, rda_err *err) {
+  rda_ring_class cls;
+  rda_ring_plan_class(r->rp, st->cls, &cls);
+  size_t off = 0;
+  for (int q = 0; q < st->nsend; ++q) {
+    rda_ring_rows_params rows;
+    RDA_TRY(ring_rows_for(&r->c, &st->send[q], st->stride, &cls, &rows, err));
+    ring_rows_set_kv(&r->c, &rows);
+    rows.block = r->bl.sblk + off;
+    RDA_TRY(rda_ring_rows_pack(r->c.b, r->c.pk, r->c.k, &rows, cls.kv_heads, err));
+    off += ring_xfers_bytes(&st->send[q], 1, r->c.batch);
+  }
+  return RDA_OK;
+}
+
+/* Add the gradients returned for a step's sent rows (in grblk) into the rank's dK/dV. */
+static rda_status ring_add_returned(ring_run *r, const rda_ring_step *st, unsigned char *blk,
+                                    rda_err *err) {
+  rda_ring_class cls;
+  rda_ring_plan_class(r->rp, st->cls, &cls);
+  size_t off = 0;
+  for (int q = 0; q < st->nsend; ++q) {
+    rda_ring_rows_params rows;
+    RDA_TRY(ring_rows_for(&r->c, &st->send[q], st->stride, &cls, &rows, err));
+    ring_rows_set_grads(&r->c, &rows);
+    rows.block = blk + off;
+    RDA_TRY(rda_ring_rows_add(r->c.b, r->c.pk, r->c.k, &rows, cls.kv_heads, err));
+    off += 2 * ring_xfers_bytes(&st->send[q], 1, r->c.batch);
+  }
+  return RDA_OK;
+}
+
+static int ring_vstep_has_ops(const ring_vstep *v) {
+  return (v->kv != NULL && (v->kv->nsend > 0 || v->kv->nrecv > 0)) ||
+         (v->grad != NULL && (v->grad->nsend > 0 || v->grad->nrecv > 0));
+}
+
+/* Post virtual step i: K/V sends from the send block, then gradient sends (of the block received
+ * two virtual steps earlier, from gblk[i % 2]); K/V receives into rblk[i % 2], then gradient
+ * receives into grblk[i % 2]. The same order at both ends of every pair. */
+static rda_status ring_post(ring_run *r, const ring_vstep *v, int64_t i, rda_err *err) {
+  const long long B = r->c.batch;
+  if (v->kv != NULL && v->kv->nsend > 0) RDA_TRY(ring_pack_step(r, v->kv, err));
+  RDA_TRY(rda_transport_group_start(r->t, err));
+  size_t off = 0;
+  for (int q = 0; v->kv != NULL && q < v->kv->nsend; ++q) {
+    const size_t n = ring_xfers_bytes(&v->kv->send[q], 1, B);
+    RDA_TRY(rda_transport_send(r->t, v->kv->send[q].peer, r->bl.sblk + off, n, err));
+    off += n;
+  }
+  off = 0;
+  for (int q = 0; v->grad != NULL && q < v->grad->nrecv; ++q) {
+    const size_t n = 2 * ring_xfers_bytes(&v->grad->recv[q], 1, B);
+    RDA_TRY(rda_transport_send(r->t, v->grad->recv[q].peer, r->bl.gblk[i % 2] + off, n, err));
+    off += n;
+  }
+  off = 0;
+  for (int q = 0; v->kv != NULL && q < v->kv->nrecv; ++q) {
+    const size_t n = ring_xfers_bytes(&v->kv->recv[q], 1, B);
+    RDA_TRY(rda_transport_recv(r->t, v->kv->recv[q].peer, r->bl.rblk[i % 2] + off, n, err));
+    off += n;
+  }
+  off = 0;
+  for (int q = 0; v->grad != NULL && q < v->grad->nsend; ++q) {
+    const size_t n = 2 * ring_xfers_bytes(&v->grad->send[q], 1, B);
+    RDA_TRY(rda_transport_recv(r->t, v->grad->send[q].peer, r->bl.grblk[i % 2] + off, n, err));
+    off += n;
+  }
+  return rda_transport_group_end(r->t, err);
+}
+
+/* Compute on the blocks received in virtual step i (gradients into gblk[i % 2]). */
+static rda_status ring_compute_step(ring_run *r, const ring_vstep *v, int64_t i, rda_err *err) {
+  const rda_ring_step *st = v->kv;
+  if (st == NULL || st->nrecv == 0) return RDA_OK;
+  rda_ring_class cls;
+  rda_ring_plan_class(r->rp, st->cls, &cls);
+  if (r->backward) {
+    const size_t gbytes = 2 * ring_xfers_bytes(st->recv, st->nrecv, r->c.batch);
+    RDA_TRY(r->c.b->memset_async(r->c.b, r->bl.gblk[i % 2], 0, gbytes, err));
+  }
+  size_t off = 0;
+  for (int q = 0; q < st->nrecv; ++q) {
+    const unsigned char *kv = r->bl.rblk[i % 2] + off;
+    if (r->backward)
+      RDA_TRY(ring_bwd_received(&r->c, st, &cls, &st->recv[q], kv, r->bl.gblk[i % 2] + 2 * off,
+                                err));
+    else
+      RDA_TRY(ring_fwd_received(&r->c, st, &cls, &st->recv[q], kv, err));
+    off += ring_xfers_bytes(&st->recv[q], 1, r->c.batch);
+  }
+  return RDA_OK;
+}
+
+static rda_status ring_loop(ring_run *r, const ring_vstep *v, int64_t nv, rda_err *err) {
+  int posted = 0;
+  if (nv > 0 && ring_vstep_has_ops(&v[0])) {
+    RDA_TRY(ring_post(r, &v[0], 0, err));
+    posted = 1;
+  }
+  RDA_TRY(r->backward ? ring_bwd_own(&r->c, err) : ring_fwd_own(&r->c, err));
+  for (int64_t i = 0; i < nv; ++i) {
+    if (posted) RDA_TRY(rda_transport_wait(r->t, err));
+    if (v[i].grad != NULL && v[i].grad->nsend > 0)
+      RDA_TRY(ring_add_returned(r, v[i].grad, r->bl.grblk[i % 2], err));
+    posted = 0;
+    if (i + 1 < nv && ring_vstep_has_ops(&v[i + 1])) {
+      RDA_TRY(ring_post(r, &v[i + 1], i + 1, err));
+      posted = 1;
+    }
+    RDA_TRY(ring_compute_step(r, &v[i], i, err));
+  }
+  return RDA_OK;
 }
 
 static rda_status ring_check(const rda_backend *b, const rda_ring_plan *rp, int rank,
-                             const rda_transport *t, const rda_fwd_args *a, rda_err *err) {
+                             const rda_transport *t, long long n, const char *what, rda_err *err) {
   const rda_ring_rank *rk = rda_ring_plan_rank(rp, rank);
   if (rk == NULL || t->rank != rank || t->size != rda_ring_plan_ranks(rp))
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                       "ring forward: rank %d does not match the plan (%d ranks) or the "
-                       "transport (rank %d of %d)",
-                       rank, rda_ring_plan_ranks(rp), t->rank, t->size);
-  if (a->n != rk->rows)
+                       "ring %s: rank %d does not match the plan (%d ranks) or the transport "
+                       "(rank %d of %d)",
+                       what, rank, rda_ring_plan_ranks(rp), t->rank, t->size);
+  if (n != rk->rows)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                       "ring forward: rank %d owns %lld rows, but the tensors have n = %lld", rank,
-                       (long long)rk->rows, a->n);
+                       "ring %s: rank %d owns %lld rows, but the tensors have n = %lld", what,
+                       rank, (long long)rk->rows, n);
   if (strcmp(t->vt->name, "host") == 0 && strcmp(b->name, "emu") != 0)
     return rda_err_set(err, RDA_ERR_UNSUPPORTED,
-                       "ring forward: the host transport runs only with the emulator backend");
+                       "ring %s: the host transport runs only with the emulator backend", what);
+  return RDA_OK;
+}
+
+/* Everything both passes share: checks, the rank's pieces, the schedule, the workspace, the
+ * loop, the counters. On any failure the transport is aborted first, so that no posted
+ * transfer lands in memory the caller reuses and no other rank waits for this one. */
+static rda_status ring_pass(ring_run *r, int rank, long long n, void *workspace,
+                            size_t workspace_bytes, rda_ring_run_stats *stats, rda_err *err) {
+  const char *what = r->backward ? "backward" : "forward";
+  rda_ring_step *steps = NULL;
+  ring_vstep *v = NULL;
+  int64_t nsteps = 0, nv = 0;
+  uint64_t sent0 = 0, recv0 = 0;
+  rda_transport_bytes(r->t, &sent0, &recv0);
+  rda_status s = ring_check(r->c.b, r->rp, rank, r->t, n, what, err);
+  if (s == RDA_OK) s = rda_ring_plan_steps(r->rp, rank, &steps, &nsteps, err);
+  if (s == RDA_OK) s = ring_vsteps(steps, nsteps, r->backward, &v, &nv, err);
+  size_t need = 0;
+  if (s == RDA_OK) {
+    ring_max_blocks(steps, nsteps, r->c.batch, &r->bl.send, &r->bl.recv);
+    need = ring_layout_bytes(r->bl.send, r->bl.recv, r->backward);
+    if (workspace_bytes < need || (need > 0 && workspace == NULL))
+      s = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                      "ring %s: rank %d needs %zu bytes of ring workspace, got %zu", what, rank,
+                      need, workspace == NULL ? (size_t)0 : workspace_bytes);
+    else if (((uintptr_t)workspace % 16) != 0)
+      s = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                      "ring %s: the ring workspace must be 16-byte aligned", what);
+  }
+  if (s == RDA_OK) {
+    ring_carve(&r->bl, workspace, r->backward);
+    s = ring_ctx_init(&r->c, r->rp, rank, err);
+  }
+  if (s == RDA_OK)
+    s = r->backward ? rda_bwd_prep(r->c.b, r->c.pk, r->c.k, r->c.ba, err)
+                    : rda_fwd_init(r->c.b, r->c.pk, r->c.k, r->c.fa, err);
+  if (s == RDA_OK) s = ring_loop(r, v, nv, err);
+  free(v);
+  free(steps);
+  if (s != RDA_OK) {
+    rda_transport_abort(r->t, err != NULL && err->msg[0] != '\0' ? err->msg : "a rank failed");
+    return s;
+  }
+  if (stats != NULL) {
+    uint64_t sent1 = 0, recv1 = 0;
+    rda_transport_bytes(r->t, &sent1, &recv1);
+    stats->rows = rda_ring_plan_rank(r->rp, rank)->rows;
+    stats->bytes_sent = sent1 - sent0;
+    stats->bytes_received = recv1 - recv0;
+    stats->peak_bytes = need;
+  }
   return RDA_OK;
 }
 
@@ -336,46 +324,45 @@ rda_status rda_ring_fwd_run(rda_backend *b, const rda_plan_k *pk, const rda_fwd_
                             const rda_ring_plan *rp, int rank, rda_transport *t,
                             const rda_fwd_args *a, void *workspace, size_t workspace_bytes,
                             rda_ring_run_stats *stats, rda_err *err) {
-  (void)workspace;
-  (void)workspace_bytes;
-  if (b == NULL || pk == NULL || k == NULL || rp == NULL || t == NULL || a == NULL)
+  if (b == NULL || pk == NULL || k == NULL || rp == NULL || t == NULL || a == NULL) {
+    if (t != NULL) rda_transport_abort(t, "ring forward: a NULL argument");
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring forward: a NULL argument");
-  rda_status s = ring_check(b, rp, rank, t, a, err);
-  if (s != RDA_OK) {
-    /* The other ranks must not wait for this one. */
-    rda_transport_abort(t, err != NULL ? err->msg : "a rank failed");
-    return s;
   }
-  const rda_ring_rank *rk = rda_ring_plan_rank(rp, rank);
-  ring_ctx c;
-  memset(&c, 0, sizeof c);
-  c.b = b;
-  c.pk = pk;
-  c.k = k;
-  c.a = a;
-  c.n = rda_ring_plan_n(rp);
-  c.me.npieces = rk->npieces;
-  int64_t base = 0;
-  for (int i = 0; i < rk->npieces; ++i) {
-    c.me.lo[i] = rk->lo[i];
-    c.me.hi[i] = rk->hi[i];
-    c.me.base[i] = base;
-    base += rk->hi[i] - rk->lo[i];
+  ring_run r;
+  memset(&r, 0, sizeof r);
+  r.c.b = b;
+  r.c.pk = pk;
+  r.c.k = k;
+  r.c.fa = a;
+  r.c.batch = a->batch;
+  r.rp = rp;
+  r.t = t;
+  return ring_pass(&r, rank, a->n, workspace, workspace_bytes, stats, err);
+}
+
+rda_status rda_ring_bwd_run(rda_backend *b, const rda_plan_k *pk, const rda_fwd_kernels *k,
+                            const rda_ring_plan *rp, int rank, rda_transport *t,
+                            const rda_bwd_args *a, void *workspace, size_t workspace_bytes,
+                            rda_ring_run_stats *stats, rda_err *err) {
+  if (b == NULL || pk == NULL || k == NULL || rp == NULL || t == NULL || a == NULL) {
+    if (t != NULL) rda_transport_abort(t, "ring backward: a NULL argument");
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring backward: a NULL argument");
   }
-  uint64_t sent0 = 0, recv0 = 0;
-  rda_transport_bytes(t, &sent0, &recv0);
-  s = rda_fwd_init(b, pk, k, a, err);
-  if (s == RDA_OK) s = ring_run(&c, rp, rank, t, stats, err);
-  if (s != RDA_OK) {
-    rda_transport_abort(t, err != NULL ? err->msg : "a rank failed");
-    return s;
+  if (!pk->has_bwd) {
+    rda_transport_abort(t, "ring backward: the plan has no backward kernels");
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "ring backward: the plan has no backward kernels (plan it with "
+                       "RDA_PLAN_BACKWARD)");
   }
-  if (stats != NULL) {
-    uint64_t sent1 = 0, recv1 = 0;
-    rda_transport_bytes(t, &sent1, &recv1);
-    stats->rows = rk->rows;
-    stats->bytes_sent = sent1 - sent0;
-    stats->bytes_received = recv1 - recv0;
-  }
-  return RDA_OK;
+  ring_run r;
+  memset(&r, 0, sizeof r);
+  r.c.b = b;
+  r.c.pk = pk;
+  r.c.k = k;
+  r.c.ba = a;
+  r.c.batch = a->batch;
+  r.rp = rp;
+  r.t = t;
+  r.backward = 1;
+  return ring_pass(&r, rank, a->n, workspace, workspace_bytes, stats, err);
 }

@@ -305,18 +305,6 @@ static void test_cli_unwritable_outputs_exit_1_and_write_nothing(void **state) {
   free(missing), free(missing_lse);
 }
 
-static void test_cli_unsupported_features_exit_1(void **state) {
-  fixture *f = *state;
-  const char *const ranks[] = {"run", f->config, "--q",   f->q, "--k",       f->k,   "--v",
-                               f->v,  "--o",     f->o,    "--ranks", "4", "--backend", "cuda",
-                               NULL};
-  expect_input_error(f, "ranks on cuda", ranks, "not yet supported");
-  const char *const bwd[] = {"run",  f->config, "--q",  f->q,  "--k",  f->k,  "--v",  f->v,
-                             "--o",  f->o,      "--do", f->d_o, "--dq", f->dq, "--dk", f->dk,
-                             "--dv", f->dv,     "--ranks", "2", NULL};
-  expect_input_error(f, "ring backward", bwd, "the ring backward is not yet supported");
-}
-
 /* --ranks P > N, and zigzag with N % 2P != 0 (N = 40): one clear line, exit 1. */
 static void test_cli_ranks_bad_split_exit_1(void **state) {
   fixture *f = *state;
@@ -507,6 +495,7 @@ typedef struct run_case {
   const char *backend_arg; /* how --backend is spelled */
   int no_gpu_ok;           /* cuda: with no usable GPU, a clean exit 1 is the right answer */
   int backward;            /* also --do/--dq/--dk/--dv, the gradients checked too */
+  const char *ranks;       /* --ranks value; NULL means "1" */
 } run_case;
 
 /* Read an fp32 .npy output of the given shape into malloc'd floats. */
@@ -564,7 +553,7 @@ static void run_and_compare(fixture *f, const run_case *rc) {
     args[n++] = rc->backend_arg;
   else
     args[n++] = "--backend", args[n++] = rc->backend_arg;
-  args[n++] = "--ranks", args[n++] = "1";
+  args[n++] = "--ranks", args[n++] = rc->ranks != NULL ? rc->ranks : "1";
   if (rc->backward) {
     args[n++] = "--dv", args[n++] = f->dv, args[n++] = "--do", args[n++] = f->d_o;
     args[n++] = "--dk", args[n++] = f->dk, args[n++] = "--dq", args[n++] = f->dq;
@@ -669,7 +658,8 @@ static void test_cli_run_emu_matches_reference_bf16_causal_gqa(void **state) {
                        1,
                        "emu",
                        0,
-                       0};
+                       0,
+                       NULL};
   run_and_compare(*state, &rc);
 }
 
@@ -687,7 +677,8 @@ static void test_cli_run_emu_matches_reference_fp16_group_offsets_f8_inputs(void
                        0,
                        "--backend=emu",
                        0,
-                       0};
+                       0,
+                       NULL};
   run_and_compare(*state, &rc);
 }
 
@@ -705,7 +696,8 @@ static void test_cli_run_auto_reads_f2_and_says_which_backend(void **state) {
       1,
       "auto",
       0,
-      0};
+      0,
+      NULL};
   run_and_compare(*state, &rc);
 }
 
@@ -725,7 +717,8 @@ static void test_cli_run_cuda_matches_reference_or_fails_cleanly(void **state) {
                        1,
                        "cuda",
                        1,
-                       0};
+                       0,
+                       NULL};
   run_and_compare(*state, &rc);
 }
 
@@ -744,7 +737,8 @@ static void test_cli_backward_emu_matches_reference_bf16_causal_gqa(void **state
                        1,
                        "emu",
                        0,
-                       1};
+                       1,
+                       NULL};
   run_and_compare(*state, &rc);
 }
 
@@ -764,7 +758,8 @@ static void test_cli_backward_emu_matches_reference_fp16_group_mqa(void **state)
                        0,
                        "--backend=emu",
                        0,
-                       1};
+                       1,
+                       NULL};
   run_and_compare(*state, &rc);
 }
 
@@ -784,7 +779,50 @@ static void test_cli_backward_cuda_matches_reference_or_fails_cleanly(void **sta
                        1,
                        "cuda",
                        1,
-                       1};
+                       1,
+                       NULL};
+  run_and_compare(*state, &rc);
+}
+
+/* The ring backward through the CLI: 3 virtual ranks of the emulator, gradients gathered and
+ * checked against the reference (dK/dV rows include what other ranks returned). */
+static void test_cli_ring_backward_emu_matches_reference(void **state) {
+  run_case rc = {"ring backward bf16 causal gqa",
+                 "return { heads = 4, kv_heads = 2, head_dim = 32, dtype = 'bf16',\n"
+                 "  segments = { 16, 32, 256 }, dilations = { 1, 2, 4 }, causal = true }\n",
+                 4,
+                 2,
+                 32,
+                 RDA_DTYPE_BF16,
+                 2,
+                 72,
+                 "<f4",
+                 1,
+                 "emu",
+                 0,
+                 1,
+                 "3"};
+  run_and_compare(*state, &rc);
+}
+
+/* --ranks 2 --backend cuda: the ring over device virtual ranks of one GPU, forward and
+ * backward, checked against the reference on a GPU, else a clean failure. */
+static void test_cli_ring_cuda_matches_reference_or_fails_cleanly(void **state) {
+  const run_case rc = {"ring cuda backend",
+                       "return { heads = 4, kv_heads = 2, head_dim = 64, dtype = 'fp16',\n"
+                       "  segments = { 32, 128 }, dilations = { 1, 4 }, causal = true }\n",
+                       4,
+                       2,
+                       64,
+                       RDA_DTYPE_FP16,
+                       2,
+                       100,
+                       "<f4",
+                       1,
+                       "cuda",
+                       1,
+                       1,
+                       "2"};
   run_and_compare(*state, &rc);
 }
 
@@ -797,8 +835,11 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cli_bad_config_exits_1_naming_it, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cli_unwritable_outputs_exit_1_and_write_nothing, setup,
                                       teardown),
-      cmocka_unit_test_setup_teardown(test_cli_unsupported_features_exit_1, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cli_ranks_bad_split_exit_1, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cli_ring_backward_emu_matches_reference, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cli_ring_cuda_matches_reference_or_fails_cleanly, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_cli_ranks_3_matches_reference_and_writes_stats, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_failure_keeps_existing_output_untouched, setup,

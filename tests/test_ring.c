@@ -1,7 +1,10 @@
-/* test_ring.c — the ring forward (runtime/ring.c) with P virtual ranks (threads, host transport,
- * one emulator backend per rank): every rank's rows against the float64 single-device reference
- * (SPEC §5), bytes moved against the ring plan, zero bytes for local branches, peak ~ 1/P. */
+/* test_ring.c — the ring forward and backward (runtime/ring.c) with P virtual ranks (threads,
+ * host transport, one emulator backend per rank): every rank's rows of O, LSE, dQ, dK and dV
+ * against the float64 single-device reference (SPEC §5), bytes moved against the ring plan,
+ * zero bytes for local branches, peak ~ 1/P, a failing rank failing every rank. */
 #include "backend.h"
+#include "bwd.h"
+#include "rda_test_backend.h"
 #include "fwd.h"
 #include "gen.h"
 #include "rda_test.h"
@@ -57,6 +60,8 @@ static int group_teardown(void **state) {
 }
 
 /* One rank's inputs and outputs (backend memory) and what it reported. */
+enum { M_Q, M_K, M_V, M_O, M_LSE, M_DO, M_DLSE, M_DQ, M_DK, M_DV, M_DP, M_WS, M_COUNT };
+
 typedef struct rank_job {
   rda_backend *b;
   const rda_plan_k *pk;
@@ -65,20 +70,27 @@ typedef struct rank_job {
   rda_host_world *world;
   uint64_t fp;
   int rank;
+  int backward;
   rda_fwd_args a;
-  void *mem[5]; /* q, k, v, o, lse in backend memory */
-  rda_ring_run_stats stats;
+  rda_bwd_args ba;
+  void *mem[M_COUNT];
+  size_t ws_bytes;
+  rda_ring_run_stats stats, bstats;
   rda_status status;
   rda_err err;
 } rank_job;
 
+/* The forward pass, then (backward) the backward pass on its o and lse, over one endpoint. */
 static void *rank_main(void *arg) {
   rank_job *j = arg;
   rda_transport *t = NULL;
   j->status = rda_host_world_join(j->world, j->rank, j->fp, &t, &j->err);
   if (j->status == RDA_OK)
-    j->status =
-        rda_ring_fwd_run(j->b, j->pk, &j->kern, j->rp, j->rank, t, &j->a, NULL, 0, &j->stats, &j->err);
+    j->status = rda_ring_fwd_run(j->b, j->pk, &j->kern, j->rp, j->rank, t, &j->a, j->mem[M_WS],
+                                 j->ws_bytes, &j->stats, &j->err);
+  if (j->status == RDA_OK && j->backward)
+    j->status = rda_ring_bwd_run(j->b, j->pk, &j->kern, j->rp, j->rank, t, &j->ba, j->mem[M_WS],
+                                 j->ws_bytes, &j->bstats, &j->err);
   rda_transport_destroy(t);
   return NULL;
 }
@@ -88,6 +100,7 @@ typedef struct ring_case {
   long long w[4], r[4];
   long long n, batch;
   int ranks, layout;
+  int backward;        /* also the ring backward against the reference gradients */
   int fail_rank_plus1; /* > 0: that rank (minus one) is given a wrong row count and must fail */
 } ring_case;
 
@@ -95,6 +108,142 @@ typedef struct ring_result {
   rda_ring_run_stats stats[MAXP];
   uint64_t plan_sent[MAXP], plan_received[MAXP];
 } ring_result;
+
+/* Copy rank rows between a global [B, N, X] array and a local [B, R, X] one (elem bytes each,
+ * X elements per row); to_local picks the direction. */
+static void move_rows(const rda_ring_rank *rk, long long B, long long N, long long X, size_t elem,
+                      void *global, void *local, int to_local) {
+  const long long R = rk->rows;
+  long long row = 0;
+  for (int pc = 0; pc < rk->npieces; ++pc)
+    for (long long g = rk->lo[pc]; g < rk->hi[pc]; ++g, ++row)
+      for (long long bb = 0; bb < B; ++bb) {
+        char *gp = (char *)global + (size_t)((bb * N + g) * X) * elem;
+        char *lp = (char *)local + (size_t)((bb * R + row) * X) * elem;
+        memcpy(to_local ? lp : gp, to_local ? gp : lp, (size_t)X * elem);
+      }
+}
+
+/* The same for [B, H, N] / [B, H, R] (LSE-shaped). */
+static void move_lse(const rda_ring_rank *rk, long long B, long long H, long long N, size_t elem,
+                     void *global, void *local, int to_local) {
+  const long long R = rk->rows;
+  long long row = 0;
+  for (int pc = 0; pc < rk->npieces; ++pc)
+    for (long long g = rk->lo[pc]; g < rk->hi[pc]; ++g, ++row)
+      for (long long bh = 0; bh < B * H; ++bh) {
+        char *gp = (char *)global + (size_t)(bh * N + g) * elem;
+        char *lp = (char *)local + (size_t)(bh * R + row) * elem;
+        memcpy(to_local ? lp : gp, to_local ? gp : lp, elem);
+      }
+}
+
+static void *dev_upload(rda_backend *b, const void *host, size_t bytes) {
+  void *d = rt_dev_alloc(b, bytes);
+  rda_err err = {0};
+  if (b->upload(b, d, host, bytes, &err) != RDA_OK) fail_msg("upload: %s", err.msg);
+  return d;
+}
+
+static void *dev_poisoned(rda_backend *b, size_t count) {
+  float *p = malloc(count * sizeof(float));
+  assert_non_null(p);
+  rt_poison_f32(p, count);
+  void *d = dev_upload(b, p, count * sizeof(float));
+  free(p);
+  return d;
+}
+
+/* 16-bit bits of the rank's rows of a global double tensor [B, N, X], uploaded. */
+static void *dev_rows_bits(rda_backend *b, const rda_ring_rank *rk, long long B, long long N,
+                           long long X, const double *global) {
+  const long long R = rk->rows;
+  double *l = malloc(sizeof(double) * (size_t)(B * R * X));
+  assert_non_null(l);
+  move_rows(rk, B, N, X, sizeof(double), (void *)(uintptr_t)global, l, 1);
+  long long s[3] = {R * X, X, 0};
+  uint16_t *bits = rt_make_bits(l, B, R, 1, X, s, RDA_DTYPE_BF16, NULL);
+  void *d = dev_upload(b, bits, (size_t)(B * R * X) * 2);
+  free(bits);
+  free(l);
+  return d;
+}
+
+/* The rank's fp32 [B, R, X] device tensor into the global float array [B, N, X]. */
+static void gather_rows(rda_backend *b, const rda_ring_rank *rk, long long B, long long N,
+                        long long X, const void *dev, float *global) {
+  const size_t bytes = sizeof(float) * (size_t)(B * rk->rows * X);
+  float *l = malloc(bytes);
+  assert_non_null(l);
+  rda_err err = {0};
+  if (b->download(b, l, dev, bytes, &err) != RDA_OK) fail_msg("download: %s", err.msg);
+  move_rows(rk, B, N, X, sizeof(float), global, l, 0);
+  free(l);
+}
+
+/* Set up rank p's job: its rows of the inputs, poisoned outputs, workspaces. */
+static void job_setup(rank_job *j, const ring_case *rc, const rda_ring_rank *rk, const double *q,
+                      const double *k, const double *v, const double *dout, const double *dlse) {
+  const long long B = rc->batch, N = rc->n, H = rc->heads, Hkv = rc->kv_heads, D = rc->head_dim;
+  const long long R = rk->rows;
+  rda_err err = {0};
+  if (rda_fwd_load(j->b, j->pk, &j->kern, &err) != RDA_OK) fail_msg("load: %s", err.msg);
+  j->mem[M_Q] = dev_rows_bits(j->b, rk, B, N, H * D, q);
+  j->mem[M_K] = dev_rows_bits(j->b, rk, B, N, Hkv * D, k);
+  j->mem[M_V] = dev_rows_bits(j->b, rk, B, N, Hkv * D, v);
+  j->mem[M_O] = dev_poisoned(j->b, (size_t)(B * R * H * D));
+  j->mem[M_LSE] = dev_poisoned(j->b, (size_t)(B * H * R));
+  rda_fwd_args *a = &j->a;
+  rt_strides_contig(R, H, D, a->q_s);
+  rt_strides_contig(R, Hkv, D, a->k_s);
+  rt_strides_contig(R, Hkv, D, a->v_s);
+  rt_strides_contig(R, H, D, a->o_s);
+  a->lse_s[0] = H * R, a->lse_s[1] = R;
+  a->batch = B;
+  a->n = R;
+  a->q = j->mem[M_Q], a->k = j->mem[M_K], a->v = j->mem[M_V];
+  a->o = j->mem[M_O], a->lse = j->mem[M_LSE];
+  j->ws_bytes = rda_ring_workspace_bytes(j->pk, j->rp, j->rank, B, j->backward);
+  assert_true(j->ws_bytes != SIZE_MAX);
+  j->mem[M_WS] = j->ws_bytes > 0 ? rt_dev_alloc(j->b, j->ws_bytes) : NULL;
+  if (!j->backward) return;
+  j->mem[M_DO] = dev_rows_bits(j->b, rk, B, N, H * D, dout);
+  float *dl = malloc(sizeof(float) * (size_t)(B * H * N));
+  float *ll = malloc(sizeof(float) * (size_t)(B * H * R));
+  assert_true(dl != NULL && ll != NULL);
+  for (long long i = 0; i < B * H * N; ++i) dl[i] = (float)dlse[i];
+  move_lse(rk, B, H, N, sizeof(float), dl, ll, 1);
+  j->mem[M_DLSE] = dev_upload(j->b, ll, sizeof(float) * (size_t)(B * H * R));
+  free(dl);
+  free(ll);
+  j->mem[M_DQ] = dev_poisoned(j->b, (size_t)(B * R * H * D));
+  j->mem[M_DK] = dev_poisoned(j->b, (size_t)(B * R * Hkv * D));
+  j->mem[M_DV] = dev_poisoned(j->b, (size_t)(B * R * Hkv * D));
+  j->mem[M_DP] = rt_dev_alloc(j->b, rda_bwd_workspace_bytes(j->pk, B, R));
+  rda_bwd_args *ba = &j->ba;
+  ba->batch = B;
+  ba->n = R;
+  ba->q = a->q, ba->k = a->k, ba->v = a->v;
+  memcpy(ba->q_s, a->q_s, sizeof ba->q_s);
+  memcpy(ba->k_s, a->k_s, sizeof ba->k_s);
+  memcpy(ba->v_s, a->v_s, sizeof ba->v_s);
+  ba->o = a->o;
+  memcpy(ba->o_s, a->o_s, sizeof ba->o_s);
+  ba->lse = a->lse;
+  memcpy(ba->lse_s, a->lse_s, sizeof ba->lse_s);
+  ba->dout = j->mem[M_DO];
+  memcpy(ba->do_s, a->q_s, sizeof ba->do_s);
+  ba->dlse = j->mem[M_DLSE];
+  memcpy(ba->dlse_s, a->lse_s, sizeof ba->dlse_s);
+  ba->dq = j->mem[M_DQ];
+  memcpy(ba->dq_s, a->q_s, sizeof ba->dq_s);
+  ba->dk = j->mem[M_DK];
+  memcpy(ba->dk_s, a->k_s, sizeof ba->dk_s);
+  ba->dv = j->mem[M_DV];
+  memcpy(ba->dv_s, a->k_s, sizeof ba->dv_s);
+  ba->workspace = j->mem[M_DP];
+  ba->deterministic = 1;
+}
 
 /* Run one case on P virtual ranks and check every row against the reference. */
 static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
@@ -107,7 +256,8 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
   rda_err err = {0};
   rda_plan_k plan;
   memset(&plan, 0, sizeof plan);
-  if (rda_gen_plan(g_gen, &cfg, &g_hw, &plan, &err) != RDA_OK)
+  if (rda_gen_plan_ex(g_gen, &cfg, &g_hw, rc->backward ? RDA_PLAN_BACKWARD : 0u, &plan, &err) !=
+      RDA_OK)
     fail_msg("%s: plan: %s", what, err.msg);
   rda_ring_plan *rp = NULL;
   if (rda_ring_plan_create(&cfg, N, P, rc->layout, &rp, &err) != RDA_OK)
@@ -115,22 +265,14 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
   rda_host_world *world = NULL;
   assert_int_equal(rda_host_world_create(P, 60.0, &world, &err), RDA_OK);
 
-  double *q = rt_normal((size_t)(B * N * H * D), RDA_DTYPE_BF16);
-  double *k = rt_normal((size_t)(B * N * Hkv * D), RDA_DTYPE_BF16);
-  double *v = rt_normal((size_t)(B * N * Hkv * D), RDA_DTYPE_BF16);
-  double *o_ref = malloc(sizeof(double) * (size_t)(B * N * H * D));
-  double *lse_ref = malloc(sizeof(double) * (size_t)(B * H * N));
-  assert_non_null(o_ref);
-  assert_non_null(lse_ref);
-  rda_ref_forward(&cfg, B, N, q, k, v, o_ref, lse_ref);
-
-  /* Gathered results, global layout [B, N, H, D] and [B, H, N]. */
-  float *o_all = malloc(sizeof(float) * (size_t)(B * N * H * D));
-  float *lse_all = malloc(sizeof(float) * (size_t)(B * H * N));
-  assert_non_null(o_all);
-  assert_non_null(lse_all);
-  rt_poison_f32(o_all, (size_t)(B * N * H * D));
-  rt_poison_f32(lse_all, (size_t)(B * H * N));
+  const size_t nq = (size_t)(B * N * H * D), nkv = (size_t)(B * N * Hkv * D);
+  double *q = rt_normal(nq, RDA_DTYPE_BF16);
+  double *k = rt_normal(nkv, RDA_DTYPE_BF16);
+  double *v = rt_normal(nkv, RDA_DTYPE_BF16);
+  double *dout = rc->backward ? rt_normal(nq, RDA_DTYPE_BF16) : NULL;
+  double *dlse = rc->backward ? rt_normal((size_t)(B * H * N), RDA_DTYPE_BF16) : NULL;
+  double *o_ref = NULL, *lse_ref = NULL;
+  rt_reference(&cfg, B, N, q, k, v, &o_ref, &lse_ref);
 
   rank_job jobs[MAXP];
   pthread_t th[MAXP];
@@ -138,72 +280,14 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
   const uint64_t fp = rda_ring_fingerprint(&cfg, N, P, rc->layout);
   for (int p = 0; p < P; ++p) {
     rank_job *j = &jobs[p];
-    const rda_ring_rank *rk = rda_ring_plan_rank(rp, p);
-    const long long R = rk->rows;
     j->b = g_b[p];
     j->pk = &plan;
     j->rp = rp;
     j->world = world;
     j->fp = fp;
     j->rank = p;
-    if (rda_fwd_load(j->b, &plan, &j->kern, &err) != RDA_OK)
-      fail_msg("%s: load: %s", what, err.msg);
-    /* The rank's own rows only, contiguous [B, R, H, D]. */
-    double *lq = malloc(sizeof(double) * (size_t)(B * R * H * D));
-    double *lk = malloc(sizeof(double) * (size_t)(B * R * Hkv * D));
-    double *lv = malloc(sizeof(double) * (size_t)(B * R * Hkv * D));
-    assert_true(lq != NULL && lk != NULL && lv != NULL);
-    long long row = 0;
-    for (int pc = 0; pc < rk->npieces; ++pc)
-      for (long long g = rk->lo[pc]; g < rk->hi[pc]; ++g, ++row)
-        for (long long bb = 0; bb < B; ++bb) {
-          memcpy(lq + ((bb * R + row) * H) * D, q + ((bb * N + g) * H) * D,
-                 sizeof(double) * (size_t)(H * D));
-          memcpy(lk + ((bb * R + row) * Hkv) * D, k + ((bb * N + g) * Hkv) * D,
-                 sizeof(double) * (size_t)(Hkv * D));
-          memcpy(lv + ((bb * R + row) * Hkv) * D, v + ((bb * N + g) * Hkv) * D,
-                 sizeof(double) * (size_t)(Hkv * D));
-        }
-    assert_int_equal(row, R);
-    rt_strides_contig(R, H, D, j->a.q_s);
-    rt_strides_contig(R, Hkv, D, j->a.k_s);
-    rt_strides_contig(R, Hkv, D, j->a.v_s);
-    rt_strides_contig(R, H, D, j->a.o_s);
-    j->a.lse_s[1] = R;
-    j->a.lse_s[0] = H * R;
-    j->a.batch = B;
-    j->a.n = R;
-    const size_t nq = (size_t)(B * R * H * D), nkv = (size_t)(B * R * Hkv * D);
-    void *dq = NULL, *dk = NULL, *dv = NULL, *dout = NULL, *dlse = NULL;
-    assert_int_equal(j->b->alloc(j->b, nq * 2, &dq, &err), RDA_OK);
-    assert_int_equal(j->b->alloc(j->b, nkv * 2, &dk, &err), RDA_OK);
-    assert_int_equal(j->b->alloc(j->b, nkv * 2, &dv, &err), RDA_OK);
-    assert_int_equal(j->b->alloc(j->b, nq * 4, &dout, &err), RDA_OK);
-    assert_int_equal(j->b->alloc(j->b, (size_t)(B * H * R) * 4, &dlse, &err), RDA_OK);
-    uint16_t *bits = rt_make_bits(lq, B, R, H, D, j->a.q_s, RDA_DTYPE_BF16, NULL);
-    assert_int_equal(j->b->upload(j->b, dq, bits, nq * 2, &err), RDA_OK);
-    free(bits);
-    bits = rt_make_bits(lk, B, R, Hkv, D, j->a.k_s, RDA_DTYPE_BF16, NULL);
-    assert_int_equal(j->b->upload(j->b, dk, bits, nkv * 2, &err), RDA_OK);
-    free(bits);
-    bits = rt_make_bits(lv, B, R, Hkv, D, j->a.v_s, RDA_DTYPE_BF16, NULL);
-    assert_int_equal(j->b->upload(j->b, dv, bits, nkv * 2, &err), RDA_OK);
-    free(bits);
-    float *poison = malloc(nq * 4);
-    assert_non_null(poison);
-    rt_poison_f32(poison, nq);
-    assert_int_equal(j->b->upload(j->b, dout, poison, nq * 4, &err), RDA_OK);
-    assert_int_equal(j->b->upload(j->b, dlse, poison, (size_t)(B * H * R) * 4, &err), RDA_OK);
-    free(poison);
-    j->a.q = dq;
-    j->a.k = dk;
-    j->a.v = dv;
-    j->a.o = dout;
-    j->a.lse = dlse;
-    j->mem[0] = dq, j->mem[1] = dk, j->mem[2] = dv, j->mem[3] = dout, j->mem[4] = dlse;
-    free(lq);
-    free(lk);
-    free(lv);
+    j->backward = rc->backward;
+    job_setup(j, rc, rda_ring_plan_rank(rp, p), q, k, v, dout, dlse);
   }
   if (rc->fail_rank_plus1 > 0) jobs[rc->fail_rank_plus1 - 1].a.n += 1;
   for (int p = 0; p < P; ++p)
@@ -221,57 +305,81 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
     failed = 1;
   }
 
+  /* Gathered results in the global layout. */
+  float *o_all = malloc(sizeof(float) * nq), *lse_all = malloc(sizeof(float) * (size_t)(B * H * N));
+  float *dq_all = malloc(sizeof(float) * nq), *dk_all = malloc(sizeof(float) * nkv);
+  float *dv_all = malloc(sizeof(float) * nkv);
+  assert_true(o_all && lse_all && dq_all && dk_all && dv_all);
+  rt_poison_f32(o_all, nq);
+  rt_poison_f32(lse_all, (size_t)(B * H * N));
   for (int p = 0; p < P; ++p) {
     rank_job *j = &jobs[p];
     if (j->status != RDA_OK) fail_msg("%s: rank %d: %s", what, p, j->err.msg);
     const rda_ring_rank *rk = rda_ring_plan_rank(rp, p);
     const long long R = rk->rows;
-    float *lo = malloc(sizeof(float) * (size_t)(B * R * H * D));
+    gather_rows(j->b, rk, B, N, H * D, j->a.o, o_all);
     float *ll = malloc(sizeof(float) * (size_t)(B * H * R));
-    assert_true(lo != NULL && ll != NULL);
-    assert_int_equal(
-        j->b->download(j->b, lo, j->a.o, sizeof(float) * (size_t)(B * R * H * D), &err), RDA_OK);
+    assert_non_null(ll);
     assert_int_equal(j->b->download(j->b, ll, j->a.lse, sizeof(float) * (size_t)(B * H * R), &err),
                      RDA_OK);
-    long long row = 0;
-    for (int pc = 0; pc < rk->npieces; ++pc)
-      for (long long g = rk->lo[pc]; g < rk->hi[pc]; ++g, ++row)
-        for (long long bb = 0; bb < B; ++bb) {
-          memcpy(o_all + ((bb * N + g) * H) * D, lo + ((bb * R + row) * H) * D,
-                 sizeof(float) * (size_t)(H * D));
-          for (long long h = 0; h < H; ++h)
-            lse_all[(bb * H + h) * N + g] = ll[(bb * H + h) * R + row];
-        }
-    free(lo);
+    move_lse(rk, B, H, N, sizeof(float), lse_all, ll, 0);
     free(ll);
+    if (rc->backward && !failed) {
+      gather_rows(j->b, rk, B, N, H * D, j->ba.dq, dq_all);
+      gather_rows(j->b, rk, B, N, Hkv * D, j->ba.dk, dk_all);
+      gather_rows(j->b, rk, B, N, Hkv * D, j->ba.dv, dv_all);
+    }
     if (res != NULL) {
       res->stats[p] = j->stats;
       res->plan_sent[p] = rk->bytes_sent;
       res->plan_received[p] = rk->bytes_received;
     }
-    /* Bytes moved are the plan's (its counts are per batch element). */
+    /* Bytes moved are the plan's (its counts are per batch element); the backward moves the
+     * K/V again and returns fp32 gradients (twice the bytes) for every received block. */
     if (!failed) {
       assert_int_equal(j->stats.bytes_sent, rk->bytes_sent * (uint64_t)B);
       assert_int_equal(j->stats.bytes_received, rk->bytes_received * (uint64_t)B);
       assert_int_equal(j->stats.rows, R);
+      if (rc->backward) {
+        assert_int_equal(j->bstats.bytes_sent,
+                         (rk->bytes_sent + 2 * rk->bytes_received) * (uint64_t)B);
+        assert_int_equal(j->bstats.bytes_received,
+                         (rk->bytes_received + 2 * rk->bytes_sent) * (uint64_t)B);
+      }
     }
-    for (int m = 0; m < 5; ++m) j->b->free(j->b, j->mem[m]);
+    for (int m = 0; m < M_COUNT; ++m)
+      if (j->mem[m] != NULL) j->b->free(j->b, j->mem[m]);
     rda_fwd_unload(j->b, &j->kern);
   }
-  long long o_s[3], lse_s[2] = {H * N, N};
+  long long o_s[3], kv_s[3], lse_s[2] = {H * N, N};
   rt_strides_contig(N, H, D, o_s);
+  rt_strides_contig(N, Hkv, D, kv_s);
   char label[256];
   snprintf(label, sizeof label, "%s (P = %d, N = %lld, %s)", what, P, N,
            rda_ring_layout_name(rc->layout));
-  const bool ok =
+  bool ok =
       failed || rt_check_fwd(label, &cfg, B, N, o_all, o_s, lse_all, lse_s, o_ref, lse_ref, NULL);
+  if (ok && rc->backward && !failed) {
+    double *dq_ref = NULL, *dk_ref = NULL, *dv_ref = NULL;
+    rt_reference_bwd(&cfg, B, N, q, k, v, dout, dlse, &dq_ref, &dk_ref, &dv_ref);
+    ok = rt_check_bwd(label, &cfg, B, N, dq_all, o_s, dk_all, kv_s, dv_all, kv_s, dq_ref, dk_ref,
+                      dv_ref, NULL);
+    free(dq_ref);
+    free(dk_ref);
+    free(dv_ref);
+  }
   free(q);
   free(k);
   free(v);
+  free(dout);
+  free(dlse);
   free(o_ref);
   free(lse_ref);
   free(o_all);
   free(lse_all);
+  free(dq_all);
+  free(dk_all);
+  free(dv_all);
   rda_host_world_destroy(world);
   rda_ring_plan_destroy(rp);
   rda_plan_k_free(&plan);
@@ -420,6 +528,104 @@ static void test_ring_failing_rank_errors_every_rank(void **state) {
   assert_true(time(NULL) - t0 < 30);
 }
 
+/* The ring backward: dQ from local work, dK/dV including what other ranks computed for the
+ * rank's rows and returned in fp32, against the float64 reference gradients. */
+static void test_ring_backward_matches_reference_causal_mod(void **state) {
+  (void)state;
+  ring_case rc = base_case();
+  rc.causal = 1;
+  rc.offsets = RDA_OFFSETS_MOD;
+  rc.nbranch = 3;
+  rc.w[0] = 16, rc.r[0] = 1;
+  rc.w[1] = 64, rc.r[1] = 2;
+  rc.w[2] = 1 << 20, rc.r[2] = 4;
+  rc.n = 101;
+  rc.backward = 1;
+  const int ps[] = {1, 2, 3, 5, 8};
+  for (int i = 0; i < 5; ++i) {
+    rc.ranks = ps[i];
+    run_ring("backward causal mod 3 branches", &rc, NULL);
+  }
+}
+
+static void test_ring_backward_noncausal_block_gqa_batch2(void **state) {
+  (void)state;
+  ring_case rc = base_case();
+  rc.heads = 4;
+  rc.kv_heads = 2;
+  rc.offsets = RDA_OFFSETS_BLOCK;
+  rc.nbranch = 2;
+  rc.w[0] = 32, rc.r[0] = 1;
+  rc.w[1] = 1 << 20, rc.r[1] = 2;
+  rc.n = 83;
+  rc.batch = 2;
+  rc.backward = 1;
+  const int ps[] = {2, 3};
+  for (int i = 0; i < 2; ++i) {
+    rc.ranks = ps[i];
+    run_ring("backward non-causal block GQA batch 2", &rc, NULL);
+  }
+}
+
+/* Mod offsets with GQA: each (branch, offset) class carries two kv heads. */
+static void test_ring_backward_causal_mod_gqa_batch2(void **state) {
+  (void)state;
+  ring_case rc = base_case();
+  rc.heads = 4;
+  rc.kv_heads = 2;
+  rc.causal = 1;
+  rc.offsets = RDA_OFFSETS_MOD;
+  rc.nbranch = 3;
+  rc.w[0] = 16, rc.r[0] = 1;
+  rc.w[1] = 32, rc.r[1] = 2;
+  rc.w[2] = 256, rc.r[2] = 4;
+  rc.n = 72;
+  rc.batch = 2;
+  rc.backward = 1;
+  const int ps[] = {2, 3};
+  for (int i = 0; i < 2; ++i) {
+    rc.ranks = ps[i];
+    run_ring("backward causal mod GQA batch 2", &rc, NULL);
+  }
+}
+
+static void test_ring_backward_group_causal_gqa(void **state) {
+  (void)state;
+  ring_case rc = base_case();
+  rc.heads = 4;
+  rc.kv_heads = 1;
+  rc.causal = 1;
+  rc.offsets = RDA_OFFSETS_GROUP;
+  rc.nbranch = 2;
+  rc.w[0] = 24, rc.r[0] = 1;
+  rc.w[1] = 96, rc.r[1] = 3;
+  rc.n = 130;
+  rc.backward = 1;
+  const int ps[] = {4, 7};
+  for (int i = 0; i < 2; ++i) {
+    rc.ranks = ps[i];
+    run_ring("backward causal group GQA", &rc, NULL);
+  }
+}
+
+static void test_ring_backward_zigzag(void **state) {
+  (void)state;
+  ring_case rc = base_case();
+  rc.causal = 1;
+  rc.offsets = RDA_OFFSETS_MOD;
+  rc.nbranch = 2;
+  rc.w[0] = 16, rc.r[0] = 1;
+  rc.w[1] = 1 << 20, rc.r[1] = 2;
+  rc.n = 96;
+  rc.layout = RDA_RING_ZIGZAG;
+  rc.backward = 1;
+  const int ps[] = {2, 3};
+  for (int i = 0; i < 2; ++i) {
+    rc.ranks = ps[i];
+    run_ring("backward causal zigzag", &rc, NULL);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ring_matches_reference_every_rank_count_causal_mod),
@@ -429,6 +635,11 @@ int main(void) {
       cmocka_unit_test(test_ring_local_branches_send_zero_bytes),
       cmocka_unit_test(test_ring_peak_bytes_shrink_with_ranks),
       cmocka_unit_test(test_ring_failing_rank_errors_every_rank),
+      cmocka_unit_test(test_ring_backward_matches_reference_causal_mod),
+      cmocka_unit_test(test_ring_backward_noncausal_block_gqa_batch2),
+      cmocka_unit_test(test_ring_backward_causal_mod_gqa_batch2),
+      cmocka_unit_test(test_ring_backward_group_causal_gqa),
+      cmocka_unit_test(test_ring_backward_zigzag),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

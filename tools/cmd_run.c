@@ -11,11 +11,10 @@
 #include "json.h"
 #include "ring.h"
 #include "ring_plan.h"
-#include "transport.h"
+#include "ring_virtual.h"
 
 #include <errno.h>
 #include <math.h>
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -37,8 +36,9 @@ static const char run_usage_text[] =
     "             dQ [B, N, H, D], dK and dV [B, N, Hkv, D] as float32 (dLSE = 0)\n"
     "  --backend  auto (default: cuda when a GPU is usable, else emu), cuda, or emu (the CPU\n"
     "             emulator running the generated kernels)\n"
-    "  --ranks    ring ranks (default 1): P virtual ranks (threads on the host transport, the\n"
-    "             emulator backend), each given only its own rows; the result is gathered\n"
+    "  --ranks    ring ranks (default 1): P virtual ranks, threads each given only its own\n"
+    "             rows (the emulator over host memory, or one GPU over device memory); the\n"
+    "             result (and with --do, the gradients) is gathered\n"
     "  --layout   how rows are split over the ranks: contiguous (default) or zigzag (2P equal\n"
     "             chunks, rank p holds chunks p and 2P-1-p; N must be a multiple of 2P)\n"
     "  --stats    write {\"ranks\": [{\"rank\", \"rows\", \"bytes_sent\", \"bytes_received\",\n"
@@ -297,54 +297,8 @@ static int run_write_outputs(const run_output *outs, int count) {
   return 0;
 }
 
-/* --- the ring over P virtual ranks (host transport, one emulator backend per rank) -------- */
-
-typedef struct run_rank {
-  rda_backend *b;
-  rda_fwd_kernels kernels;
-  const rda_plan_k *plan;
-  const rda_ring_plan *rp;
-  rda_host_world *world;
-  uint64_t fingerprint;
-  int rank;
-  void *mem[5]; /* q, k, v, o, lse */
-  rda_fwd_args a;
-  rda_ring_run_stats stats;
-  rda_status status;
-  rda_err err;
-} run_rank;
-
-static void *run_rank_main(void *arg) {
-  run_rank *r = arg;
-  rda_transport *t = NULL;
-  r->status = rda_host_world_join(r->world, r->rank, r->fingerprint, &t, &r->err);
-  if (r->status == RDA_OK)
-    r->status =
-        rda_ring_fwd_run(r->b, r->plan, &r->kernels, r->rp, r->rank, t, &r->a, NULL, 0, &r->stats, &r->err);
-  rda_transport_destroy(t);
-  return NULL;
-}
-
-/* Copy the rows a rank owns of a [B, N, heads, D] tensor (elements of `elem` bytes) into dst
- * [B, R, heads, D], or back (to_global). */
-static void run_rows(const rda_ring_rank *rk, long long B, long long N, long long row_elems,
-                     size_t elem, const void *global, void *local, int to_global) {
-  const size_t rb = (size_t)row_elems * elem;
-  long long i = 0;
-  for (int pc = 0; pc < rk->npieces; ++pc)
-    for (long long g = rk->lo[pc]; g < rk->hi[pc]; ++g, ++i)
-      for (long long b = 0; b < B; ++b) {
-        char *gp = (char *)(uintptr_t)global + (size_t)((b * N + g) * row_elems) * elem;
-        char *lp = (char *)local + (size_t)((b * rk->rows + i) * row_elems) * elem;
-        if (to_global)
-          memcpy(gp, lp, rb);
-        else
-          memcpy(lp, gp, rb);
-      }
-}
-
 /* stats JSON to a temporary beside path; *tmp receives its name. */
-static int run_write_stats(const char *path, const run_rank *ranks, int P, char *tmp,
+static int run_write_stats(const char *path, const rda_ring_run_stats *stats, int P, char *tmp,
                            size_t tmp_len) {
   rda_json j;
   rda_err err = {0};
@@ -357,13 +311,13 @@ static int run_write_stats(const char *path, const run_rank *ranks, int P, char 
     rda_json_key(&j, "rank");
     rda_json_int(&j, p);
     rda_json_key(&j, "rows");
-    rda_json_int(&j, (long long)ranks[p].stats.rows);
+    rda_json_int(&j, (long long)stats[p].rows);
     rda_json_key(&j, "bytes_sent");
-    rda_json_int(&j, (long long)ranks[p].stats.bytes_sent);
+    rda_json_int(&j, (long long)stats[p].bytes_sent);
     rda_json_key(&j, "bytes_received");
-    rda_json_int(&j, (long long)ranks[p].stats.bytes_received);
+    rda_json_int(&j, (long long)stats[p].bytes_received);
     rda_json_key(&j, "peak_bytes");
-    rda_json_int(&j, (long long)ranks[p].stats.peak_bytes);
+    rda_json_int(&j, (long long)stats[p].peak_bytes);
     rda_json_object_end(&j);
   }
   rda_json_array_end(&j);
@@ -383,115 +337,6 @@ static int run_write_stats(const char *path, const run_rank *ranks, int P, char 
     return rdagen_fail("%s: cannot write: %s", path, strerror(e));
   }
   return 0;
-}
-
-/* The forward pass on opt->ranks virtual ranks; fills s->o and s->lse (global layout). */
-static int run_ring_forward(const run_opts *opt, const rda_config *cfg, run_state *s, long long B,
-                            long long N, char *stats_tmp, size_t stats_tmp_len) {
-  rda_err err = {0};
-  const long long H = cfg->heads, Hkv = cfg->kv_heads, D = cfg->head_dim;
-  const int P = (int)opt->ranks;
-  const int layout = opt->layout != NULL ? rda_ring_layout_parse(opt->layout) : RDA_RING_CONTIGUOUS;
-  rda_ring_plan *rp = NULL;
-  if (rda_ring_plan_create(cfg, N, P, layout, &rp, &err) != RDA_OK)
-    return rdagen_fail("--ranks %d: %s", P, err.msg);
-  if (strcmp(opt->backend, "auto") == 0)
-    fprintf(stderr, "rdagen: backend: emu (the ring runs on virtual ranks of the emulator)\n");
-  int rc = 1;
-  rda_host_world *world = NULL;
-  run_rank *ranks = calloc((size_t)P, sizeof *ranks);
-  pthread_t *th = calloc((size_t)P, sizeof *th);
-  int started = 0;
-  char why[1024];
-  rda_hw hw;
-  if (ranks == NULL || th == NULL) {
-    rdagen_fail("out of memory for %d ranks", P);
-    goto done;
-  }
-  if (rda_backend_open("emu", &s->b, why, sizeof why, &err) != RDA_OK ||
-      rda_backend_hw(s->b, s->g, &hw, &err) != RDA_OK ||
-      rda_gen_plan(s->g, cfg, &hw, &s->plan, &err) != RDA_OK ||
-      rda_host_world_create(P, 3600.0, &world, &err) != RDA_OK) {
-    rdagen_fail("%s", err.msg);
-    goto done;
-  }
-  const uint64_t fp = rda_ring_fingerprint(cfg, N, P, layout);
-  for (int p = 0; p < P; ++p) {
-    run_rank *r = &ranks[p];
-    const rda_ring_rank *rk = rda_ring_plan_rank(rp, p);
-    const long long R = rk->rows;
-    r->plan = &s->plan;
-    r->rp = rp;
-    r->world = world;
-    r->fingerprint = fp;
-    r->rank = p;
-    const size_t nq = (size_t)(B * R * H * D), nk = (size_t)(B * R * Hkv * D);
-    const size_t sizes[5] = {nq * 2, nk * 2, nk * 2, nq * 4, (size_t)(B * H * R) * 4};
-    if (rda_backend_open("emu", &r->b, why, sizeof why, &err) != RDA_OK ||
-        rda_fwd_load(r->b, &s->plan, &r->kernels, &err) != RDA_OK) {
-      rdagen_fail("%s", err.msg);
-      goto done;
-    }
-    for (int m = 0; m < 5; ++m)
-      if (r->b->alloc(r->b, sizes[m], &r->mem[m], &err) != RDA_OK) {
-        rdagen_fail("%s", err.msg);
-        goto done;
-      }
-    /* The emulator's memory is host memory: each rank gets only its own rows. */
-    run_rows(rk, B, N, H * D, 2, s->qb, r->mem[0], 0);
-    run_rows(rk, B, N, Hkv * D, 2, s->kb, r->mem[1], 0);
-    run_rows(rk, B, N, Hkv * D, 2, s->vb, r->mem[2], 0);
-    r->a.batch = B;
-    r->a.n = R;
-    r->a.q = r->mem[0];
-    r->a.k = r->mem[1];
-    r->a.v = r->mem[2];
-    r->a.o = r->mem[3];
-    r->a.lse = r->mem[4];
-    const long long q_s[3] = {R * H * D, H * D, D}, k_s[3] = {R * Hkv * D, Hkv * D, D};
-    memcpy(r->a.q_s, q_s, sizeof q_s);
-    memcpy(r->a.o_s, q_s, sizeof q_s);
-    memcpy(r->a.k_s, k_s, sizeof k_s);
-    memcpy(r->a.v_s, k_s, sizeof k_s);
-    r->a.lse_s[0] = H * R;
-    r->a.lse_s[1] = R;
-  }
-  for (; started < P; ++started)
-    if (pthread_create(&th[started], NULL, run_rank_main, &ranks[started]) != 0) {
-      rdagen_fail("cannot start the thread of rank %d", started);
-      break;
-    }
-  for (int p = 0; p < started; ++p) pthread_join(th[p], NULL);
-  if (started < P) goto done;
-  for (int p = 0; p < P; ++p)
-    if (ranks[p].status != RDA_OK) {
-      rdagen_fail("%s", ranks[p].err.msg);
-      goto done;
-    }
-  for (int p = 0; p < P; ++p) {
-    const rda_ring_rank *rk = rda_ring_plan_rank(rp, p);
-    run_rows(rk, B, N, H * D, 4, s->o, ranks[p].mem[3], 1);
-    const float *l = ranks[p].mem[4];
-    long long i = 0;
-    for (int pc = 0; pc < rk->npieces; ++pc)
-      for (long long g = rk->lo[pc]; g < rk->hi[pc]; ++g, ++i)
-        for (long long bh = 0; bh < B * H; ++bh) s->lse[bh * N + g] = l[bh * rk->rows + i];
-  }
-  rc = opt->stats != NULL ? run_write_stats(opt->stats, ranks, P, stats_tmp, stats_tmp_len) : 0;
-done:
-  for (int p = 0; ranks != NULL && p < P; ++p) {
-    run_rank *r = &ranks[p];
-    if (r->b == NULL) continue;
-    for (int m = 0; m < 5; ++m)
-      if (r->mem[m] != NULL) r->b->free(r->b, r->mem[m]);
-    rda_fwd_unload(r->b, &r->kernels);
-    r->b->destroy(r->b);
-  }
-  free(ranks);
-  free(th);
-  rda_host_world_destroy(world);
-  rda_ring_plan_destroy(rp);
-  return rc;
 }
 
 /* Everything after validation: backend, plan, kernels, the forward (and backward) pass, the
@@ -526,10 +371,42 @@ static int run_attention(const run_opts *opt, const rda_config *cfg, run_state *
 
   if (opt->ranks > 1 || opt->stats != NULL || opt->layout != NULL) {
     char stats_tmp[4096] = "";
-    if (run_ring_forward(opt, cfg, s, B, N, stats_tmp, sizeof stats_tmp) != 0) return 1;
-    const run_output outs[2] = {{opt->o, 4, {B, N, H, D}, s->o},
-                                {opt->lse, 3, {B, H, N, 0}, s->lse}};
-    if (run_write_outputs(outs, 2) != 0) {
+    rda_ring_run_stats *stats = calloc((size_t)opt->ranks, sizeof *stats);
+    if (stats == NULL) return rdagen_fail("out of memory for %lld ranks", opt->ranks);
+    char why[1024] = "";
+    rda_ring_virtual job = {
+        .backend = opt->backend,
+        .ranks = (int)opt->ranks,
+        .layout = opt->layout != NULL ? rda_ring_layout_parse(opt->layout) : RDA_RING_CONTIGUOUS,
+        .cfg = cfg,
+        .g = s->g,
+        .batch = B,
+        .n = N,
+        .q = s->qb, .k = s->kb, .v = s->vb,
+        .dout = backward ? s->dob : NULL,
+        .o = s->o, .lse = s->lse,
+        .dq = s->gq, .dk = s->gk, .dv = s->gv,
+        .stats = stats,
+        .why = why,
+        .why_len = sizeof why,
+    };
+    int rc = 0;
+    if (rda_ring_virtual_run(&job, &err) != RDA_OK)
+      rc = rdagen_fail("%s", err.msg);
+    else if (strcmp(opt->backend, "auto") == 0)
+      fprintf(stderr, "rdagen: backend: %s (%lld virtual ranks)\n", why, opt->ranks);
+    if (rc == 0 && opt->stats != NULL)
+      rc = run_write_stats(opt->stats, stats, (int)opt->ranks, stats_tmp, sizeof stats_tmp);
+    free(stats);
+    if (rc != 0) return rc;
+    const run_output outs[RUN_MAX_OUTPUTS] = {
+        {opt->o, 4, {B, N, H, D}, s->o},
+        {opt->lse, 3, {B, H, N, 0}, s->lse},
+        {backward ? opt->dq : NULL, 4, {B, N, H, D}, s->gq},
+        {backward ? opt->dk : NULL, 4, {B, N, Hkv, D}, s->gk},
+        {backward ? opt->dv : NULL, 4, {B, N, Hkv, D}, s->gv},
+    };
+    if (run_write_outputs(outs, RUN_MAX_OUTPUTS) != 0) {
       if (stats_tmp[0] != '\0') unlink(stats_tmp);
       return 1;
     }
@@ -658,12 +535,6 @@ int rdagen_cmd_run(int argc, char **argv) {
   if (rc >= 0) return rc;
 
   const int ring = opt.ranks > 1 || opt.stats != NULL || opt.layout != NULL;
-  if (ring && opt.d_o != NULL)
-    return rdagen_fail("--ranks %lld: the ring backward is not yet supported", opt.ranks);
-  if (ring && strcmp(opt.backend, "cuda") == 0)
-    return rdagen_fail("--ranks %lld --backend cuda: the ring over device virtual ranks is not "
-                       "yet supported (use --backend emu)",
-                       opt.ranks);
   if (ring && opt.ranks > RDA_RING_MAX_RANKS)
     return rdagen_fail("--ranks %lld: at most %d ranks", opt.ranks, RDA_RING_MAX_RANKS);
   if (opt.stats != NULL && run_check_output(opt.stats) != 0) return 1;

@@ -1,0 +1,324 @@
+/* ring_compute.c — the launches of one ring rank on a block (see ring_compute.h). One
+ * enumeration of (branch step, heads, segments, query rows, key rows) serves both passes: the
+ * forward launches its kernel on each, the backward its dK/dV and dQ kernels. */
+#include "ring_compute.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#include "config.h"
+
+/* One launch over a sub-range of the global problem. */
+typedef struct ring_launch {
+  int step; /* index into pk->steps and pk->bwd_steps (both one per branch, in order) */
+  int head0, nheads;
+  int64_t seg0, nseg;
+  int64_t q_lo, q_hi, row_lo;
+  int64_t kv_lo, kv_hi, kv_row_lo;
+  /* Keys from a compact block (else the rank's own k, v, dk, dv): grid rows one after another,
+   * kv_pitch elements apart, kv_sb elements per batch entry; dk, dv the fp32 block alike. */
+  int compact;
+  const void *k, *v;
+  float *dk, *dv;
+  long long kv_sb, kv_pitch, kv_head_stride;
+} ring_launch;
+
+typedef rda_status (*ring_launch_fn)(const ring_ctx *c, const ring_launch *l, rda_err *err);
+
+static int64_t ring_ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+static int64_t ring_w(const ring_ctx *c, int branch) {
+  return c->pk->cfg.segments[branch] < c->n ? c->pk->cfg.segments[branch] : c->n;
+}
+
+rda_status ring_ctx_init(ring_ctx *c, const rda_ring_plan *rp, int rank, rda_err *err) {
+  const rda_ring_rank *rk = rda_ring_plan_rank(rp, rank);
+  if (rk == NULL) return rda_err_set(err, RDA_ERR_INTERNAL, "ring: no rank %d in the plan", rank);
+  c->n = rda_ring_plan_n(rp);
+  c->me.npieces = rk->npieces;
+  int64_t base = 0;
+  for (int i = 0; i < rk->npieces; ++i) {
+    c->me.lo[i] = rk->lo[i];
+    c->me.hi[i] = rk->hi[i];
+    c->me.base[i] = base;
+    base += rk->hi[i] - rk->lo[i];
+  }
+  if (c->pk->has_bwd)
+    for (int i = 0; i < c->pk->nsteps; ++i)
+      if (c->pk->bwd_steps[i].branch != c->pk->steps[i].branch ||
+          c->pk->bwd_steps[i].head0 != c->pk->steps[i].head0 ||
+          c->pk->bwd_steps[i].nheads != c->pk->steps[i].nheads)
+        return rda_err_set(err, RDA_ERR_INTERNAL, "ring: backward step %d differs from forward",
+                           i);
+  return RDA_OK;
+}
+
+/* --- the rows of a transfer ---------------------------------------------------------------- */
+
+/* The piece holding global row pos, or -1. */
+static int ring_piece(const ring_rank *me, int64_t pos) {
+  for (int i = 0; i < me->npieces; ++i)
+    if (pos >= me->lo[i] && pos < me->hi[i]) return i;
+  return -1;
+}
+
+rda_status ring_rows_for(const ring_ctx *c, const rda_ring_xfer *x, int64_t stride,
+                         const rda_ring_class *cls, rda_ring_rows_params *rows, rda_err *err) {
+  memset(rows, 0, sizeof *rows);
+  rows->batch = c->batch;
+  rows->rows = x->rows;
+  rows->stride = stride;
+  rows->nranges = x->nranges;
+  rows->head_dim = c->pk->cfg.head_dim;
+  rows->nkv_total = cls->nkv;
+  for (int i = 0; i < x->nranges; ++i) {
+    rows->count[i] = x->count[i];
+    if (x->count[i] < 1) continue;
+    const int64_t last = x->first[i] + (x->count[i] - 1) * stride;
+    const int p = ring_piece(&c->me, x->first[i]);
+    if (p < 0 || ring_piece(&c->me, last) != p)
+      return rda_err_set(err, RDA_ERR_INTERNAL,
+                         "ring: rows %lld..%lld of a transfer are not in one owned piece",
+                         (long long)x->first[i], (long long)last);
+    rows->first[i] = c->me.base[p] + (x->first[i] - c->me.lo[p]);
+  }
+  return RDA_OK;
+}
+
+void ring_rows_set_kv(const ring_ctx *c, rda_ring_rows_params *rows) {
+  const rda_fwd_args *f = c->fa;
+  const rda_bwd_args *b = c->ba;
+  /* The pack only reads k, v; the parameter block is shared with the adder, which writes. */
+  rows->k = (void *)(uintptr_t)(f != NULL ? f->k : b->k);
+  rows->v = (void *)(uintptr_t)(f != NULL ? f->v : b->v);
+  const long long *ks = f != NULL ? f->k_s : b->k_s;
+  const long long *vs = f != NULL ? f->v_s : b->v_s;
+  rows->k_sb = ks[0], rows->k_sn = ks[1], rows->k_sh = ks[2];
+  rows->v_sb = vs[0], rows->v_sn = vs[1], rows->v_sh = vs[2];
+}
+
+void ring_rows_set_grads(const ring_ctx *c, rda_ring_rows_params *rows) {
+  const rda_bwd_args *b = c->ba;
+  rows->k = b->dk;
+  rows->v = b->dv;
+  rows->k_sb = b->dk_s[0], rows->k_sn = b->dk_s[1], rows->k_sh = b->dk_s[2];
+  rows->v_sb = b->dv_s[0], rows->v_sn = b->dv_s[1], rows->v_sh = b->dv_s[2];
+}
+
+/* --- the launches -------------------------------------------------------------------------- */
+
+static rda_status ring_launch_fwd(const ring_ctx *c, const ring_launch *l, rda_err *err) {
+  const rda_plan_k *p = c->pk;
+  const rda_step *s = &p->steps[l->step];
+  const rda_variant *var = &p->variants[s->kernel];
+  const int64_t w = ring_w(c, s->branch), r = p->cfg.dilations[s->branch];
+  /* The single-device parameters over the global sequence, then this launch's ranges. */
+  rda_fwd_args ga = *c->fa;
+  ga.n = c->n;
+  rda_fwd_params fp;
+  rda_fwd_params_for_step(p, s, &ga, &fp);
+  if (l->compact) {
+    fp.k = l->k;
+    fp.v = l->v;
+    fp.k_sb = fp.v_sb = l->kv_sb;
+    fp.k_sn = fp.v_sn = 0;
+    fp.k_sh = fp.v_sh = l->kv_head_stride;
+    fp.k_rs = fp.v_rs = l->kv_pitch;
+  }
+  /* At most ceil(L / r) grid rows fall in L consecutive positions. */
+  int64_t rows = ring_ceil_div(w, r);
+  const int64_t span = ring_ceil_div(l->q_hi - l->q_lo, r);
+  if (span < rows) rows = span;
+  fp.tiles_per_seg = (int)ring_ceil_div(rows, var->block_m);
+  fp.head0 = l->head0;
+  fp.merge = 1;
+  fp.seg0 = l->seg0;
+  fp.q_lo = l->q_lo, fp.q_hi = l->q_hi, fp.row_lo = l->row_lo;
+  fp.kv_lo = l->kv_lo, fp.kv_hi = l->kv_hi, fp.kv_row_lo = l->kv_row_lo;
+  const long long gx = l->nseg * fp.tiles_per_seg;
+  if (gx < 1 || fp.tiles_per_seg < 1) return RDA_OK;
+  if (gx > 0x7fffffffLL)
+    return rda_err_set(err, RDA_ERR_UNSUPPORTED, "branch %d: grid of %lld blocks is too large",
+                       s->branch, gx);
+  const unsigned grid[3] = {(unsigned)gx, (unsigned)l->nheads, (unsigned)c->batch};
+  return c->b->launch(c->b, c->k->modules[s->kernel], grid, (unsigned)var->threads,
+                      (unsigned)var->smem_bytes, &fp, sizeof fp, err);
+}
+
+/* dK/dV then dQ of one launch; deterministic (plain read-modify-writes in stream order). */
+static rda_status ring_launch_bwd(const ring_ctx *c, const ring_launch *l, rda_err *err) {
+  const rda_plan_k *p = c->pk;
+  const rda_bwd_step *s = &p->bwd_steps[l->step];
+  rda_bwd_args ga = *c->ba;
+  ga.n = c->n;
+  rda_bwd_params bp;
+  rda_bwd_params_for_step(p, s, &ga, &bp);
+  /* Dp (the workspace) holds the rank's rows only, like lse. */
+  bp.dp_sb = (long long)p->cfg.heads * c->ba->n;
+  bp.dp_sh = c->ba->n;
+  if (l->compact) {
+    bp.k = l->k;
+    bp.v = l->v;
+    bp.dk = l->dk;
+    bp.dv = l->dv;
+    bp.k_sb = bp.v_sb = bp.dk_sb = bp.dv_sb = l->kv_sb;
+    bp.k_sn = bp.v_sn = bp.dk_sn = bp.dv_sn = 0;
+    bp.k_sh = bp.v_sh = bp.dk_sh = bp.dv_sh = l->kv_head_stride;
+    bp.k_rs = bp.v_rs = bp.dk_rs = bp.dv_rs = l->kv_pitch;
+  }
+  bp.head0 = l->head0;
+  bp.nheads = l->nheads;
+  bp.seg0 = l->seg0;
+  bp.q_lo = l->q_lo, bp.q_hi = l->q_hi, bp.row_lo = l->row_lo;
+  bp.kv_lo = l->kv_lo, bp.kv_hi = l->kv_hi, bp.kv_row_lo = l->kv_row_lo;
+  RDA_TRY(rda_bwd_launch_dkdv(c->b, p, c->k, s, &bp, l->nseg, c->batch, 0, err));
+  return rda_bwd_launch_dq(c->b, p, c->k, s, &bp, l->nseg, c->batch, err);
+}
+
+/* --- what runs on a block ------------------------------------------------------------------ */
+
+/* Own rows: one launch per (branch step, query piece, key piece) over the segments both pieces
+ * meet; causal skips key pieces wholly in the future. */
+static rda_status ring_own(const ring_ctx *c, ring_launch_fn fn, rda_err *err) {
+  const rda_plan_k *p = c->pk;
+  for (int i = 0; i < p->nsteps; ++i) {
+    const int64_t w = ring_w(c, p->steps[i].branch);
+    for (int qp = 0; qp < c->me.npieces; ++qp) {
+      for (int kp = 0; kp < c->me.npieces; ++kp) {
+        const int64_t qlo = c->me.lo[qp], qhi = c->me.hi[qp];
+        const int64_t klo = c->me.lo[kp], khi = c->me.hi[kp];
+        if (p->cfg.causal && klo >= qhi) continue;
+        const int64_t ma = qlo / w > klo / w ? qlo / w : klo / w;
+        const int64_t mb = (qhi - 1) / w < (khi - 1) / w ? (qhi - 1) / w : (khi - 1) / w;
+        if (ma > mb) continue;
+        ring_launch l;
+        memset(&l, 0, sizeof l);
+        l.step = i;
+        l.head0 = p->steps[i].head0;
+        l.nheads = p->steps[i].nheads;
+        l.seg0 = ma;
+        l.nseg = mb - ma + 1;
+        l.q_lo = qlo, l.q_hi = qhi, l.row_lo = qlo - c->me.base[qp];
+        l.kv_lo = klo, l.kv_hi = khi, l.kv_row_lo = klo - c->me.base[kp];
+        RDA_TRY(fn(c, &l, err));
+      }
+    }
+  }
+  return RDA_OK;
+}
+
+/* The step index of branch `branch` holding head h, or -1. */
+static int ring_step_of(const rda_plan_k *p, int branch, int h) {
+  for (int i = 0; i < p->nsteps; ++i) {
+    const rda_step *s = &p->steps[i];
+    if (s->branch == branch && h >= s->head0 && h < s->head0 + s->nheads) return i;
+  }
+  return -1;
+}
+
+/* Point at kv head `kvh`'s slot of a compact block through a base that the kernels offset by
+ * kvh * head_stride again (kvh absolute, as the kernels compute it). Integer arithmetic: the
+ * base itself may lie before the block. */
+static const void *ring_slot_base(const void *slot_ptr, int kvh, long long head_stride,
+                                  size_t elem) {
+  return (const void *)((uintptr_t)slot_ptr - (uintptr_t)kvh * (uintptr_t)head_stride * elem);
+}
+
+/* A received transfer: per run of query heads of the class, per range of the transfer and per
+ * query piece inside the step's segment. A run is consecutive heads of one kernel step whose
+ * kv heads sit in consecutive slots of the block (all heads when the offset rule gives the
+ * class consecutive heads: r = 1, the block and group rules), so one launch covers it. */
+static rda_status ring_received(const ring_ctx *c, const rda_ring_step *st,
+                                const rda_ring_class *cls, const rda_ring_xfer *x,
+                                const unsigned char *kv, unsigned char *grads, ring_launch_fn fn,
+                                rda_err *err) {
+  const rda_plan_k *p = c->pk;
+  const int d = p->cfg.head_dim;
+  const long long pitch = (long long)cls->nkv * d; /* elements per block row */
+  const long long batch_el = x->rows * pitch;
+  const uint16_t *kb = (const uint16_t *)kv, *vb = kb + batch_el * c->batch;
+  float *gk = (float *)grads, *gv = grads != NULL ? gk + batch_el * c->batch : NULL;
+  const int64_t w = ring_w(c, st->branch);
+  const int64_t seg_lo = st->segment * w, seg_hi = seg_lo + w < c->n ? seg_lo + w : c->n;
+  int h0 = 0, hn = 0;
+  rda_config_branch_heads(&p->cfg, st->branch, &h0, &hn);
+  const int group = p->cfg.heads / p->cfg.kv_heads;
+  for (int h = h0; h < h0 + hn;) {
+    if (rda_config_offset(&p->cfg, st->branch, h) != cls->offset) {
+      ++h;
+      continue;
+    }
+    const int step = ring_step_of(p, st->branch, h);
+    int slot = -1;
+    for (int e = 0; e < cls->nkv; ++e)
+      if (cls->kv_heads[e] == h / group) slot = e;
+    if (slot < 0 || step < 0)
+      return rda_err_set(err, RDA_ERR_INTERNAL, "ring: head %d of branch %d has no kv slot", h,
+                         st->branch);
+    /* Extend the run while the next head shares the class and step and its kv head's slot
+     * follows on (slot - kv head constant). */
+    int end = h + 1;
+    while (end < h0 + hn && rda_config_offset(&p->cfg, st->branch, end) == cls->offset &&
+           ring_step_of(p, st->branch, end) == step) {
+      const int kvh = end / group, e = slot + (kvh - h / group);
+      if (e >= cls->nkv || cls->kv_heads[e] != kvh) break;
+      ++end;
+    }
+    const int kvh0 = h / group;
+    int64_t row0 = 0;
+    for (int i = 0; i < x->nranges; row0 += x->count[i], ++i) {
+      if (x->count[i] < 1) continue;
+      const int64_t kv_lo = x->first[i];
+      const int64_t kv_hi = x->first[i] + (x->count[i] - 1) * st->stride + 1;
+      const long long at = row0 * pitch + (long long)slot * d;
+      for (int qp = 0; qp < c->me.npieces; ++qp) {
+        const int64_t qlo = c->me.lo[qp] > seg_lo ? c->me.lo[qp] : seg_lo;
+        const int64_t qhi = c->me.hi[qp] < seg_hi ? c->me.hi[qp] : seg_hi;
+        if (qlo >= qhi) continue;
+        if (p->cfg.causal && kv_lo >= qhi) continue;
+        ring_launch l;
+        memset(&l, 0, sizeof l);
+        l.step = step;
+        l.head0 = h;
+        l.nheads = end - h;
+        l.seg0 = st->segment;
+        l.nseg = 1;
+        l.q_lo = qlo, l.q_hi = qhi, l.row_lo = c->me.lo[qp] - c->me.base[qp];
+        l.kv_lo = kv_lo, l.kv_hi = kv_hi;
+        l.compact = 1;
+        l.k = ring_slot_base(kb + at, kvh0, d, sizeof *kb);
+        l.v = ring_slot_base(vb + at, kvh0, d, sizeof *vb);
+        l.dk = gk != NULL ? (float *)(uintptr_t)ring_slot_base(gk + at, kvh0, d, sizeof *gk) : NULL;
+        l.dv = gv != NULL ? (float *)(uintptr_t)ring_slot_base(gv + at, kvh0, d, sizeof *gv) : NULL;
+        l.kv_sb = batch_el;
+        l.kv_pitch = pitch;
+        l.kv_head_stride = d;
+        RDA_TRY(fn(c, &l, err));
+      }
+    }
+    h = end;
+  }
+  return RDA_OK;
+}
+
+rda_status ring_fwd_own(const ring_ctx *c, rda_err *err) {
+  return ring_own(c, ring_launch_fwd, err);
+}
+
+rda_status ring_bwd_own(const ring_ctx *c, rda_err *err) {
+  return ring_own(c, ring_launch_bwd, err);
+}
+
+rda_status ring_fwd_received(const ring_ctx *c, const rda_ring_step *st,
+                             const rda_ring_class *cls, const rda_ring_xfer *x,
+                             const unsigned char *kv, rda_err *err) {
+  return ring_received(c, st, cls, x, kv, NULL, ring_launch_fwd, err);
+}
+
+rda_status ring_bwd_received(const ring_ctx *c, const rda_ring_step *st,
+                             const rda_ring_class *cls, const rda_ring_xfer *x,
+                             const unsigned char *kv, unsigned char *grads, rda_err *err) {
+  return ring_received(c, st, cls, x, kv, grads, ring_launch_bwd, err);
+}

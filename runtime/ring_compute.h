@@ -1,0 +1,57 @@
+/* ring_compute.h — what one ring rank computes on a block (runtime/ring.c runs the schedule):
+ * the forward or backward kernels on the rank's own rows, or on a received compact K/V block,
+ * with the kernels' row ranges (rda_params.h) so that grids stay on global positions. */
+#ifndef RDA_RING_COMPUTE_H
+#define RDA_RING_COMPUTE_H
+
+#include <stdint.h>
+
+#include "backend.h"
+#include "bwd.h"
+#include "fwd.h"
+#include "gen.h"
+#include "ring_plan.h"
+
+/* The rank's owned pieces: global rows [lo[i], hi[i]) at local rows from base[i]. */
+typedef struct ring_rank {
+  int npieces;
+  int64_t lo[2], hi[2], base[2];
+} ring_rank;
+
+typedef struct ring_ctx {
+  rda_backend *b;
+  const rda_plan_k *pk;
+  const rda_fwd_kernels *k;
+  const rda_fwd_args *fa; /* the forward pass's tensors, or NULL */
+  const rda_bwd_args *ba; /* the backward pass's tensors, or NULL */
+  long long batch;
+  int64_t n; /* global N */
+  ring_rank me;
+} ring_ctx;
+
+/* Fill c->n and c->me from the plan's rank. */
+rda_status ring_ctx_init(ring_ctx *c, const rda_ring_plan *rp, int rank, rda_err *err);
+
+/* The rows of transfer x (global rows first + t * stride) as local rows in rows (block, k, v
+ * left for the caller). RDA_ERR_INTERNAL when a range is not inside one owned piece. */
+rda_status ring_rows_for(const ring_ctx *c, const rda_ring_xfer *x, int64_t stride,
+                         const rda_ring_class *cls, rda_ring_rows_params *rows, rda_err *err);
+/* Point rows at the rank's K/V (pack) or at its fp32 dK/dV accumulators (returned gradients). */
+void ring_rows_set_kv(const ring_ctx *c, rda_ring_rows_params *rows);
+void ring_rows_set_grads(const ring_ctx *c, rda_ring_rows_params *rows);
+
+/* Queries and keys both from the rank's own rows. */
+rda_status ring_fwd_own(const ring_ctx *c, rda_err *err);
+rda_status ring_bwd_own(const ring_ctx *c, rda_err *err);
+
+/* The rank's queries against received transfer x of step st, whose K/V (layout of
+ * rda_ring_rows_params) is at kv. The backward pass adds dQ locally and the keys' fp32 dK/dV
+ * into grads (same layout, fp32, zeroed by the caller), which go back to their owner. */
+rda_status ring_fwd_received(const ring_ctx *c, const rda_ring_step *st,
+                             const rda_ring_class *cls, const rda_ring_xfer *x,
+                             const unsigned char *kv, rda_err *err);
+rda_status ring_bwd_received(const ring_ctx *c, const rda_ring_step *st,
+                             const rda_ring_class *cls, const rda_ring_xfer *x,
+                             const unsigned char *kv, unsigned char *grads, rda_err *err);
+
+#endif
