@@ -1,0 +1,188 @@
+/* bench_ring.c — the ring on P virtual ranks of one device against the single-device passes
+ * (issue 5: at most 1.15x the single-device time at N = 262144 with P = 8). Both run the same
+ * config on the same inputs; the ring's time per pass is the slowest rank's, from a barrier of
+ * all ranks to a barrier after each rank's device synchronization. Prints one JSON line for
+ * bench/results/. --backend emu runs it on the CPU emulator (a smoke test, not a timing). */
+#include "backend.h"
+#include "bwd.h"
+#include "fwd.h"
+#include "gen.h"
+#include "reference.h"
+#include "ring_plan.h"
+#include "ring_virtual.h"
+#include "rng.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int usage(void) {
+  fprintf(stderr,
+          "usage: rda_bench_ring CONFIG [--n N] [--ranks P] [--batch B] [--iters K]\n"
+          "                      [--backward 0|1] [--layout contiguous|zigzag]\n"
+          "                      [--backend cuda|emu]\n");
+  return 2;
+}
+
+/* Mean seconds of the single-device forward (and backward) over iters, after a warm-up. */
+static rda_status single_device(const char *backend, rda_gen *g, const rda_config *cfg,
+                                long long B, long long N, const uint16_t *q, const uint16_t *k,
+                                const uint16_t *v, const uint16_t *dout, int iters,
+                                double *fwd_s, double *bwd_s, char *device, size_t device_len,
+                                rda_err *err) {
+  rda_backend *b = NULL;
+  rda_plan_k plan;
+  memset(&plan, 0, sizeof plan);
+  rda_fwd_kernels kern = {0};
+  void *m[10] = {0};
+  rda_hw hw;
+  char why[512];
+  const long long H = cfg->heads, Hkv = cfg->kv_heads, D = cfg->head_dim;
+  const size_t nq = (size_t)(B * N * H * D), nk = (size_t)(B * N * Hkv * D);
+  const size_t nl = (size_t)(B * H * N);
+  rda_status s = rda_backend_open(backend, &b, why, sizeof why, err);
+  if (s == RDA_OK) s = rda_backend_hw(b, g, &hw, err);
+  if (s == RDA_OK) snprintf(device, device_len, "%s", hw.name);
+  if (s == RDA_OK)
+    s = rda_gen_plan_ex(g, cfg, &hw, dout != NULL ? RDA_PLAN_BACKWARD : 0u, &plan, err);
+  if (s == RDA_OK) s = rda_fwd_load(b, &plan, &kern, err);
+  const size_t sizes[10] = {nq * 2, nk * 2, nk * 2, nq * 4, nl * 4,
+                            nq * 2, nq * 4, nk * 4, nk * 4, rda_bwd_workspace_bytes(&plan, B, N)};
+  const int nbuf = dout != NULL ? 10 : 5;
+  for (int i = 0; i < nbuf && s == RDA_OK; ++i) s = b->alloc(b, sizes[i], &m[i], err);
+  const uint16_t *in[4] = {q, k, v, dout};
+  const int slot[4] = {0, 1, 2, 5};
+  for (int i = 0; i < (dout != NULL ? 4 : 3) && s == RDA_OK; ++i)
+    s = b->upload(b, m[slot[i]], in[i], sizes[slot[i]], err);
+  const long long q_s[3] = {N * H * D, H * D, D}, k_s[3] = {N * Hkv * D, Hkv * D, D};
+  rda_fwd_args a = {.batch = B, .n = N, .q = m[0], .k = m[1], .v = m[2], .o = m[3], .lse = m[4],
+                    .lse_s = {H * N, N}};
+  memcpy(a.q_s, q_s, sizeof q_s);
+  memcpy(a.o_s, q_s, sizeof q_s);
+  memcpy(a.k_s, k_s, sizeof k_s);
+  memcpy(a.v_s, k_s, sizeof k_s);
+  rda_bwd_args ga = {.batch = B, .n = N, .q = m[0], .k = m[1], .v = m[2], .o = m[3], .lse = m[4],
+                     .lse_s = {H * N, N}, .dout = m[5], .dq = m[6], .dk = m[7], .dv = m[8],
+                     .workspace = m[9], .deterministic = 1};
+  memcpy(ga.q_s, q_s, sizeof q_s);
+  memcpy(ga.o_s, q_s, sizeof q_s);
+  memcpy(ga.do_s, q_s, sizeof q_s);
+  memcpy(ga.dq_s, q_s, sizeof q_s);
+  memcpy(ga.k_s, k_s, sizeof k_s);
+  memcpy(ga.v_s, k_s, sizeof k_s);
+  memcpy(ga.dk_s, k_s, sizeof k_s);
+  memcpy(ga.dv_s, k_s, sizeof k_s);
+  for (int pass = 0; pass < (dout != NULL ? 2 : 1) && s == RDA_OK; ++pass) {
+    /* One warm-up call, then the timed ones. */
+    for (int it = 0; it <= iters && s == RDA_OK; ++it) {
+      const double t0 = now_s();
+      s = pass == 0 ? rda_fwd_run(b, &plan, &kern, &a, err) : rda_bwd_run(b, &plan, &kern, &ga, err);
+      if (s == RDA_OK) s = b->synchronize(b, err);
+      if (it > 0) *(pass == 0 ? fwd_s : bwd_s) += (now_s() - t0) / iters;
+    }
+  }
+  for (int i = 0; i < 10; ++i)
+    if (m[i] != NULL) b->free(b, m[i]);
+  if (b != NULL) rda_fwd_unload(b, &kern);
+  rda_plan_k_free(&plan);
+  if (b != NULL) b->destroy(b);
+  return s;
+}
+
+static uint16_t *random_bits(size_t n, int dtype, rda_rng *rng) {
+  uint16_t *x = malloc(n * 2);
+  for (size_t i = 0; x != NULL && i < n; ++i) x[i] = rda_to_dtype_bits(rda_rng_normal(rng), dtype);
+  return x;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) return usage();
+  const char *config = argv[1], *backend = "cuda", *layout_name = "contiguous";
+  long long n = 262144, ranks = 8, batch = 1, iters = 10, backward = 1;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    if (strcmp(argv[i], "--backend") == 0) {
+      backend = argv[i + 1];
+      continue;
+    }
+    if (strcmp(argv[i], "--layout") == 0) {
+      layout_name = argv[i + 1];
+      continue;
+    }
+    long long *dst = strcmp(argv[i], "--n") == 0          ? &n
+                     : strcmp(argv[i], "--ranks") == 0    ? &ranks
+                     : strcmp(argv[i], "--batch") == 0    ? &batch
+                     : strcmp(argv[i], "--iters") == 0    ? &iters
+                     : strcmp(argv[i], "--backward") == 0 ? &backward
+                                                          : NULL;
+    if (dst == NULL) return usage();
+    *dst = atoll(argv[i + 1]);
+  }
+  const int layout = rda_ring_layout_parse(layout_name);
+  if (n < 1 || ranks < 1 || batch < 1 || iters < 1 || backward < 0 || backward > 1 ||
+      layout < 0 || (strcmp(backend, "cuda") != 0 && strcmp(backend, "emu") != 0))
+    return usage();
+  rda_err err = {0};
+  rda_gen *g = NULL;
+  rda_config cfg;
+  int rc = 1;
+  uint16_t *in[4] = {0};
+  float *out[5] = {0};
+  rda_ring_run_stats *stats = calloc((size_t)ranks, sizeof *stats);
+  if (stats == NULL || rda_gen_open(&g, &err) != RDA_OK ||
+      rda_gen_config_file(g, config, &cfg, &err) != RDA_OK)
+    goto done;
+  const long long H = cfg.heads, Hkv = cfg.kv_heads, D = cfg.head_dim;
+  const size_t nq = (size_t)(batch * n * H * D), nk = (size_t)(batch * n * Hkv * D);
+  rda_rng rng;
+  rda_rng_seed(&rng, 11);
+  in[0] = random_bits(nq, cfg.dtype, &rng);
+  in[1] = random_bits(nk, cfg.dtype, &rng);
+  in[2] = random_bits(nk, cfg.dtype, &rng);
+  in[3] = backward ? random_bits(nq, cfg.dtype, &rng) : NULL;
+  const size_t out_n[5] = {nq, (size_t)(batch * H * n), nq, nk, nk};
+  for (int i = 0; i < (backward ? 5 : 2); ++i) out[i] = malloc(out_n[i] * sizeof(float));
+  if (!in[0] || !in[1] || !in[2] || (backward && !in[3]) || !out[0] || !out[1] ||
+      (backward && (!out[2] || !out[3] || !out[4]))) {
+    rda_err_set(&err, RDA_ERR_OUT_OF_MEMORY, "out of host memory for n = %lld", n);
+    goto done;
+  }
+  double single_fwd = 0, single_bwd = 0;
+  char device[128] = "";
+  if (single_device(backend, g, &cfg, batch, n, in[0], in[1], in[2], in[3], (int)iters,
+                    &single_fwd, &single_bwd, device, sizeof device, &err) != RDA_OK)
+    goto done;
+  rda_ring_virtual job = {.backend = backend, .ranks = (int)ranks, .layout = layout, .cfg = &cfg,
+                          .g = g, .batch = batch, .n = n, .q = in[0], .k = in[1], .v = in[2],
+                          .dout = in[3], .o = out[0], .lse = out[1], .dq = out[2],
+                          .dk = out[3], .dv = out[4], .stats = stats, .iters = (int)iters};
+  if (rda_ring_virtual_run(&job, &err) != RDA_OK) goto done;
+  unsigned long long peak = 0, sent = 0;
+  for (long long p = 0; p < ranks; ++p) {
+    if (stats[p].peak_bytes > peak) peak = stats[p].peak_bytes;
+    sent += stats[p].bytes_sent;
+  }
+  printf("{\"bench\": \"ring\", \"config\": \"%s\", \"device\": \"%s\", \"backend\": \"%s\", "
+         "\"n\": %lld, \"batch\": %lld, \"ranks\": %lld, \"layout\": \"%s\", \"iters\": %lld, "
+         "\"fwd_single_ms\": %.4f, \"fwd_ring_ms\": %.4f, \"fwd_ratio\": %.3f, "
+         "\"bwd_single_ms\": %.4f, \"bwd_ring_ms\": %.4f, \"bwd_ratio\": %.3f, "
+         "\"fwd_bytes_sent_all_ranks\": %llu, \"fwd_peak_ring_bytes\": %llu}\n",
+         config, device, backend, n, batch, ranks, layout_name, iters, single_fwd * 1e3,
+         job.fwd_s * 1e3, job.fwd_s / single_fwd, single_bwd * 1e3, job.bwd_s * 1e3,
+         backward ? job.bwd_s / single_bwd : 0.0, sent, peak);
+  rc = 0;
+done:
+  if (rc != 0) fprintf(stderr, "rda_bench_ring: error: %s\n", err.msg);
+  for (int i = 0; i < 4; ++i) free(in[i]);
+  for (int i = 0; i < 5; ++i) free(out[i]);
+  free(stats);
+  rda_gen_close(g);
+  return rc;
+}
