@@ -219,11 +219,21 @@ RDA_API rda_status rda_backward(const rda_plan *plan, const rda_tensor *q, const
  * (k, v, dk, dv: Hkv heads) and [B, H, rows] (lse); its results equal its rows of the
  * single-device rda_forward / rda_backward within SPEC §5. The ring moves only the dilated K/V
  * rows each rank's queries use (and their fp32 gradients back to their owners); memory per
- * rank is O(N/P). Every rank of a ring calls the same functions in the same order. */
+ * rank is O(N/P). Every rank of a ring calls the same functions in the same order.
+ * Failures: a ring call (rda_ring_forward / rda_ring_backward) that fails on one rank, for any
+ * reason including a bad argument, aborts the ring: that rank returns its own status, every
+ * other rank's pending or next call returns RDA_ERR_NCCL naming the cause (a rank still
+ * returning from rda_ring_create may get it there), never a hang. An aborted ring stays aborted
+ * (every later call fails): destroy it, and its world, and make new ones. A ring call returns
+ * RDA_OK only once every rank has reached the end of the same call (a barrier), so all ranks
+ * succeed or all fail. Errors are one line in rda_last_error(ctx) of the plan's context (with
+ * several ranks failing at once, any one of them; each thread's own failure is in
+ * rda_last_error(NULL) too). */
 
 typedef struct rda_ring rda_ring;
 /* P virtual ranks in one process (threads, one rda_ring per thread): over host memory on the
- * emulator context, over device memory on a cuda context (all ranks on its GPU). */
+ * emulator context, over device memory on a cuda context (all ranks on its GPU). A world serves
+ * one ring: each rank joins it once (a second rda_ring_create for the same rank fails). */
 typedef struct rda_ring_world rda_ring_world;
 
 typedef enum { RDA_LAYOUT_CONTIGUOUS = 0, RDA_LAYOUT_ZIGZAG = 1 } rda_ring_layout;
@@ -235,7 +245,8 @@ typedef struct rda_ring_desc {
   int ranks;                  /* P >= 1 */
   int rank;                   /* 0 .. P-1 */
   rda_ring_layout layout;
-  double timeout_s;           /* per ring operation; 0 means 60 s */
+  double timeout_s;           /* per ring operation; 0 means 60 s. With a world, the world's
+                                 timeout applies (this must still be >= 0) */
   rda_ring_world *world;      /* virtual ranks of rda_ring_world_create, or NULL */
   void *nccl_comm;            /* an ncclComm_t of P ranks the caller owns (aborted, never
                                  destroyed, on a failure), or NULL */
@@ -246,38 +257,60 @@ typedef struct rda_ring_desc {
 #define RDA_RING_DESC_INIT \
   { sizeof(rda_ring_desc), 0, 0, 0, RDA_LAYOUT_CONTIGUOUS, 0.0, NULL, NULL, NULL, NULL }
 
-/* A world of `ranks` virtual ranks on ctx (1 .. 4096), per-operation timeout (0: 60 s). */
+/* A world of `ranks` virtual ranks on ctx (1 .. 4096), per-operation timeout in seconds (0: 60 s;
+ * at most 1e6). Takes a reference on ctx. *out is NULL on failure. */
 RDA_API rda_status rda_ring_world_create(rda_ring_world **out, rda_ctx *ctx, int ranks,
                                          double timeout_s);
-/* Every rda_ring of the world must have been destroyed. Accepts NULL. */
+/* Every rda_ring of the world must have been destroyed (while one lives, the call records an
+ * error and leaves the world alone). Accepts NULL. */
 RDA_API void rda_ring_world_destroy(rda_ring_world *world);
 
-/* 128 bytes for desc.nccl_unique_id (RDA_ERR_UNSUPPORTED when built without NCCL). */
+/* 128 bytes for desc.nccl_unique_id (RDA_ERR_UNSUPPORTED when built without NCCL; RDA_ERR_NCCL
+ * when the NCCL library cannot be loaded). */
 RDA_API rda_status rda_ring_nccl_unique_id(void *id);
 
 /* Join the ring as desc->rank: checks that every rank agrees on the config, N, P, the layout,
  * the dtype and the rda version (a mismatch is RDA_ERR_NCCL on every rank, never a hang; a rank
  * that never joins makes the others fail after the timeout). plan: the config for all ranks
- * (with RDA_PLAN_WITH_BACKWARD for rda_ring_backward); takes a reference on it. */
+ * (with RDA_PLAN_WITH_BACKWARD for rda_ring_backward); the ring keeps its own reference to the
+ * plan's kernels, so the caller may destroy plan first. With a world, the world and the plan
+ * must be on the same context; NCCL (nccl_comm or nccl_unique_id) needs a cuda context
+ * (RDA_ERR_UNSUPPORTED on the emulator or in a build without NCCL). Blocks until every rank
+ * joined (or the timeout). RDA_ERR_INVALID_ARGUMENT, before joining, for: desc NULL or its
+ * struct_size wrong, not exactly one of world / nccl_comm / nccl_unique_id, ranks outside
+ * 1 .. 4096 or not the world's, rank outside 0 .. P-1, N < P, an unknown layout, zigzag with
+ * N % 2P != 0, a negative or non-finite timeout. *out is NULL on failure. */
 RDA_API rda_status rda_ring_create(rda_ring **out, rda_plan *plan, const rda_ring_desc *desc);
 
-/* The rank's rows: count, and its pieces [lo[i], hi[i]) of global rows (npieces 1 or 2). */
+/* The rank's rows: count, and its pieces [lo[i], hi[i]) of global rows (npieces 1 or 2; with
+ * zigzag, rank P-1's chunks P-1 and P touch and make one piece; unused entries are 0). Any
+ * output may be NULL. */
 RDA_API rda_status rda_ring_rows(const rda_ring *ring, long long *rows, int *npieces,
                                  long long lo[2], long long hi[2]);
 
-/* Workspace bytes of rda_ring_forward (backward = 0) or rda_ring_backward (1) for batch B. */
+/* Workspace bytes of rda_ring_forward (backward = 0) or rda_ring_backward (1) for batch B
+ * (1 .. 65535). Forward: rda_plan_workspace_size's parts for the rank's rows (the fp32 O
+ * accumulator, the fp32 LSE) and the ring's buffers, each 256-byte aligned, laid out in that
+ * order; the parts a call does not use are left out (no accumulator when o is RDA_FP32, no LSE
+ * when lse is given), so such calls need less. Backward: rda_backward's workspace for the rows,
+ * then the ring's buffers. Host-only. */
 RDA_API rda_status rda_ring_workspace_size(const rda_ring *ring, long long batch, int backward,
                                            size_t *bytes);
 
-/* rda_forward over the ring: the same tensors, dtypes, stream and workspace rules, on this
- * rank's rows. A failure on any rank (or the timeout) makes every rank return an error. */
+/* rda_forward over the ring: the same tensors, dtypes, stream, aliasing and checking rules, on
+ * this rank's rows (q [B, rows, H, D], ...; lse [B, H, rows]), with rda_ring_workspace_size(
+ * ring, B, 0) bytes of workspace (see there for when less is enough, and then NULL is allowed
+ * when nothing is needed). A failure on any rank (or the timeout) makes every rank return an
+ * error. */
 RDA_API rda_status rda_ring_forward(rda_ring *ring, const rda_tensor *q, const rda_tensor *k,
                                     const rda_tensor *v, const rda_tensor *o,
                                     const rda_tensor *lse, void *workspace,
                                     size_t workspace_bytes, void *stream);
 
 /* rda_backward over the ring, on this rank's rows: dq from local work, dk and dv including the
- * contributions of the other ranks' queries (returned to this rank in fp32). */
+ * contributions of the other ranks' queries (returned to this rank in fp32). o and lse are this
+ * rank's rda_ring_forward outputs (RDA_FP32 o). Workspace: rda_ring_workspace_size(ring, B, 1)
+ * bytes; the other rules are rda_backward's. */
 RDA_API rda_status rda_ring_backward(rda_ring *ring, const rda_tensor *q, const rda_tensor *k,
                                      const rda_tensor *v, const rda_tensor *o,
                                      const rda_tensor *lse, const rda_tensor *dout,
@@ -285,7 +318,8 @@ RDA_API rda_status rda_ring_backward(rda_ring *ring, const rda_tensor *q, const 
                                      const rda_tensor *dk, const rda_tensor *dv, void *workspace,
                                      size_t workspace_bytes, void *stream);
 
-/* What the ring moved and held on this rank in its last forward or backward call. */
+/* What the ring moved and held on this rank in its last forward or backward call (zeros but
+ * rows before the first). */
 typedef struct rda_ring_stats {
   long long rows;
   unsigned long long bytes_sent, bytes_received;
@@ -293,10 +327,13 @@ typedef struct rda_ring_stats {
 } rda_ring_stats;
 RDA_API rda_status rda_ring_get_stats(const rda_ring *ring, rda_ring_stats *out);
 
-/* Make every rank's pending and later ring calls fail with `reason` (any thread). */
+/* Make every rank's pending and later ring calls fail with `reason` (any thread, also while
+ * this rank's call runs; not concurrently with rda_ring_destroy of the same ring). */
 RDA_API void rda_ring_abort(rda_ring *ring, const char *reason);
 
-/* Leave the ring and drop the plan reference. Accepts NULL. */
+/* Leave the ring and drop its plan reference; the ring's work must have completed (on a cuda
+ * context: synchronize the stream first). A rank that leaves with transfers pending aborts the
+ * ring. Accepts NULL. */
 RDA_API void rda_ring_destroy(rda_ring *ring);
 
 #ifdef __cplusplus

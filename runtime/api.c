@@ -1,7 +1,9 @@
-/* api.c — the public C API (include/rda.h): contexts, plans and the forward call, with every
- * argument checked at the boundary (handles by magic number, shapes, dtypes, alignment,
- * strides, workspace) and failures recorded per context and per thread. */
+/* api.c — the public C API (include/rda.h): contexts, plans, the forward and backward calls,
+ * with every argument checked at the boundary (handles by magic number, shapes, dtypes,
+ * alignment, strides, workspace) and failures recorded per context and per thread. The checks
+ * are shared with the ring calls (runtime/api_ring.c) through api_internal.h. */
 #include "api.h"
+#include "api_internal.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -27,68 +29,15 @@ _Static_assert((int)RDA_OFFSET_MOD == RDA_OFFSETS_MOD &&
                    (int)RDA_OFFSET_GROUP == RDA_OFFSETS_GROUP,
                "rda.h and rda_params.h disagree on offset rules");
 
-enum {
-  kCtxMagic = 0x52444143,  /* "RDAC" */
-  kPlanMagic = 0x5244504c, /* "RDPL" */
-  kDeadMagic = 0x44454144, /* "DEAD": a destroyed handle */
-  kMsgLen = 1024,
-};
-
-static const size_t kWsAlign = 256; /* each workspace part starts at a 256-byte boundary */
-static const int kIdleCores = 8;    /* unused plan cores a context keeps for reuse */
-
-/* What plans of one config share on a context: the validated config, the kernel plan and the
- * loaded kernels. Found again by the config text it was made from or by the validated config,
- * so creating a plan that a context has seen costs no Lua and no loading. */
-typedef struct rda_api_core {
-  struct rda_api_core *next;
-  int refs;       /* plans using it (under the context's lock) */
-  unsigned flags; /* RDA_PLAN_* passes its kernels serve */
-  char *text;     /* the config chunk it was made from, or NULL (from a file) */
-  rda_plan_k pk;
-  rda_fwd_kernels kernels;
-} rda_api_core;
-
-struct rda_ctx {
-  uint32_t magic;
-  atomic_int refs; /* the caller's reference + one per live plan */
-  atomic_int plans;
-  atomic_int closed; /* rda_ctx_destroy was called: no new plans */
-  int is_cuda;
-  int dry; /* launches do nothing (rda_api_ctx_create_dry) */
-  rda_backend *b;
-  rda_gen *gen; /* used under lock */
-  rda_hw hw;
-  pthread_mutex_t lock; /* gen, cores and last_error */
-  rda_api_core *cores;  /* newest first */
-  char last_error[kMsgLen];
-};
-
-struct rda_plan {
-  uint32_t magic;
-  rda_ctx *ctx;
-  rda_api_core *core;
-};
+static const int kIdleCores = 8; /* unused plan cores a context keeps for reuse */
 
 /* The last failure of a call on this thread that had no usable context. */
-static _Thread_local char rda_api_thread_error[kMsgLen];
+static _Thread_local char rda_api_thread_error[RDA_API_MSG_LEN];
 
 /* ---- errors ------------------------------------------------------------------------------ */
 
-/* A context's memory (it may be closed: destroyed by the caller, alive for its plans). */
-static int rda_api_ctx_ok(const rda_ctx *ctx) {
-  return ctx != NULL && ctx->magic == kCtxMagic;
-}
-/* A context the caller still owns. */
-static int rda_api_ctx_open(const rda_ctx *ctx) {
-  return rda_api_ctx_ok(ctx) && !atomic_load(&((rda_ctx *)(uintptr_t)ctx)->closed);
-}
-static int rda_api_plan_ok(const rda_plan *p) {
-  return p != NULL && p->magic == kPlanMagic && rda_api_ctx_ok(p->ctx);
-}
-
 /* Record err (status and message) on ctx (when usable) and on the thread; returns the status. */
-static rda_status rda_api_fail(rda_ctx *ctx, const rda_err *err) {
+rda_status rda_api_fail(rda_ctx *ctx, const rda_err *err) {
   const rda_status s = err->status != RDA_OK ? err->status : RDA_ERR_INTERNAL;
   const char *msg = err->msg[0] != '\0' ? err->msg : "(no detail recorded)";
   snprintf(rda_api_thread_error, sizeof rda_api_thread_error, "%s", msg);
@@ -100,9 +49,7 @@ static rda_status rda_api_fail(rda_ctx *ctx, const rda_err *err) {
   return s;
 }
 
-static rda_status rda_api_failf(rda_ctx *ctx, rda_status s, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static rda_status rda_api_failf(rda_ctx *ctx, rda_status s, const char *fmt, ...) {
+rda_status rda_api_failf(rda_ctx *ctx, rda_status s, const char *fmt, ...) {
   rda_err err;
   err.status = s;
   va_list ap;
@@ -119,9 +66,9 @@ const char *rda_last_error(const rda_ctx *ctx) {
 
 /* ---- contexts ---------------------------------------------------------------------------- */
 
-static void rda_api_ctx_release(rda_ctx *ctx) {
+void rda_api_ctx_release(rda_ctx *ctx) {
   if (atomic_fetch_sub(&ctx->refs, 1) != 1) return;
-  ctx->magic = kDeadMagic;
+  ctx->magic = RDA_API_DEAD_MAGIC;
   while (ctx->cores != NULL) { /* all idle: every plan held a reference */
     rda_api_core *c = ctx->cores;
     ctx->cores = c->next;
@@ -157,7 +104,7 @@ static rda_status rda_api_ctx_create(rda_ctx **out, const char *which, int ordin
   atomic_init(&ctx->plans, 0);
   atomic_init(&ctx->closed, 0);
   pthread_mutex_init(&ctx->lock, NULL);
-  ctx->magic = kCtxMagic;
+  ctx->magic = RDA_API_CTX_MAGIC;
   ctx->is_cuda = strcmp(which, "cuda") == 0;
   ctx->dry = dry;
   rda_err err = {0};
@@ -250,11 +197,10 @@ static int rda_api_cfg_equal(const rda_config *a, const rda_config *b) {
 }
 
 /* A new plan handle on core (which gains a reference). Called with ctx->lock held. */
-static rda_status rda_api_plan_wrap(rda_ctx *ctx, rda_api_core *core, rda_plan **out,
-                                    rda_err *err) {
+rda_status rda_api_plan_wrap(rda_ctx *ctx, rda_api_core *core, rda_plan **out, rda_err *err) {
   rda_plan *p = malloc(sizeof *p);
   if (p == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "rda_plan_create: out of memory");
-  p->magic = kPlanMagic;
+  p->magic = RDA_API_PLAN_MAGIC;
   p->ctx = ctx;
   p->core = core;
   core->refs++;
@@ -430,7 +376,7 @@ rda_status rda_plan_create_from_file(rda_plan **out, rda_ctx *ctx, const char *p
 }
 
 /* Reports a bad plan handle; returns its status. */
-static rda_status rda_api_bad_plan(const rda_plan *plan, const char *fn) {
+rda_status rda_api_bad_plan(const rda_plan *plan, const char *fn) {
   if (plan == NULL) return rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT, "%s: plan is NULL", fn);
   return rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT,
                        "%s: plan is not a live rda_plan (wrong magic)", fn);
@@ -460,13 +406,13 @@ rda_status rda_plan_get_config(const rda_plan *plan, rda_attn_config *out) {
 
 void rda_plan_destroy(rda_plan *plan) {
   if (plan == NULL) return;
-  if (plan->magic != kPlanMagic) {
+  if (plan->magic != RDA_API_PLAN_MAGIC) {
     (void)rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT,
                         "rda_plan_destroy: plan is not a live rda_plan (wrong magic); ignored");
     return;
   }
   rda_ctx *ctx = plan->ctx;
-  plan->magic = kDeadMagic;
+  plan->magic = RDA_API_DEAD_MAGIC;
   pthread_mutex_lock(&ctx->lock);
   plan->core->refs--;
   rda_api_trim_cores(ctx);
@@ -519,20 +465,11 @@ static size_t rda_api_dtype_bytes(rda_dtype d) {
   return d == RDA_FP32 ? 4 : 2;
 }
 
-typedef struct rda_api_want {
-  const char *fn;   /* "rda_forward" or "rda_backward" */
-  const char *name; /* "q", "k", ... as the caller knows them */
-  const char *dims; /* "[B, N, H, D]" */
-  int ndim;
-  long long shape[4];
-  int output; /* 1: written by the call: its elements must not overlap */
-} rda_api_want;
-
 /* Checks one tensor against what the plan needs: dtype (one of two, dt_b may be -1), shape,
  * contiguity of the last dimension, 16-byte row alignment (4 bytes for LSE), non-negative
  * strides, offsets within 64 bits, and for outputs that no two elements share an address. */
-static rda_status rda_api_check_tensor(const rda_plan *plan, const rda_tensor *t,
-                                       const rda_api_want *w, int dt_a, int dt_b, rda_err *err) {
+rda_status rda_api_check_tensor(const rda_plan *plan, const rda_tensor *t, const rda_api_want *w,
+                                int dt_a, int dt_b, rda_err *err) {
   const char *nm = w->name;
   if (t == NULL) return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: %s is NULL", w->fn, nm);
   if (t->data == NULL)
@@ -619,7 +556,7 @@ static rda_status rda_api_check_tensor(const rda_plan *plan, const rda_tensor *t
 }
 
 /* 1 when the bytes t spans (already checked not to overflow) meet [p, p + bytes). */
-static int rda_api_ranges_meet(const rda_tensor *t, const void *p, size_t bytes) {
+int rda_api_ranges_meet(const rda_tensor *t, const void *p, size_t bytes) {
   unsigned long long last = 0;
   for (int i = 0; i < t->ndim; ++i)
     last += (unsigned long long)(t->shape[i] - 1) * (unsigned long long)t->stride[i];
@@ -631,29 +568,28 @@ static int rda_api_ranges_meet(const rda_tensor *t, const void *p, size_t bytes)
 
 /* The caller's workspace for fn: there (need > 0), at least need bytes, 16-byte aligned; sizer
  * names the function that reports the size. */
-static rda_status rda_api_check_workspace(rda_ctx *ctx, const char *fn, const char *sizer,
-                                          const void *workspace, size_t workspace_bytes,
-                                          size_t need) {
+rda_status rda_api_check_workspace(const char *fn, const char *sizer, const void *workspace,
+                                   size_t workspace_bytes, size_t need, rda_err *err) {
   if (workspace == NULL)
-    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
-                         "%s: workspace is NULL: %zu bytes needed (%s)", fn, need, sizer);
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "%s: workspace is NULL: %zu bytes needed (%s)", fn, need, sizer);
   if (workspace_bytes < need)
-    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
-                         "%s: workspace_bytes = %zu: too small, %zu needed (%s)", fn,
-                         workspace_bytes, need, sizer);
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "%s: workspace_bytes = %zu: too small, %zu needed (%s)", fn, workspace_bytes,
+                       need, sizer);
   if ((uintptr_t)workspace % 16 != 0)
-    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
-                         "%s: workspace = %p: must be 16-byte aligned", fn, workspace);
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: workspace = %p: must be 16-byte aligned",
+                       fn, workspace);
   return RDA_OK;
 }
 
-static size_t rda_api_round_up(size_t x) {
-  return (x + kWsAlign - 1) / kWsAlign * kWsAlign;
+size_t rda_api_round_up(size_t x) {
+  return (x + RDA_API_WS_ALIGN - 1) / RDA_API_WS_ALIGN * RDA_API_WS_ALIGN;
 }
 
 /* Workspace parts: the fp32 O accumulator (contiguous) and the fp32 LSE (contiguous). */
-static int rda_api_ws_parts(const rda_plan_k *pk, long long batch, long long n, size_t *o_bytes,
-                            size_t *lse_bytes) {
+int rda_api_ws_parts(const rda_plan_k *pk, long long batch, long long n, size_t *o_bytes,
+                     size_t *lse_bytes) {
   unsigned long long rows, o, l;
   if (__builtin_mul_overflow((unsigned long long)batch, (unsigned long long)n, &rows) ||
       __builtin_mul_overflow(rows, (unsigned long long)pk->cfg.heads, &rows) ||
@@ -688,8 +624,8 @@ rda_status rda_plan_workspace_size(const rda_plan *plan, long long batch, long l
 /* ---- forward ----------------------------------------------------------------------------- */
 
 /* Enqueue the fp32 -> storage dtype cast of the accumulator into the caller's o. */
-static rda_status rda_api_cast(const rda_plan *plan, const float *acc, const long long acc_s[3],
-                               const rda_tensor *o, long long batch, long long n, rda_err *err) {
+rda_status rda_api_cast(const rda_plan *plan, const float *acc, const long long acc_s[3],
+                        const rda_tensor *o, long long batch, long long n, rda_err *err) {
   const rda_plan_k *pk = &plan->core->pk;
   if (pk->cast_kernel < 0 || pk->cast_kernel >= pk->nvariants)
     return rda_err_set(err, RDA_ERR_INTERNAL, "rda_forward: the plan has no cast kernel");
@@ -759,8 +695,9 @@ rda_status rda_forward(const rda_plan *plan, const rda_tensor *q, const rda_tens
   /* Fixed layout: [fp32 O accumulator | fp32 LSE]; only the parts in use must be there. */
   const size_t need = lse == NULL ? o_bytes + l_bytes : o_direct ? 0 : o_bytes;
   if (need > 0) {
-    RDA_TRY(rda_api_check_workspace(ctx, "rda_forward", "rda_plan_workspace_size", workspace,
-                                    workspace_bytes, need));
+    if (rda_api_check_workspace("rda_forward", "rda_plan_workspace_size", workspace,
+                                workspace_bytes, need, &err) != RDA_OK)
+      return rda_api_fail(ctx, &err);
   }
   /* Outputs must not be the inputs; the workspace must not hold any tensor. (Interleaved
    * layouts in one buffer are allowed, so only these cheap, certain cases are refused.) */
@@ -902,8 +839,9 @@ rda_status rda_backward(const rda_plan *plan, const rda_tensor *q, const rda_ten
                              "another argument",
                              w[i].name, w[j].name);
   const size_t need = rda_api_round_up(rda_bwd_workspace_bytes(pk, batch, n));
-  RDA_TRY(rda_api_check_workspace(ctx, "rda_backward", "rda_plan_backward_workspace_size",
-                                  workspace, workspace_bytes, need));
+  if (rda_api_check_workspace("rda_backward", "rda_plan_backward_workspace_size", workspace,
+                              workspace_bytes, need, &err) != RDA_OK)
+    return rda_api_fail(ctx, &err);
   for (int i = 0; i < 10; ++i)
     if (t[i] != NULL && rda_api_ranges_meet(t[i], workspace, need))
       return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
