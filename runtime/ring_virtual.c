@@ -327,7 +327,16 @@ rda_status rda_ring_virtual_run(rda_ring_virtual *j, rda_err *err) {
       rda_err_set(err, s, "rank %d: %s", p, e.msg);
       goto done;
     }
-    if (j->stats != NULL) j->stats[p] = ranks[p].stats;
+    if (j->stats != NULL) {
+      /* Both passes: bytes add up, the peak is the larger one's. */
+      rda_ring_run_stats st = ranks[p].stats;
+      if (ranks[p].backward) {
+        st.bytes_sent += ranks[p].bstats.bytes_sent;
+        st.bytes_received += ranks[p].bstats.bytes_received;
+        if (ranks[p].bstats.peak_bytes > st.peak_bytes) st.peak_bytes = ranks[p].bstats.peak_bytes;
+      }
+      j->stats[p] = st;
+    }
     /* Every rank's pass ends at the same barrier: the slowest rank's time is the ring's. */
     if (ranks[p].fwd_s > j->fwd_s) j->fwd_s = ranks[p].fwd_s;
     if (ranks[p].bwd_s > j->bwd_s) j->bwd_s = ranks[p].bwd_s;

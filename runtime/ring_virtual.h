@@ -22,7 +22,8 @@ typedef struct rda_ring_virtual {
   const uint16_t *dout;      /* dO, or NULL for the forward pass only */
   float *o, *lse;            /* global results [B, N, H, D], [B, H, N] */
   float *dq, *dk, *dv;       /* with dout: [B, N, H, D], [B, N, Hkv, D] x 2 */
-  rda_ring_run_stats *stats; /* `ranks` entries (forward pass), or NULL */
+  rda_ring_run_stats *stats; /* `ranks` entries (both passes: bytes summed, the larger peak;
+                                the stats of the last run when iters > 0), or NULL */
   char *why;                 /* receives which backend ran and why (why_len bytes), or NULL */
   size_t why_len;
   /* Timing (bench): iters > 0 runs the passes `iters` more times after the first, each

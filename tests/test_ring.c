@@ -71,6 +71,7 @@ typedef struct rank_job {
   uint64_t fp;
   int rank;
   int backward;
+  int fail_wait; /* > 0: this rank's transport fails at that wait (mid-ring) */
   rda_fwd_args a;
   rda_bwd_args ba;
   void *mem[M_COUNT];
@@ -80,11 +81,68 @@ typedef struct rank_job {
   rda_err err;
 } rank_job;
 
+/* A transport that passes everything to an inner endpoint, except that its `fail_at`-th wait
+ * fails (as a broken link would, mid-ring). The inner endpoint's counters are mirrored. */
+typedef struct flaky_transport {
+  rda_transport base;
+  rda_transport *inner;
+  int waits, fail_at;
+} flaky_transport;
+
+static void flaky_sync(flaky_transport *f) {
+  f->base.bytes_sent = f->inner->bytes_sent;
+  f->base.bytes_received = f->inner->bytes_received;
+}
+static rda_status flaky_group_start(rda_transport *t, rda_err *err) {
+  return rda_transport_group_start(((flaky_transport *)t)->inner, err);
+}
+static rda_status flaky_send(rda_transport *t, int peer, const void *buf, size_t n, rda_err *err) {
+  return rda_transport_send(((flaky_transport *)t)->inner, peer, buf, n, err);
+}
+static rda_status flaky_recv(rda_transport *t, int peer, void *buf, size_t n, rda_err *err) {
+  return rda_transport_recv(((flaky_transport *)t)->inner, peer, buf, n, err);
+}
+static rda_status flaky_group_end(rda_transport *t, rda_err *err) {
+  return rda_transport_group_end(((flaky_transport *)t)->inner, err);
+}
+static rda_status flaky_wait(rda_transport *t, rda_err *err) {
+  flaky_transport *f = (flaky_transport *)t;
+  if (++f->waits == f->fail_at)
+    return rda_err_set(err, RDA_ERR_NCCL, "rank %d: injected link failure", t->rank);
+  const rda_status s = rda_transport_wait(f->inner, err);
+  flaky_sync(f);
+  return s;
+}
+static rda_status flaky_barrier(rda_transport *t, rda_err *err) {
+  return rda_transport_barrier(((flaky_transport *)t)->inner, err);
+}
+static void flaky_abort(rda_transport *t, const char *reason) {
+  rda_transport_abort(((flaky_transport *)t)->inner, reason);
+}
+static void flaky_destroy(rda_transport *t) {
+  rda_transport_destroy(((flaky_transport *)t)->inner);
+  free(t);
+}
+static const rda_transport_vtbl flaky_vtbl = {
+    "host", flaky_group_start, flaky_send, flaky_recv, flaky_group_end,
+    flaky_wait, flaky_barrier, flaky_abort, flaky_destroy};
+
+static rda_transport *flaky_wrap(rda_transport *inner, int fail_at) {
+  flaky_transport *f = calloc(1, sizeof *f);
+  assert_non_null(f);
+  f->base = *inner;
+  f->base.vt = &flaky_vtbl;
+  f->inner = inner;
+  f->fail_at = fail_at;
+  return &f->base;
+}
+
 /* The forward pass, then (backward) the backward pass on its o and lse, over one endpoint. */
 static void *rank_main(void *arg) {
   rank_job *j = arg;
   rda_transport *t = NULL;
   j->status = rda_host_world_join(j->world, j->rank, j->fp, &t, &j->err);
+  if (j->status == RDA_OK && j->fail_wait > 0) t = flaky_wrap(t, j->fail_wait);
   if (j->status == RDA_OK)
     j->status = rda_ring_fwd_run(j->b, j->pk, &j->kern, j->rp, j->rank, t, &j->a, j->mem[M_WS],
                                  j->ws_bytes, &j->stats, &j->err);
@@ -102,6 +160,7 @@ typedef struct ring_case {
   int ranks, layout;
   int backward;        /* also the ring backward against the reference gradients */
   int fail_rank_plus1; /* > 0: that rank (minus one) is given a wrong row count and must fail */
+  int fail_wait;       /* with fail_rank_plus1: instead its transport fails at this wait */
 } ring_case;
 
 typedef struct ring_result {
@@ -289,7 +348,10 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
     j->backward = rc->backward;
     job_setup(j, rc, rda_ring_plan_rank(rp, p), q, k, v, dout, dlse);
   }
-  if (rc->fail_rank_plus1 > 0) jobs[rc->fail_rank_plus1 - 1].a.n += 1;
+  if (rc->fail_rank_plus1 > 0 && rc->fail_wait > 0)
+    jobs[rc->fail_rank_plus1 - 1].fail_wait = rc->fail_wait;
+  else if (rc->fail_rank_plus1 > 0)
+    jobs[rc->fail_rank_plus1 - 1].a.n += 1;
   for (int p = 0; p < P; ++p)
     assert_int_equal(pthread_create(&th[p], NULL, rank_main, &jobs[p]), 0);
   for (int p = 0; p < P; ++p) pthread_join(th[p], NULL);
@@ -297,7 +359,8 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
   for (int p = 0; rc->fail_rank_plus1 > 0 && p < P; ++p) {
     rank_job *j = &jobs[p];
     if (j->status == RDA_OK) fail_msg("%s: rank %d succeeded beside a failing rank", what, p);
-    if (p == rc->fail_rank_plus1 - 1 && strstr(j->err.msg, "owns") == NULL)
+    const char *cause = rc->fail_wait > 0 ? "injected link failure" : "owns";
+    if (p == rc->fail_rank_plus1 - 1 && strstr(j->err.msg, cause) == NULL)
       fail_msg("%s: rank %d: unexpected error: %s", what, p, j->err.msg);
     if (p != rc->fail_rank_plus1 - 1 && strstr(j->err.msg, "abort") == NULL)
       fail_msg("%s: rank %d: expected an abort, got: %s", what, p, j->err.msg);
@@ -626,6 +689,27 @@ static void test_ring_backward_zigzag(void **state) {
   }
 }
 
+/* A rank's link breaks in the middle of the ring (its 3rd wait, forward, or its 5th, which falls
+ * in the backward pass): every rank returns an error, none hangs. */
+static void test_ring_mid_ring_failure_errors_every_rank(void **state) {
+  (void)state;
+  ring_case rc = base_case();
+  rc.causal = 0;
+  rc.nbranch = 1;
+  rc.w[0] = 1 << 20, rc.r[0] = 1;
+  rc.n = 64;
+  rc.ranks = 4;
+  rc.backward = 1;
+  rc.fail_rank_plus1 = 2;
+  const int at[] = {3, 5};
+  for (int i = 0; i < 2; ++i) {
+    rc.fail_wait = at[i];
+    const time_t t0 = time(NULL);
+    run_ring("mid-ring failure", &rc, NULL);
+    assert_true(time(NULL) - t0 < 30);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ring_matches_reference_every_rank_count_causal_mod),
@@ -635,6 +719,7 @@ int main(void) {
       cmocka_unit_test(test_ring_local_branches_send_zero_bytes),
       cmocka_unit_test(test_ring_peak_bytes_shrink_with_ranks),
       cmocka_unit_test(test_ring_failing_rank_errors_every_rank),
+      cmocka_unit_test(test_ring_mid_ring_failure_errors_every_rank),
       cmocka_unit_test(test_ring_backward_matches_reference_causal_mod),
       cmocka_unit_test(test_ring_backward_noncausal_block_gqa_batch2),
       cmocka_unit_test(test_ring_backward_causal_mod_gqa_batch2),

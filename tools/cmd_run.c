@@ -42,7 +42,8 @@ static const char run_usage_text[] =
     "  --layout   how rows are split over the ranks: contiguous (default) or zigzag (2P equal\n"
     "             chunks, rank p holds chunks p and 2P-1-p; N must be a multiple of 2P)\n"
     "  --stats    write {\"ranks\": [{\"rank\", \"rows\", \"bytes_sent\", \"bytes_received\",\n"
-    "             \"peak_bytes\"}, ...]} of the ring as JSON\n"
+    "             \"peak_bytes\"}, ...]} of the ring as JSON (with --do, both passes: bytes\n"
+    "             summed, the larger peak)\n"
     "Flags may come in any order, as '--flag value' or '--flag=value'.\n";
 
 typedef struct run_opts {
