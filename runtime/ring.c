@@ -320,49 +320,56 @@ static rda_status ring_pass(ring_run *r, int rank, long long n, void *workspace,
   return RDA_OK;
 }
 
-rda_status rda_ring_fwd_run(rda_backend *b, const rda_plan_k *pk, const rda_fwd_kernels *k,
-                            const rda_ring_plan *rp, int rank, rda_transport *t,
-                            const rda_fwd_args *a, void *workspace, size_t workspace_bytes,
-                            rda_ring_run_stats *stats, rda_err *err) {
-  if (b == NULL || pk == NULL || k == NULL || rp == NULL || t == NULL || a == NULL) {
-    if (t != NULL) rda_transport_abort(t, "ring forward: a NULL argument");
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring forward: a NULL argument");
+/* Both entry points: check the handles (aborting the transport, so that no other rank waits
+ * for this one), then one pass. fa or ba is NULL. */
+static rda_status ring_enter(rda_backend *b, const rda_plan_k *pk, const rda_fwd_kernels *k,
+                             const rda_ring_plan *rp, int rank, rda_transport *t,
+                             const rda_fwd_args *fa, const rda_bwd_args *ba, void *workspace,
+                             size_t workspace_bytes, rda_ring_run_stats *stats, rda_err *err) {
+  const char *what = ba != NULL ? "ring backward" : "ring forward";
+  rda_status s = RDA_OK;
+  if (b == NULL || pk == NULL || k == NULL || rp == NULL || t == NULL ||
+      (fa == NULL && ba == NULL))
+    s = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: a NULL argument", what);
+  else if (ba != NULL && !pk->has_bwd)
+    s = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                    "%s: the plan has no backward kernels (plan it with RDA_PLAN_BACKWARD)", what);
+  if (s != RDA_OK) {
+    if (t != NULL) rda_transport_abort(t, err != NULL ? err->msg : what);
+    return s;
   }
   ring_run r;
   memset(&r, 0, sizeof r);
   r.c.b = b;
   r.c.pk = pk;
   r.c.k = k;
-  r.c.fa = a;
-  r.c.batch = a->batch;
+  r.c.fa = fa;
+  r.c.ba = ba;
+  r.c.batch = ba != NULL ? ba->batch : fa->batch;
   r.rp = rp;
   r.t = t;
-  return ring_pass(&r, rank, a->n, workspace, workspace_bytes, stats, err);
+  r.backward = ba != NULL;
+  return ring_pass(&r, rank, ba != NULL ? ba->n : fa->n, workspace, workspace_bytes, stats, err);
+}
+
+rda_status rda_ring_fwd_run(rda_backend *b, const rda_plan_k *pk, const rda_fwd_kernels *k,
+                            const rda_ring_plan *rp, int rank, rda_transport *t,
+                            const rda_fwd_args *a, void *workspace, size_t workspace_bytes,
+                            rda_ring_run_stats *stats, rda_err *err) {
+  if (a == NULL) {
+    if (t != NULL) rda_transport_abort(t, "ring forward: a NULL argument");
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring forward: a NULL argument");
+  }
+  return ring_enter(b, pk, k, rp, rank, t, a, NULL, workspace, workspace_bytes, stats, err);
 }
 
 rda_status rda_ring_bwd_run(rda_backend *b, const rda_plan_k *pk, const rda_fwd_kernels *k,
                             const rda_ring_plan *rp, int rank, rda_transport *t,
                             const rda_bwd_args *a, void *workspace, size_t workspace_bytes,
                             rda_ring_run_stats *stats, rda_err *err) {
-  if (b == NULL || pk == NULL || k == NULL || rp == NULL || t == NULL || a == NULL) {
+  if (a == NULL) {
     if (t != NULL) rda_transport_abort(t, "ring backward: a NULL argument");
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring backward: a NULL argument");
   }
-  if (!pk->has_bwd) {
-    rda_transport_abort(t, "ring backward: the plan has no backward kernels");
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                       "ring backward: the plan has no backward kernels (plan it with "
-                       "RDA_PLAN_BACKWARD)");
-  }
-  ring_run r;
-  memset(&r, 0, sizeof r);
-  r.c.b = b;
-  r.c.pk = pk;
-  r.c.k = k;
-  r.c.ba = a;
-  r.c.batch = a->batch;
-  r.rp = rp;
-  r.t = t;
-  r.backward = 1;
-  return ring_pass(&r, rank, a->n, workspace, workspace_bytes, stats, err);
+  return ring_enter(b, pk, k, rp, rank, t, NULL, a, workspace, workspace_bytes, stats, err);
 }

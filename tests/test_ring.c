@@ -460,9 +460,10 @@ static ring_case base_case(void) {
   return rc;
 }
 
+/* The configurations both passes are checked on. */
+
 /* Mixed branches: segments inside one rank (w = 16), spanning some (w = 64) and all (w = N). */
-static void test_ring_matches_reference_every_rank_count_causal_mod(void **state) {
-  (void)state;
+static ring_case case_causal_mod(void) {
   ring_case rc = base_case();
   rc.causal = 1;
   rc.offsets = RDA_OFFSETS_MOD;
@@ -471,14 +472,10 @@ static void test_ring_matches_reference_every_rank_count_causal_mod(void **state
   rc.w[1] = 64, rc.r[1] = 2;
   rc.w[2] = 1 << 20, rc.r[2] = 4;
   rc.n = 101;
-  for (int p = 1; p <= MAXP; ++p) {
-    rc.ranks = p;
-    run_ring("causal mod 3 branches", &rc, NULL);
-  }
+  return rc;
 }
 
-static void test_ring_matches_reference_noncausal_block_offsets_gqa(void **state) {
-  (void)state;
+static ring_case case_noncausal_block_gqa(void) {
   ring_case rc = base_case();
   rc.heads = 4;
   rc.kv_heads = 2;
@@ -488,15 +485,22 @@ static void test_ring_matches_reference_noncausal_block_offsets_gqa(void **state
   rc.w[1] = 1 << 20, rc.r[1] = 2;
   rc.n = 83;
   rc.batch = 2;
-  const int ps[] = {2, 3, 5};
-  for (int i = 0; i < 3; ++i) {
-    rc.ranks = ps[i];
-    run_ring("non-causal block GQA batch 2", &rc, NULL);
-  }
+  return rc;
 }
 
-static void test_ring_matches_reference_group_offsets_causal_gqa(void **state) {
-  (void)state;
+/* Mod offsets with GQA: each (branch, offset) class carries two kv heads. */
+static ring_case case_causal_mod_gqa(void) {
+  ring_case rc = case_causal_mod();
+  rc.heads = 4;
+  rc.kv_heads = 2;
+  rc.w[1] = 32;
+  rc.w[2] = 256;
+  rc.n = 72;
+  rc.batch = 2;
+  return rc;
+}
+
+static ring_case case_causal_group_gqa(void) {
   ring_case rc = base_case();
   rc.heads = 4;
   rc.kv_heads = 1;
@@ -506,31 +510,53 @@ static void test_ring_matches_reference_group_offsets_causal_gqa(void **state) {
   rc.w[0] = 24, rc.r[0] = 1;
   rc.w[1] = 96, rc.r[1] = 3;
   rc.n = 130;
-  const int ps[] = {3, 4, 7};
-  for (int i = 0; i < 3; ++i) {
-    rc.ranks = ps[i];
-    run_ring("causal group GQA", &rc, NULL);
-  }
+  return rc;
 }
 
-static void test_ring_matches_reference_zigzag(void **state) {
-  (void)state;
+static ring_case case_zigzag(int causal) {
   ring_case rc = base_case();
-  rc.causal = 1;
+  rc.causal = causal;
   rc.offsets = RDA_OFFSETS_MOD;
   rc.nbranch = 2;
   rc.w[0] = 16, rc.r[0] = 1;
   rc.w[1] = 1 << 20, rc.r[1] = 2;
   rc.n = 96;
   rc.layout = RDA_RING_ZIGZAG;
-  const int ps[] = {2, 3, 4};
-  for (int i = 0; i < 3; ++i) {
+  return rc;
+}
+
+/* Run rc for every rank count of ps (forward, or forward and backward). */
+static void run_ranks(const char *what, ring_case rc, int backward, const int *ps, int nps) {
+  rc.backward = backward;
+  for (int i = 0; i < nps; ++i) {
     rc.ranks = ps[i];
-    run_ring("causal zigzag", &rc, NULL);
+    run_ring(what, &rc, NULL);
   }
-  rc.causal = 0;
-  rc.ranks = 3;
-  run_ring("non-causal zigzag", &rc, NULL);
+}
+
+static void test_ring_matches_reference_every_rank_count_causal_mod(void **state) {
+  (void)state;
+  const int ps[] = {1, 2, 3, 4, 5, 6, 7, 8};
+  run_ranks("causal mod 3 branches", case_causal_mod(), 0, ps, 8);
+}
+
+static void test_ring_matches_reference_noncausal_block_offsets_gqa(void **state) {
+  (void)state;
+  const int ps[] = {2, 3, 5};
+  run_ranks("non-causal block GQA batch 2", case_noncausal_block_gqa(), 0, ps, 3);
+}
+
+static void test_ring_matches_reference_group_offsets_causal_gqa(void **state) {
+  (void)state;
+  const int ps[] = {3, 4, 7};
+  run_ranks("causal group GQA", case_causal_group_gqa(), 0, ps, 3);
+}
+
+static void test_ring_matches_reference_zigzag(void **state) {
+  (void)state;
+  const int ps[] = {2, 3, 4}, p3[] = {3};
+  run_ranks("causal zigzag", case_zigzag(1), 0, ps, 3);
+  run_ranks("non-causal zigzag", case_zigzag(0), 0, p3, 1);
 }
 
 /* Segments of 8 rows with ranks of 40 rows each: nothing leaves any rank. */
@@ -595,98 +621,32 @@ static void test_ring_failing_rank_errors_every_rank(void **state) {
  * rank's rows and returned in fp32, against the float64 reference gradients. */
 static void test_ring_backward_matches_reference_causal_mod(void **state) {
   (void)state;
-  ring_case rc = base_case();
-  rc.causal = 1;
-  rc.offsets = RDA_OFFSETS_MOD;
-  rc.nbranch = 3;
-  rc.w[0] = 16, rc.r[0] = 1;
-  rc.w[1] = 64, rc.r[1] = 2;
-  rc.w[2] = 1 << 20, rc.r[2] = 4;
-  rc.n = 101;
-  rc.backward = 1;
   const int ps[] = {1, 2, 3, 5, 8};
-  for (int i = 0; i < 5; ++i) {
-    rc.ranks = ps[i];
-    run_ring("backward causal mod 3 branches", &rc, NULL);
-  }
+  run_ranks("backward causal mod 3 branches", case_causal_mod(), 1, ps, 5);
 }
 
 static void test_ring_backward_noncausal_block_gqa_batch2(void **state) {
   (void)state;
-  ring_case rc = base_case();
-  rc.heads = 4;
-  rc.kv_heads = 2;
-  rc.offsets = RDA_OFFSETS_BLOCK;
-  rc.nbranch = 2;
-  rc.w[0] = 32, rc.r[0] = 1;
-  rc.w[1] = 1 << 20, rc.r[1] = 2;
-  rc.n = 83;
-  rc.batch = 2;
-  rc.backward = 1;
   const int ps[] = {2, 3};
-  for (int i = 0; i < 2; ++i) {
-    rc.ranks = ps[i];
-    run_ring("backward non-causal block GQA batch 2", &rc, NULL);
-  }
+  run_ranks("backward non-causal block GQA batch 2", case_noncausal_block_gqa(), 1, ps, 2);
 }
 
-/* Mod offsets with GQA: each (branch, offset) class carries two kv heads. */
 static void test_ring_backward_causal_mod_gqa_batch2(void **state) {
   (void)state;
-  ring_case rc = base_case();
-  rc.heads = 4;
-  rc.kv_heads = 2;
-  rc.causal = 1;
-  rc.offsets = RDA_OFFSETS_MOD;
-  rc.nbranch = 3;
-  rc.w[0] = 16, rc.r[0] = 1;
-  rc.w[1] = 32, rc.r[1] = 2;
-  rc.w[2] = 256, rc.r[2] = 4;
-  rc.n = 72;
-  rc.batch = 2;
-  rc.backward = 1;
   const int ps[] = {2, 3};
-  for (int i = 0; i < 2; ++i) {
-    rc.ranks = ps[i];
-    run_ring("backward causal mod GQA batch 2", &rc, NULL);
-  }
+  run_ranks("backward causal mod GQA batch 2", case_causal_mod_gqa(), 1, ps, 2);
 }
 
 static void test_ring_backward_group_causal_gqa(void **state) {
   (void)state;
-  ring_case rc = base_case();
-  rc.heads = 4;
-  rc.kv_heads = 1;
-  rc.causal = 1;
-  rc.offsets = RDA_OFFSETS_GROUP;
-  rc.nbranch = 2;
-  rc.w[0] = 24, rc.r[0] = 1;
-  rc.w[1] = 96, rc.r[1] = 3;
-  rc.n = 130;
-  rc.backward = 1;
   const int ps[] = {4, 7};
-  for (int i = 0; i < 2; ++i) {
-    rc.ranks = ps[i];
-    run_ring("backward causal group GQA", &rc, NULL);
-  }
+  run_ranks("backward causal group GQA", case_causal_group_gqa(), 1, ps, 2);
 }
 
 static void test_ring_backward_zigzag(void **state) {
   (void)state;
-  ring_case rc = base_case();
-  rc.causal = 1;
-  rc.offsets = RDA_OFFSETS_MOD;
-  rc.nbranch = 2;
-  rc.w[0] = 16, rc.r[0] = 1;
-  rc.w[1] = 1 << 20, rc.r[1] = 2;
-  rc.n = 96;
-  rc.layout = RDA_RING_ZIGZAG;
-  rc.backward = 1;
   const int ps[] = {2, 3};
-  for (int i = 0; i < 2; ++i) {
-    rc.ranks = ps[i];
-    run_ring("backward causal zigzag", &rc, NULL);
-  }
+  run_ranks("backward causal zigzag", case_zigzag(1), 1, ps, 2);
 }
 
 /* A rank's link breaks in the middle of the ring (its 3rd wait, forward, or its 5th, which falls
