@@ -1,7 +1,8 @@
 #!/bin/sh
 # test_install.sh — the installed package as a consumer sees it: `cmake --install` to a
-# temporary prefix, build examples/ with find_package(rda) and with pkg-config, run both on the
-# emulator device (each checks its output against its own float64 reference). CTest runs it.
+# temporary prefix, build examples/ with find_package(rda) and with pkg-config, run them on the
+# emulator device (forward checks its output against its own float64 reference, ring each rank's
+# rows against the single-device forward). CTest runs it.
 # usage: test_install.sh BUILD_DIR SOURCE_DIR [EXTRA_CFLAGS (the sanitizer flags of the build)]
 set -eu
 build=$1
@@ -46,6 +47,7 @@ cmake -S "$src/examples" -B "$tmp/ex" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUIL
 cmake --build "$tmp/ex" >>"$tmp/ex.log" 2>&1 || { cat "$tmp/ex.log" >&2; fail "building examples/"; }
 # Without RDA_HOME: the installed library must find what it needs by itself.
 env -u RDA_HOME "$tmp/ex/forward" || fail "examples/forward (find_package build) failed"
+env -u RDA_HOME "$tmp/ex/ring" || fail "examples/ring (find_package build) failed"
 
 # 2. pkg-config.
 PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --exists rda || fail "pkg-config does not find rda"
@@ -54,4 +56,8 @@ cc_flags=$(PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --cflags --libs rda)
 cc -std=c11 $flags "$src/examples/forward.c" -o "$tmp/forward_pc" $cc_flags -lm \
   -Wl,-rpath,"$libdir" || fail "building examples/forward.c with pkg-config"
 "$tmp/forward_pc" || fail "examples/forward (pkg-config build) failed"
+# shellcheck disable=SC2086
+cc -std=c11 -pthread $flags "$src/examples/ring.c" -o "$tmp/ring_pc" $cc_flags -lm \
+  -Wl,-rpath,"$libdir" || fail "building examples/ring.c with pkg-config"
+"$tmp/ring_pc" || fail "examples/ring (pkg-config build) failed"
 echo "test_install: ok (installed to a temporary prefix; find_package and pkg-config builds ran)"
