@@ -262,6 +262,31 @@ __device__ __forceinline__ void dkdv_zero_ds(unsigned char *sds, int warp) {
   }
 }
 
+/* dq_atomic: ao.at(cg * (DQC / 16) + cp, row16), the K offset of chunk pair cp of column group
+ * cg. cg is known only at run time, and a run-time index into ao.ofs would put that array in
+ * local memory: use the period of the swizzle when the group starts on one, else a select. */
+template <class Cfg>
+__device__ __forceinline__ int dq_k_off(const LaneOfs<Cfg::head_dim / 8> &ao, int cg, int cp,
+                                        int row16) {
+  using T = DkdvTraits<Cfg>;
+  using L = LaneOfs<Cfg::head_dim / 8>;
+  constexpr int GP = T::DQC / 16; /* chunk pairs per column group */
+  if constexpr (T::NCG == 1) {
+    (void)cg;
+    return ao.at(cp, row16);
+  } else if constexpr (GP % L::PAIRS == 0) {
+    return ao.at(cp, row16) + cg * (GP / L::PAIRS) * L::PERIOD * 16;
+  } else {
+    const int pair = cg * GP + cp; /* >= 0 */
+    const int k = pair % L::PAIRS;
+    int v = ao.ofs[0];
+#pragma unroll
+    for (int i = 1; i < L::PAIRS; ++i)
+      if (k == i) v = ao.ofs[i];
+    return v + (pair / L::PAIRS) * L::PERIOD * 16 + row16 * (Cfg::head_dim / 8) * 16;
+  }
+}
+
 /* dq_atomic: dQ[q0 .., :] += scale * dS K over this block's keys, by fp32 atomics. dS^T is in
  * sds (rows = keys, read as the A operand through ldmatrix .trans), K in sk. */
 template <class Cfg>
@@ -287,7 +312,7 @@ __device__ __forceinline__ void dkdv_dq_atomic(const unsigned char *sds, const u
 #pragma unroll
     for (int cp = 0; cp < T::DQC / 16; ++cp) {
       uint32_t kb[4];
-      ldmatrix_x4_trans(kb, sk + ao.at(cg * (T::DQC / 16) + cp, 16 * kk));
+      ldmatrix_x4_trans(kb, sk + dq_k_off<Cfg>(ao, cg, cp, 16 * kk));
       mma<Cfg::dtype>(acc[2 * cp], a, kb);
       mma<Cfg::dtype>(acc[2 * cp + 1], a, kb + 2);
     }
