@@ -313,8 +313,14 @@ rda_status rda_nvrtc_compile(const char *source, const char *name, const char *e
   snprintf(file, sizeof file, "%s.cu", name);
   /* Always a real sm_XX: ptxas runs (so the report exists) and the PTX is available too. */
   snprintf(opt_arch, sizeof opt_arch, "--gpu-architecture=sm_%d", arch);
-  const char *opts[] = {opt_arch, RDA_NVRTC_FIXED_OPTIONS};
-  const int nopts = (int)(sizeof opts / sizeof opts[0]);
+  /* NVRTC 12.9+ keeps its own cache (with a driver present) and then skips ptxas, whose report
+   * we need; rda caches cubins itself, so that cache is off. Not part of the cache key: the
+   * output does not depend on it. */
+  int nv_major = 0, nv_minor = 0;
+  const int no_cache = nvrtcVersion(&nv_major, &nv_minor) == NVRTC_SUCCESS &&
+                       (nv_major > 12 || (nv_major == 12 && nv_minor >= 9));
+  const char *opts[] = {opt_arch, RDA_NVRTC_FIXED_OPTIONS, "--no-cache"};
+  const int nopts = (int)(sizeof opts / sizeof opts[0]) - (no_cache ? 0 : 1);
 
   /* The templates go to NVRTC as in-memory headers (as librda embeds them, or from $RDA_HOME),
    * named as the sources #include them: "ptx.cuh", "emu/cuda_shim.h". */
