@@ -583,6 +583,101 @@ rda_status rda_api_check_workspace(const char *fn, const char *sizer, const void
   return RDA_OK;
 }
 
+/* The pass tensors' names and shapes: q, k, v, o, lse, dout, dlse, dq, dk, dv. */
+static const char *const kTensorNames[10] = {"q",    "k",    "v",  "o",  "lse",
+                                             "dout", "dlse", "dq", "dk", "dv"};
+enum { kShapeH, kShapeHkv, kShapeLse }; /* [B, n, H, D], [B, n, Hkv, D], [B, H, n] */
+static const int kTensorShape[10] = {kShapeH, kShapeHkv, kShapeHkv, kShapeH,   kShapeLse,
+                                     kShapeH, kShapeLse, kShapeH,   kShapeHkv, kShapeHkv};
+static const char *const kShapeDims[2][3] = {
+    {"[B, N, H, D]", "[B, N, Hkv, D]", "[B, H, N]"},
+    {"[B, rows, H, D]", "[B, rows, Hkv, D]", "[B, H, rows]"},
+};
+
+/* w[i] for the first count tensors; outputs from index first_out on. */
+static void rda_api_wants(const char *fn, int ring, const rda_config *c, long long batch,
+                          long long n, int count, int first_out, rda_api_want *w) {
+  for (int i = 0; i < count; ++i) {
+    const int shape = kTensorShape[i];
+    const long long heads = shape == kShapeHkv ? c->kv_heads : c->heads;
+    memset(&w[i], 0, sizeof w[i]);
+    w[i].fn = fn;
+    w[i].name = kTensorNames[i];
+    w[i].dims = kShapeDims[ring][shape];
+    w[i].ndim = shape == kShapeLse ? 3 : 4;
+    w[i].shape[0] = batch;
+    w[i].shape[1] = shape == kShapeLse ? c->heads : n;
+    w[i].shape[2] = shape == kShapeLse ? n : heads;
+    w[i].shape[3] = shape == kShapeLse ? 0 : c->head_dim;
+    w[i].output = i >= first_out;
+  }
+}
+
+rda_status rda_api_check_fwd_tensors(const rda_plan *plan, const char *fn, int ring,
+                                     const rda_tensor *const t[5], long long batch, long long n,
+                                     rda_err *err) {
+  const rda_config *c = &plan->core->pk.cfg;
+  const int dt = c->dtype;
+  rda_api_want w[5];
+  rda_api_wants(fn, ring, c, batch, n, 5, 3, w);
+  for (int i = 0; i < 3; ++i) RDA_TRY(rda_api_check_tensor(plan, t[i], &w[i], dt, -1, err));
+  RDA_TRY(rda_api_check_tensor(plan, t[3], &w[3], dt, RDA_FP32, err));
+  if (t[4] != NULL) RDA_TRY(rda_api_check_tensor(plan, t[4], &w[4], RDA_FP32, -1, err));
+  return RDA_OK;
+}
+
+rda_status rda_api_check_bwd_tensors(const rda_plan *plan, const char *fn, int ring,
+                                     const rda_tensor *const t[10], long long batch, long long n,
+                                     rda_err *err) {
+  const rda_config *c = &plan->core->pk.cfg;
+  static const int dtypes[10] = {-1, -1,       -1,       RDA_FP32, RDA_FP32,
+                                 -1, RDA_FP32, RDA_FP32, RDA_FP32, RDA_FP32};
+  rda_api_want w[10];
+  rda_api_wants(fn, ring, c, batch, n, 10, 7, w);
+  for (int i = 0; i < 10; ++i) {
+    if (i == 6 && t[6] == NULL) continue; /* dlse is optional */
+    RDA_TRY(rda_api_check_tensor(plan, t[i], &w[i], dtypes[i] < 0 ? c->dtype : dtypes[i], -1, err));
+  }
+  for (int i = 7; i < 10; ++i)
+    for (int j = 0; j < 10; ++j)
+      if (j != i && t[j] != NULL && t[i]->data == t[j]->data)
+        return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                           "%s: %s->data == %s->data: an output must not overlap another "
+                           "argument",
+                           fn, kTensorNames[i], kTensorNames[j]);
+  return RDA_OK;
+}
+
+/* No tensor of t[count] (NULL: absent) meets [workspace, workspace + need). */
+static rda_status rda_api_check_ws_apart(const char *fn, const rda_tensor *const *t, int count,
+                                         const void *workspace, size_t need, rda_err *err) {
+  for (int i = 0; i < count; ++i)
+    if (t[i] != NULL && rda_api_ranges_meet(t[i], workspace, need))
+      return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                         "%s: workspace overlaps %s: it must be memory of its own", fn,
+                         kTensorNames[i]);
+  return RDA_OK;
+}
+
+rda_status rda_api_check_fwd_apart(const char *fn, const rda_tensor *const t[5],
+                                   const void *workspace, size_t need, rda_err *err) {
+  /* Outputs must not be the inputs; the workspace must not hold any tensor. (Interleaved
+   * layouts in one buffer are allowed, so only these cheap, certain cases are refused.) */
+  for (int i = 3; i < 5; ++i)
+    for (int j = 0; j < i; ++j)
+      if (t[i] != NULL && t[i]->data == t[j]->data)
+        return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                           "%s: %s->data == %s->data: an output must not overlap another "
+                           "argument",
+                           fn, kTensorNames[i], kTensorNames[j]);
+  return need > 0 ? rda_api_check_ws_apart(fn, t, 5, workspace, need, err) : RDA_OK;
+}
+
+rda_status rda_api_check_bwd_apart(const char *fn, const rda_tensor *const t[10],
+                                   const void *workspace, size_t need, rda_err *err) {
+  return rda_api_check_ws_apart(fn, t, 10, workspace, need, err);
+}
+
 size_t rda_api_round_up(size_t x) {
   return (x + RDA_API_WS_ALIGN - 1) / RDA_API_WS_ALIGN * RDA_API_WS_ALIGN;
 }
@@ -650,6 +745,63 @@ rda_status rda_api_cast(const rda_plan *plan, const float *acc, const long long 
                    (unsigned)v->smem_bytes, &cp, sizeof cp, err);
 }
 
+void rda_api_fwd_args(const rda_config *c, long long batch, long long n,
+                      const rda_tensor *const t[5], void *o_acc, void *lse_acc, rda_fwd_args *a) {
+  const rda_tensor *q = t[0], *k = t[1], *v = t[2], *o = t[3], *lse = t[4];
+  memset(a, 0, sizeof *a);
+  a->batch = batch;
+  a->n = n;
+  a->q = q->data, a->k = k->data, a->v = v->data;
+  for (int i = 0; i < 3; ++i) {
+    a->q_s[i] = q->stride[i];
+    a->k_s[i] = k->stride[i];
+    a->v_s[i] = v->stride[i];
+  }
+  if (o->dtype == RDA_FP32) {
+    a->o = o->data;
+    for (int i = 0; i < 3; ++i) a->o_s[i] = o->stride[i];
+  } else {
+    a->o = o_acc;
+    a->o_s[2] = c->head_dim;
+    a->o_s[1] = (long long)c->heads * c->head_dim;
+    a->o_s[0] = n * a->o_s[1];
+  }
+  if (lse != NULL) {
+    a->lse = lse->data;
+    a->lse_s[0] = lse->stride[0];
+    a->lse_s[1] = lse->stride[1];
+  } else {
+    a->lse = lse_acc;
+    a->lse_s[1] = n;
+    a->lse_s[0] = (long long)c->heads * n;
+  }
+}
+
+void rda_api_bwd_args(const rda_tensor *const t[10], long long batch, long long n,
+                      rda_bwd_args *a) {
+  const rda_tensor *q = t[0], *k = t[1], *v = t[2], *o = t[3], *lse = t[4], *dout = t[5];
+  const rda_tensor *dlse = t[6], *dq = t[7], *dk = t[8], *dv = t[9];
+  memset(a, 0, sizeof *a);
+  a->batch = batch;
+  a->n = n;
+  a->q = q->data, a->k = k->data, a->v = v->data;
+  a->o = o->data;
+  a->lse = lse->data;
+  a->dout = dout->data;
+  a->dlse = dlse != NULL ? dlse->data : NULL;
+  a->dq = dq->data, a->dk = dk->data, a->dv = dv->data;
+  for (int i = 0; i < 3; ++i) {
+    a->q_s[i] = q->stride[i], a->k_s[i] = k->stride[i], a->v_s[i] = v->stride[i];
+    a->o_s[i] = o->stride[i], a->do_s[i] = dout->stride[i];
+    a->dq_s[i] = dq->stride[i], a->dk_s[i] = dk->stride[i], a->dv_s[i] = dv->stride[i];
+  }
+  for (int i = 0; i < 2; ++i) {
+    a->lse_s[i] = lse->stride[i];
+    a->dlse_s[i] = dlse != NULL ? dlse->stride[i] : 0;
+  }
+  a->deterministic = 1;
+}
+
 rda_status rda_forward(const rda_plan *plan, const rda_tensor *q, const rda_tensor *k,
                        const rda_tensor *v, const rda_tensor *o, const rda_tensor *lse,
                        void *workspace, size_t workspace_bytes, void *stream) {
@@ -672,18 +824,8 @@ rda_status rda_forward(const rda_plan *plan, const rda_tensor *q, const rda_tens
     return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
                          "rda_forward: q->shape[0] = %lld: at most 65535 batch entries per call",
                          batch);
-  const int dt = c->dtype;
-  static const char fn[] = "rda_forward";
-  const rda_api_want wq = {fn, "q", "[B, N, H, D]", 4, {batch, n, c->heads, c->head_dim}, 0};
-  const rda_api_want wk = {fn, "k", "[B, N, Hkv, D]", 4, {batch, n, c->kv_heads, c->head_dim}, 0};
-  const rda_api_want wv = {fn, "v", "[B, N, Hkv, D]", 4, {batch, n, c->kv_heads, c->head_dim}, 0};
-  const rda_api_want wo = {fn, "o", "[B, N, H, D]", 4, {batch, n, c->heads, c->head_dim}, 1};
-  const rda_api_want wl = {fn, "lse", "[B, H, N]", 3, {batch, c->heads, n, 0}, 1};
-  if (rda_api_check_tensor(plan, q, &wq, dt, -1, &err) != RDA_OK ||
-      rda_api_check_tensor(plan, k, &wk, dt, -1, &err) != RDA_OK ||
-      rda_api_check_tensor(plan, v, &wv, dt, -1, &err) != RDA_OK ||
-      rda_api_check_tensor(plan, o, &wo, dt, RDA_FP32, &err) != RDA_OK ||
-      (lse != NULL && rda_api_check_tensor(plan, lse, &wl, RDA_FP32, -1, &err) != RDA_OK))
+  const rda_tensor *const all[5] = {q, k, v, o, lse};
+  if (rda_api_check_fwd_tensors(plan, "rda_forward", 0, all, batch, n, &err) != RDA_OK)
     return rda_api_fail(ctx, &err);
 
   size_t o_bytes, l_bytes;
@@ -699,57 +841,13 @@ rda_status rda_forward(const rda_plan *plan, const rda_tensor *q, const rda_tens
                                 workspace_bytes, need, &err) != RDA_OK)
       return rda_api_fail(ctx, &err);
   }
-  /* Outputs must not be the inputs; the workspace must not hold any tensor. (Interleaved
-   * layouts in one buffer are allowed, so only these cheap, certain cases are refused.) */
-  const rda_tensor *all[5] = {q, k, v, o, lse};
-  static const char *const names[5] = {"q", "k", "v", "o", "lse"};
-  for (int i = 3; i < 5; ++i)
-    for (int j = 0; j < i; ++j)
-      if (all[i] != NULL && all[i]->data == all[j]->data)
-        return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
-                             "rda_forward: %s->data == %s->data: an output must not overlap "
-                             "another argument",
-                             names[i], names[j]);
-  if (need > 0)
-    for (int i = 0; i < 5; ++i)
-      if (all[i] != NULL && rda_api_ranges_meet(all[i], workspace, need))
-        return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
-                             "rda_forward: workspace overlaps %s: it must be memory of its own",
-                             names[i]);
+  if (rda_api_check_fwd_apart("rda_forward", all, workspace, need, &err) != RDA_OK)
+    return rda_api_fail(ctx, &err);
 
-  char *ws = workspace;
+  /* Fixed layout: the LSE part follows the O part even when O goes straight to o. */
   rda_fwd_args a;
-  memset(&a, 0, sizeof a);
-  a.batch = batch;
-  a.n = n;
-  a.q = q->data;
-  a.k = k->data;
-  a.v = v->data;
-  for (int i = 0; i < 3; ++i) {
-    a.q_s[i] = q->stride[i];
-    a.k_s[i] = k->stride[i];
-    a.v_s[i] = v->stride[i];
-  }
-  if (o_direct) {
-    a.o = o->data;
-    for (int i = 0; i < 3; ++i) a.o_s[i] = o->stride[i];
-    ws += o_bytes;
-  } else {
-    a.o = (float *)(void *)ws;
-    a.o_s[2] = c->head_dim;
-    a.o_s[1] = (long long)c->heads * c->head_dim;
-    a.o_s[0] = n * a.o_s[1];
-    ws += o_bytes;
-  }
-  if (lse != NULL) {
-    a.lse = lse->data;
-    a.lse_s[0] = lse->stride[0];
-    a.lse_s[1] = lse->stride[1];
-  } else {
-    a.lse = (float *)(void *)ws;
-    a.lse_s[1] = n;
-    a.lse_s[0] = (long long)c->heads * n;
-  }
+  rda_api_fwd_args(c, batch, n, all, workspace, lse == NULL ? (char *)workspace + o_bytes : NULL,
+                   &a);
 
   if (ctx->is_cuda) rda_backend_cuda_use_stream(stream);
   rda_status s = rda_fwd_run(ctx->b, &plan->core->pk, &plan->core->kernels, &a, &err);
@@ -791,7 +889,6 @@ rda_status rda_backward(const rda_plan *plan, const rda_tensor *q, const rda_ten
   if (!rda_api_plan_ok(plan)) return rda_api_bad_plan(plan, fn);
   rda_ctx *ctx = plan->ctx;
   const rda_plan_k *pk = &plan->core->pk;
-  const rda_config *c = &pk->cfg;
   if (!pk->has_bwd)
     return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
                          "rda_backward: the plan was created without RDA_PLAN_WITH_BACKWARD");
@@ -808,67 +905,19 @@ rda_status rda_backward(const rda_plan *plan, const rda_tensor *q, const rda_ten
                          "rda_backward: q->shape = [%lld, %lld, ...]: B must be 1 to 65535 and "
                          "N >= 1",
                          batch, n);
-  const int dt = c->dtype;
-  const long long H = c->heads, Hkv = c->kv_heads, D = c->head_dim;
-  const rda_api_want w[11] = {
-      {fn, "q", "[B, N, H, D]", 4, {batch, n, H, D}, 0},
-      {fn, "k", "[B, N, Hkv, D]", 4, {batch, n, Hkv, D}, 0},
-      {fn, "v", "[B, N, Hkv, D]", 4, {batch, n, Hkv, D}, 0},
-      {fn, "o", "[B, N, H, D]", 4, {batch, n, H, D}, 0},
-      {fn, "lse", "[B, H, N]", 3, {batch, H, n, 0}, 0},
-      {fn, "dout", "[B, N, H, D]", 4, {batch, n, H, D}, 0},
-      {fn, "dlse", "[B, H, N]", 3, {batch, H, n, 0}, 0},
-      {fn, "dq", "[B, N, H, D]", 4, {batch, n, H, D}, 1},
-      {fn, "dk", "[B, N, Hkv, D]", 4, {batch, n, Hkv, D}, 1},
-      {fn, "dv", "[B, N, Hkv, D]", 4, {batch, n, Hkv, D}, 1},
-      {0},
-  };
-  const rda_tensor *t[10] = {q, k, v, o, lse, dout, dlse, dq, dk, dv};
-  static const int dtypes[10] = {-1, -1,       -1,       RDA_FP32, RDA_FP32,
-                                 -1, RDA_FP32, RDA_FP32, RDA_FP32, RDA_FP32};
-  for (int i = 0; i < 10; ++i) {
-    if (i == 6 && dlse == NULL) continue; /* dlse is optional */
-    if (rda_api_check_tensor(plan, t[i], &w[i], dtypes[i] < 0 ? dt : dtypes[i], -1, &err) != RDA_OK)
-      return rda_api_fail(ctx, &err);
-  }
-  for (int i = 7; i < 10; ++i)
-    for (int j = 0; j < 10; ++j)
-      if (j != i && t[j] != NULL && t[i]->data == t[j]->data)
-        return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
-                             "rda_backward: %s->data == %s->data: an output must not overlap "
-                             "another argument",
-                             w[i].name, w[j].name);
+  const rda_tensor *const t[10] = {q, k, v, o, lse, dout, dlse, dq, dk, dv};
+  if (rda_api_check_bwd_tensors(plan, fn, 0, t, batch, n, &err) != RDA_OK)
+    return rda_api_fail(ctx, &err);
   const size_t need = rda_api_round_up(rda_bwd_workspace_bytes(pk, batch, n));
   if (rda_api_check_workspace("rda_backward", "rda_plan_backward_workspace_size", workspace,
                               workspace_bytes, need, &err) != RDA_OK)
     return rda_api_fail(ctx, &err);
-  for (int i = 0; i < 10; ++i)
-    if (t[i] != NULL && rda_api_ranges_meet(t[i], workspace, need))
-      return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
-                           "rda_backward: workspace overlaps %s: it must be memory of its own",
-                           w[i].name);
+  if (rda_api_check_bwd_apart(fn, t, workspace, need, &err) != RDA_OK)
+    return rda_api_fail(ctx, &err);
 
   rda_bwd_args a;
-  memset(&a, 0, sizeof a);
-  a.batch = batch;
-  a.n = n;
-  a.q = q->data, a.k = k->data, a.v = v->data;
-  a.o = o->data;
-  a.lse = lse->data;
-  a.dout = dout->data;
-  a.dlse = dlse != NULL ? dlse->data : NULL;
-  a.dq = dq->data, a.dk = dk->data, a.dv = dv->data;
-  for (int i = 0; i < 3; ++i) {
-    a.q_s[i] = q->stride[i], a.k_s[i] = k->stride[i], a.v_s[i] = v->stride[i];
-    a.o_s[i] = o->stride[i], a.do_s[i] = dout->stride[i];
-    a.dq_s[i] = dq->stride[i], a.dk_s[i] = dk->stride[i], a.dv_s[i] = dv->stride[i];
-  }
-  for (int i = 0; i < 2; ++i) {
-    a.lse_s[i] = lse->stride[i];
-    a.dlse_s[i] = dlse != NULL ? dlse->stride[i] : 0;
-  }
+  rda_api_bwd_args(t, batch, n, &a);
   a.workspace = workspace;
-  a.deterministic = 1;
   if (ctx->is_cuda) rda_backend_cuda_use_stream(stream);
   const rda_status s = rda_bwd_run(ctx->b, pk, &plan->core->kernels, &a, &err);
   if (ctx->is_cuda) rda_backend_cuda_own_stream();

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "bwd.h"
 #include "err.h"
 #include "fwd.h"
 #include "gen.h"
@@ -97,6 +98,24 @@ typedef struct rda_api_want {
  * within 64 bits, and for outputs that no two elements share an address. */
 rda_status rda_api_check_tensor(const rda_plan *plan, const rda_tensor *t, const rda_api_want *w,
                                 int dt_a, int dt_b, rda_err *err);
+/* The tensors of a pass for fn over batch x n rows, which the messages call N (ring 0: the
+ * whole sequence) or rows (ring 1: a rank's rows). Forward: t = {q, k, v, o, lse}, lse may be
+ * NULL; q, k, v in the plan's dtype, o in it or fp32, lse fp32. Backward: t = {q, k, v, o, lse,
+ * dout, dlse, dq, dk, dv}, dlse may be NULL; o, lse, dlse and the gradients fp32; and no
+ * gradient is the same memory as another argument. */
+rda_status rda_api_check_fwd_tensors(const rda_plan *plan, const char *fn, int ring,
+                                     const rda_tensor *const t[5], long long batch, long long n,
+                                     rda_err *err);
+rda_status rda_api_check_bwd_tensors(const rda_plan *plan, const char *fn, int ring,
+                                     const rda_tensor *const t[10], long long batch, long long n,
+                                     rda_err *err);
+/* The forward's outputs (t as above) are not the memory of an earlier argument, and when need
+ * > 0 none of t meets the workspace's first need bytes. */
+rda_status rda_api_check_fwd_apart(const char *fn, const rda_tensor *const t[5],
+                                   const void *workspace, size_t need, rda_err *err);
+/* None of the backward's tensors t (as above) meets the workspace's first need bytes. */
+rda_status rda_api_check_bwd_apart(const char *fn, const rda_tensor *const t[10],
+                                   const void *workspace, size_t need, rda_err *err);
 /* 1 when the bytes t spans (already checked not to overflow) meet [p, p + bytes). */
 int rda_api_ranges_meet(const rda_tensor *t, const void *p, size_t bytes);
 /* The caller's workspace for fn: there, at least need bytes, 16-byte aligned; sizer names the
@@ -109,6 +128,14 @@ size_t rda_api_round_up(size_t x);
  * both contiguous and rounded up; 0 when the sizes overflow. */
 int rda_api_ws_parts(const rda_plan_k *pk, long long batch, long long n, size_t *o_bytes,
                      size_t *lse_bytes);
+/* rda_fwd_run's arguments for t = {q, k, v, o, lse} (already checked) over batch x n rows: O
+ * into o when it is fp32, else into the contiguous fp32 accumulator at o_acc; LSE into lse, or
+ * when it is NULL into the contiguous fp32 rows at lse_acc. c: the plan's config. */
+void rda_api_fwd_args(const rda_config *c, long long batch, long long n,
+                      const rda_tensor *const t[5], void *o_acc, void *lse_acc, rda_fwd_args *a);
+/* rda_bwd_run's arguments for t = {q, k, v, o, lse, dout, dlse, dq, dk, dv} (already checked;
+ * dlse may be NULL) over batch x n rows; workspace NULL, deterministic = 1. */
+void rda_api_bwd_args(const rda_tensor *const t[10], long long batch, long long n, rda_bwd_args *a);
 /* Enqueue the fp32 -> storage dtype cast of acc (strides acc_s) into o, batch x n rows. */
 rda_status rda_api_cast(const rda_plan *plan, const float *acc, const long long acc_s[3],
                         const rda_tensor *o, long long batch, long long n, rda_err *err);

@@ -392,6 +392,24 @@ rda_status rda_ring_workspace_size(const rda_ring *ring, long long batch, int ba
 
 /* ---- forward ----------------------------------------------------------------------------- */
 
+/* q's place in fn's arguments, as both passes check it first: [B, rows, H, D] with B 1 to
+ * 65535 and the rank's rows (its other dimensions are checked with the other tensors). */
+static rda_status ring_check_q(const rda_ring *r, const char *fn, const rda_tensor *q,
+                               rda_err *err) {
+  if (q == NULL) return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: q is NULL", fn);
+  if (q->ndim != 4)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "%s: q->ndim = %d: expected 4 (q [B, rows, H, D])", fn, q->ndim);
+  if (q->shape[0] < 1 || q->shape[0] > 65535)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "%s: q->shape[0] = %lld: B must be 1 to 65535", fn, q->shape[0]);
+  if (q->shape[1] != r->rows)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "%s: q->shape[1] = %lld: rank %d of %d owns %lld rows (rda_ring_rows)", fn,
+                       q->shape[1], r->rank, r->ranks, r->rows);
+  return RDA_OK;
+}
+
 /* rda_forward's checks on the rank's rows, then the ring; err says why on failure. */
 static rda_status ring_forward(rda_ring *r, const rda_tensor *q, const rda_tensor *k,
                                const rda_tensor *v, const rda_tensor *o, const rda_tensor *lse,
@@ -403,31 +421,10 @@ static rda_status ring_forward(rda_ring *r, const rda_tensor *q, const rda_tenso
   const rda_plan_k *pk = &plan->core->pk;
   const rda_config *c = &pk->cfg;
   RDA_TRY(ring_check_alive(r, err));
-  if (q == NULL) return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: q is NULL", fn);
-  if (q->ndim != 4)
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                       "%s: q->ndim = %d: expected 4 (q [B, rows, H, D])", fn, q->ndim);
+  RDA_TRY(ring_check_q(r, fn, q, err));
   const long long batch = q->shape[0], n = r->rows;
-  if (batch < 1 || batch > 65535)
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                       "%s: q->shape[0] = %lld: B must be 1 to 65535", fn, batch);
-  if (q->shape[1] != n)
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                       "%s: q->shape[1] = %lld: rank %d of %d owns %lld rows (rda_ring_rows)", fn,
-                       q->shape[1], r->rank, r->ranks, n);
-  const int dt = c->dtype;
-  const rda_api_want wq = {fn, "q", "[B, rows, H, D]", 4, {batch, n, c->heads, c->head_dim}, 0};
-  const rda_api_want wk = {fn, "k", "[B, rows, Hkv, D]", 4, {batch, n, c->kv_heads, c->head_dim},
-                           0};
-  const rda_api_want wv = {fn, "v", "[B, rows, Hkv, D]", 4, {batch, n, c->kv_heads, c->head_dim},
-                           0};
-  const rda_api_want wo = {fn, "o", "[B, rows, H, D]", 4, {batch, n, c->heads, c->head_dim}, 1};
-  const rda_api_want wl = {fn, "lse", "[B, H, rows]", 3, {batch, c->heads, n, 0}, 1};
-  RDA_TRY(rda_api_check_tensor(plan, q, &wq, dt, -1, err));
-  RDA_TRY(rda_api_check_tensor(plan, k, &wk, dt, -1, err));
-  RDA_TRY(rda_api_check_tensor(plan, v, &wv, dt, -1, err));
-  RDA_TRY(rda_api_check_tensor(plan, o, &wo, dt, RDA_FP32, err));
-  if (lse != NULL) RDA_TRY(rda_api_check_tensor(plan, lse, &wl, RDA_FP32, -1, err));
+  const rda_tensor *const all[5] = {q, k, v, o, lse};
+  RDA_TRY(rda_api_check_fwd_tensors(plan, fn, 1, all, batch, n, err));
 
   ring_ws ws;
   RDA_TRY(ring_ws_parts(r, batch, 0, &ws, fn, err));
@@ -438,52 +435,12 @@ static rda_status ring_forward(rda_ring *r, const rda_tensor *q, const rda_tenso
   if (need > 0)
     RDA_TRY(rda_api_check_workspace(fn, "rda_ring_workspace_size", workspace, workspace_bytes, need,
                                     err));
-  const rda_tensor *all[5] = {q, k, v, o, lse};
-  static const char *const names[5] = {"q", "k", "v", "o", "lse"};
-  for (int i = 3; i < 5; ++i)
-    for (int j = 0; j < i; ++j)
-      if (all[i] != NULL && all[i]->data == all[j]->data)
-        return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                           "%s: %s->data == %s->data: an output must not overlap another "
-                           "argument",
-                           fn, names[i], names[j]);
-  if (need > 0)
-    for (int i = 0; i < 5; ++i)
-      if (all[i] != NULL && rda_api_ranges_meet(all[i], workspace, need))
-        return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                           "%s: workspace overlaps %s: it must be memory of its own", fn, names[i]);
+  RDA_TRY(rda_api_check_fwd_apart(fn, all, workspace, need, err));
 
   char *wp = workspace;
   rda_fwd_args a;
-  memset(&a, 0, sizeof a);
-  a.batch = batch;
-  a.n = n;
-  a.q = q->data, a.k = k->data, a.v = v->data;
-  for (int i = 0; i < 3; ++i) {
-    a.q_s[i] = q->stride[i];
-    a.k_s[i] = k->stride[i];
-    a.v_s[i] = v->stride[i];
-  }
-  if (o_direct) {
-    a.o = o->data;
-    for (int i = 0; i < 3; ++i) a.o_s[i] = o->stride[i];
-  } else {
-    a.o = (float *)(void *)wp;
-    a.o_s[2] = c->head_dim;
-    a.o_s[1] = (long long)c->heads * c->head_dim;
-    a.o_s[0] = n * a.o_s[1];
-    wp += o_part;
-  }
-  if (lse != NULL) {
-    a.lse = lse->data;
-    a.lse_s[0] = lse->stride[0];
-    a.lse_s[1] = lse->stride[1];
-  } else {
-    a.lse = (float *)(void *)wp;
-    a.lse_s[1] = n;
-    a.lse_s[0] = (long long)c->heads * n;
-    wp += l_part;
-  }
+  rda_api_fwd_args(c, batch, n, all, wp, wp + o_part, &a);
+  wp += o_part + l_part;
   void *ring_ws_ptr = ws.ring_bytes > 0 ? (void *)wp : NULL;
 
   rda_ring_run_stats st;
@@ -518,84 +475,26 @@ static rda_status ring_backward(rda_ring *r, const rda_tensor *const t[10], void
   const rda_plan *plan = r->plan;
   rda_ctx *ctx = r->ctx;
   const rda_plan_k *pk = &plan->core->pk;
-  const rda_config *c = &pk->cfg;
   RDA_TRY(ring_check_alive(r, err));
   if (!pk->has_bwd)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                        "%s: the plan was created without RDA_PLAN_WITH_BACKWARD", fn);
   const rda_tensor *q = t[0];
-  if (q == NULL) return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: q is NULL", fn);
-  if (q->ndim != 4)
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                       "%s: q->ndim = %d: expected 4 (q [B, rows, H, D])", fn, q->ndim);
+  RDA_TRY(ring_check_q(r, fn, q, err));
   const long long batch = q->shape[0], n = r->rows;
-  if (batch < 1 || batch > 65535)
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                       "%s: q->shape[0] = %lld: B must be 1 to 65535", fn, batch);
-  if (q->shape[1] != n)
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                       "%s: q->shape[1] = %lld: rank %d of %d owns %lld rows (rda_ring_rows)", fn,
-                       q->shape[1], r->rank, r->ranks, n);
-  const int dt = c->dtype;
-  const long long H = c->heads, Hkv = c->kv_heads, D = c->head_dim;
-  const rda_api_want w[10] = {
-      {fn, "q", "[B, rows, H, D]", 4, {batch, n, H, D}, 0},
-      {fn, "k", "[B, rows, Hkv, D]", 4, {batch, n, Hkv, D}, 0},
-      {fn, "v", "[B, rows, Hkv, D]", 4, {batch, n, Hkv, D}, 0},
-      {fn, "o", "[B, rows, H, D]", 4, {batch, n, H, D}, 0},
-      {fn, "lse", "[B, H, rows]", 3, {batch, H, n, 0}, 0},
-      {fn, "dout", "[B, rows, H, D]", 4, {batch, n, H, D}, 0},
-      {fn, "dlse", "[B, H, rows]", 3, {batch, H, n, 0}, 0},
-      {fn, "dq", "[B, rows, H, D]", 4, {batch, n, H, D}, 1},
-      {fn, "dk", "[B, rows, Hkv, D]", 4, {batch, n, Hkv, D}, 1},
-      {fn, "dv", "[B, rows, Hkv, D]", 4, {batch, n, Hkv, D}, 1},
-  };
-  static const int dtypes[10] = {-1, -1,       -1,       RDA_FP32, RDA_FP32,
-                                 -1, RDA_FP32, RDA_FP32, RDA_FP32, RDA_FP32};
-  for (int i = 0; i < 10; ++i) {
-    if (i == 6 && t[6] == NULL) continue; /* dlse is optional */
-    RDA_TRY(rda_api_check_tensor(plan, t[i], &w[i], dtypes[i] < 0 ? dt : dtypes[i], -1, err));
-  }
-  for (int i = 7; i < 10; ++i)
-    for (int j = 0; j < 10; ++j)
-      if (j != i && t[j] != NULL && t[i]->data == t[j]->data)
-        return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                           "%s: %s->data == %s->data: an output must not overlap another "
-                           "argument",
-                           fn, w[i].name, w[j].name);
+  RDA_TRY(rda_api_check_bwd_tensors(plan, fn, 1, t, batch, n, err));
   ring_ws ws;
   RDA_TRY(ring_ws_parts(r, batch, 1, &ws, fn, err));
   const size_t need = ws.bwd_bytes + ws.ring_bytes;
   RDA_TRY(rda_api_check_workspace(fn, "rda_ring_workspace_size", workspace, workspace_bytes, need,
                                   err));
-  for (int i = 0; i < 10; ++i)
-    if (t[i] != NULL && rda_api_ranges_meet(t[i], workspace, need))
-      return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                         "%s: workspace overlaps %s: it must be memory of its own", fn, w[i].name);
+  RDA_TRY(rda_api_check_bwd_apart(fn, t, workspace, need, err));
 
   rda_bwd_args a;
-  memset(&a, 0, sizeof a);
-  a.batch = batch;
-  a.n = n;
-  a.q = t[0]->data, a.k = t[1]->data, a.v = t[2]->data;
-  a.o = t[3]->data;
-  a.lse = t[4]->data;
-  a.dout = t[5]->data;
-  a.dlse = t[6] != NULL ? t[6]->data : NULL;
-  a.dq = t[7]->data, a.dk = t[8]->data, a.dv = t[9]->data;
-  for (int i = 0; i < 3; ++i) {
-    a.q_s[i] = t[0]->stride[i], a.k_s[i] = t[1]->stride[i], a.v_s[i] = t[2]->stride[i];
-    a.o_s[i] = t[3]->stride[i], a.do_s[i] = t[5]->stride[i];
-    a.dq_s[i] = t[7]->stride[i], a.dk_s[i] = t[8]->stride[i], a.dv_s[i] = t[9]->stride[i];
-  }
-  for (int i = 0; i < 2; ++i) {
-    a.lse_s[i] = t[4]->stride[i];
-    a.dlse_s[i] = t[6] != NULL ? t[6]->stride[i] : 0;
-  }
+  rda_api_bwd_args(t, batch, n, &a);
   /* [Dp / dQ workspace of rda_backward for the rows | ring buffers] */
   a.workspace = ws.bwd_bytes > 0 ? workspace : NULL;
   void *ring_ws_ptr = ws.ring_bytes > 0 ? (void *)((char *)workspace + ws.bwd_bytes) : NULL;
-  a.deterministic = 1;
 
   rda_ring_run_stats st;
   memset(&st, 0, sizeof st);

@@ -110,37 +110,17 @@ static const tw_hooks td_hooks = {
     .fini = td_fini,
 };
 
-static const rda_transport_vtbl td_vtbl = {
-    .name = "device",
-    .group_start = tw_group_start,
-    .send = tw_send,
-    .recv = tw_recv,
-    .group_end = tw_group_end,
-    .wait = tw_wait,
-    .barrier = tw_barrier,
-    .abort = tw_abort,
-    .destroy = tw_destroy,
-};
-
 rda_status rda_device_world_create(int size, double timeout_s, rda_device_world **out,
                                    rda_err *err) {
-  *out = NULL;
-  rda_device_world *dw = calloc(1, sizeof *dw);
-  if (dw == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "device transport: out of memory");
-  const rda_status s =
-      tw_world_init(&dw->w, "device transport", &td_vtbl, &td_hooks, size, timeout_s, err);
-  if (s != RDA_OK) {
-    free(dw);
-    return s;
-  }
-  *out = dw;
-  return RDA_OK;
+  tw_world *w = NULL;
+  const rda_status s = tw_world_create(sizeof **out, "device transport", "device", &td_hooks, size,
+                                       timeout_s, &w, err);
+  *out = (rda_device_world *)(void *)w; /* its first member */
+  return s;
 }
 
 void rda_device_world_destroy(rda_device_world *w) {
-  if (w == NULL) return;
-  tw_world_fini(&w->w);
-  free(w);
+  tw_world_destroy(w != NULL ? &w->w : NULL);
 }
 
 rda_status rda_device_world_join(rda_device_world *w, int rank, uint64_t fingerprint,

@@ -289,15 +289,26 @@ void tw_destroy(rda_transport *t) {
 
 /* --- the world ------------------------------------------------------------------------------- */
 
-rda_status tw_world_init(tw_world *w, const char *what, const rda_transport_vtbl *vt,
-                         const tw_hooks *hooks, int size, double timeout_s, rda_err *err) {
-  memset(w, 0, sizeof *w);
+/* Set up the zeroed w; on failure nothing is left to release. */
+static rda_status tw_world_init(tw_world *w, const char *what, const char *name,
+                                const tw_hooks *hooks, int size, double timeout_s, rda_err *err) {
   if (size < 1 || size > 4096)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: %d ranks: need 1..4096", what, size);
   if (!(timeout_s > 0.0) || timeout_s > 1e6)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: timeout %g s: need 0 < timeout <= 1e6",
                        what, timeout_s);
-  w->what = what, w->vt = vt, w->hooks = hooks;
+  w->what = what, w->hooks = hooks;
+  w->vt = (rda_transport_vtbl){
+      .name = name,
+      .group_start = tw_group_start,
+      .send = tw_send,
+      .recv = tw_recv,
+      .group_end = tw_group_end,
+      .wait = tw_wait,
+      .barrier = tw_barrier,
+      .abort = tw_abort,
+      .destroy = tw_destroy,
+  };
   w->size = size, w->timeout_s = timeout_s;
   w->present = calloc((size_t)size, sizeof *w->present);
   w->fingerprint = calloc((size_t)size, sizeof *w->fingerprint);
@@ -318,16 +329,31 @@ rda_status tw_world_init(tw_world *w, const char *what, const rda_transport_vtbl
   }
   if (!ok) {
     free(w->present), free(w->fingerprint), free(w->ep), free(w->sendq), free(w->recvq);
-    memset(w, 0, sizeof *w);
     return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
   }
   return RDA_OK;
 }
 
-void tw_world_fini(tw_world *w) {
+rda_status tw_world_create(size_t bytes, const char *what, const char *name, const tw_hooks *hooks,
+                           int size, double timeout_s, tw_world **out, rda_err *err) {
+  *out = NULL;
+  tw_world *w = calloc(1, bytes);
+  if (w == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
+  const rda_status s = tw_world_init(w, what, name, hooks, size, timeout_s, err);
+  if (s != RDA_OK) {
+    free(w);
+    return s;
+  }
+  *out = w;
+  return RDA_OK;
+}
+
+void tw_world_destroy(tw_world *w) {
+  if (w == NULL) return;
   pthread_mutex_destroy(&w->mu);
   pthread_cond_destroy(&w->cv);
   free(w->present), free(w->fingerprint), free(w->ep), free(w->sendq), free(w->recvq);
+  free(w);
 }
 
 rda_status tw_join(tw_world *w, int rank, uint64_t fingerprint, size_t ep_bytes,
@@ -340,7 +366,7 @@ rda_status tw_join(tw_world *w, int rank, uint64_t fingerprint, size_t ep_bytes,
   rda_err why = {0};
   rda_status init_st = RDA_OK;
   if (ep != NULL) {
-    ep->base.vt = w->vt, ep->base.rank = rank, ep->base.size = w->size;
+    ep->base.vt = &w->vt, ep->base.rank = rank, ep->base.size = w->size;
     ep->base.timeout_s = w->timeout_s;
     ep->world = w;
     if (init != NULL) init_st = init(ep, arg, &why);

@@ -54,8 +54,8 @@ typedef struct tw_hooks {
 struct tw_world {
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  const char *what; /* "host transport", "device transport": for argument errors */
-  const rda_transport_vtbl *vt;
+  const char *what;      /* "host transport", "device transport": for argument errors */
+  rda_transport_vtbl vt; /* the tw_* entries below under the transport's name */
   const tw_hooks *hooks;
   int size;
   double timeout_s;
@@ -71,10 +71,13 @@ struct tw_world {
   uint64_t bar_gen;
 };
 
-/* Set up w (size 1..4096, 0 < timeout_s <= 1e6); vt's entries are the tw_* functions below. */
-rda_status tw_world_init(tw_world *w, const char *what, const rda_transport_vtbl *vt,
-                         const tw_hooks *hooks, int size, double timeout_s, rda_err *err);
-void tw_world_fini(tw_world *w);
+/* A new world of `bytes` (>= sizeof(tw_world): the transport's own struct begins with a
+ * tw_world) for size ranks (1..4096), 0 < timeout_s <= 1e6; its endpoints' vtable is the tw_*
+ * functions below under `name`. what names the transport in errors. */
+rda_status tw_world_create(size_t bytes, const char *what, const char *name, const tw_hooks *hooks,
+                           int size, double timeout_s, tw_world **out, rda_err *err);
+/* Frees a world from tw_world_create (NULL: nothing); every endpoint is destroyed first. */
+void tw_world_destroy(tw_world *w);
 
 /* Join as `rank` with an endpoint of ep_bytes (>= sizeof(tw_endpoint); the transport's own
  * struct begins with a tw_endpoint); init, when given, sets up the transport's part before the

@@ -64,149 +64,185 @@ static void strides_of(const bwd_case *bc, long long heads, long long pad, long 
   }
 }
 
-/* A strided storage-dtype tensor on the device from contiguous doubles. */
+/* One case set up on one backend for backward passes: the plan (forward + backward) and its
+ * kernels, float64 inputs rounded to the storage dtype, their storage bits in the case's layout
+ * on the host and the device, O and LSE from the forward pass, and rda_bwd_run's arguments over
+ * the whole problem (gradients and workspace poisoned; deterministic left to the caller). */
+typedef struct bwd_setup {
+  rda_config cfg;
+  rda_plan_k plan;
+  rda_fwd_kernels kern;
+  double load_s;
+  double *q, *k, *v, *dout, *dlse; /* dlse NULL unless with_dlse */
+  uint16_t *q_bits, *k_bits, *v_bits, *do_bits;
+  uint16_t *q_dev, *k_dev, *v_dev, *do_dev;
+  float *o_dev, *lse_dev, *dlse_dev, *dq_dev, *dk_dev, *dv_dev, *ws_dev;
+  size_t dq_count, dk_count, dv_count; /* elements the gradients span */
+  rda_bwd_args ba;
+} bwd_setup;
+
+/* The storage bits of x in the layout s on the host (*host) and a device copy of them. */
 static uint16_t *dev_bits(rda_backend *b, const double *x, const bwd_case *bc, long long heads,
-                          const long long s[3]) {
+                          const long long s[3], uint16_t **host) {
   size_t count = 0;
-  uint16_t *host = rt_make_bits(x, bc->batch, bc->n, heads, bc->head_dim, s, bc->dtype, &count);
+  *host = rt_make_bits(x, bc->batch, bc->n, heads, bc->head_dim, s, bc->dtype, &count);
   uint16_t *dev = rt_dev_alloc(b, count * sizeof *dev);
-  rt_dev_upload(b, dev, host, count * sizeof *dev);
-  free(host);
+  rt_dev_upload(b, dev, *host, count * sizeof *dev);
   return dev;
 }
 
-/* Plan (forward + backward), run the forward pass for O and LSE, then the backward pass; compare
- * with the float64 reference gradient. */
-static void run_case_on(rt_backend *be, const char *what, const bwd_case *bc) {
+static void setup_open(rt_backend *be, const char *what, const bwd_case *bc, bwd_setup *p) {
   rda_backend *b = be->b;
   const long long B = bc->batch, N = bc->n, H = bc->heads, Hkv = bc->kv_heads, D = bc->head_dim;
-  rda_config cfg;
-  rt_config_make(&cfg, bc->heads, bc->kv_heads, bc->head_dim, bc->dtype, bc->causal, bc->offsets,
+  memset(p, 0, sizeof *p);
+  rt_config_make(&p->cfg, bc->heads, bc->kv_heads, bc->head_dim, bc->dtype, bc->causal, bc->offsets,
                  bc->nbranch, bc->w, bc->r);
-  if (bc->scale != 0.0) cfg.scale = bc->scale;
+  if (bc->scale != 0.0) p->cfg.scale = bc->scale;
 
   rda_err err = {0};
-  rda_plan_k plan;
-  memset(&plan, 0, sizeof plan);
   const unsigned flags = RDA_PLAN_BACKWARD | (bc->atomic ? RDA_PLAN_BACKWARD_ATOMIC : 0u);
-  if (rda_gen_plan_ex(g_rt.gen, &cfg, &be->hw, flags, &plan, &err) != RDA_OK)
+  if (rda_gen_plan_ex(g_rt.gen, &p->cfg, &be->hw, flags, &p->plan, &err) != RDA_OK)
     fail_msg("%s: plan: %s", what, err.msg);
-  assert_true(plan.has_bwd);
-  for (int i = 0; i < plan.nsteps; ++i) /* d = 256 splits dK/dV: no atomic variant there */
-    assert_int_equal(plan.bwd_steps[i].dkdv_atomic_kernel >= 0, bc->atomic && D != 256);
-  rda_fwd_kernels kern = {0, NULL};
+  assert_true(p->plan.has_bwd);
+  for (int i = 0; i < p->plan.nsteps; ++i) /* d = 256 splits dK/dV: no atomic variant there */
+    assert_int_equal(p->plan.bwd_steps[i].dkdv_atomic_kernel >= 0, bc->atomic && D != 256);
   const double t_load = rt_now_s();
-  if (rda_fwd_load(b, &plan, &kern, &err) != RDA_OK) fail_msg("%s: load: %s", what, err.msg);
-  const double load_s = rt_now_s() - t_load;
+  if (rda_fwd_load(b, &p->plan, &p->kern, &err) != RDA_OK) fail_msg("%s: load: %s", what, err.msg);
+  p->load_s = rt_now_s() - t_load;
 
-  double *q = rt_normal((size_t)(B * N * H * D), bc->dtype);
-  double *k = rt_normal((size_t)(B * N * Hkv * D), bc->dtype);
-  double *v = rt_normal((size_t)(B * N * Hkv * D), bc->dtype);
-  double *dout = rt_normal((size_t)(B * N * H * D), bc->dtype);
-  double *dlse = NULL;
-  if (bc->with_dlse) dlse = rt_normal((size_t)(B * H * N), RDA_DTYPE_BF16); /* exact in fp32 */
+  p->q = rt_normal((size_t)(B * N * H * D), bc->dtype);
+  p->k = rt_normal((size_t)(B * N * Hkv * D), bc->dtype);
+  p->v = rt_normal((size_t)(B * N * Hkv * D), bc->dtype);
+  p->dout = rt_normal((size_t)(B * N * H * D), bc->dtype);
+  if (bc->with_dlse) p->dlse = rt_normal((size_t)(B * H * N), RDA_DTYPE_BF16); /* exact in fp32 */
 
-  long long q_s[3], k_s[3], v_s[3], do_s[3], o_s[3], dq_s[3], dk_s[3], dv_s[3], lse_s[2];
-  strides_of(bc, H, 8, q_s);
-  strides_of(bc, Hkv, 16, k_s);
-  strides_of(bc, Hkv, 24, v_s);
-  strides_of(bc, H, 8, do_s);
-  strides_of(bc, H, 4, o_s);
-  strides_of(bc, H, 3, dq_s);
-  strides_of(bc, Hkv, 1, dk_s);
-  strides_of(bc, Hkv, 5, dv_s);
-  lse_s[1] = bc->strided ? N + 3 : N;
-  lse_s[0] = H * lse_s[1] + (bc->strided ? 1 : 0);
+  rda_bwd_args *ba = &p->ba;
+  ba->batch = B;
+  ba->n = N;
+  strides_of(bc, H, 8, ba->q_s);
+  strides_of(bc, Hkv, 16, ba->k_s);
+  strides_of(bc, Hkv, 24, ba->v_s);
+  strides_of(bc, H, 8, ba->do_s);
+  strides_of(bc, H, 4, ba->o_s);
+  strides_of(bc, H, 3, ba->dq_s);
+  strides_of(bc, Hkv, 1, ba->dk_s);
+  strides_of(bc, Hkv, 5, ba->dv_s);
+  ba->lse_s[1] = bc->strided ? N + 3 : N;
+  ba->lse_s[0] = H * ba->lse_s[1] + (bc->strided ? 1 : 0);
+  memcpy(ba->dlse_s, ba->lse_s, sizeof ba->lse_s);
+  const long long *lse_s = ba->lse_s;
   const size_t lse_count = (size_t)((B - 1) * lse_s[0] + (H - 1) * lse_s[1] + N);
-  const size_t o_count = rt_span(B, N, H, D, o_s);
-  const size_t dq_count = rt_span(B, N, H, D, dq_s);
-  const size_t dk_count = rt_span(B, N, Hkv, D, dk_s);
-  const size_t dv_count = rt_span(B, N, Hkv, D, dv_s);
+  p->dq_count = rt_span(B, N, H, D, ba->dq_s);
+  p->dk_count = rt_span(B, N, Hkv, D, ba->dk_s);
+  p->dv_count = rt_span(B, N, Hkv, D, ba->dv_s);
 
-  uint16_t *q_dev = dev_bits(b, q, bc, H, q_s);
-  uint16_t *k_dev = dev_bits(b, k, bc, Hkv, k_s);
-  uint16_t *v_dev = dev_bits(b, v, bc, Hkv, v_s);
-  uint16_t *do_dev = dev_bits(b, dout, bc, H, do_s);
-  float *o_dev = rt_dev_poisoned(b, o_count);
-  float *lse_dev = rt_dev_poisoned(b, lse_count);
-  float *dlse_dev = NULL;
-  if (dlse != NULL) {
+  ba->q = p->q_dev = dev_bits(b, p->q, bc, H, ba->q_s, &p->q_bits);
+  ba->k = p->k_dev = dev_bits(b, p->k, bc, Hkv, ba->k_s, &p->k_bits);
+  ba->v = p->v_dev = dev_bits(b, p->v, bc, Hkv, ba->v_s, &p->v_bits);
+  ba->dout = p->do_dev = dev_bits(b, p->dout, bc, H, ba->do_s, &p->do_bits);
+  p->o_dev = rt_dev_poisoned(b, rt_span(B, N, H, D, ba->o_s));
+  p->lse_dev = rt_dev_poisoned(b, lse_count);
+  if (p->dlse != NULL) {
     float *host = malloc(lse_count * sizeof *host);
     assert_non_null(host);
     rt_poison_f32(host, lse_count);
     for (long long ib = 0; ib < B; ++ib)
       for (long long ih = 0; ih < H; ++ih)
         for (long long in = 0; in < N; ++in)
-          host[ib * lse_s[0] + ih * lse_s[1] + in] = (float)dlse[(ib * H + ih) * N + in];
-    dlse_dev = rt_dev_alloc(b, lse_count * sizeof *dlse_dev);
-    rt_dev_upload(b, dlse_dev, host, lse_count * sizeof *host);
+          host[ib * lse_s[0] + ih * lse_s[1] + in] = (float)p->dlse[(ib * H + ih) * N + in];
+    p->dlse_dev = rt_dev_alloc(b, lse_count * sizeof *p->dlse_dev);
+    rt_dev_upload(b, p->dlse_dev, host, lse_count * sizeof *host);
     free(host);
   }
-  float *dq_dev = rt_dev_poisoned(b, dq_count);
-  float *dk_dev = rt_dev_poisoned(b, dk_count);
-  float *dv_dev = rt_dev_poisoned(b, dv_count);
-  const size_t ws_bytes = rda_bwd_workspace_bytes(&plan, B, N);
+  ba->o = p->o_dev;
+  ba->lse = p->lse_dev;
+  ba->dlse = p->dlse_dev;
+  ba->dq = p->dq_dev = rt_dev_poisoned(b, p->dq_count);
+  ba->dk = p->dk_dev = rt_dev_poisoned(b, p->dk_count);
+  ba->dv = p->dv_dev = rt_dev_poisoned(b, p->dv_count);
+  const size_t ws_bytes = rda_bwd_workspace_bytes(&p->plan, B, N);
   assert_int_equal(ws_bytes, (size_t)(B * H * N) * sizeof(float));
-  float *ws_dev = rt_dev_poisoned(b, ws_bytes / sizeof(float));
+  ba->workspace = p->ws_dev = rt_dev_poisoned(b, ws_bytes / sizeof(float));
 
+  /* The forward pass on the same tensors writes O and LSE. */
   rda_fwd_args fa;
   memset(&fa, 0, sizeof fa);
   fa.batch = B;
   fa.n = N;
-  fa.q = q_dev;
-  fa.k = k_dev;
-  fa.v = v_dev;
-  memcpy(fa.q_s, q_s, sizeof q_s);
-  memcpy(fa.k_s, k_s, sizeof k_s);
-  memcpy(fa.v_s, v_s, sizeof v_s);
-  fa.o = o_dev;
-  memcpy(fa.o_s, o_s, sizeof o_s);
-  fa.lse = lse_dev;
-  memcpy(fa.lse_s, lse_s, sizeof lse_s);
-  if (rda_fwd_run(b, &plan, &kern, &fa, &err) != RDA_OK || b->synchronize(b, &err) != RDA_OK)
+  fa.q = ba->q, fa.k = ba->k, fa.v = ba->v, fa.o = p->o_dev, fa.lse = p->lse_dev;
+  memcpy(fa.q_s, ba->q_s, sizeof fa.q_s);
+  memcpy(fa.k_s, ba->k_s, sizeof fa.k_s);
+  memcpy(fa.v_s, ba->v_s, sizeof fa.v_s);
+  memcpy(fa.o_s, ba->o_s, sizeof fa.o_s);
+  memcpy(fa.lse_s, ba->lse_s, sizeof fa.lse_s);
+  if (rda_fwd_run(b, &p->plan, &p->kern, &fa, &err) != RDA_OK || b->synchronize(b, &err) != RDA_OK)
     fail_msg("%s: forward: %s", what, err.msg);
+}
 
-  rda_bwd_args ba;
-  memset(&ba, 0, sizeof ba);
-  ba.batch = B;
-  ba.n = N;
-  ba.q = q_dev;
-  ba.k = k_dev;
-  ba.v = v_dev;
-  memcpy(ba.q_s, q_s, sizeof q_s);
-  memcpy(ba.k_s, k_s, sizeof k_s);
-  memcpy(ba.v_s, v_s, sizeof v_s);
-  ba.o = o_dev;
-  memcpy(ba.o_s, o_s, sizeof o_s);
-  ba.lse = lse_dev;
-  memcpy(ba.lse_s, lse_s, sizeof lse_s);
-  ba.dout = do_dev;
-  memcpy(ba.do_s, do_s, sizeof do_s);
-  ba.dlse = dlse_dev;
-  memcpy(ba.dlse_s, lse_s, sizeof lse_s);
-  ba.dq = dq_dev;
-  memcpy(ba.dq_s, dq_s, sizeof dq_s);
-  ba.dk = dk_dev;
-  memcpy(ba.dk_s, dk_s, sizeof dk_s);
-  ba.dv = dv_dev;
-  memcpy(ba.dv_s, dv_s, sizeof dv_s);
-  ba.workspace = ws_dev;
+static void setup_close(rda_backend *b, bwd_setup *p) {
+  free(p->q_bits);
+  free(p->k_bits);
+  free(p->v_bits);
+  free(p->do_bits);
+  b->free(b, p->q_dev);
+  b->free(b, p->k_dev);
+  b->free(b, p->v_dev);
+  b->free(b, p->do_dev);
+  b->free(b, p->o_dev);
+  b->free(b, p->lse_dev);
+  if (p->dlse_dev != NULL) b->free(b, p->dlse_dev);
+  b->free(b, p->dq_dev);
+  b->free(b, p->dk_dev);
+  b->free(b, p->dv_dev);
+  b->free(b, p->ws_dev);
+  free(p->q);
+  free(p->k);
+  free(p->v);
+  free(p->dout);
+  free(p->dlse);
+  rda_fwd_unload(b, &p->kern);
+  rda_plan_k_free(&p->plan);
+}
+
+/* Compare gradients (fp32, the given strides) with the float64 reference gradient of p's
+ * problem: rt_check_bwd's verdict, its report in *rep. */
+static bool check_grads(const char *what, const bwd_setup *p, const float *dq,
+                        const long long dq_s[3], const float *dk, const long long dk_s[3],
+                        const float *dv, const long long dv_s[3], rt_grad_report *rep) {
+  const long long B = p->ba.batch, N = p->ba.n;
+  double *dq_ref, *dk_ref, *dv_ref;
+  rt_reference_bwd(&p->cfg, B, N, p->q, p->k, p->v, p->dout, p->dlse, &dq_ref, &dk_ref, &dv_ref);
+  const bool ok =
+      rt_check_bwd(what, &p->cfg, B, N, dq, dq_s, dk, dk_s, dv, dv_s, dq_ref, dk_ref, dv_ref, rep);
+  free(dq_ref);
+  free(dk_ref);
+  free(dv_ref);
+  return ok;
+}
+
+/* The backward pass on the case's tensors; compare with the float64 reference gradient. */
+static void run_case_on(rt_backend *be, const char *what, const bwd_case *bc) {
+  rda_backend *b = be->b;
+  const long long B = bc->batch, N = bc->n, H = bc->heads, Hkv = bc->kv_heads, D = bc->head_dim;
+  bwd_setup p;
+  setup_open(be, what, bc, &p);
+  rda_bwd_args ba = p.ba;
+  const long long *dq_s = ba.dq_s, *dk_s = ba.dk_s, *dv_s = ba.dv_s;
+  const size_t dq_count = p.dq_count, dk_count = p.dk_count, dv_count = p.dv_count;
+  rda_err err = {0};
   ba.deterministic = !bc->atomic || bc->twice;
   const double t_run = rt_now_s();
-  if (rda_bwd_run(b, &plan, &kern, &ba, &err) != RDA_OK || b->synchronize(b, &err) != RDA_OK)
+  if (rda_bwd_run(b, &p.plan, &p.kern, &ba, &err) != RDA_OK || b->synchronize(b, &err) != RDA_OK)
     fail_msg("%s: backward: %s", what, err.msg);
   const double run_s = rt_now_s() - t_run;
-  float *dq_host = rt_download_f32(b, dq_dev, dq_count);
-  float *dk_host = rt_download_f32(b, dk_dev, dk_count);
-  float *dv_host = rt_download_f32(b, dv_dev, dv_count);
+  float *dq_host = rt_download_f32(b, p.dq_dev, dq_count);
+  float *dk_host = rt_download_f32(b, p.dk_dev, dk_count);
+  float *dv_host = rt_download_f32(b, p.dv_dev, dv_count);
 
-  double *dq_ref, *dk_ref, *dv_ref;
-  rt_reference_bwd(&cfg, B, N, q, k, v, dout, dlse, &dq_ref, &dk_ref, &dv_ref);
   rt_grad_report rep;
-  bool ok = rt_check_bwd(what, &cfg, B, N, dq_host, dq_s, dk_host, dk_s, dv_host, dv_s, dq_ref,
-                         dk_ref, dv_ref, &rep);
+  bool ok = check_grads(what, &p, dq_host, dq_s, dk_host, dk_s, dv_host, dv_s, &rep);
   fprintf(stderr, "  %-4s %-58s dQ %.2e dK %.2e dV %.2e  load %.1fs run %.2fs\n", b->name, what,
-          rep.dq_rel_l2, rep.dk_rel_l2, rep.dv_rel_l2, load_s, run_s);
+          rep.dq_rel_l2, rep.dk_rel_l2, rep.dv_rel_l2, p.load_s, run_s);
 
   if (ok && bc->twice) {
     /* Poison again and rerun: every gradient element must come back bit for bit. */
@@ -215,7 +251,7 @@ static void run_case_on(rt_backend *be, const char *what, const bwd_case *bc) {
     ba.dq = p1;
     ba.dk = p2;
     ba.dv = p3;
-    if (rda_bwd_run(b, &plan, &kern, &ba, &err) != RDA_OK || b->synchronize(b, &err) != RDA_OK)
+    if (rda_bwd_run(b, &p.plan, &p.kern, &ba, &err) != RDA_OK || b->synchronize(b, &err) != RDA_OK)
       fail_msg("%s: second backward: %s", what, err.msg);
     float *dq2 = rt_download_f32(b, p1, dq_count);
     float *dk2 = rt_download_f32(b, p2, dk_count);
@@ -246,30 +282,10 @@ static void run_case_on(rt_backend *be, const char *what, const bwd_case *bc) {
     b->free(b, p3);
   }
 
-  free(dq_ref);
-  free(dk_ref);
-  free(dv_ref);
   free(dq_host);
   free(dk_host);
   free(dv_host);
-  b->free(b, q_dev);
-  b->free(b, k_dev);
-  b->free(b, v_dev);
-  b->free(b, do_dev);
-  b->free(b, o_dev);
-  b->free(b, lse_dev);
-  if (dlse_dev != NULL) b->free(b, dlse_dev);
-  b->free(b, dq_dev);
-  b->free(b, dk_dev);
-  b->free(b, dv_dev);
-  b->free(b, ws_dev);
-  free(q);
-  free(k);
-  free(v);
-  free(dout);
-  free(dlse);
-  rda_fwd_unload(b, &kern);
-  rda_plan_k_free(&plan);
+  setup_close(b, &p);
   assert_true(ok);
 }
 
@@ -797,94 +813,25 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
   const int group = (int)(H / Hkv);
   assert_true(sc->qcut[0] == 0 && sc->qcut[sc->nq] == N && sc->kcut[0] == 0 &&
               sc->kcut[sc->nk] == N);
-  rda_config cfg;
-  rt_config_make(&cfg, bc->heads, bc->kv_heads, bc->head_dim, bc->dtype, bc->causal, bc->offsets,
-                 bc->nbranch, bc->w, bc->r);
-  rda_err err = {0};
-  rda_plan_k plan;
-  memset(&plan, 0, sizeof plan);
-  const unsigned flags = RDA_PLAN_BACKWARD | (bc->atomic ? RDA_PLAN_BACKWARD_ATOMIC : 0u);
-  if (rda_gen_plan_ex(g_rt.gen, &cfg, &be->hw, flags, &plan, &err) != RDA_OK)
-    fail_msg("%s: plan: %s", what, err.msg);
-  rda_fwd_kernels kern = {0, NULL};
-  if (rda_fwd_load(b, &plan, &kern, &err) != RDA_OK) fail_msg("%s: load: %s", what, err.msg);
-  for (int i = 0; bc->atomic && i < plan.nsteps; ++i)
-    assert_true(plan.bwd_steps[i].dkdv_atomic_kernel >= 0);
-
-  /* Inputs, contiguous, on the host (storage bits) and the device. */
-  double *q = rt_normal((size_t)(B * N * H * D), bc->dtype);
-  double *k = rt_normal((size_t)(B * N * Hkv * D), bc->dtype);
-  double *v = rt_normal((size_t)(B * N * Hkv * D), bc->dtype);
-  double *dout = rt_normal((size_t)(B * N * H * D), bc->dtype);
-  double *dlse = bc->with_dlse ? rt_normal((size_t)(B * H * N), RDA_DTYPE_BF16) : NULL;
-  long long qs[3], ks[3], lse_s[2] = {H * N, N};
-  rt_strides_contig(N, H, D, qs);
-  rt_strides_contig(N, Hkv, D, ks);
-  uint16_t *q_bits = rt_make_bits(q, B, N, H, D, qs, bc->dtype, NULL);
-  uint16_t *k_bits = rt_make_bits(k, B, N, Hkv, D, ks, bc->dtype, NULL);
-  uint16_t *v_bits = rt_make_bits(v, B, N, Hkv, D, ks, bc->dtype, NULL);
-  uint16_t *do_bits = rt_make_bits(dout, B, N, H, D, qs, bc->dtype, NULL);
+  assert_false(bc->strided); /* the pieces cut contiguous tensors */
+  bwd_setup p;
+  setup_open(be, what, bc, &p);
+  const rda_config *cfg = &p.cfg;
+  const rda_plan_k *plan = &p.plan;
+  const long long *qs = p.ba.q_s, *ks = p.ba.k_s;
   const size_t nq_el = (size_t)(B * N * H * D), nk_el = (size_t)(B * N * Hkv * D);
   const size_t nstat = (size_t)(B * H * N);
-  uint16_t *q_dev = rt_dev_alloc(b, nq_el * 2), *k_dev = rt_dev_alloc(b, nk_el * 2);
-  uint16_t *v_dev = rt_dev_alloc(b, nk_el * 2), *do_dev = rt_dev_alloc(b, nq_el * 2);
-  rt_dev_upload(b, q_dev, q_bits, nq_el * 2);
-  rt_dev_upload(b, k_dev, k_bits, nk_el * 2);
-  rt_dev_upload(b, v_dev, v_bits, nk_el * 2);
-  rt_dev_upload(b, do_dev, do_bits, nq_el * 2);
-  float *o_dev = rt_dev_poisoned(b, nq_el), *lse_dev = rt_dev_poisoned(b, nstat);
-  float *dlse_dev = NULL;
-  if (dlse != NULL) {
-    float *h = malloc(nstat * sizeof *h);
-    assert_non_null(h);
-    for (size_t i = 0; i < nstat; ++i) h[i] = (float)dlse[i];
-    dlse_dev = rt_dev_alloc(b, nstat * sizeof *h);
-    rt_dev_upload(b, dlse_dev, h, nstat * sizeof *h);
-    free(h);
-  }
-  float *dq_dev = rt_dev_poisoned(b, nq_el), *dk_dev = rt_dev_poisoned(b, nk_el);
-  float *dv_dev = rt_dev_poisoned(b, nk_el), *ws_dev = rt_dev_poisoned(b, nstat);
-
-  rda_fwd_args fa;
-  memset(&fa, 0, sizeof fa);
-  fa.batch = B;
-  fa.n = N;
-  fa.q = q_dev, fa.k = k_dev, fa.v = v_dev, fa.o = o_dev, fa.lse = lse_dev;
-  memcpy(fa.q_s, qs, sizeof qs);
-  memcpy(fa.k_s, ks, sizeof ks);
-  memcpy(fa.v_s, ks, sizeof ks);
-  memcpy(fa.o_s, qs, sizeof qs);
-  memcpy(fa.lse_s, lse_s, sizeof lse_s);
-  if (rda_fwd_run(b, &plan, &kern, &fa, &err) != RDA_OK || b->synchronize(b, &err) != RDA_OK)
-    fail_msg("%s: forward: %s", what, err.msg);
+  rda_err err = {0};
 
   /* The whole problem in one call (deterministic), for comparison and for Dp. */
-  rda_bwd_args ba;
-  memset(&ba, 0, sizeof ba);
-  ba.batch = B;
-  ba.n = N;
-  ba.q = q_dev, ba.k = k_dev, ba.v = v_dev, ba.o = o_dev, ba.lse = lse_dev, ba.dout = do_dev;
-  memcpy(ba.q_s, qs, sizeof qs);
-  memcpy(ba.k_s, ks, sizeof ks);
-  memcpy(ba.v_s, ks, sizeof ks);
-  memcpy(ba.o_s, qs, sizeof qs);
-  memcpy(ba.do_s, qs, sizeof qs);
-  memcpy(ba.lse_s, lse_s, sizeof lse_s);
-  ba.dlse = dlse_dev;
-  memcpy(ba.dlse_s, lse_s, sizeof lse_s);
-  ba.dq = dq_dev, ba.dk = dk_dev, ba.dv = dv_dev;
-  memcpy(ba.dq_s, qs, sizeof qs);
-  memcpy(ba.dk_s, ks, sizeof ks);
-  memcpy(ba.dv_s, ks, sizeof ks);
-  ba.workspace = ws_dev;
-  ba.deterministic = 1;
-  if (rda_bwd_run(b, &plan, &kern, &ba, &err) != RDA_OK || b->synchronize(b, &err) != RDA_OK)
+  p.ba.deterministic = 1;
+  if (rda_bwd_run(b, plan, &p.kern, &p.ba, &err) != RDA_OK || b->synchronize(b, &err) != RDA_OK)
     fail_msg("%s: backward: %s", what, err.msg);
-  float *dq_run = rt_download_f32(b, dq_dev, nq_el);
-  float *dk_run = rt_download_f32(b, dk_dev, nk_el);
-  float *dv_run = rt_download_f32(b, dv_dev, nk_el);
-  float *lse_host = rt_download_f32(b, lse_dev, nstat);
-  float *dp_host = rt_download_f32(b, ws_dev, nstat);
+  float *dq_run = rt_download_f32(b, p.dq_dev, nq_el);
+  float *dk_run = rt_download_f32(b, p.dk_dev, nk_el);
+  float *dv_run = rt_download_f32(b, p.dv_dev, nk_el);
+  float *lse_host = rt_download_f32(b, p.lse_dev, nstat);
+  float *dp_host = rt_download_f32(b, p.ws_dev, nstat);
 
   /* Query pieces: local tensors with row_lo = their first row. */
   qpiece qp[3];
@@ -894,8 +841,8 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
     x->lo = sc->qcut[i];
     x->hi = sc->qcut[i + 1];
     const long long len = x->hi - x->lo;
-    piece_make(b, &x->q, q_bits, 2, B, N, H * D, x->lo, len);
-    piece_make(b, &x->dout, do_bits, 2, B, N, H * D, x->lo, len);
+    piece_make(b, &x->q, p.q_bits, 2, B, N, H * D, x->lo, len);
+    piece_make(b, &x->dout, p.do_bits, 2, B, N, H * D, x->lo, len);
     piece_make(b, &x->dq, NULL, 4, B, N, H * D, x->lo, len);
     x->lse_base = stat_piece(b, lse_host, B, H, N, x->lo, len, x->stat_s);
     x->dp_base = stat_piece(b, dp_host, B, H, N, x->lo, len, x->stat_s);
@@ -915,15 +862,15 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
       x->lo = sc->kcut[i];
       x->hi = sc->kcut[i + 1];
       const long long len = x->hi - x->lo;
-      piece_make(b, &x->k, k_bits, 2, B, N, Hkv * D, x->lo, len);
-      piece_make(b, &x->v, v_bits, 2, B, N, Hkv * D, x->lo, len);
+      piece_make(b, &x->k, p.k_bits, 2, B, N, Hkv * D, x->lo, len);
+      piece_make(b, &x->v, p.v_bits, 2, B, N, Hkv * D, x->lo, len);
       piece_make(b, &x->dk, NULL, 4, B, N, Hkv * D, x->lo, len);
       piece_make(b, &x->dv, NULL, 4, B, N, Hkv * D, x->lo, len);
     }
-    for (int st = 0; st < plan.nsteps; ++st) {
-      const rda_bwd_step *s = &plan.bwd_steps[st];
-      const long long w = cfg.segments[s->branch] < N ? cfg.segments[s->branch] : N;
-      const long long r = cfg.dilations[s->branch];
+    for (int st = 0; st < plan->nsteps; ++st) {
+      const rda_bwd_step *s = &plan->bwd_steps[st];
+      const long long w = cfg->segments[s->branch] < N ? cfg->segments[s->branch] : N;
+      const long long r = cfg->dilations[s->branch];
       for (int iq = 0; iq < sc->nq; ++iq)
         for (int ik = 0; ik < sc->nk; ++ik) {
           const qpiece *x = &qp[iq];
@@ -936,7 +883,7 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
           for (long long m0 = ma; m0 <= mb; m0 = m0 == ma ? ma + 1 : mb + 1) {
             const long long nseg = m0 == ma ? 1 : mb - ma;
             rda_bwd_params bp;
-            rda_bwd_params_for_step(&plan, s, &ba, &bp);
+            rda_bwd_params_for_step(plan, s, &p.ba, &bp);
             bind_queries(&bp, x, D);
             bp.k = y->k.view, bp.v = y->v.view;
             bp.dk = (float *)(void *)y->dk.view, bp.dv = (float *)(void *)y->dv.view;
@@ -946,7 +893,7 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
             bp.k_rs = bp.v_rs = bp.dk_rs = bp.dv_rs = r * y->k.sn;
             bp.kv_lo = y->lo, bp.kv_hi = y->hi, bp.kv_row_lo = y->lo;
             bp.seg0 = m0;
-            launch_pair(be, &plan, &kern, s, &bp, nseg, B, atomic, what);
+            launch_pair(be, plan, &p.kern, s, &bp, nseg, B, atomic, what);
             ++launches;
           }
         }
@@ -964,12 +911,12 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
      * ([B][rows][kSlots][D], pitch kSlots D, k_sn = k_sh = 0), slot 0 NaN; the gradients go
      * to a zeroed compact fp32 block and are scattered back here. */
     const long long pitch = kSlots * D, slot = 1;
-    for (int st = 0; st < plan.nsteps; ++st) {
-      const rda_bwd_step *s = &plan.bwd_steps[st];
-      const long long w = cfg.segments[s->branch] < N ? cfg.segments[s->branch] : N;
-      const long long r = cfg.dilations[s->branch];
+    for (int st = 0; st < plan->nsteps; ++st) {
+      const rda_bwd_step *s = &plan->bwd_steps[st];
+      const long long w = cfg->segments[s->branch] < N ? cfg->segments[s->branch] : N;
+      const long long r = cfg->dilations[s->branch];
       for (int h = s->head0; h < s->head0 + s->nheads; ++h) {
-        const long long j = rda_config_offset(&cfg, s->branch, h);
+        const long long j = rda_config_offset(cfg, s->branch, h);
         const long long kvh = h / group;
         for (long long m = 0; m * w < N; ++m) {
           const long long a = m * w, e = a + w < N ? a + w : N;
@@ -991,8 +938,8 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
                 const long long pos = a + j + (t0 + t) * r;
                 const size_t src = (size_t)(((ib * N + pos) * Hkv + kvh) * D);
                 const size_t dst = (size_t)((ib * rows + t) * pitch + slot * D);
-                memcpy(kb + dst, k_bits + src, (size_t)D * 2);
-                memcpy(vb + dst, v_bits + src, (size_t)D * 2);
+                memcpy(kb + dst, p.k_bits + src, (size_t)D * 2);
+                memcpy(vb + dst, p.v_bits + src, (size_t)D * 2);
               }
             uint16_t *kb_dev = rt_dev_alloc(b, kb_count * 2),
                      *vb_dev = rt_dev_alloc(b, kb_count * 2);
@@ -1009,7 +956,7 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
             rt_dev_upload(b, dvb_dev, gb, kb_count * 4);
             for (int iq = 0; iq < sc->nq; ++iq) {
               rda_bwd_params bp;
-              rda_bwd_params_for_step(&plan, s, &ba, &bp);
+              rda_bwd_params_for_step(plan, s, &p.ba, &bp);
               bind_queries(&bp, &qp[iq], D);
               bp.head0 = h;
               bp.nheads = 1;
@@ -1022,7 +969,7 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
               bp.kv_lo = lo, bp.kv_hi = hi;
               bp.kv_row_lo = 0; /* unused with k_sn = 0 */
               bp.seg0 = m;
-              launch_pair(be, &plan, &kern, s, &bp, 1, B, atomic, what);
+              launch_pair(be, plan, &p.kern, s, &bp, 1, B, atomic, what);
               ++launches;
             }
             if (b->synchronize(b, &err) != RDA_OK) fail_msg("%s: synchronize: %s", what, err.msg);
@@ -1073,11 +1020,8 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
   const double dq_vs = rel_l2_f32(dq_got, dq_run, nq_el);
   const double dk_vs = rel_l2_f32(dk_got, dk_run, nk_el);
   const double dv_vs = rel_l2_f32(dv_got, dv_run, nk_el);
-  double *dq_ref, *dk_ref, *dv_ref;
-  rt_reference_bwd(&cfg, B, N, q, k, v, dout, dlse, &dq_ref, &dk_ref, &dv_ref);
   rt_grad_report rep;
-  bool ok = rt_check_bwd(what, &cfg, B, N, dq_got, qs, dk_got, ks, dv_got, ks, dq_ref, dk_ref,
-                         dv_ref, &rep);
+  bool ok = check_grads(what, &p, dq_got, qs, dk_got, ks, dv_got, ks, &rep);
   fprintf(stderr,
           "  %-4s %-40s %3lld launches; vs one call dQ %.1e dK %.1e dV %.1e; vs ref dQ %.2e "
           "dK %.2e dV %.2e\n",
@@ -1090,9 +1034,6 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
             same);
   ok = ok && bad_guard == 0 && dq_vs <= same && dk_vs <= same && dv_vs <= same;
 
-  free(dq_ref);
-  free(dk_ref);
-  free(dv_ref);
   free(dq_got);
   free(dk_got);
   free(dv_got);
@@ -1101,28 +1042,7 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
   free(dv_run);
   free(lse_host);
   free(dp_host);
-  free(q_bits);
-  free(k_bits);
-  free(v_bits);
-  free(do_bits);
-  b->free(b, q_dev);
-  b->free(b, k_dev);
-  b->free(b, v_dev);
-  b->free(b, do_dev);
-  b->free(b, o_dev);
-  b->free(b, lse_dev);
-  if (dlse_dev != NULL) b->free(b, dlse_dev);
-  b->free(b, dq_dev);
-  b->free(b, dk_dev);
-  b->free(b, dv_dev);
-  b->free(b, ws_dev);
-  free(q);
-  free(k);
-  free(v);
-  free(dout);
-  free(dlse);
-  rda_fwd_unload(b, &kern);
-  rda_plan_k_free(&plan);
+  setup_close(b, &p);
   assert_true(ok);
 }
 

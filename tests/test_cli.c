@@ -644,187 +644,115 @@ static void run_and_compare(fixture *f, const run_case *rc) {
   free(q), free(k), free(v), free(d_o);
 }
 
+/* The cases' fields are grouped: problem, inputs, how the CLI runs. */
+// clang-format off
 static void test_cli_run_emu_matches_reference_bf16_causal_gqa(void **state) {
-  const run_case rc = {"bf16 causal gqa",
-                       "return { heads = 4, kv_heads = 2, head_dim = 32, dtype = 'bf16',\n"
-                       "  segments = { 32, 64, 256 }, dilations = { 1, 2, 4 }, causal = true }\n",
-                       4,
-                       2,
-                       32,
-                       RDA_DTYPE_BF16,
-                       2,
-                       96,
-                       "<f4",
-                       1,
-                       "emu",
-                       0,
-                       0,
-                       NULL};
+  const run_case rc = {
+      .name = "bf16 causal gqa",
+      .config = "return { heads = 4, kv_heads = 2, head_dim = 32, dtype = 'bf16',\n"
+                "  segments = { 32, 64, 256 }, dilations = { 1, 2, 4 }, causal = true }\n",
+      .heads = 4, .kv_heads = 2, .head_dim = 32, .dtype = RDA_DTYPE_BF16,
+      .batch = 2, .n = 96, .descr = "<f4", .with_lse = 1,
+      .backend_arg = "emu"};
   run_and_compare(*state, &rc);
 }
 
 static void test_cli_run_emu_matches_reference_fp16_group_offsets_f8_inputs(void **state) {
-  const run_case rc = {"fp16 group offsets",
-                       "return { heads = 3, head_dim = 64, dtype = 'fp16', offsets = 'group',\n"
-                       "  segments = { 24, 40 }, dilations = { 3, 2 }, scale = 0.2 }\n",
-                       3,
-                       3,
-                       64,
-                       RDA_DTYPE_FP16,
-                       1,
-                       70,
-                       "<f8",
-                       0,
-                       "--backend=emu",
-                       0,
-                       0,
-                       NULL};
+  const run_case rc = {
+      .name = "fp16 group offsets",
+      .config = "return { heads = 3, head_dim = 64, dtype = 'fp16', offsets = 'group',\n"
+                "  segments = { 24, 40 }, dilations = { 3, 2 }, scale = 0.2 }\n",
+      .heads = 3, .kv_heads = 3, .head_dim = 64, .dtype = RDA_DTYPE_FP16,
+      .batch = 1, .n = 70, .descr = "<f8",
+      .backend_arg = "--backend=emu"};
   run_and_compare(*state, &rc);
 }
 
 static void test_cli_run_auto_reads_f2_and_says_which_backend(void **state) {
   const run_case rc = {
-      "auto backend f2 inputs",
-      "return { heads = 2, head_dim = 32, dtype = 'fp16', segments = { 64 }, dilations = { 1 } }\n",
-      2,
-      2,
-      32,
-      RDA_DTYPE_FP16,
-      1,
-      64,
-      "<f2",
-      1,
-      "auto",
-      0,
-      0,
-      NULL};
+      .name = "auto backend f2 inputs",
+      .config = "return { heads = 2, head_dim = 32, dtype = 'fp16', segments = { 64 }, "
+                "dilations = { 1 } }\n",
+      .heads = 2, .kv_heads = 2, .head_dim = 32, .dtype = RDA_DTYPE_FP16,
+      .batch = 1, .n = 64, .descr = "<f2", .with_lse = 1,
+      .backend_arg = "auto"};
   run_and_compare(*state, &rc);
 }
 
 /* --backend cuda runs on the GPU when there is one (checked against the reference), and
  * otherwise fails with one clear line and no output. */
 static void test_cli_run_cuda_matches_reference_or_fails_cleanly(void **state) {
-  const run_case rc = {"cuda backend",
-                       "return { heads = 4, kv_heads = 1, head_dim = 64, dtype = 'bf16',\n"
-                       "  segments = { 32, 128 }, dilations = { 1, 4 }, causal = true }\n",
-                       4,
-                       1,
-                       64,
-                       RDA_DTYPE_BF16,
-                       2,
-                       100,
-                       "<f4",
-                       1,
-                       "cuda",
-                       1,
-                       0,
-                       NULL};
+  const run_case rc = {
+      .name = "cuda backend",
+      .config = "return { heads = 4, kv_heads = 1, head_dim = 64, dtype = 'bf16',\n"
+                "  segments = { 32, 128 }, dilations = { 1, 4 }, causal = true }\n",
+      .heads = 4, .kv_heads = 1, .head_dim = 64, .dtype = RDA_DTYPE_BF16,
+      .batch = 2, .n = 100, .descr = "<f4", .with_lse = 1,
+      .backend_arg = "cuda", .no_gpu_ok = 1};
   run_and_compare(*state, &rc);
 }
 
-/* The backward pass through the CLI: multi-branch, causal, GQA, bf16, two batch elements. */
+/* Multi-branch, causal, GQA, bf16, two batch elements: the backward pass on one device, and on
+ * the ring's virtual ranks. */
+static const run_case kBackwardBf16CausalGqa = {
+    .name = "backward bf16 causal gqa",
+    .config = "return { heads = 4, kv_heads = 2, head_dim = 32, dtype = 'bf16',\n"
+              "  segments = { 16, 32, 256 }, dilations = { 1, 2, 4 }, causal = true }\n",
+    .heads = 4, .kv_heads = 2, .head_dim = 32, .dtype = RDA_DTYPE_BF16,
+    .batch = 2, .n = 72, .descr = "<f4", .with_lse = 1,
+    .backend_arg = "emu", .backward = 1};
+
+/* fp16 causal GQA on --backend cuda: checked against the reference on a GPU, else a clean
+ * failure that leaves every output as it was; on one device and on the ring. */
+static const run_case kBackwardCuda = {
+    .name = "backward cuda backend",
+    .config = "return { heads = 4, kv_heads = 2, head_dim = 64, dtype = 'fp16',\n"
+              "  segments = { 32, 128 }, dilations = { 1, 4 }, causal = true }\n",
+    .heads = 4, .kv_heads = 2, .head_dim = 64, .dtype = RDA_DTYPE_FP16,
+    .batch = 2, .n = 100, .descr = "<f4", .with_lse = 1,
+    .backend_arg = "cuda", .no_gpu_ok = 1, .backward = 1};
+
+/* The backward pass through the CLI. */
 static void test_cli_backward_emu_matches_reference_bf16_causal_gqa(void **state) {
-  const run_case rc = {"backward bf16 causal gqa",
-                       "return { heads = 4, kv_heads = 2, head_dim = 32, dtype = 'bf16',\n"
-                       "  segments = { 16, 32, 256 }, dilations = { 1, 2, 4 }, causal = true }\n",
-                       4,
-                       2,
-                       32,
-                       RDA_DTYPE_BF16,
-                       2,
-                       72,
-                       "<f4",
-                       1,
-                       "emu",
-                       0,
-                       1,
-                       NULL};
-  run_and_compare(*state, &rc);
+  run_and_compare(*state, &kBackwardBf16CausalGqa);
 }
 
 /* fp16, the "group" offset rule (uncovered rows), a custom scale, MQA, <f8 inputs, no --lse. */
 static void test_cli_backward_emu_matches_reference_fp16_group_mqa(void **state) {
-  const run_case rc = {"backward fp16 group mqa",
-                       "return { heads = 3, kv_heads = 1, head_dim = 64, dtype = 'fp16',\n"
-                       "  offsets = 'group', segments = { 24, 40 }, dilations = { 3, 2 },\n"
-                       "  scale = 0.2 }\n",
-                       3,
-                       1,
-                       64,
-                       RDA_DTYPE_FP16,
-                       1,
-                       50,
-                       "<f8",
-                       0,
-                       "--backend=emu",
-                       0,
-                       1,
-                       NULL};
+  const run_case rc = {
+      .name = "backward fp16 group mqa",
+      .config = "return { heads = 3, kv_heads = 1, head_dim = 64, dtype = 'fp16',\n"
+                "  offsets = 'group', segments = { 24, 40 }, dilations = { 3, 2 },\n"
+                "  scale = 0.2 }\n",
+      .heads = 3, .kv_heads = 1, .head_dim = 64, .dtype = RDA_DTYPE_FP16,
+      .batch = 1, .n = 50, .descr = "<f8",
+      .backend_arg = "--backend=emu", .backward = 1};
   run_and_compare(*state, &rc);
 }
 
-/* The backward pass on --backend cuda: checked against the reference on a GPU, else a clean
- * failure that leaves all four outputs as they were. */
+/* The backward pass on --backend cuda (see kBackwardCuda). */
 static void test_cli_backward_cuda_matches_reference_or_fails_cleanly(void **state) {
-  const run_case rc = {"backward cuda backend",
-                       "return { heads = 4, kv_heads = 2, head_dim = 64, dtype = 'fp16',\n"
-                       "  segments = { 32, 128 }, dilations = { 1, 4 }, causal = true }\n",
-                       4,
-                       2,
-                       64,
-                       RDA_DTYPE_FP16,
-                       2,
-                       100,
-                       "<f4",
-                       1,
-                       "cuda",
-                       1,
-                       1,
-                       NULL};
-  run_and_compare(*state, &rc);
+  run_and_compare(*state, &kBackwardCuda);
 }
 
 /* The ring backward through the CLI: 3 virtual ranks of the emulator, gradients gathered and
  * checked against the reference (dK/dV rows include what other ranks returned). */
 static void test_cli_ring_backward_emu_matches_reference(void **state) {
-  run_case rc = {"ring backward bf16 causal gqa",
-                 "return { heads = 4, kv_heads = 2, head_dim = 32, dtype = 'bf16',\n"
-                 "  segments = { 16, 32, 256 }, dilations = { 1, 2, 4 }, causal = true }\n",
-                 4,
-                 2,
-                 32,
-                 RDA_DTYPE_BF16,
-                 2,
-                 72,
-                 "<f4",
-                 1,
-                 "emu",
-                 0,
-                 1,
-                 "3"};
+  run_case rc = kBackwardBf16CausalGqa;
+  rc.name = "ring backward bf16 causal gqa";
+  rc.ranks = "3";
   run_and_compare(*state, &rc);
 }
 
 /* --ranks 2 --backend cuda: the ring over device virtual ranks of one GPU, forward and
  * backward, checked against the reference on a GPU, else a clean failure. */
 static void test_cli_ring_cuda_matches_reference_or_fails_cleanly(void **state) {
-  const run_case rc = {"ring cuda backend",
-                       "return { heads = 4, kv_heads = 2, head_dim = 64, dtype = 'fp16',\n"
-                       "  segments = { 32, 128 }, dilations = { 1, 4 }, causal = true }\n",
-                       4,
-                       2,
-                       64,
-                       RDA_DTYPE_FP16,
-                       2,
-                       100,
-                       "<f4",
-                       1,
-                       "cuda",
-                       1,
-                       1,
-                       "2"};
+  run_case rc = kBackwardCuda;
+  rc.name = "ring cuda backend";
+  rc.ranks = "2";
   run_and_compare(*state, &rc);
 }
+// clang-format on
 
 int main(void) {
   const struct CMUnitTest tests[] = {

@@ -199,26 +199,53 @@ static long long first_diff(const void *a, const void *b, size_t n, size_t size)
   return -1;
 }
 
+/* One case on backend be, run: random K and V in the case's layout and a block buffer with
+ * GUARD elements either side (random values, block and guards alike), on the host and the
+ * device, then the kernel. pack: 2-byte elements (random bits), the block written from K and
+ * V; add: fp32 elements (normal values), the block added into K and V. */
+typedef struct rows_run {
+  layout l;
+  int heads[KV];
+  size_t nblk, nbuf;
+  void *k, *v, *buf;    /* host: as uploaded */
+  void *dk, *dv, *dbuf; /* device */
+} rows_run;
+
+static void run_rows(int be, const rows_case *c, int add, rows_run *x) {
+  rda_backend *b = g_rt.be[be].b;
+  const size_t es = add ? 4 : 2;
+  x->l = make_layout(c);
+  random_heads(x->heads, c->nkv);
+  x->nblk = 2 * (size_t)(c->batch * block_rows(c) * c->nkv * c->head_dim);
+  x->nbuf = x->nblk + 2 * GUARD;
+  const size_t n[3] = {x->l.k_span, x->l.v_span, x->nbuf};
+  void **host[3] = {&x->k, &x->v, &x->buf}, **dev[3] = {&x->dk, &x->dv, &x->dbuf};
+  for (int i = 0; i < 3; ++i) *host[i] = add ? (void *)random_f32(n[i]) : (void *)random_bits(n[i]);
+  for (int i = 0; i < 3; ++i) *dev[i] = rt_dev_alloc(b, n[i] * es);
+  for (int i = 0; i < 3; ++i) rt_dev_upload(b, *dev[i], *host[i], n[i] * es);
+
+  rda_ring_rows_params r = make_rows(c, &x->l, x->dk, x->dv, (unsigned char *)x->dbuf + GUARD * es);
+  rda_err err = {0};
+  const rda_status s = add ? rda_ring_rows_add(b, &g_plan[be], &g_kern[be], &r, x->heads, &err)
+                           : rda_ring_rows_pack(b, &g_plan[be], &g_kern[be], &r, x->heads, &err);
+  if (s != RDA_OK || b->synchronize(b, &err) != RDA_OK)
+    fail_msg("%s %s %s: %s", b->name, add ? "add" : "pack", c->name, err.msg);
+}
+
+static void rows_free(int be, rows_run *x) {
+  rda_backend *b = g_rt.be[be].b;
+  free(x->k), free(x->v), free(x->buf);
+  b->free(b, x->dk), b->free(b, x->dv), b->free(b, x->dbuf);
+}
+
 static void run_pack(int be, const rows_case *c) {
   rda_backend *b = g_rt.be[be].b;
-  const layout l = make_layout(c);
-  int heads[KV];
-  random_heads(heads, c->nkv);
-  const size_t nblk = 2 * (size_t)(c->batch * block_rows(c) * c->nkv * c->head_dim);
-  const size_t nbuf = nblk + 2 * GUARD;
-  uint16_t *k = random_bits(l.k_span), *v = random_bits(l.v_span);
-  uint16_t *buf = random_bits(nbuf); /* poison: random bits, block and guards alike */
-  uint16_t *dk = rt_dev_alloc(b, l.k_span * 2), *dv = rt_dev_alloc(b, l.v_span * 2);
-  uint16_t *dbuf = rt_dev_alloc(b, nbuf * 2);
-  rt_dev_upload(b, dk, k, l.k_span * 2);
-  rt_dev_upload(b, dv, v, l.v_span * 2);
-  rt_dev_upload(b, dbuf, buf, nbuf * 2);
-
-  rda_ring_rows_params r = make_rows(c, &l, dk, dv, dbuf + GUARD);
-  rda_err err = {0};
-  if (rda_ring_rows_pack(b, &g_plan[be], &g_kern[be], &r, heads, &err) != RDA_OK ||
-      b->synchronize(b, &err) != RDA_OK)
-    fail_msg("%s pack %s: %s", b->name, c->name, err.msg);
+  rows_run x;
+  run_rows(be, c, 0, &x);
+  const layout l = x.l;
+  const int *heads = x.heads;
+  const size_t nblk = x.nblk, nbuf = x.nbuf;
+  const uint16_t *k = x.k, *v = x.v, *buf = x.buf;
 
   uint16_t *want = malloc(nbuf * 2);
   assert_non_null(want);
@@ -226,7 +253,7 @@ static void run_pack(int be, const rows_case *c) {
   FOR_EACH_ELEMENT(c, &l, heads, want[GUARD + blk] = (kv == 0 ? k : v)[off]);
   uint16_t *got = malloc(nbuf * 2);
   assert_non_null(got);
-  rt_dev_download(b, got, dbuf, nbuf * 2);
+  rt_dev_download(b, got, x.dbuf, nbuf * 2);
   const long long bad = first_diff(got, want, nbuf, 2);
   if (bad >= 0)
     fail_msg(
@@ -238,35 +265,23 @@ static void run_pack(int be, const rows_case *c) {
   uint16_t *kk = malloc(l.k_span * 2), *vv = malloc(l.v_span * 2);
   assert_non_null(kk);
   assert_non_null(vv);
-  rt_dev_download(b, kk, dk, l.k_span * 2);
-  rt_dev_download(b, vv, dv, l.v_span * 2);
+  rt_dev_download(b, kk, x.dk, l.k_span * 2);
+  rt_dev_download(b, vv, x.dv, l.v_span * 2);
   assert_memory_equal(kk, k, l.k_span * 2);
   assert_memory_equal(vv, v, l.v_span * 2);
 
-  free(kk), free(vv), free(got), free(want), free(k), free(v), free(buf);
-  b->free(b, dk), b->free(b, dv), b->free(b, dbuf);
+  free(kk), free(vv), free(got), free(want);
+  rows_free(be, &x);
 }
 
 static void run_add(int be, const rows_case *c) {
   rda_backend *b = g_rt.be[be].b;
-  const layout l = make_layout(c);
-  int heads[KV];
-  random_heads(heads, c->nkv);
-  const size_t nblk = 2 * (size_t)(c->batch * block_rows(c) * c->nkv * c->head_dim);
-  const size_t nbuf = nblk + 2 * GUARD;
-  /* Random values everywhere, padding included: what the kernel must not touch stays as is. */
-  float *k = random_f32(l.k_span), *v = random_f32(l.v_span), *buf = random_f32(nbuf);
-  float *dk = rt_dev_alloc(b, l.k_span * 4), *dv = rt_dev_alloc(b, l.v_span * 4);
-  float *dbuf = rt_dev_alloc(b, nbuf * 4);
-  rt_dev_upload(b, dk, k, l.k_span * 4);
-  rt_dev_upload(b, dv, v, l.v_span * 4);
-  rt_dev_upload(b, dbuf, buf, nbuf * 4);
-
-  rda_ring_rows_params r = make_rows(c, &l, dk, dv, dbuf + GUARD);
-  rda_err err = {0};
-  if (rda_ring_rows_add(b, &g_plan[be], &g_kern[be], &r, heads, &err) != RDA_OK ||
-      b->synchronize(b, &err) != RDA_OK)
-    fail_msg("%s add %s: %s", b->name, c->name, err.msg);
+  rows_run x;
+  run_rows(be, c, 1, &x); /* padding random too: what the kernel must not touch stays as is */
+  const layout l = x.l;
+  const int *heads = x.heads;
+  const size_t nbuf = x.nbuf;
+  const float *k = x.k, *v = x.v, *buf = x.buf;
 
   float *wk = malloc(l.k_span * 4), *wv = malloc(l.v_span * 4);
   assert_non_null(wk);
@@ -275,7 +290,7 @@ static void run_add(int be, const rows_case *c) {
   memcpy(wv, v, l.v_span * 4);
   /* One fp32 add per element, as the kernel does: the results must match bit for bit. */
   FOR_EACH_ELEMENT(c, &l, heads, (kv == 0 ? wk : wv)[off] += buf[GUARD + blk]);
-  float *gk = rt_download_f32(b, dk, l.k_span), *gv = rt_download_f32(b, dv, l.v_span);
+  float *gk = rt_download_f32(b, x.dk, l.k_span), *gv = rt_download_f32(b, x.dv, l.v_span);
   for (int kv = 0; kv < 2; ++kv) {
     const float *got = kv == 0 ? gk : gv, *want = kv == 0 ? wk : wv;
     const long long bad = first_diff(got, want, kv == 0 ? l.k_span : l.v_span, 4);
@@ -284,11 +299,11 @@ static void run_add(int be, const rows_case *c) {
                c->name, (unsigned long long)rt_seed_value(), kv == 0 ? "dK" : "dV", bad,
                (double)got[bad], (double)want[bad], (double)(kv == 0 ? k : v)[bad]);
   }
-  float *gb = rt_download_f32(b, dbuf, nbuf);
+  float *gb = rt_download_f32(b, x.dbuf, nbuf);
   assert_memory_equal(gb, buf, nbuf * 4); /* the block is only read */
 
-  free(gb), free(gk), free(gv), free(wk), free(wv), free(k), free(v), free(buf);
-  b->free(b, dk), b->free(b, dv), b->free(b, dbuf);
+  free(gb), free(gk), free(gv), free(wk), free(wv);
+  rows_free(be, &x);
 }
 
 static void test_ring_rows_pack_matches_scalar_model(void **state) {
