@@ -183,10 +183,10 @@ int main(int argc, char **argv) {
          "\"n\": %lld, \"batch\": %lld, \"ranks\": %lld, \"layout\": \"%s\", \"iters\": %lld, "
          "\"fwd_single_ms\": %.4f, \"fwd_ring_ms\": %.4f, \"fwd_ratio\": %.3f, "
          "\"bwd_single_ms\": %.4f, \"bwd_ring_ms\": %.4f, \"bwd_ratio\": %.3f, "
-         "\"fwd_bytes_sent_all_ranks\": %llu, \"fwd_peak_ring_bytes\": %llu}\n",
+         "\"passes\": \"%s\", \"bytes_sent_all_ranks\": %llu, \"peak_ring_bytes\": %llu}\n",
          config, device, backend, n, batch, ranks, layout_name, iters, single_fwd * 1e3,
          job.fwd_s * 1e3, job.fwd_s / single_fwd, single_bwd * 1e3, job.bwd_s * 1e3,
-         backward ? job.bwd_s / single_bwd : 0.0, sent, peak);
+         backward ? job.bwd_s / single_bwd : 0.0, backward ? "fwd+bwd" : "fwd", sent, peak);
   rc = 0;
 done:
   if (rc != 0) fprintf(stderr, "rda_bench_ring: error: %s\n", err.msg);

@@ -257,10 +257,12 @@ fi
 
 # --- env.txt and the results header --------------------------------------------------------------
 
-COMMIT=$(git rev-parse HEAD 2>/dev/null || true)
-if [ -z "$COMMIT" ] && [ -e "$REPO/carry/commit.txt" ]; then
+# carry/commit.txt first: the device machine's copy of .git can be older than the tree sent.
+COMMIT=""
+if [ -e "$REPO/carry/commit.txt" ]; then
   COMMIT="$(awk '$1 == "commit" {print $2}' "$REPO/carry/commit.txt") (carry/commit.txt)"
 fi
+[ -n "$COMMIT" ] || COMMIT=$(git rev-parse HEAD 2>/dev/null || true)
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "commit: ${COMMIT:-unknown}"
