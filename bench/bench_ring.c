@@ -28,7 +28,11 @@ static int usage(void) {
   fprintf(stderr,
           "usage: rda_bench_ring CONFIG [--n N] [--ranks P] [--batch B] [--iters K]\n"
           "                      [--backward 0|1] [--layout contiguous|zigzag]\n"
-          "                      [--backend cuda|emu]\n");
+          "                      [--backend cuda|emu] [--trace FILE]\n"
+          "  --trace  write each rank's host timeline of the last timed forward pass as JSON:\n"
+          "           per virtual step [wait began, wait ended, next posted, launched], and the\n"
+          "           own rows' launch, the last launch and the device sync, in ms from the\n"
+          "           earliest rank's start\n");
   return 2;
 }
 
@@ -113,9 +117,36 @@ static uint16_t *random_bits(size_t n, int dtype, rda_rng *rng) {
   return x;
 }
 
+/* The ranks' traces as JSON, ms from the earliest rank's start. */
+static rda_status write_trace(const char *path, const rda_ring_trace *t, int ranks, rda_err *err) {
+  double t0 = t[0].begin;
+  for (int p = 1; p < ranks; ++p)
+    if (t[p].begin < t0) t0 = t[p].begin;
+  FILE *f = fopen(path, "w");
+  if (f == NULL) return rda_err_set(err, RDA_ERR_IO, "--trace %s: cannot write", path);
+  fprintf(f, "{\"ranks\": [\n");
+  for (int p = 0; p < ranks; ++p) {
+    const rda_ring_trace *r = &t[p];
+    fprintf(f, "  {\"rank\": %d, \"begin\": %.3f, \"own\": %.3f, \"end\": %.3f, \"synced\": %.3f, "
+               "\"steps\": %d, \"step_ms\": [",
+            p, (r->begin - t0) * 1e3, (r->own - t0) * 1e3, (r->end - t0) * 1e3,
+            (r->synced - t0) * 1e3, r->count);
+    const int n = r->count < r->cap ? r->count : r->cap;
+    for (int i = 0; i < n; ++i) {
+      const rda_ring_trace_step *s = &r->steps[i];
+      fprintf(f, "%s[%.3f, %.3f, %.3f, %.3f]", i ? ", " : "", (s->wait0 - t0) * 1e3,
+              (s->wait1 - t0) * 1e3, (s->posted - t0) * 1e3, (s->computed - t0) * 1e3);
+    }
+    fprintf(f, "]}%s\n", p + 1 < ranks ? "," : "");
+  }
+  fprintf(f, "]}\n");
+  if (fclose(f) != 0) return rda_err_set(err, RDA_ERR_IO, "--trace %s: cannot write", path);
+  return RDA_OK;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) return usage();
-  const char *config = argv[1], *backend = "cuda", *layout_name = "contiguous";
+  const char *config = argv[1], *backend = "cuda", *layout_name = "contiguous", *trace = NULL;
   long long n = 262144, ranks = 8, batch = 1, iters = 10, backward = 1;
   for (int i = 2; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--backend") == 0) {
@@ -124,6 +155,10 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[i], "--layout") == 0) {
       layout_name = argv[i + 1];
+      continue;
+    }
+    if (strcmp(argv[i], "--trace") == 0) {
+      trace = argv[i + 1];
       continue;
     }
     long long *dst = strcmp(argv[i], "--n") == 0          ? &n
@@ -145,6 +180,7 @@ int main(int argc, char **argv) {
   int rc = 1;
   uint16_t *in[4] = {0};
   float *out[5] = {0};
+  rda_ring_trace *traces = NULL;
   rda_ring_run_stats *stats = calloc((size_t)ranks, sizeof *stats);
   if (stats == NULL || rda_gen_open(&g, &err) != RDA_OK ||
       rda_gen_config_file(g, config, &cfg, &err) != RDA_OK)
@@ -169,11 +205,27 @@ int main(int argc, char **argv) {
   if (single_device(backend, g, &cfg, batch, n, in[0], in[1], in[2], in[3], (int)iters,
                     &single_fwd, &single_bwd, device, sizeof device, &err) != RDA_OK)
     goto done;
+  enum { TRACE_STEPS = 4096 };
+  if (trace != NULL) traces = calloc((size_t)ranks, sizeof *traces);
+  for (long long p = 0; traces != NULL && p < ranks; ++p) {
+    traces[p].cap = TRACE_STEPS;
+    traces[p].steps = calloc(TRACE_STEPS, sizeof *traces[p].steps);
+    if (traces[p].steps == NULL) {
+      rda_err_set(&err, RDA_ERR_OUT_OF_MEMORY, "out of host memory for the trace");
+      goto done;
+    }
+  }
+  if (trace != NULL && traces == NULL) {
+    rda_err_set(&err, RDA_ERR_OUT_OF_MEMORY, "out of host memory for the trace");
+    goto done;
+  }
   rda_ring_virtual job = {.backend = backend, .ranks = (int)ranks, .layout = layout, .cfg = &cfg,
                           .g = g, .batch = batch, .n = n, .q = in[0], .k = in[1], .v = in[2],
                           .dout = in[3], .o = out[0], .lse = out[1], .dq = out[2],
-                          .dk = out[3], .dv = out[4], .stats = stats, .iters = (int)iters};
+                          .dk = out[3], .dv = out[4], .stats = stats, .iters = (int)iters,
+                          .traces = traces};
   if (rda_ring_virtual_run(&job, &err) != RDA_OK) goto done;
+  if (trace != NULL && write_trace(trace, traces, (int)ranks, &err) != RDA_OK) goto done;
   unsigned long long peak = 0, sent = 0;
   for (long long p = 0; p < ranks; ++p) {
     if (stats[p].peak_bytes > peak) peak = stats[p].peak_bytes;
@@ -190,6 +242,8 @@ int main(int argc, char **argv) {
   rc = 0;
 done:
   if (rc != 0) fprintf(stderr, "rda_bench_ring: error: %s\n", err.msg);
+  for (long long p = 0; traces != NULL && p < ranks; ++p) free(traces[p].steps);
+  free(traces);
   for (int i = 0; i < 4; ++i) free(in[i]);
   for (int i = 0; i < 5; ++i) free(out[i]);
   free(stats);

@@ -21,6 +21,28 @@ typedef struct rda_ring_run_stats {
   uint64_t peak_bytes;     /* most the ring itself held at once: send, receive and device blocks */
 } rda_ring_run_stats;
 
+/* A host-side timeline of one pass of one rank, for finding where a ring's time goes
+ * (bench/bench_ring.c --trace). Times are CLOCK_MONOTONIC seconds, so the ranks' timelines
+ * line up. */
+typedef struct rda_ring_trace_step {
+  double wait0, wait1; /* the step's transport wait began, ended (equal when nothing to wait) */
+  double posted;       /* the next step was posted (packed, sends and receives enqueued) */
+  double computed;     /* this step's launches were enqueued */
+} rda_ring_trace_step;
+
+typedef struct rda_ring_trace {
+  int cap;                    /* entries of steps */
+  int count;                  /* virtual steps of the pass (only the first cap are kept) */
+  rda_ring_trace_step *steps; /* owned by the caller */
+  double begin;               /* the pass's schedule began (after its checks) */
+  double own;                 /* the own rows' launches were enqueued */
+  double end;                 /* the last step's launches were enqueued */
+  double synced;              /* not set by the pass: for the caller (device synchronized) */
+} rda_ring_trace;
+
+/* Record the passes the calling thread runs into t (NULL: stop recording). */
+void rda_ring_trace_thread(rda_ring_trace *t);
+
 /* Backend memory the ring itself needs on `rank` for `batch`: the packed send block, two
  * receive blocks and, for the backward pass, two fp32 gradient blocks and two fp32 returned-
  * gradient blocks (each piece 256-byte aligned). O(N/P): the largest single transfer, never the

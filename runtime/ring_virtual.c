@@ -42,6 +42,7 @@ typedef struct ring_rank_run {
   rda_ring_run_stats stats, bstats;
   int iters;
   double fwd_s, bwd_s;
+  rda_ring_trace *trace; /* or NULL */
   rda_status status;
   rda_err err;
 } ring_rank_run;
@@ -52,17 +53,22 @@ static double ring_now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* One timed pass: barrier, the pass, device synchronization, barrier; seconds on *dt. */
-static rda_status ring_rank_pass(ring_rank_run *r, rda_transport *t, int backward, double *dt) {
+/* One timed pass: barrier, the pass, device synchronization, barrier; seconds on *dt. With
+ * trace, the pass is recorded there (rda_ring_trace). */
+static rda_status ring_rank_pass(ring_rank_run *r, rda_transport *t, int backward,
+                                 rda_ring_trace *trace, double *dt) {
   RDA_TRY(rda_transport_barrier(t, &r->err));
+  rda_ring_trace_thread(trace);
   const double t0 = ring_now();
-  if (backward)
-    RDA_TRY(rda_ring_bwd_run(r->b, r->plan, &r->kernels, r->rp, r->rank, t, &r->g, r->mem[R_WS],
-                             r->ws_bytes, &r->bstats, &r->err));
-  else
-    RDA_TRY(rda_ring_fwd_run(r->b, r->plan, &r->kernels, r->rp, r->rank, t, &r->a, r->mem[R_WS],
-                             r->ws_bytes, &r->stats, &r->err));
+  const rda_status s =
+      backward ? rda_ring_bwd_run(r->b, r->plan, &r->kernels, r->rp, r->rank, t, &r->g,
+                                  r->mem[R_WS], r->ws_bytes, &r->bstats, &r->err)
+               : rda_ring_fwd_run(r->b, r->plan, &r->kernels, r->rp, r->rank, t, &r->a,
+                                  r->mem[R_WS], r->ws_bytes, &r->stats, &r->err);
+  rda_ring_trace_thread(NULL);
+  RDA_TRY(s);
   RDA_TRY(r->b->synchronize(r->b, &r->err));
+  if (trace != NULL) trace->synced = ring_now();
   RDA_TRY(rda_transport_barrier(t, &r->err));
   *dt = ring_now() - t0;
   return RDA_OK;
@@ -71,13 +77,14 @@ static rda_status ring_rank_pass(ring_rank_run *r, rda_transport *t, int backwar
 static rda_status ring_rank_body(ring_rank_run *r, rda_transport *t) {
   double dt = 0;
   /* The first passes produce the results (and warm up); timed repeats recompute them. */
-  RDA_TRY(ring_rank_pass(r, t, 0, &dt));
-  if (r->backward) RDA_TRY(ring_rank_pass(r, t, 1, &dt));
+  RDA_TRY(ring_rank_pass(r, t, 0, NULL, &dt));
+  if (r->backward) RDA_TRY(ring_rank_pass(r, t, 1, NULL, &dt));
   for (int i = 0; i < r->iters; ++i) {
-    RDA_TRY(ring_rank_pass(r, t, 0, &dt));
+    /* The last timed forward pass is the one traced. */
+    RDA_TRY(ring_rank_pass(r, t, 0, i + 1 == r->iters ? r->trace : NULL, &dt));
     r->fwd_s += dt / r->iters;
     if (!r->backward) continue;
-    RDA_TRY(ring_rank_pass(r, t, 1, &dt));
+    RDA_TRY(ring_rank_pass(r, t, 1, NULL, &dt));
     r->bwd_s += dt / r->iters;
   }
   return RDA_OK;
@@ -291,6 +298,7 @@ rda_status rda_ring_virtual_run(rda_ring_virtual *j, rda_err *err) {
     r->rank = p;
     r->backward = j->dout != NULL;
     r->iters = j->iters;
+    r->trace = j->traces != NULL ? &j->traces[p] : NULL;
     if (r->b == NULL && (s = rda_backend_open(kind, &r->b, why, sizeof why, err)) != RDA_OK)
       goto done;
     rda_err e = {0};

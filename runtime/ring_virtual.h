@@ -31,6 +31,9 @@ typedef struct rda_ring_virtual {
    * mean wall seconds per pass in fwd_s and bwd_s. */
   int iters;
   double fwd_s, bwd_s;
+  /* With iters > 0: `ranks` traces (their steps arrays the caller's) of the last timed forward
+   * pass, with synced set when the rank's device synchronization returned; or NULL. */
+  rda_ring_trace *traces;
 } rda_ring_virtual;
 
 /* Run it. Errors: one line in err (the first failing rank's cause, not the others' aborts). */
