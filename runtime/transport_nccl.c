@@ -72,8 +72,10 @@ rda_status rda_transport_nccl_unique_id(void *id, rda_err *err) {
   X(cuEventDestroy_v2, (CUevent ev))                                   \
   X(cuMemAlloc_v2, (CUdeviceptr * p, size_t bytes))                    \
   X(cuMemFree_v2, (CUdeviceptr p))                                     \
-  X(cuMemcpyHtoD_v2, (CUdeviceptr dst, const void *src, size_t bytes)) \
+  X(cuMemcpyHtoDAsync_v2, (CUdeviceptr dst, const void *src, size_t bytes, CUstream s)) \
   X(cuMemcpyDtoH_v2, (void *dst, CUdeviceptr src, size_t bytes))       \
+  X(cuCtxGetCurrent, (CUcontext * ctx))                                \
+  X(cuCtxSetCurrent, (CUcontext ctx))                                  \
   X(cuGetErrorString, (CUresult e, const char **s))
 
 typedef struct tn_api {
@@ -153,8 +155,15 @@ typedef struct tn_endpoint {
   rda_transport base;
   ncclComm_t comm;
   int owns_comm;
-  int aborted;
+  int aborted; /* the owning thread aborted the communicator (comm is NULL then) */
   char reason[256];
+  /* rda_transport_abort may come from any thread, while the owning thread is inside NCCL on
+   * comm: it only files a request, which the owning thread carries out at its next transport
+   * call (or poll iteration, or destroy), so comm is never freed under a running call. */
+  pthread_mutex_t mu;
+  int abort_requested; /* read without the lock by the owner: __atomic */
+  char requested[256];
+  CUcontext ctx;       /* current at creation: made current again to destroy */
   CUstream stream;     /* communication */
   CUstream caller;     /* the caller's stream at group_end */
   CUevent ready;       /* recorded there: the communication stream waits for it */
@@ -177,6 +186,7 @@ static void tn_sleep_us(long us) {
   nanosleep(&ts, NULL);
 }
 
+/* The owning thread only. */
 static void tn_abort_comm(tn_endpoint *ep, const char *why) {
   if (!ep->aborted) {
     ep->aborted = 1;
@@ -184,6 +194,16 @@ static void tn_abort_comm(tn_endpoint *ep, const char *why) {
     if (ep->comm != NULL) tn_.ncclCommAbort(ep->comm);
     ep->comm = NULL;
   }
+}
+
+/* The owning thread: carry out an abort another thread requested. */
+static void tn_take_request(tn_endpoint *ep) {
+  if (!__atomic_load_n(&ep->abort_requested, __ATOMIC_ACQUIRE) || ep->aborted) return;
+  char why[256];
+  pthread_mutex_lock(&ep->mu);
+  snprintf(why, sizeof why, "%s", ep->requested);
+  pthread_mutex_unlock(&ep->mu);
+  tn_abort_comm(ep, why);
 }
 
 static rda_status tn_fail(tn_endpoint *ep, rda_err *err, const char *what, ncclResult_t r) {
@@ -206,6 +226,10 @@ static rda_status tn_poll(tn_endpoint *ep, int with_event, const char *what, rda
   const double deadline = tn_now() + ep->base.timeout_s;
   long nap = 20;
   for (;;) {
+    tn_take_request(ep);
+    if (ep->aborted)
+      return rda_err_set(err, RDA_ERR_NCCL, "rank %d: the communicator was aborted: %s",
+                         ep->base.rank, ep->reason);
     ncclResult_t ar = ncclSuccess;
     ncclResult_t r = tn_.ncclCommGetAsyncError(ep->comm, &ar);
     if (r != ncclSuccess) return tn_fail(ep, err, "ncclCommGetAsyncError", r);
@@ -231,6 +255,7 @@ static rda_status tn_poll(tn_endpoint *ep, int with_event, const char *what, rda
 }
 
 static rda_status tn_check_live(tn_endpoint *ep, rda_err *err) {
+  tn_take_request(ep);
   if (ep->aborted)
     return rda_err_set(err, RDA_ERR_NCCL, "rank %d: the communicator was aborted: %s",
                        ep->base.rank, ep->reason);
@@ -334,7 +359,10 @@ static rda_status tn_wait(rda_transport *t, rda_err *err) {
 static rda_status tn_gather8(tn_endpoint *ep, uint64_t mine, uint64_t *all, rda_err *err) {
   RDA_TRY(tn_check_live(ep, err));
   const size_t slot = (size_t)ep->base.rank * 8u;
-  RDA_TRY(tn_cu(ep, err, "cuMemcpyHtoD", tn_.cuMemcpyHtoD_v2(ep->scratch + slot, &mine, 8)));
+  /* On the communication stream, so the all-gather below reads it (a synchronous copy goes to
+   * the legacy stream, which a non-blocking stream does not wait for). */
+  RDA_TRY(tn_cu(ep, err, "cuMemcpyHtoDAsync",
+                tn_.cuMemcpyHtoDAsync_v2(ep->scratch + slot, &mine, 8, ep->stream)));
   /* In place: the send buffer is this rank's slot of the receive buffer. */
   char *base = (char *)(uintptr_t)ep->scratch;
   ncclResult_t r =
@@ -353,12 +381,21 @@ static rda_status tn_barrier(rda_transport *t, rda_err *err) {
   return tn_gather8((tn_endpoint *)t, 0, NULL, err);
 }
 
+/* Any thread (see tn_endpoint): files the request; the first reason wins. */
 static void tn_abort(rda_transport *t, const char *reason) {
-  tn_abort_comm((tn_endpoint *)t, reason);
+  tn_endpoint *ep = (tn_endpoint *)t;
+  pthread_mutex_lock(&ep->mu);
+  if (!ep->abort_requested) {
+    snprintf(ep->requested, sizeof ep->requested, "%s", reason);
+    __atomic_store_n(&ep->abort_requested, 1, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&ep->mu);
 }
 
 static void tn_destroy(rda_transport *t) {
   tn_endpoint *ep = (tn_endpoint *)t;
+  if (ep->ctx != NULL) tn_.cuCtxSetCurrent(ep->ctx); /* the thread may have none current */
+  tn_take_request(ep); /* a requested abort: the communicator is aborted, not destroyed */
   if (ep->comm != NULL && ep->owns_comm) {
     if (ep->state == 2)
       tn_.ncclCommAbort(ep->comm); /* work in flight: do not wait for it */
@@ -369,6 +406,7 @@ static void tn_destroy(rda_transport *t) {
   if (ep->ready != NULL) tn_.cuEventDestroy_v2(ep->ready);
   if (ep->scratch != 0) tn_.cuMemFree_v2(ep->scratch);
   free(ep->ops);
+  pthread_mutex_destroy(&ep->mu);
   free(ep);
 }
 
@@ -410,6 +448,8 @@ rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank
   ep->base.vt = &tn_vtbl, ep->base.rank = rank, ep->base.size = size;
   ep->base.timeout_s = timeout_s;
   ep->stream = (CUstream)stream;
+  pthread_mutex_init(&ep->mu, NULL);
+  if (tn_.cuCtxGetCurrent(&ep->ctx) != CUDA_SUCCESS) ep->ctx = NULL;
   rda_status s = RDA_OK;
   if (comm != NULL) {
     ep->comm = (ncclComm_t)comm;
