@@ -50,6 +50,7 @@ static const char *const rp_why[] = {
     "ring: causal; the ring skips and trims blocks in the future that an all-gather would move",
     "ring: the gathered rows would take more memory than the ring's two receive blocks",
     "all-gather: the gathered rows fit in two receive blocks and it takes 1 step instead of k-1",
+    "ring: 4 or more members; a step moves at most two blocks each way",
 };
 
 int rda_ring_layout_parse(const char *name) {
@@ -309,6 +310,11 @@ static void rp_choose(const rda_ring_plan *p, rp_group *g, const rp_member *m) {
   }
   if (p->cfg.causal) {
     g->why = 1;
+    return;
+  }
+  /* A step holds at most two transfers each way (rda_ring_step.send[2], recv[2]). */
+  if (g->nm > 3) {
+    g->why = 4;
     return;
   }
   /* Every member would hold all other blocks at once: allowed when that is no more than the

@@ -350,6 +350,47 @@ static void test_ring_plan_allgather_only_when_it_fits_two_receive_blocks(void *
   rda_ring_plan_destroy(p);
 }
 
+/* Every small plan, contiguous and zigzag, causal or not: no step has more than the two
+ * transfers each way a step holds, and all-gathers have 3 members (a 6-rank all-gather of
+ * uneven blocks once overflowed them: heads 1, w = 14, r = 2, N = 29, P = 6). */
+static void test_ring_plan_steps_never_exceed_two_transfers(void **state) {
+  (void)state;
+  for (long long w = 1; w <= 24; w++)
+    for (long long r = 1; r <= 3; r++)
+      for (int causal = 0; causal < 2; causal++) {
+        rda_config c;
+        const long long ws[] = {w}, rs[] = {r};
+        rt_config_make(&c, 1, 1, 32, RDA_DTYPE_BF16, causal, RDA_OFFSETS_MOD, 1, ws, rs);
+        for (int P = 2; P <= 8; P++)
+          for (long long n = P; n <= 32; n++)
+            for (int layout = 0; layout < 2; layout++) {
+              if (layout == RDA_RING_ZIGZAG && n % (2 * P) != 0) continue;
+              rda_ring_plan *p = NULL;
+              rda_err err = {0};
+              if (rda_ring_plan_create(&c, n, P, layout, &p, &err) != RDA_OK)
+                fail_msg("w %lld r %lld N %lld P %d: %s", w, r, n, P, err.msg);
+              for (int64_t g = 0; g < rda_ring_plan_ngroups(p); g++) {
+                rda_ring_group grp;
+                rda_ring_plan_group(p, g, &grp);
+                if (grp.kind == RDA_RING_KIND_ALLGATHER && grp.nmembers != 3)
+                  fail_msg("w %lld r %lld N %lld P %d: an all-gather of %d members", w, r, n, P,
+                           grp.nmembers);
+              }
+              for (int q = 0; q < P; q++) {
+                rda_ring_step *st = NULL;
+                int64_t ns = 0;
+                assert_int_equal(rda_ring_plan_steps(p, q, &st, &ns, &err), RDA_OK);
+                for (int64_t i = 0; i < ns; i++)
+                  if (st[i].nsend > 2 || st[i].nrecv > 2 || st[i].nsend < 0 || st[i].nrecv < 0)
+                    fail_msg("w %lld r %lld N %lld P %d rank %d: %d sends, %d receives", w, r, n,
+                             P, q, st[i].nsend, st[i].nrecv);
+                free(st);
+              }
+              rda_ring_plan_destroy(p);
+            }
+      }
+}
+
 static void test_ring_plan_peak_bytes_shrink_as_one_over_p(void **state) {
   (void)state;
   const long long w[] = {1 << 22, 4096}, r[] = {4, 1};
@@ -568,6 +609,7 @@ int main(void) {
       cmocka_unit_test(test_ring_plan_local_segments_send_nothing),
       cmocka_unit_test(test_ring_plan_branch_that_fits_is_silent_beside_one_that_spans),
       cmocka_unit_test(test_ring_plan_allgather_only_when_it_fits_two_receive_blocks),
+      cmocka_unit_test(test_ring_plan_steps_never_exceed_two_transfers),
       cmocka_unit_test(test_ring_plan_peak_bytes_shrink_as_one_over_p),
       cmocka_unit_test(test_ring_plan_rejects_bad_shapes),
       cmocka_unit_test(test_ring_plan_fingerprint_covers_every_input),
