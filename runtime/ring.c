@@ -34,7 +34,8 @@ typedef struct ring_vstep {
 
 /* The ring's workspace blocks (backend memory) and their sizes for the batch. */
 typedef struct ring_blocks {
-  size_t send, recv; /* largest sum of one step's send / receive transfers (16-bit) */
+  size_t send, recv; /* largest packed send block / sum of one step's receives (16-bit) */
+  size_t send_all;   /* largest sum of one step's sends: gradients come back per send */
   unsigned char *sblk, *rblk[2];
   unsigned char *gblk[2];  /* fp32 gradients of a received block, going back */
   unsigned char *grblk[2]; /* fp32 gradients of a sent block, coming back */
@@ -52,21 +53,48 @@ static size_t ring_xfers_bytes(const rda_ring_xfer *x, int n, long long batch) {
   return s;
 }
 
+static int ring_same_rows(const rda_ring_xfer *a, const rda_ring_xfer *b) {
+  if (a->nranges != b->nranges) return 0;
+  for (int i = 0; i < a->nranges; ++i)
+    if (a->first[i] != b->first[i] || a->count[i] != b->count[i]) return 0;
+  return 1;
+}
+
+/* Where each send transfer of a step sits in the send block (at[q]) and the block's size: a
+ * transfer of the same rows as an earlier one (an all-gather sends one block to both peers)
+ * shares its bytes, packed once. */
+static size_t ring_send_layout(const rda_ring_step *st, long long batch, size_t at[2]) {
+  size_t total = 0;
+  for (int q = 0; q < st->nsend; ++q) {
+    at[q] = total;
+    int shared = 0;
+    for (int e = 0; e < q && !shared; ++e)
+      if (ring_same_rows(&st->send[e], &st->send[q])) at[q] = at[e], shared = 1;
+    if (!shared) total += ring_xfers_bytes(&st->send[q], 1, batch);
+  }
+  return total;
+}
+
+/* The largest packed send block, the largest sum of one step's sends (every peer returns its
+ * own gradients for what it got) and the largest sum of one step's receives. */
 static void ring_max_blocks(const rda_ring_step *steps, int64_t nsteps, long long batch,
-                            size_t *send, size_t *recv) {
-  *send = *recv = 0;
+                            size_t *send, size_t *send_all, size_t *recv) {
+  *send = *send_all = *recv = 0;
   for (int64_t i = 0; i < nsteps; ++i) {
-    const size_t sn = ring_xfers_bytes(steps[i].send, steps[i].nsend, batch);
+    size_t at[2];
+    const size_t sn = ring_send_layout(&steps[i], batch, at);
+    const size_t sa = ring_xfers_bytes(steps[i].send, steps[i].nsend, batch);
     const size_t rn = ring_xfers_bytes(steps[i].recv, steps[i].nrecv, batch);
     if (sn > *send) *send = sn;
+    if (sa > *send_all) *send_all = sa;
     if (rn > *recv) *recv = rn;
   }
 }
 
 /* Gradients are fp32: twice the bytes of the 16-bit K/V they belong to. */
-static size_t ring_layout_bytes(size_t send, size_t recv, int backward) {
+static size_t ring_layout_bytes(size_t send, size_t send_all, size_t recv, int backward) {
   size_t total = ring_round(send) + 2 * ring_round(recv);
-  if (backward) total += 2 * ring_round(2 * recv) + 2 * ring_round(2 * send);
+  if (backward) total += 2 * ring_round(2 * recv) + 2 * ring_round(2 * send_all);
   return total;
 }
 
@@ -78,10 +106,10 @@ size_t rda_ring_workspace_bytes(const rda_plan_k *pk, const rda_ring_plan *rp, i
   rda_err err = {0};
   if (rp == NULL || batch < 1 || rda_ring_plan_steps(rp, rank, &steps, &nsteps, &err) != RDA_OK)
     return SIZE_MAX;
-  size_t send = 0, recv = 0;
-  ring_max_blocks(steps, nsteps, batch, &send, &recv);
+  size_t send = 0, send_all = 0, recv = 0;
+  ring_max_blocks(steps, nsteps, batch, &send, &send_all, &recv);
   free(steps);
-  return ring_layout_bytes(send, recv, backward);
+  return ring_layout_bytes(send, send_all, recv, backward);
 }
 
 static void ring_carve(ring_blocks *bl, unsigned char *base, int backward) {
@@ -91,7 +119,7 @@ static void ring_carve(ring_blocks *bl, unsigned char *base, int backward) {
   for (int i = 0; i < 2; ++i, off += ring_round(bl->recv)) bl->rblk[i] = base + off;
   if (!backward) return;
   for (int i = 0; i < 2; ++i, off += ring_round(2 * bl->recv)) bl->gblk[i] = base + off;
-  for (int i = 0; i < 2; ++i, off += ring_round(2 * bl->send)) bl->grblk[i] = base + off;
+  for (int i = 0; i < 2; ++i, off += ring_round(2 * bl->send_all)) bl->grblk[i] = base + off;
 }
 
 /* The virtual steps of a rank (see the top comment); *out malloc'd. */
@@ -136,18 +164,19 @@ typedef struct ring_run {
   int backward;
 } ring_run;
 
-/* Pack the K/V rows of a step's send transfers into the send block. */
+/* Pack the K/V rows of a step's send transfers into the send block (ring_send_layout). */
 static rda_status ring_pack_step(ring_run *r, const rda_ring_step *st, rda_err *err) {
   rda_ring_class cls;
   rda_ring_plan_class(r->rp, st->cls, &cls);
-  size_t off = 0;
+  size_t at[2];
+  (void)ring_send_layout(st, r->c.batch, at);
   for (int q = 0; q < st->nsend; ++q) {
+    if (q == 1 && at[1] == at[0]) continue; /* the same rows, packed already */
     rda_ring_rows_params rows;
     RDA_TRY(ring_rows_for(&r->c, &st->send[q], st->stride, &cls, &rows, err));
     ring_rows_set_kv(&r->c, &rows);
-    rows.block = r->bl.sblk + off;
+    rows.block = r->bl.sblk + at[q];
     RDA_TRY(rda_ring_rows_pack(r->c.b, r->c.pk, r->c.k, &rows, cls.kv_heads, err));
-    off += ring_xfers_bytes(&st->send[q], 1, r->c.batch);
   }
   return RDA_OK;
 }
@@ -181,13 +210,13 @@ static rda_status ring_post(ring_run *r, const ring_vstep *v, int64_t i, rda_err
   const long long B = r->c.batch;
   if (v->kv != NULL && v->kv->nsend > 0) RDA_TRY(ring_pack_step(r, v->kv, err));
   RDA_TRY(rda_transport_group_start(r->t, err));
-  size_t off = 0;
+  size_t at[2] = {0, 0};
+  if (v->kv != NULL) (void)ring_send_layout(v->kv, B, at);
   for (int q = 0; v->kv != NULL && q < v->kv->nsend; ++q) {
     const size_t n = ring_xfers_bytes(&v->kv->send[q], 1, B);
-    RDA_TRY(rda_transport_send(r->t, v->kv->send[q].peer, r->bl.sblk + off, n, err));
-    off += n;
+    RDA_TRY(rda_transport_send(r->t, v->kv->send[q].peer, r->bl.sblk + at[q], n, err));
   }
-  off = 0;
+  size_t off = 0;
   for (int q = 0; v->grad != NULL && q < v->grad->nrecv; ++q) {
     const size_t n = 2 * ring_xfers_bytes(&v->grad->recv[q], 1, B);
     RDA_TRY(rda_transport_send(r->t, v->grad->recv[q].peer, r->bl.gblk[i % 2] + off, n, err));
@@ -314,8 +343,8 @@ static rda_status ring_pass(ring_run *r, int rank, long long n, void *workspace,
   if (s == RDA_OK) s = ring_vsteps(steps, nsteps, r->backward, &v, &nv, err);
   size_t need = 0;
   if (s == RDA_OK) {
-    ring_max_blocks(steps, nsteps, r->c.batch, &r->bl.send, &r->bl.recv);
-    need = ring_layout_bytes(r->bl.send, r->bl.recv, r->backward);
+    ring_max_blocks(steps, nsteps, r->c.batch, &r->bl.send, &r->bl.send_all, &r->bl.recv);
+    need = ring_layout_bytes(r->bl.send, r->bl.send_all, r->bl.recv, r->backward);
     if (workspace_bytes < need || (need > 0 && workspace == NULL))
       s = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                       "ring %s: rank %d needs %zu bytes of ring workspace, got %zu", what, rank,

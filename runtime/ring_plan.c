@@ -422,29 +422,37 @@ static void rp_totals(rda_ring_plan *p) {
     const rp_group *g = &p->groups[gi];
     for (int xi = 0; xi < g->nm; xi++) {
       rda_ring_rank *rk = &p->ranks[p->members[g->m0 + xi].rank];
-      uint64_t own = 0, rmax = 0, rsum = 0;
-      int64_t nrecv = 0;
       for (int s = rp_first_step(g); s < rp_nsteps(g); s++) {
         rda_ring_step st;
         if (!rp_step(p, gi, xi, s, &st)) continue;
         rk->steps++;
         rk->recv_pairs += st.recv_pairs;
+        /* As the ring driver holds them: one send block per step (a block sent to two peers
+         * packed once) and two receive blocks of a step's receives, double-buffered. */
+        uint64_t ssum = 0, rsum = 0;
         for (int q = 0; q < st.nsend; q++) {
           rk->bytes_sent += st.send[q].bytes;
-          if (st.send[q].bytes > own) own = st.send[q].bytes;
+          const int again = q == 1 && st.send[1].nranges == st.send[0].nranges &&
+                            st.send[1].first[0] == st.send[0].first[0] &&
+                            st.send[1].count[0] == st.send[0].count[0] &&
+                            (st.send[1].nranges < 2 || (st.send[1].first[1] == st.send[0].first[1] &&
+                                                         st.send[1].count[1] == st.send[0].count[1]));
+          if (!again) ssum += st.send[q].bytes;
         }
         for (int q = 0; q < st.nrecv; q++) {
           rk->bytes_received += st.recv[q].bytes;
           rsum += st.recv[q].bytes;
-          if (st.recv[q].bytes > rmax) rmax = st.recv[q].bytes;
-          nrecv++;
         }
+        if (ssum > rk->send_block) rk->send_block = ssum;
+        if (rsum > rk->recv_block) rk->recv_block = rsum;
         p->branches[g->branch].bytes +=
             st.send[0].bytes * (st.nsend > 0) + st.send[1].bytes * (st.nsend > 1);
       }
-      const uint64_t bufs = g->kind == RDA_RING_KIND_ALLGATHER ? rsum : rmax * (nrecv > 1 ? 2 : 1);
-      if (own + bufs > rk->peak_bytes) rk->peak_bytes = own + bufs;
     }
+  }
+  for (int rho = 0; rho < p->nranks; rho++) {
+    rda_ring_rank *rk = &p->ranks[rho];
+    rk->peak_bytes = rk->send_block + 2 * rk->recv_block;
   }
 }
 

@@ -84,8 +84,10 @@ typedef struct rda_ring_rank {
   int64_t lo[2], hi[2]; /* owned global rows [lo, hi) of each piece */
   int64_t rows;         /* rows owned */
   uint64_t bytes_sent, bytes_received;
-  uint64_t peak_bytes; /* most the ring holds at once: the packed send block plus the
-                          receive buffers (two for a ring, all blocks for an all-gather) */
+  uint64_t send_block; /* the largest packed send block of a step (a block for two peers once) */
+  uint64_t recv_block; /* the largest sum of one step's receives */
+  uint64_t peak_bytes; /* most the ring holds at once, as the driver lays it out: the send block
+                          plus two receive blocks (double-buffered), per batch element */
   int64_t steps;
   double pairs;      /* (query, key) pairs of this rank's queries, all heads, branches */
   double recv_pairs; /* of those, pairs whose key arrives from another rank */

@@ -403,6 +403,12 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
       assert_int_equal(j->stats.bytes_sent, rk->bytes_sent * (uint64_t)B);
       assert_int_equal(j->stats.bytes_received, rk->bytes_received * (uint64_t)B);
       assert_int_equal(j->stats.rows, R);
+      /* The memory the ring held is what the plan (and ring-sim) says, up to the driver's
+       * rounding of its three blocks to 256 bytes. */
+      const uint64_t planned = rk->peak_bytes * (uint64_t)B;
+      if (j->stats.peak_bytes < planned || j->stats.peak_bytes > planned + 3 * 256)
+        fail_msg("%s: rank %d held %llu bytes, the plan says %llu", what, p,
+                 (unsigned long long)j->stats.peak_bytes, (unsigned long long)planned);
       if (rc->backward) {
         assert_int_equal(j->bstats.bytes_sent,
                          (rk->bytes_sent + 2 * rk->bytes_received) * (uint64_t)B);

@@ -194,11 +194,12 @@ static void check_plan(const rda_config *c, long long n, int P, int layout) {
       fail_msg("%s: rank %d totals %llu/%llu, steps say %llu/%llu", what, x,
                (unsigned long long)rk->bytes_sent, (unsigned long long)rk->bytes_received,
                (unsigned long long)sent, (unsigned long long)recvd);
-    /* O(N/P): the packed send block and two receive blocks, each at most the largest rank. */
+    /* O(N/P): the packed send block and two buffers of one step's receives (an all-gather of
+     * 3 members receives two blocks in one step), each block at most the largest rank. */
     const uint64_t bound =
-        3u * (uint64_t)max_rows * (uint64_t)c->kv_heads * (uint64_t)c->head_dim * 4u;
+        5u * (uint64_t)max_rows * (uint64_t)c->kv_heads * (uint64_t)c->head_dim * 4u;
     if (rk->peak_bytes > bound)
-      fail_msg("%s: rank %d peak %llu > 3 blocks %llu", what, x, (unsigned long long)rk->peak_bytes,
+      fail_msg("%s: rank %d peak %llu > 5 blocks %llu", what, x, (unsigned long long)rk->peak_bytes,
                (unsigned long long)bound);
     if (rk->bytes_received > 0 && rk->peak_bytes == 0) fail_msg("%s: peak 0", what);
   }
