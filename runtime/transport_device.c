@@ -13,6 +13,7 @@
  * CUDA context), as rda_device_world_join requires. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "transport.h"
 #include "transport_world.h"
@@ -75,15 +76,40 @@ static rda_status td_after_wait(tw_endpoint *t, rda_err *err) {
   return RDA_OK;
 }
 
+/* Wait (up to the timeout) until the copies already queued into this rank's buffers have
+ * landed: a failed pass can leave some behind, and once the endpoint is destroyed its caller
+ * may reuse those buffers. */
+static void td_quiesce(td_endpoint *ep) {
+  rda_backend *b = ep->b;
+  if (b->event_query == NULL) return;
+  rda_err ignored = {0};
+  b->set_stream(b, ep->stream);
+  const rda_status s = b->event_record(b, ep->ev_ready, &ignored);
+  b->set_stream(b, NULL);
+  if (s != RDA_OK) return;
+  struct timespec t0, now, nap = {0, 100000};
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (;;) {
+    int done = 0;
+    if (b->event_query(b, ep->ev_ready, &done, &ignored) != RDA_OK || done) return;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    const double waited =
+        (double)(now.tv_sec - t0.tv_sec) + 1e-9 * (double)(now.tv_nsec - t0.tv_nsec);
+    if (waited > ep->tw.base.timeout_s) return;
+    nanosleep(&nap, NULL);
+  }
+}
+
 static void td_fini(tw_endpoint *t) {
   td_endpoint *ep = (td_endpoint *)t;
   rda_backend *b = ep->b;
   if (b == NULL) return;
+  if (ep->stream != NULL && ep->ev_ready != NULL) td_quiesce(ep);
   for (int q = 0; q < ep->ncopied; q++) b->event_destroy(b, ep->ev_copied[q]);
   free(ep->ev_copied);
   ep->ev_copied = NULL, ep->ncopied = 0;
   b->event_destroy(b, ep->ev_ready);
-  b->stream_destroy(b, ep->stream); /* copies still queued complete first */
+  b->stream_destroy(b, ep->stream);
   ep->ev_ready = ep->stream = NULL;
 }
 
