@@ -66,24 +66,10 @@ static rda_status single_device(const char *backend, rda_gen *g, const rda_confi
   const int slot[4] = {0, 1, 2, 5};
   for (int i = 0; i < (dout != NULL ? 4 : 3) && s == RDA_OK; ++i)
     s = b->upload(b, m[slot[i]], in[i], sizes[slot[i]], err);
-  const long long q_s[3] = {N * H * D, H * D, D}, k_s[3] = {N * Hkv * D, Hkv * D, D};
-  rda_fwd_args a = {.batch = B, .n = N, .q = m[0], .k = m[1], .v = m[2], .o = m[3], .lse = m[4],
-                    .lse_s = {H * N, N}};
-  memcpy(a.q_s, q_s, sizeof q_s);
-  memcpy(a.o_s, q_s, sizeof q_s);
-  memcpy(a.k_s, k_s, sizeof k_s);
-  memcpy(a.v_s, k_s, sizeof k_s);
-  rda_bwd_args ga = {.batch = B, .n = N, .q = m[0], .k = m[1], .v = m[2], .o = m[3], .lse = m[4],
-                     .lse_s = {H * N, N}, .dout = m[5], .dq = m[6], .dk = m[7], .dv = m[8],
-                     .workspace = m[9], .deterministic = 1};
-  memcpy(ga.q_s, q_s, sizeof q_s);
-  memcpy(ga.o_s, q_s, sizeof q_s);
-  memcpy(ga.do_s, q_s, sizeof q_s);
-  memcpy(ga.dq_s, q_s, sizeof q_s);
-  memcpy(ga.k_s, k_s, sizeof k_s);
-  memcpy(ga.v_s, k_s, sizeof k_s);
-  memcpy(ga.dk_s, k_s, sizeof k_s);
-  memcpy(ga.dv_s, k_s, sizeof k_s);
+  rda_fwd_args a;
+  rda_fwd_args_contiguous(&a, cfg, B, N, m[0], m[1], m[2], m[3], m[4]);
+  rda_bwd_args ga;
+  rda_bwd_args_like_fwd(&ga, &a, m[5], NULL, m[6], m[7], m[8], m[9]);
   for (int pass = 0; pass < (dout != NULL ? 2 : 1) && s == RDA_OK; ++pass) {
     /* One warm-up call, then the timed ones. */
     for (int it = 0; it <= iters && s == RDA_OK; ++it) {

@@ -12,6 +12,33 @@ static long long ceil_div(long long a, long long b) {
   return (a + b - 1) / b;
 }
 
+void rda_bwd_args_like_fwd(rda_bwd_args *g, const rda_fwd_args *a, const void *dout,
+                           const float *dlse, float *dq, float *dk, float *dv, void *workspace) {
+  memset(g, 0, sizeof *g);
+  g->batch = a->batch;
+  g->n = a->n;
+  g->q = a->q, g->k = a->k, g->v = a->v;
+  memcpy(g->q_s, a->q_s, sizeof g->q_s);
+  memcpy(g->k_s, a->k_s, sizeof g->k_s);
+  memcpy(g->v_s, a->v_s, sizeof g->v_s);
+  g->o = a->o;
+  memcpy(g->o_s, a->o_s, sizeof g->o_s);
+  g->lse = a->lse;
+  memcpy(g->lse_s, a->lse_s, sizeof g->lse_s);
+  g->dout = dout;
+  memcpy(g->do_s, a->q_s, sizeof g->do_s);
+  g->dlse = dlse;
+  memcpy(g->dlse_s, a->lse_s, sizeof g->dlse_s);
+  g->dq = dq;
+  memcpy(g->dq_s, a->q_s, sizeof g->dq_s);
+  g->dk = dk;
+  memcpy(g->dk_s, a->k_s, sizeof g->dk_s);
+  g->dv = dv;
+  memcpy(g->dv_s, a->k_s, sizeof g->dv_s);
+  g->workspace = workspace;
+  g->deterministic = 1;
+}
+
 size_t rda_bwd_workspace_bytes(const rda_plan_k *p, long long batch, long long n) {
   if (p == NULL || batch < 1 || n < 1) return 0;
   return (size_t)batch * (size_t)p->cfg.heads * (size_t)n * sizeof(float);

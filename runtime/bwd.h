@@ -31,6 +31,11 @@ typedef struct rda_bwd_args {
                                          (RDA_PLAN_BACKWARD_ATOMIC), else the same as 1 */
 } rda_bwd_args;
 
+/* g for the backward of a forward pass over a's tensors (q, k, v, o, lse and their strides),
+ * with dout and dq strided like q, dk and dv like k, dlse (or NULL) like lse; deterministic. */
+void rda_bwd_args_like_fwd(rda_bwd_args *g, const rda_fwd_args *a, const void *dout,
+                           const float *dlse, float *dq, float *dk, float *dv, void *workspace);
+
 /* Backend memory the backward pass needs beside its arguments (at most an fp32 dQ
  * accumulator and the Dp vector). */
 size_t rda_bwd_workspace_bytes(const rda_plan_k *p, long long batch, long long n);

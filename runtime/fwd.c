@@ -120,6 +120,23 @@ rda_status rda_fwd_init(rda_backend *b, const rda_plan_k *p, const rda_fwd_kerne
   return launch_init(b, p, k, a, err);
 }
 
+void rda_fwd_args_contiguous(rda_fwd_args *a, const rda_config *cfg, long long batch, long long n,
+                             const void *q, const void *k, const void *v, float *o, float *lse) {
+  const long long H = cfg->heads, Hkv = cfg->kv_heads, D = cfg->head_dim;
+  const long long q_s[3] = {n * H * D, H * D, D}, k_s[3] = {n * Hkv * D, Hkv * D, D};
+  memset(a, 0, sizeof *a);
+  a->batch = batch;
+  a->n = n;
+  a->q = q, a->k = k, a->v = v;
+  a->o = o;
+  a->lse = lse;
+  memcpy(a->q_s, q_s, sizeof q_s);
+  memcpy(a->o_s, q_s, sizeof q_s);
+  memcpy(a->k_s, k_s, sizeof k_s);
+  memcpy(a->v_s, k_s, sizeof k_s);
+  a->lse_s[0] = H * n, a->lse_s[1] = n;
+}
+
 void rda_fwd_params_for_step(const rda_plan_k *p, const rda_step *s, const rda_fwd_args *a,
                              rda_fwd_params *fp) {
   const int64_t r = p->cfg.dilations[s->branch];

@@ -17,6 +17,11 @@ typedef struct rda_fwd_args {
   long long lse_s[2];                /* strides over batch, head */
 } rda_fwd_args;
 
+/* a over contiguous tensors of batch B and n rows: q and o [B, n, heads, D], k and v
+ * [B, n, kv_heads, D], lse [B, heads, n] (the config's heads, kv_heads, head_dim). */
+void rda_fwd_args_contiguous(rda_fwd_args *a, const rda_config *cfg, long long batch, long long n,
+                             const void *q, const void *k, const void *v, float *o, float *lse);
+
 /* Loaded modules of a plan's variants on one backend. */
 typedef struct rda_fwd_kernels {
   int n;

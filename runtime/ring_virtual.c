@@ -188,18 +188,8 @@ static rda_status ring_rank_setup(ring_rank_run *r, const rda_ring_virtual *j,
   RDA_TRY(ring_upload_rows(r, rk, B, N, Hkv * D, j->v, r->mem[R_V], err));
   RDA_TRY(ring_poison(r, r->mem[R_O], nq, err));
   RDA_TRY(ring_poison(r, r->mem[R_LSE], (size_t)(B * H * R), err));
-  const long long q_s[3] = {R * H * D, H * D, D}, k_s[3] = {R * Hkv * D, Hkv * D, D};
-  const long long l_s[2] = {H * R, R};
-  rda_fwd_args *a = &r->a;
-  a->batch = B;
-  a->n = R;
-  a->q = r->mem[R_Q], a->k = r->mem[R_K], a->v = r->mem[R_V];
-  a->o = r->mem[R_O], a->lse = r->mem[R_LSE];
-  memcpy(a->q_s, q_s, sizeof q_s);
-  memcpy(a->o_s, q_s, sizeof q_s);
-  memcpy(a->k_s, k_s, sizeof k_s);
-  memcpy(a->v_s, k_s, sizeof k_s);
-  memcpy(a->lse_s, l_s, sizeof l_s);
+  rda_fwd_args_contiguous(&r->a, j->cfg, B, R, r->mem[R_Q], r->mem[R_K], r->mem[R_V],
+                          r->mem[R_O], r->mem[R_LSE]);
   if (!r->backward) return RDA_OK;
   RDA_TRY(ring_alloc(r, R_DO, nq * 2, err));
   RDA_TRY(ring_alloc(r, R_DQ, nq * 4, err));
@@ -210,28 +200,9 @@ static rda_status ring_rank_setup(ring_rank_run *r, const rda_ring_virtual *j,
   RDA_TRY(ring_poison(r, r->mem[R_DQ], nq, err));
   RDA_TRY(ring_poison(r, r->mem[R_DK], nk, err));
   RDA_TRY(ring_poison(r, r->mem[R_DV], nk, err));
-  rda_bwd_args *g = &r->g;
-  g->batch = B;
-  g->n = R;
-  g->q = a->q, g->k = a->k, g->v = a->v;
-  memcpy(g->q_s, q_s, sizeof q_s);
-  memcpy(g->k_s, k_s, sizeof k_s);
-  memcpy(g->v_s, k_s, sizeof k_s);
-  g->o = a->o;
-  memcpy(g->o_s, q_s, sizeof q_s);
-  g->lse = a->lse;
-  memcpy(g->lse_s, l_s, sizeof l_s);
-  g->dout = r->mem[R_DO];
-  memcpy(g->do_s, q_s, sizeof q_s);
-  g->dlse = NULL; /* SPEC §4 has no --dlse: dLSE = 0 */
-  g->dq = r->mem[R_DQ];
-  memcpy(g->dq_s, q_s, sizeof q_s);
-  g->dk = r->mem[R_DK];
-  memcpy(g->dk_s, k_s, sizeof k_s);
-  g->dv = r->mem[R_DV];
-  memcpy(g->dv_s, k_s, sizeof k_s);
-  g->workspace = r->mem[R_DP];
-  g->deterministic = 1;
+  /* SPEC §4 has no --dlse: dLSE = 0. */
+  rda_bwd_args_like_fwd(&r->g, &r->a, r->mem[R_DO], NULL, r->mem[R_DQ], r->mem[R_DK],
+                        r->mem[R_DV], r->mem[R_DP]);
   return RDA_OK;
 }
 

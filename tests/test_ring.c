@@ -253,15 +253,8 @@ static void job_setup(rank_job *j, const ring_case *rc, const rda_ring_rank *rk,
   j->mem[M_O] = dev_poisoned(j->b, (size_t)(B * R * H * D));
   j->mem[M_LSE] = dev_poisoned(j->b, (size_t)(B * H * R));
   rda_fwd_args *a = &j->a;
-  rt_strides_contig(R, H, D, a->q_s);
-  rt_strides_contig(R, Hkv, D, a->k_s);
-  rt_strides_contig(R, Hkv, D, a->v_s);
-  rt_strides_contig(R, H, D, a->o_s);
-  a->lse_s[0] = H * R, a->lse_s[1] = R;
-  a->batch = B;
-  a->n = R;
-  a->q = j->mem[M_Q], a->k = j->mem[M_K], a->v = j->mem[M_V];
-  a->o = j->mem[M_O], a->lse = j->mem[M_LSE];
+  rda_fwd_args_contiguous(a, &j->pk->cfg, B, R, j->mem[M_Q], j->mem[M_K], j->mem[M_V],
+                          j->mem[M_O], j->mem[M_LSE]);
   j->ws_bytes = rda_ring_workspace_bytes(j->pk, j->rp, j->rank, B, j->backward);
   assert_true(j->ws_bytes != SIZE_MAX);
   j->mem[M_WS] = j->ws_bytes > 0 ? rt_dev_alloc(j->b, j->ws_bytes) : NULL;
@@ -279,29 +272,8 @@ static void job_setup(rank_job *j, const ring_case *rc, const rda_ring_rank *rk,
   j->mem[M_DK] = dev_poisoned(j->b, (size_t)(B * R * Hkv * D));
   j->mem[M_DV] = dev_poisoned(j->b, (size_t)(B * R * Hkv * D));
   j->mem[M_DP] = rt_dev_alloc(j->b, rda_bwd_workspace_bytes(j->pk, B, R));
-  rda_bwd_args *ba = &j->ba;
-  ba->batch = B;
-  ba->n = R;
-  ba->q = a->q, ba->k = a->k, ba->v = a->v;
-  memcpy(ba->q_s, a->q_s, sizeof ba->q_s);
-  memcpy(ba->k_s, a->k_s, sizeof ba->k_s);
-  memcpy(ba->v_s, a->v_s, sizeof ba->v_s);
-  ba->o = a->o;
-  memcpy(ba->o_s, a->o_s, sizeof ba->o_s);
-  ba->lse = a->lse;
-  memcpy(ba->lse_s, a->lse_s, sizeof ba->lse_s);
-  ba->dout = j->mem[M_DO];
-  memcpy(ba->do_s, a->q_s, sizeof ba->do_s);
-  ba->dlse = j->mem[M_DLSE];
-  memcpy(ba->dlse_s, a->lse_s, sizeof ba->dlse_s);
-  ba->dq = j->mem[M_DQ];
-  memcpy(ba->dq_s, a->q_s, sizeof ba->dq_s);
-  ba->dk = j->mem[M_DK];
-  memcpy(ba->dk_s, a->k_s, sizeof ba->dk_s);
-  ba->dv = j->mem[M_DV];
-  memcpy(ba->dv_s, a->k_s, sizeof ba->dv_s);
-  ba->workspace = j->mem[M_DP];
-  ba->deterministic = 1;
+  rda_bwd_args_like_fwd(&j->ba, a, j->mem[M_DO], j->mem[M_DLSE], j->mem[M_DQ], j->mem[M_DK],
+                        j->mem[M_DV], j->mem[M_DP]);
 }
 
 /* Run one case on P virtual ranks and check every row against the reference. */

@@ -342,11 +342,25 @@ static int run_write_stats(const char *path, const rda_ring_run_stats *stats, in
 
 /* Everything after validation: backend, plan, kernels, the forward (and backward) pass, the
  * outputs. */
+/* All five outputs (the gradients only with --do), every one or none. */
+static int run_write_results(const run_opts *opt, const rda_config *cfg, const run_state *s,
+                             long long B, long long N, int backward) {
+  const long long H = cfg->heads, Hkv = cfg->kv_heads, D = cfg->head_dim;
+  const run_output outs[RUN_MAX_OUTPUTS] = {
+      {opt->o, 4, {B, N, H, D}, s->o},
+      {opt->lse, 3, {B, H, N, 0}, s->lse},
+      {backward ? opt->dq : NULL, 4, {B, N, H, D}, s->gq},
+      {backward ? opt->dk : NULL, 4, {B, N, Hkv, D}, s->gk},
+      {backward ? opt->dv : NULL, 4, {B, N, Hkv, D}, s->gv},
+  };
+  return run_write_outputs(outs, RUN_MAX_OUTPUTS);
+}
+
 static int run_attention(const run_opts *opt, const rda_config *cfg, run_state *s) {
   rda_err err = {0};
   const int backward = opt->d_o != NULL;
   const long long B = s->q.shape[0], N = s->q.shape[1];
-  const long long H = cfg->heads, Hkv = cfg->kv_heads, D = cfg->head_dim;
+  const long long H = cfg->heads;
   const size_t nq = s->q.count, nk = s->k.count, nl = (size_t)(B * H * N);
 
   s->qb = run_to_bits(&s->q, cfg->dtype);
@@ -400,14 +414,7 @@ static int run_attention(const run_opts *opt, const rda_config *cfg, run_state *
       rc = run_write_stats(opt->stats, stats, (int)opt->ranks, stats_tmp, sizeof stats_tmp);
     free(stats);
     if (rc != 0) return rc;
-    const run_output outs[RUN_MAX_OUTPUTS] = {
-        {opt->o, 4, {B, N, H, D}, s->o},
-        {opt->lse, 3, {B, H, N, 0}, s->lse},
-        {backward ? opt->dq : NULL, 4, {B, N, H, D}, s->gq},
-        {backward ? opt->dk : NULL, 4, {B, N, Hkv, D}, s->gk},
-        {backward ? opt->dv : NULL, 4, {B, N, Hkv, D}, s->gv},
-    };
-    if (run_write_outputs(outs, RUN_MAX_OUTPUTS) != 0) {
+    if (run_write_results(opt, cfg, s, B, N, backward) != 0) {
       if (stats_tmp[0] != '\0') unlink(stats_tmp);
       return 1;
     }
@@ -451,22 +458,8 @@ static int run_attention(const run_opts *opt, const rda_config *cfg, run_state *
       b->upload(b, s->dev_lse, s->lse, nl * 4, &err) != RDA_OK)
     return rdagen_fail("%s", err.msg);
 
-  const long long q_s[3] = {N * H * D, H * D, D}, k_s[3] = {N * Hkv * D, Hkv * D, D};
-  const long long l_s[2] = {H * N, N};
   rda_fwd_args a;
-  memset(&a, 0, sizeof a);
-  a.batch = B;
-  a.n = N;
-  a.q = s->dev_q;
-  a.k = s->dev_k;
-  a.v = s->dev_v;
-  memcpy(a.q_s, q_s, sizeof q_s);
-  memcpy(a.k_s, k_s, sizeof k_s);
-  memcpy(a.v_s, k_s, sizeof k_s);
-  a.o = s->dev_o;
-  memcpy(a.o_s, q_s, sizeof q_s);
-  a.lse = s->dev_lse;
-  memcpy(a.lse_s, l_s, sizeof l_s);
+  rda_fwd_args_contiguous(&a, cfg, B, N, s->dev_q, s->dev_k, s->dev_v, s->dev_o, s->dev_lse);
   if (rda_fwd_run(b, &s->plan, &s->kernels, &a, &err) != RDA_OK ||
       b->synchronize(b, &err) != RDA_OK || b->download(b, s->o, s->dev_o, nq * 4, &err) != RDA_OK ||
       b->download(b, s->lse, s->dev_lse, nl * 4, &err) != RDA_OK)
@@ -488,29 +481,8 @@ static int run_attention(const run_opts *opt, const rda_config *cfg, run_state *
         b->upload(b, s->dev_dv, s->gv, nk * 4, &err) != RDA_OK)
       return rdagen_fail("%s", err.msg);
     rda_bwd_args g;
-    memset(&g, 0, sizeof g);
-    g.batch = B;
-    g.n = N;
-    g.q = s->dev_q;
-    g.k = s->dev_k;
-    g.v = s->dev_v;
-    memcpy(g.q_s, q_s, sizeof q_s);
-    memcpy(g.k_s, k_s, sizeof k_s);
-    memcpy(g.v_s, k_s, sizeof k_s);
-    g.o = s->dev_o;
-    memcpy(g.o_s, q_s, sizeof q_s);
-    g.lse = s->dev_lse;
-    memcpy(g.lse_s, l_s, sizeof l_s);
-    g.dout = s->dev_do;
-    memcpy(g.do_s, q_s, sizeof q_s);
-    g.dlse = NULL; /* SPEC §4 has no --dlse: dLSE = 0 */
-    g.dq = s->dev_dq;
-    memcpy(g.dq_s, q_s, sizeof q_s);
-    g.dk = s->dev_dk;
-    memcpy(g.dk_s, k_s, sizeof k_s);
-    g.dv = s->dev_dv;
-    memcpy(g.dv_s, k_s, sizeof k_s);
-    g.workspace = s->dev_ws;
+    /* SPEC §4 has no --dlse: dLSE = 0. */
+    rda_bwd_args_like_fwd(&g, &a, s->dev_do, NULL, s->dev_dq, s->dev_dk, s->dev_dv, s->dev_ws);
     g.deterministic = 0;
     if (rda_bwd_run(b, &s->plan, &s->kernels, &g, &err) != RDA_OK ||
         b->synchronize(b, &err) != RDA_OK ||
@@ -520,14 +492,7 @@ static int run_attention(const run_opts *opt, const rda_config *cfg, run_state *
       return rdagen_fail("%s", err.msg);
   }
 
-  const run_output outs[RUN_MAX_OUTPUTS] = {
-      {opt->o, 4, {B, N, H, D}, s->o},
-      {opt->lse, 3, {B, H, N, 0}, s->lse},
-      {backward ? opt->dq : NULL, 4, {B, N, H, D}, s->gq},
-      {backward ? opt->dk : NULL, 4, {B, N, Hkv, D}, s->gk},
-      {backward ? opt->dv : NULL, 4, {B, N, Hkv, D}, s->gv},
-  };
-  return run_write_outputs(outs, RUN_MAX_OUTPUTS);
+  return run_write_results(opt, cfg, s, B, N, backward);
 }
 
 int rdagen_cmd_run(int argc, char **argv) {
