@@ -305,7 +305,8 @@ static void test_cli_unwritable_outputs_exit_1_and_write_nothing(void **state) {
   free(missing), free(missing_lse);
 }
 
-/* --ranks P > N, and zigzag with N % 2P != 0 (N = 40): one clear line, exit 1. */
+/* --ranks P > N, zigzag with N % 2P != 0 (N = 40), an unwritable --stats: one clear line,
+ * exit 1. */
 static void test_cli_ranks_bad_split_exit_1(void **state) {
   fixture *f = *state;
   const char *const many[] = {"run", f->config, "--q", f->q,      "--k", f->k, "--v",
@@ -315,6 +316,13 @@ static void test_cli_ranks_bad_split_exit_1(void **state) {
                             f->v,  "--o",     f->o,      "--ranks", "3", "--layout", "zigzag",
                             NULL};
   expect_input_error(f, "zigzag N % 2P", zz, "zigzag");
+  /* --stats in a folder that does not exist: refused before anything runs, nothing written. */
+  char *missing = rt_path(f->dir, "none/stats.json");
+  const char *const st[] = {"run", f->config, "--q", f->q,      "--k", f->k,      "--v",
+                            f->v,  "--o",     f->o,  "--ranks", "2",   "--stats", missing,
+                            "--backend", "emu", NULL};
+  expect_input_error(f, "--stats in a missing folder", st, missing);
+  free(missing);
 }
 
 static float *read_output(const char *path, int ndim, const long long *shape);
