@@ -20,10 +20,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "ring_compute.h"
 #include "ring_rows.h"
+#include "ring_trace.h"
 
 /* One virtual step: the real step whose K/V moves (or NULL), the real step whose gradients
  * return (or NULL). */
@@ -260,40 +260,20 @@ static rda_status ring_compute_step(ring_run *r, const ring_vstep *v, int64_t i,
   return RDA_OK;
 }
 
-static _Thread_local rda_ring_trace *ring_trace_;
-
-void rda_ring_trace_thread(rda_ring_trace *t) {
-  ring_trace_ = t;
-}
-
-static double ring_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* The trace entry of virtual step i, or NULL when not tracing (or past its capacity). */
-static rda_ring_trace_step *ring_trace_at(int64_t i) {
-  rda_ring_trace *t = ring_trace_;
-  if (t == NULL) return NULL;
-  if (i + 1 > t->count) t->count = (int)(i + 1);
-  return i < t->cap ? &t->steps[i] : NULL;
-}
-
 static rda_status ring_loop(ring_run *r, const ring_vstep *v, int64_t nv, rda_err *err) {
+  rda_backend *b = r->c.b;
   int posted = 0;
-  if (ring_trace_ != NULL) ring_trace_->count = 0, ring_trace_->begin = ring_now();
+  ring_trace_mark(b, RING_MARK_BEGIN, 0);
   if (nv > 0 && ring_vstep_has_ops(&v[0])) {
     RDA_TRY(ring_post(r, &v[0], 0, err));
     posted = 1;
   }
   RDA_TRY(r->backward ? ring_bwd_own(&r->c, err) : ring_fwd_own(&r->c, err));
-  if (ring_trace_ != NULL) ring_trace_->own = ring_now();
+  ring_trace_mark(b, RING_MARK_OWN, 0);
   for (int64_t i = 0; i < nv; ++i) {
-    rda_ring_trace_step *ts = ring_trace_at(i);
-    if (ts != NULL) ts->wait0 = ring_now();
+    ring_trace_mark(b, RING_MARK_WAIT0, i);
     if (posted) RDA_TRY(rda_transport_wait(r->t, err));
-    if (ts != NULL) ts->wait1 = ring_now();
+    ring_trace_mark(b, RING_MARK_WAIT1, i);
     if (v[i].grad != NULL && v[i].grad->nsend > 0)
       RDA_TRY(ring_add_returned(r, v[i].grad, r->bl.grblk[i % 2], err));
     posted = 0;
@@ -301,11 +281,11 @@ static rda_status ring_loop(ring_run *r, const ring_vstep *v, int64_t nv, rda_er
       RDA_TRY(ring_post(r, &v[i + 1], i + 1, err));
       posted = 1;
     }
-    if (ts != NULL) ts->posted = ring_now();
+    ring_trace_mark(b, RING_MARK_POSTED, i);
     RDA_TRY(ring_compute_step(r, &v[i], i, err));
-    if (ts != NULL) ts->computed = ring_now();
+    ring_trace_mark(b, RING_MARK_COMPUTED, i);
   }
-  if (ring_trace_ != NULL) ring_trace_->end = ring_now();
+  ring_trace_mark(b, RING_MARK_END, 0);
   return RDA_OK;
 }
 
