@@ -20,6 +20,7 @@ typedef struct rp_group {
   int why; /* index into rp_why */
   int64_t m0;
   int nm;
+  int64_t bundle; /* rda_ring_step.bundle */
 } rp_group;
 
 typedef struct rp_class {
@@ -39,6 +40,8 @@ struct rda_ring_plan {
   int *kv;
   int64_t ngroups, gcap;
   rp_group *groups;
+  int64_t nbundles;
+  uint64_t bundle_bytes; /* RDA_RING_BUNDLE_BYTES unless a test asks otherwise */
   int64_t nmembers, mcap;
   rp_member *members;
   rda_ring_rank *ranks;
@@ -272,6 +275,7 @@ static int rp_step(const rda_ring_plan *p, int64_t gi, int xi, int s, rda_ring_s
   const int k = g->nm;
   memset(st, 0, sizeof *st);
   st->branch = g->branch, st->cls = g->cls, st->group = (int)gi, st->segment = g->segment;
+  st->bundle = g->bundle;
   st->stride = p->cfg.dilations[g->branch], st->kind = g->kind, st->shift = s;
   rda_ring_xfer xf;
   if (g->kind == RDA_RING_KIND_ALLGATHER) {
@@ -337,6 +341,37 @@ static void rp_choose(const rda_ring_plan *p, rp_group *g, const rp_member *m) {
   g->why = 3;
 }
 
+/* The most one member of group g moves one way in one step, per batch element: a ring step
+ * receives one block, an all-gather two; sends are prefixes of the member's own block. */
+static uint64_t rp_group_step_bytes(const rda_ring_plan *p, const rp_group *g) {
+  int64_t rows = 0;
+  for (int x = 0; x < g->nm; x++) {
+    const rp_member *m = &p->members[g->m0 + x];
+    int64_t own = 0;
+    for (int q = 0; q < m->nr; q++) own += m->t1[q] - m->t0[q];
+    if (own > rows) rows = own;
+  }
+  const uint64_t block = (uint64_t)rows * (uint64_t)p->classes[g->cls].nkv *
+                         (uint64_t)p->cfg.head_dim * RDA_RING_KV_ELEM_BYTES;
+  return g->kind == RDA_RING_KIND_ALLGATHER ? 2 * block : block;
+}
+
+/* The bundles of one segment's groups [g0, ngroups) (class order): consecutive groups while
+ * one member's step of all of them stays within RDA_RING_BUNDLE_BYTES (a group alone may
+ * exceed it). The same on every rank, which keeps the pairs' orders matching. */
+static void rp_bundle(rda_ring_plan *p, int64_t g0) {
+  uint64_t sum = 0;
+  for (int64_t gi = g0; gi < p->ngroups; gi++) {
+    const uint64_t sz = rp_group_step_bytes(p, &p->groups[gi]);
+    if (gi == g0 || sum + sz > p->bundle_bytes) {
+      p->nbundles++;
+      sum = 0;
+    }
+    p->groups[gi].bundle = p->nbundles - 1;
+    sum += sz;
+  }
+}
+
 /* Segment groups of one branch: only segments that contain a rank (or chunk) boundary can span
  * two ranks. */
 static rda_status rp_build_groups(rda_ring_plan *p, int i, int64_t *slot, int64_t *pr_lo,
@@ -371,6 +406,7 @@ static rda_status rp_build_groups(rda_ring_plan *p, int i, int64_t *slot, int64_
         pr_rank[np] = rho, pr_lo[np] = s0 > a ? s0 : a, pr_hi[np] = s1 < b ? s1 : b, np++;
       }
     }
+    const int64_t g0 = p->ngroups;
     for (int cls = 0; cls < p->nclasses; cls++) {
       if (p->classes[cls].branch != i) continue;
       const int64_t j = p->classes[cls].offset, ng = rp_grid_rows(b - a, j, r);
@@ -396,12 +432,13 @@ static rda_status rp_build_groups(rda_ring_plan *p, int i, int64_t *slot, int64_
       p->branches[i].ngroups++;
       if (g.kind == RDA_RING_KIND_ALLGATHER) p->branches[i].nallgather++;
     }
+    rp_bundle(p, g0);
   }
   return RDA_OK;
 }
 
 /* Per-rank totals from every group's steps. */
-static void rp_totals(rda_ring_plan *p) {
+static rda_status rp_totals(rda_ring_plan *p, rda_err *err) {
   for (int rho = 0; rho < p->nranks; rho++) {
     rda_ring_rank *rk = &p->ranks[rho];
     rk->rank = rho;
@@ -427,37 +464,36 @@ static void rp_totals(rda_ring_plan *p) {
         if (!rp_step(p, gi, xi, s, &st)) continue;
         rk->steps++;
         rk->recv_pairs += st.recv_pairs;
-        /* As the ring driver holds them: one send block per step (a block sent to two peers
-         * packed once) and two receive blocks of a step's receives, double-buffered. */
-        uint64_t ssum = 0, rsum = 0;
-        for (int q = 0; q < st.nsend; q++) {
-          rk->bytes_sent += st.send[q].bytes;
-          const int again = q == 1 && st.send[1].nranges == st.send[0].nranges &&
-                            st.send[1].first[0] == st.send[0].first[0] &&
-                            st.send[1].count[0] == st.send[0].count[0] &&
-                            (st.send[1].nranges < 2 || (st.send[1].first[1] == st.send[0].first[1] &&
-                                                         st.send[1].count[1] == st.send[0].count[1]));
-          if (!again) ssum += st.send[q].bytes;
-        }
-        for (int q = 0; q < st.nrecv; q++) {
-          rk->bytes_received += st.recv[q].bytes;
-          rsum += st.recv[q].bytes;
-        }
-        if (ssum > rk->send_block) rk->send_block = ssum;
-        if (rsum > rk->recv_block) rk->recv_block = rsum;
+        for (int q = 0; q < st.nsend; q++) rk->bytes_sent += st.send[q].bytes;
+        for (int q = 0; q < st.nrecv; q++) rk->bytes_received += st.recv[q].bytes;
         p->branches[g->branch].bytes +=
             st.send[0].bytes * (st.nsend > 0) + st.send[1].bytes * (st.nsend > 1);
       }
     }
   }
+  /* As the ring driver holds them: the send block of a round and two receive blocks,
+   * double-buffered. */
   for (int rho = 0; rho < p->nranks; rho++) {
     rda_ring_rank *rk = &p->ranks[rho];
+    rda_ring_step *steps = NULL;
+    int64_t n = 0;
+    RDA_TRY(rda_ring_plan_steps(p, rho, &steps, &n, err));
+    uint64_t send_all = 0;
+    rda_ring_steps_blocks(steps, n, &rk->send_block, &send_all, &rk->recv_block);
+    free(steps);
     rk->peak_bytes = rk->send_block + 2 * rk->recv_block;
   }
+  return RDA_OK;
 }
 
 rda_status rda_ring_plan_create(const rda_config *cfg, int64_t n, int ranks, int layout,
                                 rda_ring_plan **out, rda_err *err) {
+  return rda_ring_plan_create_bundled(cfg, n, ranks, layout, RDA_RING_BUNDLE_BYTES, out, err);
+}
+
+rda_status rda_ring_plan_create_bundled(const rda_config *cfg, int64_t n, int ranks, int layout,
+                                        uint64_t bundle_bytes, rda_ring_plan **out,
+                                        rda_err *err) {
   if (out == NULL || cfg == NULL)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring plan: NULL config or output");
   *out = NULL;
@@ -494,6 +530,7 @@ rda_status rda_ring_plan_create(const rda_config *cfg, int64_t n, int ranks, int
   rda_status s = RDA_OK;
   if (p == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring plan: out of memory");
   p->cfg = *cfg, p->n = n, p->nranks = ranks, p->layout = layout;
+  p->bundle_bytes = bundle_bytes;
   p->chunk = layout == RDA_RING_ZIGZAG ? n / (2 * (int64_t)ranks) : 0;
   for (int i = 0; i < cfg->nbranch; i++) {
     p->branches[i].w = cfg->segments[i] < n ? cfg->segments[i] : n;
@@ -514,7 +551,7 @@ rda_status rda_ring_plan_create(const rda_config *cfg, int64_t n, int ranks, int
   if ((s = rp_build_classes(p, err)) != RDA_OK) goto done;
   for (int i = 0; i < cfg->nbranch; i++)
     if ((s = rp_build_groups(p, i, slot, pr_lo, pr_hi, pr_rank, tmp, err)) != RDA_OK) goto done;
-  rp_totals(p);
+  s = rp_totals(p, err);
 done:
   free(slot), free(pr_lo), free(pr_hi), free(pr_rank), free(tmp);
   if (s != RDA_OK) {
@@ -571,6 +608,7 @@ void rda_ring_plan_group(const rda_ring_plan *p, int64_t group, rda_ring_group *
   out->branch = g->branch, out->cls = g->cls, out->segment = g->segment;
   out->seg_start = g->a, out->seg_end = g->b, out->grid_rows = g->ngrid;
   out->nmembers = g->nm, out->kind = g->kind, out->why = rp_why[g->why];
+  out->bundle = g->bundle;
 }
 
 int rda_ring_plan_own_block(const rda_ring_plan *p, int64_t group, int rank, rda_ring_xfer *out) {
@@ -591,6 +629,13 @@ int rda_ring_plan_own_block(const rda_ring_plan *p, int64_t group, int rank, rda
     return 1;
   }
   return 0;
+}
+
+static int rp_step_cmp(const void *x, const void *y) {
+  const rda_ring_step *a = x, *b = y;
+  if (a->bundle != b->bundle) return a->bundle < b->bundle ? -1 : 1;
+  if (a->shift != b->shift) return a->shift < b->shift ? -1 : 1;
+  return (a->group > b->group) - (a->group < b->group);
 }
 
 rda_status rda_ring_plan_steps(const rda_ring_plan *p, int rank, rda_ring_step **steps,
@@ -619,8 +664,63 @@ rda_status rda_ring_plan_steps(const rda_ring_plan *p, int rank, rda_ring_step *
     return rda_err_set(err, RDA_ERR_INTERNAL, "ring plan: rank %d: %lld steps, expected %lld", rank,
                        (long long)c, (long long)want);
   }
+  /* Groups come in (branch, segment, class) order and bundles number them in that order, so
+   * (bundle, shift, group) is the key of rda_ring_step. */
+  qsort(v, (size_t)c, sizeof *v, rp_step_cmp);
   *steps = v, *count = c;
   return RDA_OK;
+}
+
+int64_t rda_ring_round_end(const rda_ring_step *steps, int64_t n, int64_t i) {
+  int64_t e = i + 1;
+  while (e < n && steps[e].bundle == steps[i].bundle && steps[e].shift == steps[i].shift) ++e;
+  return e;
+}
+
+static int rp_same_rows(const rda_ring_xfer *a, const rda_ring_xfer *b) {
+  if (a->nranges != b->nranges) return 0;
+  for (int i = 0; i < a->nranges; ++i)
+    if (a->first[i] != b->first[i] || a->count[i] != b->count[i]) return 0;
+  return 1;
+}
+
+void rda_ring_round_layout(const rda_ring_step *steps, int64_t n, uint64_t (*send_at)[2],
+                           uint64_t (*recv_at)[2], uint64_t *send, uint64_t *send_all,
+                           uint64_t *recv) {
+  uint64_t s = 0, sa = 0, r = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const rda_ring_step *st = &steps[k];
+    for (int q = 0; q < st->nsend; ++q) {
+      sa += st->send[q].bytes;
+      if (q == 1 && rp_same_rows(&st->send[0], &st->send[1])) {
+        if (send_at != NULL) send_at[k][1] = send_at[k][0];
+        continue;
+      }
+      if (send_at != NULL) send_at[k][q] = s;
+      s += st->send[q].bytes;
+    }
+    for (int q = 0; q < st->nrecv; ++q) {
+      if (recv_at != NULL) recv_at[k][q] = r;
+      r += st->recv[q].bytes;
+    }
+  }
+  if (send != NULL) *send = s;
+  if (send_all != NULL) *send_all = sa;
+  if (recv != NULL) *recv = r;
+}
+
+void rda_ring_steps_blocks(const rda_ring_step *steps, int64_t n, uint64_t *send,
+                           uint64_t *send_all, uint64_t *recv) {
+  *send = *send_all = *recv = 0;
+  for (int64_t i = 0; i < n;) {
+    const int64_t e = rda_ring_round_end(steps, n, i);
+    uint64_t s, sa, r;
+    rda_ring_round_layout(steps + i, e - i, NULL, NULL, &s, &sa, &r);
+    if (s > *send) *send = s;
+    if (sa > *send_all) *send_all = sa;
+    if (r > *recv) *recv = r;
+    i = e;
+  }
 }
 
 rda_status rda_ring_plan_simulate(const rda_ring_plan *p, double link_bytes_per_s,
@@ -629,48 +729,39 @@ rda_status rda_ring_plan_simulate(const rda_ring_plan *p, double link_bytes_per_
       !isfinite(flops_per_s))
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                        "ring-sim: the link rate and the compute rate must be positive");
-  /* Per rank: the first step's transfer (overlapped with the local block), the stages after
-   * it, and the compute still pending from the last step. */
-  typedef struct {
-    double first_comm, rest, prev;
-    int started;
-  } pipe;
-  pipe *st = calloc((size_t)p->nranks, sizeof *st);
-  if (st == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring-sim: out of memory");
+  /* Per rank, round by round: the first round's transfer overlaps the local block, each later
+   * stage is max(this round's transfer, the previous round's compute), and the last round's
+   * compute comes after. */
   const double fpp = 4.0 * p->cfg.head_dim / flops_per_s; /* seconds per pair */
-  for (int q = 0; q < p->nranks; q++) out[q].compute_s = out[q].comm_s = out[q].total_s = 0.0;
-  for (int64_t gi = 0; gi < p->ngroups; gi++) {
-    const rp_group *g = &p->groups[gi];
-    for (int xi = 0; xi < g->nm; xi++) {
-      const int rho = p->members[g->m0 + xi].rank;
-      pipe *pp = &st[rho];
-      for (int s = rp_first_step(g); s < rp_nsteps(g); s++) {
-        rda_ring_step x;
-        if (!rp_step(p, gi, xi, s, &x)) continue;
-        double sent = 0, recv = 0;
-        for (int q = 0; q < x.nsend; q++) sent += (double)x.send[q].bytes;
-        for (int q = 0; q < x.nrecv; q++) recv += (double)x.recv[q].bytes;
-        const double comm = (sent > recv ? sent : recv) / link_bytes_per_s;
-        const double comp = x.recv_pairs * fpp;
-        out[rho].comm_s += comm;
-        if (!pp->started) {
-          pp->first_comm = comm, pp->started = 1;
-        } else {
-          pp->rest += pp->prev > comm ? pp->prev : comm;
-        }
-        pp->prev = comp;
+  for (int rho = 0; rho < p->nranks; rho++) {
+    const rda_ring_rank *rk = &p->ranks[rho];
+    rda_ring_step *steps = NULL;
+    int64_t n = 0;
+    RDA_TRY(rda_ring_plan_steps(p, rho, &steps, &n, err));
+    double first_comm = 0.0, rest = 0.0, prev = 0.0, comm_s = 0.0;
+    for (int64_t i = 0; i < n;) {
+      const int64_t e = rda_ring_round_end(steps, n, i);
+      double sent = 0.0, recv = 0.0, pairs = 0.0;
+      for (int64_t k = i; k < e; k++) {
+        for (int q = 0; q < steps[k].nsend; q++) sent += (double)steps[k].send[q].bytes;
+        for (int q = 0; q < steps[k].nrecv; q++) recv += (double)steps[k].recv[q].bytes;
+        pairs += steps[k].recv_pairs;
       }
+      const double comm = (sent > recv ? sent : recv) / link_bytes_per_s;
+      comm_s += comm;
+      if (i == 0)
+        first_comm = comm;
+      else
+        rest += prev > comm ? prev : comm;
+      prev = pairs * fpp;
+      i = e;
     }
-  }
-  for (int q = 0; q < p->nranks; q++) {
-    const rda_ring_rank *rk = &p->ranks[q];
+    free(steps);
     const double local = (rk->pairs - rk->recv_pairs) * fpp;
-    out[q].compute_s = rk->pairs * fpp;
-    out[q].total_s = st[q].started ? (local > st[q].first_comm ? local : st[q].first_comm) +
-                                         st[q].rest + st[q].prev
-                                   : local;
+    out[rho].compute_s = rk->pairs * fpp;
+    out[rho].comm_s = comm_s;
+    out[rho].total_s = n > 0 ? (local > first_comm ? local : first_comm) + rest + prev : local;
   }
-  free(st);
   return RDA_OK;
 }
 

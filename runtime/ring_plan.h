@@ -25,6 +25,10 @@ enum {
 #define RDA_RING_MAX_RANKS 4096
 /* K and V, 2 bytes per element (bf16 and fp16 alike). */
 #define RDA_RING_KV_ELEM_BYTES 4
+/* The classes of one segment move in bundles of at most this many bytes per member and step
+ * (per batch element; a single class may exceed it): the larger a bundle, the fewer and larger
+ * the launches on received blocks, and the more ring memory. */
+#define RDA_RING_BUNDLE_BYTES (16ull << 20)
 
 typedef struct rda_ring_plan rda_ring_plan;
 
@@ -40,13 +44,17 @@ typedef struct rda_ring_xfer {
   uint64_t bytes;   /* rows * nkv * head_dim * RDA_RING_KV_ELEM_BYTES */
 } rda_ring_xfer;
 
-/* One step of one rank: post every send and receive, then wait (grouped, like
- * ncclGroupStart/End). Steps of a rank are ordered by (branch, segment, class, shift); two ranks
- * that exchange blocks do so in steps with the same key, which is why the ring cannot deadlock. */
+/* One step of one rank: the transfers of one segment group at one shift. Steps of a rank are
+ * ordered by (branch, segment, bundle, shift, class); the steps of one (bundle, shift) are a
+ * ROUND: posted as one group (like ncclGroupStart/End) and then waited for, their blocks
+ * computed together. Two ranks that exchange blocks do so in steps with the same key, and
+ * every rank walks the keys in the same order, which is why the ring cannot deadlock. */
 typedef struct rda_ring_step {
   int branch;       /* branch i */
   int cls;          /* (branch, offset) class: which kv heads travel (rda_ring_plan_class) */
   int group;        /* segment group (rda_ring_plan_group) */
+  int64_t bundle;   /* consecutive groups of one segment (class order) that move together;
+                       numbered over the plan, ascending along a rank's steps */
   int64_t segment;  /* segment index m */
   int64_t stride;   /* r_i: grid rows are stride apart */
   int kind;         /* RDA_RING_KIND_* of the group */
@@ -71,6 +79,7 @@ typedef struct rda_ring_group {
   int branch, cls;
   int64_t segment;
   int64_t seg_start, seg_end; /* [a, b) */
+  int64_t bundle;             /* rda_ring_step.bundle */
   int64_t grid_rows;          /* rows of the grid in the segment */
   int nmembers;
   int kind;        /* RDA_RING_KIND_* */
@@ -84,10 +93,11 @@ typedef struct rda_ring_rank {
   int64_t lo[2], hi[2]; /* owned global rows [lo, hi) of each piece */
   int64_t rows;         /* rows owned */
   uint64_t bytes_sent, bytes_received;
-  uint64_t send_block; /* the largest packed send block of a step (a block for two peers once) */
-  uint64_t recv_block; /* the largest sum of one step's receives */
-  uint64_t peak_bytes; /* most the ring holds at once, as the driver lays it out: the send block
-                          plus two receive blocks (double-buffered), per batch element */
+  uint64_t send_block; /* the largest packed send block of a round (rda_ring_steps_blocks) */
+  uint64_t recv_block; /* the largest sum of one round's receives */
+  uint64_t peak_bytes; /* most the forward ring holds at once, as the driver lays it out: the
+                          send block plus two receive blocks (double-buffered), per batch
+                          element */
   int64_t steps;
   double pairs;      /* (query, key) pairs of this rank's queries, all heads, branches */
   double recv_pairs; /* of those, pairs whose key arrives from another rank */
@@ -113,6 +123,11 @@ const char *rda_ring_layout_name(int layout);
  * loop over rows. *out is NULL on failure. */
 rda_status rda_ring_plan_create(const rda_config *cfg, int64_t n, int ranks, int layout,
                                 rda_ring_plan **out, rda_err *err);
+/* The same with bundles of at most bundle_bytes (RDA_RING_BUNDLE_BYTES; 0: one group per
+ * bundle), for tests of the round machinery on small problems. */
+rda_status rda_ring_plan_create_bundled(const rda_config *cfg, int64_t n, int ranks, int layout,
+                                        uint64_t bundle_bytes, rda_ring_plan **out,
+                                        rda_err *err);
 void rda_ring_plan_destroy(rda_ring_plan *p); /* accepts NULL */
 
 int rda_ring_plan_ranks(const rda_ring_plan *p);
@@ -141,12 +156,31 @@ int rda_ring_plan_owner(const rda_ring_plan *p, int64_t row);
 rda_status rda_ring_plan_steps(const rda_ring_plan *p, int rank, rda_ring_step **steps,
                                int64_t *count, rda_err *err);
 
+/* The end of the round that begins at steps[i]: the first index after i with another (bundle,
+ * shift), or n. */
+int64_t rda_ring_round_end(const rda_ring_step *steps, int64_t n, int64_t i);
+
+/* Where the transfers of one round sit in the ring's blocks, per batch element (the driver
+ * multiplies by the batch): send_at[k][q] is the offset of steps[k].send[q] in the packed send
+ * block (a transfer of the same rows as an earlier one of its step, as an all-gather sends one
+ * block to two peers, shares its bytes), *send its size; recv_at[k][q] the offset of
+ * steps[k].recv[q] in the receive block, *recv its size; *send_all the sum of all sends (the
+ * fp32 gradients of every send come back separately). Arrays hold n entries or are NULL. */
+void rda_ring_round_layout(const rda_ring_step *steps, int64_t n, uint64_t (*send_at)[2],
+                           uint64_t (*recv_at)[2], uint64_t *send, uint64_t *send_all,
+                           uint64_t *recv);
+
+/* The largest *send, *send_all and *recv of rda_ring_round_layout over the rounds of a rank's
+ * steps (per batch element): what the ring's workspace holds at once. */
+void rda_ring_steps_blocks(const rda_ring_step *steps, int64_t n, uint64_t *send,
+                           uint64_t *send_all, uint64_t *recv);
+
 /* The cost model of `rdagen ring-sim` for one rank. */
 typedef struct rda_ring_sim {
   double compute_s; /* flops / flops_per_s */
-  double comm_s;    /* sum over steps of max(bytes sent, bytes received) / link bytes per s */
-  double total_s;   /* pipelined: the local block's compute overlaps step 1's transfer, the
-                       block of step s's compute overlaps step s+1's; each stage costs
+  double comm_s;    /* sum over rounds of max(bytes sent, bytes received) / link bytes per s */
+  double total_s;   /* pipelined: the local block's compute overlaps round 1's transfer, the
+                       blocks of round s's compute overlaps round s+1's; each stage costs
                        max(compute, comm). Peers are assumed ready (no waiting modelled). */
 } rda_ring_sim;
 

@@ -161,6 +161,8 @@ typedef struct ring_case {
   int backward;        /* also the ring backward against the reference gradients */
   int fail_rank_plus1; /* > 0: that rank (minus one) is given a wrong row count and must fail */
   int fail_wait;       /* with fail_rank_plus1: instead its transport fails at this wait */
+  long long bundle_bytes; /* 0: the plan's default bundles; else rda_ring_plan_create_bundled's
+                             cap (1: one class per bundle) */
 } ring_case;
 
 typedef struct ring_result {
@@ -291,7 +293,8 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
       RDA_OK)
     fail_msg("%s: plan: %s", what, err.msg);
   rda_ring_plan *rp = NULL;
-  if (rda_ring_plan_create(&cfg, N, P, rc->layout, &rp, &err) != RDA_OK)
+  const uint64_t bundle = rc->bundle_bytes > 0 ? (uint64_t)rc->bundle_bytes : RDA_RING_BUNDLE_BYTES;
+  if (rda_ring_plan_create_bundled(&cfg, N, P, rc->layout, bundle, &rp, &err) != RDA_OK)
     fail_msg("%s: ring plan: %s", what, err.msg);
   rda_host_world *world = NULL;
   assert_int_equal(rda_host_world_create(P, 60.0, &world, &err), RDA_OK);
@@ -503,6 +506,21 @@ static ring_case case_zigzag(int causal) {
   return rc;
 }
 
+/* Mod offsets over r = 4 with GQA: four classes of two kv heads each per segment, so a round
+ * carries several classes' blocks (one launch covers them) unless bundles are capped. */
+static ring_case case_bundles(void) {
+  ring_case rc = base_case();
+  rc.heads = 8;
+  rc.kv_heads = 4;
+  rc.causal = 1;
+  rc.offsets = RDA_OFFSETS_MOD;
+  rc.nbranch = 2;
+  rc.w[0] = 16, rc.r[0] = 1;
+  rc.w[1] = 1 << 20, rc.r[1] = 4;
+  rc.n = 98;
+  return rc;
+}
+
 /* Run rc for every rank count of ps (forward, or forward and backward). */
 static void run_ranks(const char *what, ring_case rc, int backward, const int *ps, int nps) {
   rc.backward = backward;
@@ -535,6 +553,25 @@ static void test_ring_matches_reference_zigzag(void **state) {
   const int ps[] = {2, 3, 4}, p3[] = {3};
   run_ranks("causal zigzag", case_zigzag(1), 0, ps, 3);
   run_ranks("non-causal zigzag", case_zigzag(0), 0, p3, 1);
+}
+
+/* Rounds of all classes of a segment (the default), of two classes (a cap of about two class
+ * blocks: 8 rows x 2 kv heads x 32 x 4 bytes each) and of one: the same results, forward and
+ * backward, contiguous and zigzag. */
+static void test_ring_bundles_of_classes_match_reference(void **state) {
+  (void)state;
+  const long long caps[] = {0, 4500, 1};
+  const int ps[] = {3, 4};
+  for (int i = 0; i < 3; ++i) {
+    ring_case rc = case_bundles();
+    rc.bundle_bytes = caps[i];
+    run_ranks("bundles causal", rc, 1, ps, 2);
+    rc.causal = 0;
+    rc.layout = RDA_RING_ZIGZAG;
+    rc.n = 96;
+    const int p2[] = {2};
+    run_ranks("bundles non-causal zigzag", rc, 1, p2, 1);
+  }
 }
 
 /* Segments of 8 rows with ranks of 40 rows each: nothing leaves any rank. */
@@ -654,6 +691,7 @@ int main(void) {
       cmocka_unit_test(test_ring_matches_reference_noncausal_block_offsets_gqa),
       cmocka_unit_test(test_ring_matches_reference_group_offsets_causal_gqa),
       cmocka_unit_test(test_ring_matches_reference_zigzag),
+      cmocka_unit_test(test_ring_bundles_of_classes_match_reference),
       cmocka_unit_test(test_ring_local_branches_send_zero_bytes),
       cmocka_unit_test(test_ring_peak_bytes_shrink_with_ranks),
       cmocka_unit_test(test_ring_failing_rank_errors_every_rank),

@@ -126,11 +126,19 @@ static void check_plan(const rda_config *c, long long n, int P, int layout) {
     uint64_t sent = 0, recvd = 0;
     for (int64_t s = 0; s < nsteps[x]; s++) {
       const rda_ring_step *st = &steps[x][s];
-      if (s > 0) { /* keys strictly increase: the order every rank agrees on */
+      if (s > 0) { /* keys (bundle, shift, group) strictly increase: the order all agree on */
         const rda_ring_step *pr = &steps[x][s - 1];
-        if (!(st->group > pr->group || (st->group == pr->group && st->shift > pr->shift)))
+        if (!(st->bundle > pr->bundle ||
+              (st->bundle == pr->bundle &&
+               (st->shift > pr->shift || (st->shift == pr->shift && st->group > pr->group)))))
           fail_msg("%s: rank %d steps out of order at %lld", what, x, (long long)s);
+        /* A bundle is groups of one (branch, segment), in class order. */
+        if (st->bundle == pr->bundle && (st->branch != pr->branch || st->segment != pr->segment))
+          fail_msg("%s: rank %d bundle %lld spans two segments", what, x, (long long)st->bundle);
       }
+      rda_ring_group gr;
+      rda_ring_plan_group(p, st->group, &gr);
+      if (gr.bundle != st->bundle) fail_msg("%s: step and group bundles differ", what);
       rda_ring_class cl;
       rda_ring_plan_class(p, st->cls, &cl);
       assert_int_equal(cl.branch, st->branch);
