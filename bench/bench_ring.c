@@ -28,11 +28,14 @@ static int usage(void) {
   fprintf(stderr,
           "usage: rda_bench_ring CONFIG [--n N] [--ranks P] [--batch B] [--iters K]\n"
           "                      [--backward 0|1] [--layout contiguous|zigzag]\n"
-          "                      [--backend cuda|emu] [--trace FILE]\n"
-          "  --trace  write each rank's host timeline of the last timed forward pass as JSON:\n"
-          "           per virtual step [wait began, wait ended, next posted, launched], and the\n"
-          "           own rows' launch, the last launch and the device sync, in ms from the\n"
-          "           earliest rank's start\n");
+          "                      [--backend cuda|emu] [--trace FILE] [--timeline FILE]\n"
+          "  --trace     write each rank's host timeline of the last timed forward pass as JSON:\n"
+          "              per virtual step [wait began, wait ended, next posted, launched], and\n"
+          "              the own rows' launch, the last launch and the device sync, in ms from\n"
+          "              the earliest rank's start\n"
+          "  --timeline  after the timed passes, one more forward (and backward) pass timed on\n"
+          "              the device: when each rank's stream reached each point, in ms after one\n"
+          "              reference event; JSON to FILE, a summary per rank on stdout\n");
   return 2;
 }
 
@@ -130,9 +133,90 @@ static rda_status write_trace(const char *path, const rda_ring_trace *t, int ran
   return RDA_OK;
 }
 
+/* One pass's device timelines as a JSON object, ms after the reference event. */
+static void write_timeline_pass(FILE *f, const char *pass, const rda_ring_timeline *t,
+                                int ranks) {
+  fprintf(f, "  {\"pass\": \"%s\", \"ranks\": [\n", pass);
+  for (int p = 0; p < ranks; ++p) {
+    const rda_ring_timeline *r = &t[p];
+    fprintf(f, "    {\"rank\": %d, \"begin\": %.4f, \"own\": %.4f, \"end\": %.4f, "
+               "\"steps\": %d, \"step_ms\": [",
+            p, r->begin, r->own, r->end, r->count);
+    const int n = r->count < r->cap ? r->count : r->cap;
+    for (int i = 0; i < n; ++i) {
+      const rda_ring_timeline_step *s = &r->steps[i];
+      fprintf(f, "%s{\"i\": %d, \"arrived\": %.4f, \"posted\": %.4f, \"computed\": %.4f}",
+              i ? ", " : "", i, s->arrived, s->posted, s->computed);
+    }
+    fprintf(f, "]}%s\n", p + 1 < ranks ? "," : "");
+  }
+  fprintf(f, "  ]}");
+}
+
+static rda_status write_timeline(const char *path, const rda_ring_timeline *fwd,
+                                 const rda_ring_timeline *bwd, int ranks, rda_err *err) {
+  FILE *f = fopen(path, "w");
+  if (f == NULL) return rda_err_set(err, RDA_ERR_IO, "--timeline %s: cannot write", path);
+  fprintf(f, "{\"unit\": \"ms after the reference event\", \"passes\": [\n");
+  write_timeline_pass(f, "fwd", fwd, ranks);
+  if (bwd != NULL) {
+    fprintf(f, ",\n");
+    write_timeline_pass(f, "bwd", bwd, ranks);
+  }
+  fprintf(f, "\n]}\n");
+  if (fclose(f) != 0) return rda_err_set(err, RDA_ERR_IO, "--timeline %s: cannot write", path);
+  return RDA_OK;
+}
+
+/* Per rank: where its stream's time went (ring.h, rda_ring_trace_dev), then the last to end. */
+static void print_timeline_summary(const char *pass, const rda_ring_timeline *t, int ranks) {
+  int last = 0;
+  for (int p = 0; p < ranks; ++p) {
+    const rda_ring_timeline *r = &t[p];
+    const int n = r->count < r->cap ? r->count : r->cap;
+    double stalled = 0, post = 0, compute = 0, prev = r->own;
+    for (int i = 0; i < n; ++i) {
+      const rda_ring_timeline_step *s = &r->steps[i];
+      stalled += s->arrived - prev;
+      post += s->posted - s->arrived;
+      compute += s->computed - s->posted;
+      prev = s->computed;
+    }
+    printf("timeline %s: rank %d: %d steps%s, init done at %.3f ms, own rows done at %.3f ms, "
+           "stalled %.3f ms, pack/post %.3f ms, compute %.3f ms, finished at %.3f ms\n",
+           pass, p, r->count, n < r->count ? " (sums over the kept ones)" : "", r->begin, r->own,
+           stalled, post, compute, r->end);
+    if (r->end > t[last].end) last = p;
+  }
+  double first = t[0].end;
+  for (int p = 1; p < ranks; ++p)
+    if (t[p].end < first) first = t[p].end;
+  printf("timeline %s: rank %d finished last, at %.3f ms (the first rank at %.3f ms)\n", pass,
+         last, t[last].end, first);
+}
+
+/* `ranks` timelines of cap steps each, or NULL. */
+static rda_ring_timeline *timelines_new(long long ranks, int cap) {
+  rda_ring_timeline *t = calloc((size_t)ranks, sizeof *t);
+  for (long long p = 0; t != NULL && p < ranks; ++p) {
+    t[p].cap = cap;
+    if ((t[p].steps = calloc((size_t)cap, sizeof *t[p].steps)) != NULL) continue;
+    for (long long q = 0; q < p; ++q) free(t[q].steps);
+    free(t);
+    t = NULL;
+  }
+  return t;
+}
+
+static void timelines_free(rda_ring_timeline *t, long long ranks) {
+  for (long long p = 0; t != NULL && p < ranks; ++p) free(t[p].steps);
+  free(t);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) return usage();
   const char *config = argv[1], *backend = "cuda", *layout_name = "contiguous", *trace = NULL;
+  const char *timeline = NULL;
   long long n = 262144, ranks = 8, batch = 1, iters = 10, backward = 1;
   for (int i = 2; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--backend") == 0) {
@@ -145,6 +229,10 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[i], "--trace") == 0) {
       trace = argv[i + 1];
+      continue;
+    }
+    if (strcmp(argv[i], "--timeline") == 0) {
+      timeline = argv[i + 1];
       continue;
     }
     long long *dst = strcmp(argv[i], "--n") == 0          ? &n
@@ -167,6 +255,7 @@ int main(int argc, char **argv) {
   uint16_t *in[4] = {0};
   float *out[5] = {0};
   rda_ring_trace *traces = NULL;
+  rda_ring_timeline *tl_fwd = NULL, *tl_bwd = NULL;
   rda_ring_run_stats *stats = calloc((size_t)ranks, sizeof *stats);
   if (stats == NULL || rda_gen_open(&g, &err) != RDA_OK ||
       rda_gen_config_file(g, config, &cfg, &err) != RDA_OK)
@@ -205,13 +294,23 @@ int main(int argc, char **argv) {
     rda_err_set(&err, RDA_ERR_OUT_OF_MEMORY, "out of host memory for the trace");
     goto done;
   }
+  if (timeline != NULL && ((tl_fwd = timelines_new(ranks, TRACE_STEPS)) == NULL ||
+                           (backward && (tl_bwd = timelines_new(ranks, TRACE_STEPS)) == NULL))) {
+    rda_err_set(&err, RDA_ERR_OUT_OF_MEMORY, "out of host memory for the timeline");
+    goto done;
+  }
   rda_ring_virtual job = {.backend = backend, .ranks = (int)ranks, .layout = layout, .cfg = &cfg,
                           .g = g, .batch = batch, .n = n, .q = in[0], .k = in[1], .v = in[2],
                           .dout = in[3], .o = out[0], .lse = out[1], .dq = out[2],
                           .dk = out[3], .dv = out[4], .stats = stats, .iters = (int)iters,
-                          .traces = traces};
+                          .traces = traces, .timeline_fwd = tl_fwd, .timeline_bwd = tl_bwd};
   if (rda_ring_virtual_run(&job, &err) != RDA_OK) goto done;
   if (trace != NULL && write_trace(trace, traces, (int)ranks, &err) != RDA_OK) goto done;
+  if (timeline != NULL) {
+    if (write_timeline(timeline, tl_fwd, tl_bwd, (int)ranks, &err) != RDA_OK) goto done;
+    print_timeline_summary("fwd", tl_fwd, (int)ranks);
+    if (tl_bwd != NULL) print_timeline_summary("bwd", tl_bwd, (int)ranks);
+  }
   unsigned long long peak = 0, sent = 0;
   for (long long p = 0; p < ranks; ++p) {
     if (stats[p].peak_bytes > peak) peak = stats[p].peak_bytes;
@@ -230,6 +329,8 @@ done:
   if (rc != 0) fprintf(stderr, "rda_bench_ring: error: %s\n", err.msg);
   for (long long p = 0; traces != NULL && p < ranks; ++p) free(traces[p].steps);
   free(traces);
+  timelines_free(tl_fwd, ranks);
+  timelines_free(tl_bwd, ranks);
   for (int i = 0; i < 4; ++i) free(in[i]);
   for (int i = 0; i < 5; ++i) free(out[i]);
   free(stats);

@@ -42,6 +42,16 @@ struct rda_backend {
   rda_status (*event_record)(rda_backend *b, void *ev, rda_err *err);
   rda_status (*stream_wait_event)(rda_backend *b, void *ev, rda_err *err);
   rda_status (*event_query)(rda_backend *b, void *ev, int *done, rda_err *err);
+  /* Timing (ring timelines, bench/bench_ring.c --timeline): an event that also takes the time
+   * when the stream reaches its record (cuda: timing enabled, a little costlier to record than
+   * event_create's; emulator: the host CLOCK_MONOTONIC at event_record, which is when the work
+   * before it finished, since the emulator runs work at once). Destroy with event_destroy;
+   * record, wait and query as any event. elapsed_ms: *ms = end's time minus start's (may be
+   * negative), both recorded and completed; an error for a NULL, untimed or unrecorded event
+   * (cuda: or a driver without cuEventElapsedTime). */
+  rda_status (*event_create_timed)(rda_backend *b, void **ev, rda_err *err);
+  rda_status (*event_elapsed_ms)(rda_backend *b, void *start, void *end, float *ms,
+                                 rda_err *err);
   /* A stream of the backend's own for communication (cuda: non-blocking; emulator: a
    * distinct handle), and running work on it: set_stream(b, s) makes s the calling thread's
    * current stream of b (over rda_backend_cuda_use_stream's) until set_stream(b, NULL). The

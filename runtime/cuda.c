@@ -57,6 +57,12 @@ typedef struct rda_cuda_api {
 } rda_cuda_api;
 
 static rda_cuda_api rda_cuda_api_;
+/* Optional entry points: a driver without them still opens; only what needs them fails. The
+ * event timer is cuEventElapsedTime_v2 in CUDA 13 (cuda.h #defines the plain name to it), the
+ * plain export before: the newest the driver has. */
+typedef CUresult(CUDAAPI *rda_cuda_elapsed_fn)(float *ms, CUevent start, CUevent end);
+static rda_cuda_elapsed_fn rda_cuda_elapsed_;
+static const char *rda_cuda_elapsed_name_ = "cuEventElapsedTime";
 static int rda_cuda_loaded_;         /* 1 when every entry point resolved */
 static char rda_cuda_load_msg_[512]; /* why loading failed */
 static pthread_once_t rda_cuda_once_ = PTHREAD_ONCE_INIT;
@@ -67,6 +73,7 @@ static void rda_cuda_check_signatures(void) {
 #define RDA_CUDA_SIGCHECK(sym, args) (void)sizeof(rda_cuda_api_.sym = sym);
   RDA_CUDA_ENTRY_POINTS(RDA_CUDA_SIGCHECK)
 #undef RDA_CUDA_SIGCHECK
+  (void)sizeof(rda_cuda_elapsed_ = cuEventElapsedTime);
 }
 
 /* Loads the driver once per process; it is never unloaded (libcuda does not support it). */
@@ -96,6 +103,14 @@ static void rda_cuda_load_once(void) {
   }
   RDA_CUDA_ENTRY_POINTS(RDA_CUDA_RESOLVE)
 #undef RDA_CUDA_RESOLVE
+  static const char *const elapsed_names[] = {"cuEventElapsedTime_v2", "cuEventElapsedTime"};
+  for (size_t i = 0; i < 2 && rda_cuda_elapsed_ == NULL; ++i) {
+    void *p = dlsym(lib, elapsed_names[i]);
+    if (p == NULL) continue;
+    memcpy(&rda_cuda_elapsed_, &p, sizeof p);
+    rda_cuda_elapsed_name_ = elapsed_names[i];
+  }
+  dlerror(); /* a missing optional symbol is no error */
   rda_cuda_loaded_ = 1;
 }
 
@@ -361,6 +376,31 @@ static rda_status rda_cuda_event_create(rda_backend *b, void **ev, rda_err *err)
   return RDA_OK;
 }
 
+static rda_status rda_cuda_event_create_timed(rda_backend *b, void **ev, rda_err *err) {
+  *ev = NULL;
+  RDA_TRY(rda_cuda_enter(b, err));
+  CUevent e = NULL;
+  RDA_CU_TRY(err, cuEventCreate, &e, CU_EVENT_DEFAULT);
+  *ev = e;
+  return RDA_OK;
+}
+
+/* Both events must be complete: an event still pending is CUDA_ERROR_NOT_READY, an untimed
+ * one CUDA_ERROR_INVALID_HANDLE. */
+static rda_status rda_cuda_event_elapsed_ms(rda_backend *b, void *start, void *end, float *ms,
+                                            rda_err *err) {
+  if (ms == NULL || start == NULL || end == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "cuda: elapsed time of a NULL event");
+  *ms = 0.0f;
+  if (rda_cuda_elapsed_ == NULL)
+    return rda_err_set(err, RDA_ERR_UNSUPPORTED,
+                       "cuda: this CUDA driver has neither cuEventElapsedTime_v2 nor "
+                       "cuEventElapsedTime: no event timing");
+  RDA_TRY(rda_cuda_enter(b, err));
+  return rda_cuda_check(rda_cuda_elapsed_(ms, (CUevent)start, (CUevent)end),
+                        rda_cuda_elapsed_name_, __FILE__, __LINE__, err);
+}
+
 static void rda_cuda_event_destroy(rda_backend *b, void *ev) {
   if (ev == NULL || rda_cuda_enter(b, NULL) != RDA_OK) return;
   (void)RDA_CU(NULL, cuEventDestroy_v2, (CUevent)ev);
@@ -486,6 +526,8 @@ rda_status rda_backend_cuda_open(rda_backend **out, int ordinal, rda_err *err) {
   b->event_record = rda_cuda_event_record;
   b->stream_wait_event = rda_cuda_stream_wait_event;
   b->event_query = rda_cuda_event_query;
+  b->event_create_timed = rda_cuda_event_create_timed;
+  b->event_elapsed_ms = rda_cuda_event_elapsed_ms;
   b->stream_create = rda_cuda_stream_create;
   b->stream_destroy = rda_cuda_stream_destroy;
   b->set_stream = rda_cuda_set_stream;

@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../templates/emu/emu_launch.h"
@@ -591,9 +592,29 @@ static rda_status rda_emu_token(void **out, const char *what, rda_err *err) {
   return RDA_OK;
 }
 
+/* An event: distinct memory; a timed one also keeps the host time of its last record. */
+typedef struct rda_emu_event {
+  int timed;
+  int recorded;
+  double at; /* CLOCK_MONOTONIC seconds of the last record */
+} rda_emu_event;
+
+static rda_status rda_emu_event_new(void **ev, int timed, rda_err *err) {
+  rda_emu_event *e = calloc(1, sizeof *e);
+  *ev = e;
+  if (e == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "emu: no memory for an event");
+  e->timed = timed;
+  return RDA_OK;
+}
+
 static rda_status rda_emu_event_create(rda_backend *b, void **ev, rda_err *err) {
   (void)b;
-  return rda_emu_token(ev, "an event", err);
+  return rda_emu_event_new(ev, 0, err);
+}
+
+static rda_status rda_emu_event_create_timed(rda_backend *b, void **ev, rda_err *err) {
+  (void)b;
+  return rda_emu_event_new(ev, 1, err);
 }
 
 static rda_status rda_emu_stream_create(rda_backend *b, void **s, rda_err *err) {
@@ -615,6 +636,37 @@ static rda_status rda_emu_event_op(rda_backend *b, void *ev, rda_err *err) {
 static rda_status rda_emu_event_query(rda_backend *b, void *ev, int *done, rda_err *err) {
   *done = 1;
   return rda_emu_event_op(b, ev, err);
+}
+
+/* Everything enqueued before the record has run by now: the host clock is the stream's. */
+static rda_status rda_emu_event_record(rda_backend *b, void *ev, rda_err *err) {
+  (void)b;
+  if (ev == NULL) return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "emu: NULL event");
+  rda_emu_event *e = ev;
+  if (e->timed) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    e->at = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+  }
+  e->recorded = 1;
+  return RDA_OK;
+}
+
+static rda_status rda_emu_event_elapsed_ms(rda_backend *b, void *start, void *end, float *ms,
+                                           rda_err *err) {
+  (void)b;
+  if (ms == NULL || start == NULL || end == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "emu: elapsed time of a NULL event");
+  *ms = 0.0f;
+  const rda_emu_event *e0 = start, *e1 = end;
+  if (!e0->timed || !e1->timed)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "emu: elapsed time of an event created without timing");
+  if (!e0->recorded || !e1->recorded)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "emu: elapsed time of an event never recorded");
+  *ms = (float)((e1->at - e0->at) * 1e3);
+  return RDA_OK;
 }
 
 static void rda_emu_set_stream(rda_backend *b, void *s) {
@@ -671,9 +723,11 @@ rda_status rda_backend_emu_open(rda_backend **out, int arch, rda_err *err) {
   b->copy_async = rda_emu_copy;
   b->event_create = rda_emu_event_create;
   b->event_destroy = rda_emu_token_free;
-  b->event_record = rda_emu_event_op;
+  b->event_record = rda_emu_event_record;
   b->stream_wait_event = rda_emu_event_op;
   b->event_query = rda_emu_event_query;
+  b->event_create_timed = rda_emu_event_create_timed;
+  b->event_elapsed_ms = rda_emu_event_elapsed_ms;
   b->stream_create = rda_emu_stream_create;
   b->stream_destroy = rda_emu_token_free;
   b->set_stream = rda_emu_set_stream;

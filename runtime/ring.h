@@ -30,18 +30,78 @@ typedef struct rda_ring_trace_step {
   double computed;     /* this step's launches were enqueued */
 } rda_ring_trace_step;
 
+/* The device side of a trace: timed backend events (event_create_timed), made before the pass
+ * (nothing is allocated inside it) and recorded by the pass on its stream at each mark, so each
+ * one's time is when the DEVICE got there. The marks follow the driver's enqueue order
+ * (runtime/ring_trace.h), so on the device:
+ *   begin            the init (forward) or prep (backward) finished;
+ *   own              step 0 packed and the own rows computed (own is marked after the own
+ *                    launches were enqueued, so it is when they finished): own - begin;
+ *   arrived(i)       marked after the stream-wait on step i's copies was enqueued (WAIT1): the
+ *                    stream had finished everything before and step i's data had landed, so
+ *                    arrived(i) - computed(i - 1) (own for i = 0) is the time the stream
+ *                    stalled waiting for the data of step i (0 when it was there already);
+ *   posted(i)        returned gradients added, step i + 1 packed: posted(i) - arrived(i);
+ *   computed(i)      step i's compute done: computed(i) - posted(i);
+ *   end              = computed of the last step (nothing is enqueued between them).
+ * Times need every event complete (after a synchronization) and a reference event recorded
+ * before the pass (rda_ring_trace_dev_times). */
+typedef struct rda_ring_trace_dev_step {
+  void *arrived, *posted, *computed; /* timed events */
+} rda_ring_trace_dev_step;
+
+typedef struct rda_ring_trace_dev {
+  rda_backend *b;                 /* whose events; the pass runs on it */
+  int cap;                        /* entries of steps (steps past it are counted, not timed) */
+  rda_ring_trace_dev_step *steps; /* owned: rda_ring_trace_dev_create */
+  void *begin, *own, *end;        /* timed events */
+  int count;                      /* virtual steps the last pass marked */
+  unsigned marked;                /* of the last pass: bit 0 begin, 1 own, 2 end recorded */
+  rda_status status;              /* the last pass's first failed record, or RDA_OK */
+  rda_err err;                    /* its message */
+} rda_ring_trace_dev;
+
+/* A device timeline in milliseconds after a reference event: plain data, which outlives the
+ * backend (rda_ring_trace_dev_times). */
+typedef struct rda_ring_timeline_step {
+  double arrived, posted, computed;
+} rda_ring_timeline_step;
+
+typedef struct rda_ring_timeline {
+  int cap;                       /* entries of steps */
+  int count;                     /* virtual steps of the pass (the first min(count, cap) kept) */
+  rda_ring_timeline_step *steps; /* owned by the caller */
+  double begin, own, end;
+} rda_ring_timeline;
+
 typedef struct rda_ring_trace {
-  int cap;                    /* entries of steps */
+  int cap;                    /* entries of steps (0: no host steps) */
   int count;                  /* virtual steps of the pass (only the first cap are kept) */
   rda_ring_trace_step *steps; /* owned by the caller */
   double begin;               /* the pass's schedule began (after its checks) */
   double own;                 /* the own rows' launches were enqueued */
   double end;                 /* the last step's launches were enqueued */
   double synced;              /* not set by the pass: for the caller (device synchronized) */
+  rda_ring_trace_dev *dev;    /* or NULL: host times only */
 } rda_ring_trace;
 
 /* Record the passes the calling thread runs into t (NULL: stop recording). */
 void rda_ring_trace_thread(rda_ring_trace *t);
+
+/* The timed events of a device trace of up to cap virtual steps on b (which must have
+ * event_create_timed and event_elapsed_ms): 3 + 3 * cap events. On failure nothing is left
+ * to destroy. */
+rda_status rda_ring_trace_dev_create(rda_backend *b, int cap, rda_ring_trace_dev *d,
+                                     rda_err *err);
+/* Destroys the events (before d->b is destroyed); accepts a zeroed or destroyed d. */
+void rda_ring_trace_dev_destroy(rda_ring_trace_dev *d);
+/* The times of d's last pass in ms after `ref`, a timed event recorded before the pass on the
+ * same device (cuda: any backend of the same GPU, whose backends share one context), into out
+ * (out->cap and out->steps the caller's). Every event must be complete (call after a
+ * synchronization). Fails with the pass's first failed record, when a mark was never recorded,
+ * or with the timing call's error. */
+rda_status rda_ring_trace_dev_times(const rda_ring_trace_dev *d, void *ref, rda_ring_timeline *out,
+                                    rda_err *err);
 
 /* Backend memory the ring itself needs on `rank` for `batch`: the packed send block, two
  * receive blocks and, for the backward pass, two fp32 gradient blocks and two fp32 returned-

@@ -1,7 +1,10 @@
 /* ring_trace.h — timelines of ring passes, for finding where a ring's time goes
- * (bench/bench_ring.c --trace): marks the ring driver (runtime/ring.c) sets at fixed points of
- * a pass. Off unless the calling thread attached a trace (rda_ring_trace_thread in ring.h);
- * a mark then costs one clock read. The public trace types are in ring.h. */
+ * (bench/bench_ring.c --trace, --timeline): marks the ring driver (runtime/ring.c) sets at fixed
+ * points of a pass. Off unless the calling thread attached a trace (rda_ring_trace_thread in
+ * ring.h); a mark then costs one clock read, and with a device part (rda_ring_trace_dev) one
+ * event record on the pass's stream for every mark but WAIT0, so the device timeline shows
+ * when the stream reached each point (what the differences mean: ring.h). The public trace
+ * types are in ring.h. */
 #ifndef RDA_RING_TRACE_H
 #define RDA_RING_TRACE_H
 

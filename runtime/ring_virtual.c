@@ -43,6 +43,11 @@ typedef struct ring_rank_run {
   int iters;
   double fwd_s, bwd_s;
   rda_ring_trace *trace; /* or NULL */
+  /* Device timelines: the events, rank 0's reference event (every rank's copy of the handle)
+   * and where the times go (or NULL). */
+  rda_ring_trace_dev dev;
+  void *ref;
+  rda_ring_timeline *tl_fwd, *tl_bwd;
   rda_status status;
   rda_err err;
 } ring_rank_run;
@@ -74,6 +79,25 @@ static rda_status ring_rank_pass(ring_rank_run *r, rda_transport *t, int backwar
   return RDA_OK;
 }
 
+/* One pass with a device timeline into out: every rank's device idle, rank 0 records the
+ * reference (and waits for it, so it precedes every rank's pass), then the traced pass. */
+static rda_status ring_rank_timeline(ring_rank_run *r, rda_transport *t, int backward,
+                                     rda_ring_timeline *out) {
+  double dt = 0;
+  RDA_TRY(rda_transport_barrier(t, &r->err));
+  RDA_TRY(r->b->synchronize(r->b, &r->err));
+  RDA_TRY(rda_transport_barrier(t, &r->err));
+  if (r->rank == 0) {
+    RDA_TRY(r->b->event_record(r->b, r->ref, &r->err));
+    RDA_TRY(r->b->synchronize(r->b, &r->err));
+  }
+  rda_ring_trace trace;
+  memset(&trace, 0, sizeof trace);
+  trace.dev = &r->dev;
+  RDA_TRY(ring_rank_pass(r, t, backward, &trace, &dt));
+  return rda_ring_trace_dev_times(&r->dev, r->ref, out, &r->err);
+}
+
 static rda_status ring_rank_body(ring_rank_run *r, rda_transport *t) {
   double dt = 0;
   /* The first passes produce the results (and warm up); timed repeats recompute them. */
@@ -87,7 +111,20 @@ static rda_status ring_rank_body(ring_rank_run *r, rda_transport *t) {
     RDA_TRY(ring_rank_pass(r, t, 1, NULL, &dt));
     r->bwd_s += dt / r->iters;
   }
+  if (r->tl_fwd != NULL) RDA_TRY(ring_rank_timeline(r, t, 0, r->tl_fwd));
+  if (r->tl_bwd != NULL) RDA_TRY(ring_rank_timeline(r, t, 1, r->tl_bwd));
   return RDA_OK;
+}
+
+/* Rank r's timeline events: enough for its virtual steps (at most 3 per plan step, the
+ * backward's gradient shifts included), at most the caller's cap. */
+static rda_status ring_rank_timeline_setup(ring_rank_run *r, int cap, rda_err *err) {
+  rda_ring_step *steps = NULL;
+  int64_t nsteps = 0;
+  RDA_TRY(rda_ring_plan_steps(r->rp, r->rank, &steps, &nsteps, err));
+  free(steps);
+  const int64_t need = (r->backward ? 3 : 1) * nsteps;
+  return rda_ring_trace_dev_create(r->b, need < cap ? (int)need : cap, &r->dev, err);
 }
 
 static void *ring_rank_main(void *arg) {
@@ -237,6 +274,7 @@ rda_status rda_ring_virtual_run(rda_ring_virtual *j, rda_err *err) {
   rda_plan_k plan;
   memset(&plan, 0, sizeof plan);
   int have_plan = 0;
+  void *ref_ev = NULL; /* the timelines' reference, on rank 0's backend */
   ring_rank_run *ranks = calloc((size_t)P, sizeof *ranks);
   pthread_t *th = calloc((size_t)P, sizeof *th);
   char why[1024] = "";
@@ -274,6 +312,22 @@ rda_status rda_ring_virtual_run(rda_ring_virtual *j, rda_err *err) {
       goto done;
     rda_err e = {0};
     if ((s = ring_rank_setup(r, j, rda_ring_plan_rank(rp, p), &e)) != RDA_OK) {
+      rda_err_set(err, s, "rank %d: %s", p, e.msg);
+      goto done;
+    }
+    if (j->timeline_fwd == NULL) continue;
+    r->tl_fwd = &j->timeline_fwd[p];
+    r->tl_bwd = r->backward && j->timeline_bwd != NULL ? &j->timeline_bwd[p] : NULL;
+    if (p == 0 && (s = r->b->event_create_timed == NULL
+                           ? rda_err_set(&e, RDA_ERR_UNSUPPORTED, "no timed events")
+                           : r->b->event_create_timed(r->b, &ref_ev, &e)) != RDA_OK) {
+      rda_err_set(err, s, "timeline: %s", e.msg);
+      goto done;
+    }
+    r->ref = ref_ev;
+    const int cap = r->tl_bwd != NULL && r->tl_bwd->cap > r->tl_fwd->cap ? r->tl_bwd->cap
+                                                                          : r->tl_fwd->cap;
+    if ((s = ring_rank_timeline_setup(r, cap, &e)) != RDA_OK) {
       rda_err_set(err, s, "rank %d: %s", p, e.msg);
       goto done;
     }
@@ -327,6 +381,8 @@ done:
     for (int m = 0; m < R_COUNT; ++m)
       if (r->mem[m] != NULL) r->b->free(r->b, r->mem[m]);
     rda_fwd_unload(r->b, &r->kernels);
+    rda_ring_trace_dev_destroy(&r->dev);
+    if (p == 0) r->b->event_destroy(r->b, ref_ev);
     r->b->destroy(r->b);
   }
   free(ranks);

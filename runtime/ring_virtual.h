@@ -34,6 +34,14 @@ typedef struct rda_ring_virtual {
   /* With iters > 0: `ranks` traces (their steps arrays the caller's) of the last timed forward
    * pass, with synced set when the rank's device synchronization returned; or NULL. */
   rda_ring_trace *traces;
+  /* Device timelines (bench --timeline), or NULL: after the other passes, one more forward
+   * pass (and with dout one more backward pass, when timeline_bwd is set) with every rank's
+   * marks recorded as timed events on its stream (rda_ring_trace_dev in ring.h). Entry p gets
+   * rank p's times in ms after one reference event, which rank 0 records on its stream after
+   * every rank's device synchronized and before any rank starts the pass, so the ranks line up.
+   * `ranks` entries each, their cap and steps the caller's (steps past a cap are counted, not
+   * kept). The emulator gives host times of its synchronous work. */
+  rda_ring_timeline *timeline_fwd, *timeline_bwd;
 } rda_ring_virtual;
 
 /* Run it. Errors: one line in err (the first failing rank's cause, not the others' aborts). */

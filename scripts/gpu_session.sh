@@ -17,7 +17,7 @@
 #   CUDAToolkit_ROOT      the CUDA toolkit (default: detected, see find_cuda)
 # Files under $OUT (at most 8 come back from a device call): session.log (everything),
 # results.jsonl (a header, one record per step and test, every benchmark's JSON line), env.txt
-# (device, driver, tools, paths, commit), build.log, ctest.log, ring_sim.txt.
+# (device, driver, tools, paths, commit), build.log, ctest.log, ring_sim.txt, ring_timeline.json.
 set -uo pipefail
 SELF=$(readlink -f "$0")
 cd "$(dirname "$SELF")/.." || exit 1
@@ -414,7 +414,10 @@ if want_phase bench; then
       --n 65536 --w 8192 --heads 16 --head-dim 128
     # Takes what is left: its host-side inputs alone (4 x 537M bf16 normal draws, 10 GB of fp32
     # outputs) took 115 s on the 2-core dev machine.
-    bench_json bench_ring 400 20 "$BUILD/rda_bench_ring" bench/target_ring.lua --n 262144 --ranks 8
+    # --timeline: one more traced pass each way, the device time of every rank's every step
+    # (ring_timeline.json, and a per-rank summary in the log).
+    bench_json bench_ring 400 20 "$BUILD/rda_bench_ring" bench/target_ring.lua --n 262144 --ranks 8 \
+      --timeline "$OUT/ring_timeline.json"
   fi
   # The model needs no GPU: as the issue asks (defaults: 450 GB/s NVLink, 400 TFLOP/s), and
   # with the forward rate measured above when there is one.
