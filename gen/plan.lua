@@ -170,7 +170,8 @@ local function add_variant(plan, index, v)
 end
 
 -- The plan: { variants = { {name, kind, source, threads, block_m, block_n, smem_bytes, ...} },
--- steps = { {kernel (index into variants), branch (0-based), head0, nheads} },
+-- steps = { {kernel (index into variants), branch (0-based), head0, nheads, ring_kernel (the
+-- kv_table twin of kernel, or nil)} },
 -- init_kernel, cast_kernel, ring_pack_kernel, ring_add_kernel (indices into variants) }, or nil
 -- and why it cannot fit.
 -- With `bspace` (a backward tile space), the backward kernels too (and with `atomic` their
@@ -194,6 +195,16 @@ function M.build(cfg, hw, space, bspace, atomic)
     local head0, nheads = M.branch_heads(cfg, i - 1)
     plan.steps[i] = { kernel = add_variant(plan, index, v), branch = i - 1, head0 = head0,
                       nheads = nheads }
+    -- A dilated branch whose heads take several offsets reaches a ring rank as several classes'
+    -- blocks per round; its twin covers them in one launch (same tile, same resources).
+    if v.dilated and cfg.offsets ~= "group" and nheads > 1 then
+      local kt = {}
+      for k, x in pairs(v) do kt[k] = x end
+      kt.kv_table = true
+      kt.name = emit.fwd_name(kt)
+      kt.source = emit.fwd_source(kt)
+      plan.steps[i].ring_kernel = add_variant(plan, index, kt)
+    end
   end
   local small = { kind = "init", name = emit.init_name(), source = emit.init_source(),
                   threads = emit.SMALL_THREADS, block_m = 0, block_n = 0, smem_bytes = 0 }

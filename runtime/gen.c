@@ -706,6 +706,11 @@ static int rda_gen_p_plan(lua_State *L) {
     st->branch = (int)rda_gen_int_field(L, s, "branch", 0, c->cfg->nbranch - 1);
     st->head0 = (int)rda_gen_int_field(L, s, "head0", 0, c->cfg->heads - 1);
     st->nheads = (int)rda_gen_int_field(L, s, "nheads", 1, c->cfg->heads - st->head0);
+    lua_getfield(L, s, "ring_kernel");
+    const int has_ring = !lua_isnil(L, -1);
+    lua_pop(L, 1);
+    st->ring_kernel =
+        has_ring ? (int)rda_gen_int_field(L, s, "ring_kernel", 1, o->nvariants) - 1 : -1;
     lua_pop(L, 1);
   }
   lua_pop(L, 1);

@@ -27,6 +27,7 @@ typedef struct rda_step {
   int kernel;
   int branch;
   int head0, nheads;
+  int ring_kernel; /* the kernel's twin for a ring round's blocks (rda_kv_table), or -1 */
 } rda_step;
 
 /* One backward branch: dK/dV with kernel `dkdv_kernel` (`dsplit` blocks per key tile), then

@@ -258,20 +258,19 @@ static rda_status ring_compute_step(ring_run *r, const ring_vstep *v, int64_t i,
   uint64_t recv = 0;
   rda_ring_round_layout(kv->steps, kv->n, NULL, NULL, NULL, NULL, &recv);
   if (recv == 0) return RDA_OK;
+  if (!r->backward)
+    return ring_fwd_received_round(&r->c, kv->steps, kv->n, (const uint64_t(*)[2])kv->recv_at,
+                                   r->bl.rblk[i % 2], err);
   const uint64_t B = (uint64_t)r->c.batch;
-  if (r->backward)
-    RDA_TRY(r->c.b->memset_async(r->c.b, r->bl.gblk[i % 2], 0, (size_t)(2 * recv * B), err));
+  RDA_TRY(r->c.b->memset_async(r->c.b, r->bl.gblk[i % 2], 0, (size_t)(2 * recv * B), err));
   for (int k = 0; k < kv->n; ++k) {
     const rda_ring_step *st = &kv->steps[k];
     rda_ring_class cls;
     rda_ring_plan_class(r->rp, st->cls, &cls);
     for (int q = 0; q < st->nrecv; ++q) {
       const unsigned char *blk = r->bl.rblk[i % 2] + kv->recv_at[k][q] * B;
-      if (r->backward)
-        RDA_TRY(ring_bwd_received(&r->c, st, &cls, &st->recv[q], blk,
-                                  r->bl.gblk[i % 2] + 2 * kv->recv_at[k][q] * B, err));
-      else
-        RDA_TRY(ring_fwd_received(&r->c, st, &cls, &st->recv[q], blk, err));
+      RDA_TRY(ring_bwd_received(&r->c, st, &cls, &st->recv[q], blk,
+                                r->bl.gblk[i % 2] + 2 * kv->recv_at[k][q] * B, err));
     }
   }
   return RDA_OK;

@@ -3,7 +3,9 @@
  * forward launches its kernel on each, the backward its dK/dV and dQ kernels. */
 #include "ring_compute.h"
 
+#include <limits.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
@@ -21,6 +23,7 @@ typedef struct ring_launch {
   const void *k, *v;
   float *dk, *dv;
   long long kv_sb, kv_pitch, kv_head_stride;
+  const rda_kv_table *kvt; /* forward: several classes' blocks at k (rda_kv_table), or NULL */
 } ring_launch;
 
 typedef rda_status (*ring_launch_fn)(const ring_ctx *c, const ring_launch *l, rda_err *err);
@@ -36,6 +39,7 @@ static int64_t ring_w(const ring_ctx *c, int branch) {
 rda_status ring_ctx_init(ring_ctx *c, const rda_ring_plan *rp, int rank, rda_err *err) {
   const rda_ring_rank *rk = rda_ring_plan_rank(rp, rank);
   if (rk == NULL) return rda_err_set(err, RDA_ERR_INTERNAL, "ring: no rank %d in the plan", rank);
+  c->rp = rp;
   c->n = rda_ring_plan_n(rp);
   c->me.npieces = rk->npieces;
   int64_t base = 0;
@@ -112,7 +116,10 @@ void ring_rows_set_grads(const ring_ctx *c, rda_ring_rows_params *rows) {
 static rda_status ring_launch_fwd(const ring_ctx *c, const ring_launch *l, rda_err *err) {
   const rda_plan_k *p = c->pk;
   const rda_step *s = &p->steps[l->step];
-  const rda_variant *var = &p->variants[s->kernel];
+  const int kernel = l->kvt != NULL ? s->ring_kernel : s->kernel;
+  if (kernel < 0)
+    return rda_err_set(err, RDA_ERR_INTERNAL, "ring: branch %d has no kv-table kernel", s->branch);
+  const rda_variant *var = &p->variants[kernel];
   const int64_t w = ring_w(c, s->branch), r = p->cfg.dilations[s->branch];
   /* The single-device parameters over the global sequence, then this launch's ranges. */
   rda_fwd_args ga = *c->fa;
@@ -127,6 +134,7 @@ static rda_status ring_launch_fwd(const ring_ctx *c, const ring_launch *l, rda_e
     fp.k_sh = fp.v_sh = l->kv_head_stride;
     fp.k_rs = fp.v_rs = l->kv_pitch;
   }
+  if (l->kvt != NULL) fp.kvt = *l->kvt;
   /* At most ceil(L / r) grid rows fall in L consecutive positions. */
   int64_t rows = ring_ceil_div(w, r);
   const int64_t span = ring_ceil_div(l->q_hi - l->q_lo, r);
@@ -143,7 +151,7 @@ static rda_status ring_launch_fwd(const ring_ctx *c, const ring_launch *l, rda_e
     return rda_err_set(err, RDA_ERR_UNSUPPORTED, "branch %d: grid of %lld blocks is too large",
                        s->branch, gx);
   const unsigned grid[3] = {(unsigned)gx, (unsigned)l->nheads, (unsigned)c->batch};
-  return c->b->launch(c->b, c->k->modules[s->kernel], grid, (unsigned)var->threads,
+  return c->b->launch(c->b, c->k->modules[kernel], grid, (unsigned)var->threads,
                       (unsigned)var->smem_bytes, &fp, sizeof fp, err);
 }
 
@@ -301,6 +309,175 @@ static rda_status ring_received(const ring_ctx *c, const rda_ring_step *st,
     h = end;
   }
   return RDA_OK;
+}
+
+/* --- a round's received blocks, the forward pass ------------------------------------------- */
+
+/* One receive of a round: step st's transfer x, its block at byte `at` of the round's block. */
+typedef struct ring_recv {
+  const rda_ring_step *st;
+  const rda_ring_xfer *x;
+  rda_ring_class cls;
+  size_t at;
+} ring_recv;
+
+/* Whether the grid rows of class offset j in [lo, hi) of segment a are exactly range i of x:
+ * then a launch over key positions [lo, hi) reads this class's block from its first row. */
+static int ring_rows_exact(int64_t a, int64_t j, int64_t r, int64_t lo, int64_t hi,
+                           const rda_ring_xfer *x, int i) {
+  const int64_t g = a + j;
+  const int64_t t0 = lo <= g ? 0 : ring_ceil_div(lo - g, r);
+  const int64_t t1 = hi <= g ? 0 : ring_ceil_div(hi - g, r);
+  return g + t0 * r == x->first[i] && t1 - t0 == x->count[i];
+}
+
+/* The receives m[0..nm) (one peer, same ranges, same nkv) in launches over kernel steps and chunks of
+ * RDA_KV_TABLE_HEADS heads, one class table each: the heads of every class at once. */
+static rda_status ring_fwd_table(const ring_ctx *c, ring_recv *const *m, int nm,
+                                 const int64_t lo[2], const int64_t hi[2],
+                                 const unsigned char *blk, rda_err *err) {
+  const rda_plan_k *p = c->pk;
+  const rda_ring_step *st = m[0]->st;
+  const int d = p->cfg.head_dim, group = p->cfg.heads / p->cfg.kv_heads;
+  const int64_t w = ring_w(c, st->branch);
+  const int64_t seg_lo = st->segment * w, seg_hi = seg_lo + w < c->n ? seg_lo + w : c->n;
+  for (int si = 0; si < p->nsteps; ++si) {
+    const rda_step *ks = &p->steps[si];
+    if (ks->branch != st->branch) continue;
+    for (int hc = ks->head0; hc < ks->head0 + ks->nheads; hc += RDA_KV_TABLE_HEADS) {
+      const int he = hc + RDA_KV_TABLE_HEADS < ks->head0 + ks->nheads ? hc + RDA_KV_TABLE_HEADS
+                                                                      : ks->head0 + ks->nheads;
+      /* The heads of [hc, he) that read one of the blocks: their class and kv slot. */
+      int mof[RDA_KV_TABLE_HEADS], slot[RDA_KV_TABLE_HEADS], first = -1, last = -1;
+      for (int h = hc; h < he; ++h) {
+        mof[h - hc] = -1;
+        const int64_t j = rda_config_offset(&p->cfg, st->branch, h);
+        for (int u = 0; u < nm && mof[h - hc] < 0; ++u) {
+          if (m[u]->cls.offset != j) continue;
+          for (int e = 0; e < m[u]->cls.nkv; ++e)
+            if (m[u]->cls.kv_heads[e] == h / group) mof[h - hc] = u, slot[h - hc] = e;
+          if (mof[h - hc] < 0)
+            return rda_err_set(err, RDA_ERR_INTERNAL, "ring: head %d of branch %d has no kv slot",
+                               h, st->branch);
+        }
+        if (mof[h - hc] < 0) continue;
+        if (first < 0) first = h;
+        last = h;
+      }
+      if (first < 0) continue;
+      /* Table classes: the receives these heads use, numbered in order of first use. */
+      rda_kv_table t;
+      memset(&t, 0, sizeof t);
+      int tcls[RDA_KV_TABLE_HEADS], ncls = 0; /* table class -> receive */
+      for (int h = first; h <= last; ++h) {
+        const int u = mof[h - hc], y = h - first;
+        if (u < 0) {
+          t.cls[y] = -1;
+          continue;
+        }
+        int k = 0;
+        while (k < ncls && tcls[k] != u) ++k;
+        if (k == ncls) tcls[ncls++] = u;
+        t.cls[y] = (signed char)k;
+        t.slot[y] = (unsigned char)slot[h - hc];
+      }
+      for (int k = 0; k < ncls; ++k) t.rows[k] = (int)m[tcls[k]]->x->rows;
+      int64_t row0[RDA_KV_TABLE_HEADS] = {0}; /* rows of the ranges before range i, per class */
+      for (int i = 0; i < m[0]->x->nranges; ++i) {
+        for (int k = 0; k < ncls; ++k) {
+          const ring_recv *rv = m[tcls[k]];
+          t.at[k] = (long long)(rv->at * (size_t)c->batch / sizeof(uint16_t)) +
+                    row0[k] * rv->cls.nkv * d;
+          row0[k] += rv->x->count[i];
+        }
+        for (int qp = 0; qp < c->me.npieces; ++qp) {
+          const int64_t qlo = c->me.lo[qp] > seg_lo ? c->me.lo[qp] : seg_lo;
+          const int64_t qhi = c->me.hi[qp] < seg_hi ? c->me.hi[qp] : seg_hi;
+          if (qlo >= qhi) continue;
+          if (p->cfg.causal && lo[i] >= qhi) continue;
+          ring_launch l;
+          memset(&l, 0, sizeof l);
+          l.step = si;
+          l.head0 = first;
+          l.nheads = last - first + 1;
+          l.seg0 = st->segment;
+          l.nseg = 1;
+          l.q_lo = qlo, l.q_hi = qhi, l.row_lo = c->me.lo[qp] - c->me.base[qp];
+          l.kv_lo = lo[i], l.kv_hi = hi[i];
+          l.compact = 1;
+          l.k = l.v = blk;
+          l.kv_pitch = (long long)m[0]->cls.nkv * d; /* the same for every class (nkv) */
+          l.kvt = &t;
+          RDA_TRY(ring_launch_fwd(c, &l, err));
+        }
+      }
+    }
+  }
+  return RDA_OK;
+}
+
+rda_status ring_fwd_received_round(const ring_ctx *c, const rda_ring_step *steps, int n,
+                                   const uint64_t (*recv_at)[2], const unsigned char *blk,
+                                   rda_err *err) {
+  int nr = 0;
+  for (int k = 0; k < n; ++k) nr += steps[k].nrecv;
+  if (nr == 0) return RDA_OK;
+  ring_recv *rv = calloc((size_t)nr, sizeof *rv);
+  ring_recv **m = calloc((size_t)nr, sizeof *m);
+  unsigned char *done = calloc((size_t)nr, 1);
+  rda_status s = RDA_OK;
+  if (rv == NULL || m == NULL || done == NULL) {
+    s = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring: out of memory for a round");
+    goto out;
+  }
+  nr = 0;
+  for (int k = 0; k < n; ++k)
+    for (int q = 0; q < steps[k].nrecv; ++q, ++nr) {
+      rv[nr].st = &steps[k];
+      rv[nr].x = &steps[k].recv[q];
+      rda_ring_plan_class(c->rp, steps[k].cls, &rv[nr].cls);
+      rv[nr].at = (size_t)recv_at[k][q];
+    }
+  const rda_config *cfg = &c->pk->cfg;
+  for (int u = 0; u < nr && s == RDA_OK; ++u) {
+    if (done[u]) continue;
+    /* The receives from u's peer over the same ranges with as many kv heads: one launch covers
+     * them when each class's grid rows in the union of the ranges are exactly its own rows. */
+    const rda_ring_step *st = rv[u].st;
+    const int64_t a = st->segment * ring_w(c, st->branch), r = st->stride;
+    int nm = 0, exact = cfg->kv_heads <= 256;
+    for (int si = 0; si < c->pk->nsteps; ++si)
+      if (c->pk->steps[si].branch == st->branch && c->pk->steps[si].ring_kernel < 0) exact = 0;
+    int64_t lo[2] = {0, 0}, hi[2] = {0, 0};
+    for (int v = u; v < nr; ++v) {
+      if (done[v] || rv[v].x->peer != rv[u].x->peer || rv[v].x->nranges != rv[u].x->nranges ||
+          rv[v].cls.nkv != rv[u].cls.nkv)
+        continue;
+      m[nm++] = &rv[v];
+      for (int i = 0; i < rv[v].x->nranges; ++i) {
+        const int64_t f = rv[v].x->first[i], e = f + (rv[v].x->count[i] - 1) * r + 1;
+        if (nm == 1 || f < lo[i]) lo[i] = f;
+        if (nm == 1 || e > hi[i]) hi[i] = e;
+      }
+      if (rv[v].x->rows > INT_MAX) exact = 0;
+    }
+    for (int x = 0; x < nm && exact; ++x)
+      for (int i = 0; i < m[x]->x->nranges; ++i)
+        if (!ring_rows_exact(a, m[x]->cls.offset, r, lo[i], hi[i], m[x]->x, i)) exact = 0;
+    if (nm > 1 && exact) {
+      s = ring_fwd_table(c, m, nm, lo, hi, blk, err);
+      for (int x = 0; x < nm; ++x) done[m[x] - rv] = 1;
+      continue;
+    }
+    s = ring_received(c, st, &rv[u].cls, rv[u].x, blk + rv[u].at * (size_t)c->batch, NULL,
+                      ring_launch_fwd, err);
+    done[u] = 1;
+  }
+out:
+  free(rv);
+  free(m);
+  free(done);
+  return s;
 }
 
 rda_status ring_fwd_own(const ring_ctx *c, rda_err *err) {

@@ -25,11 +25,12 @@ typedef struct ring_ctx {
   const rda_fwd_args *fa; /* the forward pass's tensors, or NULL */
   const rda_bwd_args *ba; /* the backward pass's tensors, or NULL */
   long long batch;
+  const rda_ring_plan *rp;
   int64_t n; /* global N */
   ring_rank me;
 } ring_ctx;
 
-/* Fill c->n and c->me from the plan's rank. */
+/* Fill c->rp, c->n and c->me from the plan's rank. */
 rda_status ring_ctx_init(ring_ctx *c, const rda_ring_plan *rp, int rank, rda_err *err);
 
 /* The rows of transfer x (global rows first + t * stride) as local rows in rows (block, k, v
@@ -50,6 +51,13 @@ rda_status ring_bwd_own(const ring_ctx *c, rda_err *err);
 rda_status ring_fwd_received(const ring_ctx *c, const rda_ring_step *st,
                              const rda_ring_class *cls, const rda_ring_xfer *x,
                              const unsigned char *kv, rda_err *err);
+/* The forward on every receive of a round: steps[0..n), step k's receive q at byte
+ * recv_at[k][q] * batch of blk. Receives from one peer over the same ranges share launches (a
+ * table of their blocks per launch, rda_kv_table), so a round of many classes costs a few
+ * launches rather than one per class and head run. */
+rda_status ring_fwd_received_round(const ring_ctx *c, const rda_ring_step *steps, int n,
+                                   const uint64_t (*recv_at)[2], const unsigned char *blk,
+                                   rda_err *err);
 rda_status ring_bwd_received(const ring_ctx *c, const rda_ring_step *st,
                              const rda_ring_class *cls, const rda_ring_xfer *x,
                              const unsigned char *kv, unsigned char *grads, rda_err *err);

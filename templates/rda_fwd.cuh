@@ -315,7 +315,8 @@ __device__ __forceinline__ void epilogue(const rda_fwd_params &p, const Block &b
 }  // namespace fwd_detail
 
 /* The forward kernel for one branch (w, r) of the params; see rda_params.h for the grid.
- * Cfg: head_dim, dtype, causal, dilated, block_m (= 16 * warps), block_n, warps, stages.
+ * Cfg: head_dim, dtype, causal, dilated, block_m (= 16 * warps), block_n, warps, stages,
+ * kv_table (keys and values from a ring round's blocks through p.kvt, rda_params.h).
  * Dynamic shared memory: Traits<Cfg>::SMEM_BYTES = 2 * head_dim * (block_m + 2 * stages *
  * block_n): the Q tile, then `stages` K tiles, then `stages` V tiles, all XOR-swizzled.
  * Alignment (the launcher must check; the GPU faults otherwise): q, k, v 16-byte aligned with
@@ -364,14 +365,22 @@ __device__ __forceinline__ void fwd_kernel(const rda_fwd_params &p) {
   bk.pos = pos0 + t0 * bk.r;
   const int nk = kt1 > kt0 ? kt1 - kt0 : 0; /* keys, counted from kt0 */
 
-  const int kvh = h / p.kv_group;
   /* Grid row 0's address; rows before qt0 are never read (cp.async with src-size 0). */
   const uint16_t *qg = static_cast<const uint16_t *>(p.q) + b * p.q_sb + h * p.q_sh + pos0 * p.q_sn;
-  const long long kpos = a + j + kt0 * bk.r - p.kv_row_lo;
-  const uint16_t *kg =
-      static_cast<const uint16_t *>(p.k) + b * p.k_sb + kvh * p.k_sh + kpos * p.k_sn;
-  const uint16_t *vg =
-      static_cast<const uint16_t *>(p.v) + b * p.v_sb + kvh * p.v_sh + kpos * p.v_sn;
+  const uint16_t *kg, *vg; /* key grid row kt0 */
+  if constexpr (Cfg::kv_table) {
+    const int kcls = p.kvt.cls[blockIdx.y];
+    if (kcls < 0) return; /* a head without keys in this launch (the whole block returns) */
+    const long long sb = p.k_rs * p.kvt.rows[kcls]; /* elements per batch entry */
+    const long long off = p.kvt.at[kcls] + b * sb + p.kvt.slot[blockIdx.y] * Cfg::head_dim;
+    kg = static_cast<const uint16_t *>(p.k) + off;
+    vg = static_cast<const uint16_t *>(p.v) + off + static_cast<long long>(gridDim.z) * sb;
+  } else {
+    const int kvh = h / p.kv_group;
+    const long long kpos = a + j + kt0 * bk.r - p.kv_row_lo;
+    kg = static_cast<const uint16_t *>(p.k) + b * p.k_sb + kvh * p.k_sh + kpos * p.k_sn;
+    vg = static_cast<const uint16_t *>(p.v) + b * p.v_sb + kvh * p.v_sh + kpos * p.v_sn;
+  }
   const long long q_rs = bk.r * p.q_sn;
   const long long k_rs = p.k_rs;
   const long long v_rs = p.v_rs;

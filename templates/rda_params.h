@@ -7,6 +7,22 @@
 enum { RDA_DTYPE_BF16 = 0, RDA_DTYPE_FP16 = 1 };
 enum { RDA_OFFSETS_MOD = 0, RDA_OFFSETS_BLOCK = 1, RDA_OFFSETS_GROUP = 2 };
 
+/* The received blocks of one forward launch over a ring round (runtime/ring_compute.c): every
+ * class of the round in its own compact block, so one launch of a kv_table kernel (the "_kt"
+ * twin of a dilated forward variant) covers the heads of several classes. Head head0 + y reads kv slot slot[y] of class cls[y] (cls[y] < 0: the head has no
+ * keys in this launch; its blocks return at once). Class c's block starts at element at[c] of
+ * rda_fwd_params.k: K as [batch][rows[c]][nkv][head_dim], then V alike (the ring's transfer
+ * layout, rda_ring_rows_params), its first row the launch's first key grid row of the class.
+ * Every class of a launch has the same nkv: k_rs = v_rs = nkv * head_dim is the row pitch (a
+ * launch-wide stride keeps the kernel's register count that of the plain path). */
+#define RDA_KV_TABLE_HEADS 64
+typedef struct rda_kv_table {
+  signed char cls[RDA_KV_TABLE_HEADS];
+  unsigned char slot[RDA_KV_TABLE_HEADS];
+  long long at[RDA_KV_TABLE_HEADS];
+  int rows[RDA_KV_TABLE_HEADS];
+} rda_kv_table;
+
 /* One dilation branch (w, r) of the forward pass, for heads [head0, head0 + gridDim.y).
  * Rows of segment m are [m*w, min((m+1)*w, n)); the branch's grid in that segment is
  * a + j + t*r for t >= 0, with j = offset(branch, h) (SPEC §1). blockIdx.x = m * tiles_per_seg
@@ -50,6 +66,7 @@ typedef struct rda_fwd_params {
   long long row_lo;
   long long kv_row_lo;
   long long k_rs, v_rs;
+  rda_kv_table kvt; /* received blocks of several classes: read by the kv_table twins only */
 } rda_fwd_params;
 
 /* Fill o with 0 and lse with -inf (rows that no branch covers keep these values). */

@@ -208,9 +208,18 @@ static void test_gen_plan_dedups_equal_specializations(void **state) {
            "return { heads = 4, head_dim = 128, dtype = 'bf16',"
            " segments = { 4096, 8192, 16384 }, dilations = { 2, 4, 8 } }",
            90, &p);
-  assert_int_equal(p.nvariants, 5); /* one fwd + init + cast + ring pack + ring add */
+  /* one fwd, its ring-round twin, init, cast, ring pack, ring add */
+  assert_int_equal(p.nvariants, 6);
   assert_int_equal(p.steps[0].kernel, p.steps[1].kernel);
   assert_int_equal(p.steps[1].kernel, p.steps[2].kernel);
+  assert_int_equal(p.steps[0].ring_kernel, p.steps[1].ring_kernel);
+  assert_int_equal(p.steps[1].ring_kernel, p.steps[2].ring_kernel);
+  const rda_variant *fv = &p.variants[p.steps[0].kernel], *kt = &p.variants[p.steps[0].ring_kernel];
+  const size_t fl = strlen(fv->name);
+  assert_int_equal(strncmp(kt->name, fv->name, fl), 0);
+  assert_string_equal(kt->name + fl, "_kt");
+  assert_int_equal(kt->smem_bytes, fv->smem_bytes);
+  assert_int_equal(kt->block_m, fv->block_m);
   rda_plan_k_free(&p);
 }
 

@@ -32,6 +32,20 @@ static rda_gen *g_gen;
 static rda_backend *g_b[MAXP];
 static rda_hw g_hw;
 
+/* Kernel launches per rank backend (each rank's thread uses only its own): the emulator's
+ * launch, counted. */
+static rda_status (*g_emu_launch)(rda_backend *, rda_module *, const unsigned[3], unsigned,
+                                  unsigned, const void *, size_t, rda_err *);
+static long g_launches[MAXP];
+
+static rda_status counting_launch(rda_backend *b, rda_module *m, const unsigned grid[3],
+                                  unsigned threads, unsigned smem, const void *params,
+                                  size_t bytes, rda_err *err) {
+  for (int i = 0; i < MAXP; ++i)
+    if (g_b[i] == b) g_launches[i]++;
+  return g_emu_launch(b, m, grid, threads, smem, params, bytes, err);
+}
+
 static int group_setup(void **state) {
   (void)state;
   rda_err err = {0};
@@ -44,6 +58,8 @@ static int group_setup(void **state) {
       fprintf(stderr, "test_ring: emu backend: %s\n", err.msg);
       return -1;
     }
+  g_emu_launch = g_b[0]->launch;
+  for (int i = 0; i < MAXP; ++i) g_b[i]->launch = counting_launch;
   if (rda_gen_hw_builtin(g_gen, g_b[0]->arch, &g_hw, &err) != RDA_OK) {
     fprintf(stderr, "test_ring: hw: %s\n", err.msg);
     return -1;
@@ -77,6 +93,7 @@ typedef struct rank_job {
   void *mem[M_COUNT];
   size_t ws_bytes;
   rda_ring_run_stats stats, bstats;
+  long fwd_launches; /* kernel launches of the forward pass */
   rda_status status;
   rda_err err;
 } rank_job;
@@ -143,9 +160,11 @@ static void *rank_main(void *arg) {
   rda_transport *t = NULL;
   j->status = rda_host_world_join(j->world, j->rank, j->fp, &t, &j->err);
   if (j->status == RDA_OK && j->fail_wait > 0) t = flaky_wrap(t, j->fail_wait);
+  const long l0 = g_launches[j->rank];
   if (j->status == RDA_OK)
     j->status = rda_ring_fwd_run(j->b, j->pk, &j->kern, j->rp, j->rank, t, &j->a, j->mem[M_WS],
                                  j->ws_bytes, &j->stats, &j->err);
+  j->fwd_launches = g_launches[j->rank] - l0;
   if (j->status == RDA_OK && j->backward)
     j->status = rda_ring_bwd_run(j->b, j->pk, &j->kern, j->rp, j->rank, t, &j->ba, j->mem[M_WS],
                                  j->ws_bytes, &j->bstats, &j->err);
@@ -167,6 +186,7 @@ typedef struct ring_case {
 
 typedef struct ring_result {
   rda_ring_run_stats stats[MAXP];
+  long fwd_launches[MAXP];
   uint64_t plan_sent[MAXP], plan_received[MAXP];
 } ring_result;
 
@@ -369,6 +389,7 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
     }
     if (res != NULL) {
       res->stats[p] = j->stats;
+      res->fwd_launches[p] = j->fwd_launches;
       res->plan_sent[p] = rk->bytes_sent;
       res->plan_received[p] = rk->bytes_received;
     }
@@ -562,6 +583,22 @@ static void test_ring_bundles_of_classes_match_reference(void **state) {
   (void)state;
   const long long caps[] = {0, 4500, 1};
   const int ps[] = {3, 4};
+  /* A round of four classes from one peer is one launch per query piece; one class per bundle
+   * takes one per class (the classes' two heads are not adjacent: h and h + 4). */
+  long launches[3] = {0, 0, 0};
+  for (int i = 0; i < 3; ++i) {
+    ring_case rc = case_bundles();
+    rc.bundle_bytes = caps[i];
+    rc.ranks = 4;
+    ring_result res;
+    run_ring("bundle launches", &rc, &res);
+    for (int p = 0; p < 4; ++p) launches[i] += res.fwd_launches[p];
+  }
+  print_message("forward launches by bundle cap: %ld, %ld, %ld\n", launches[0], launches[1], launches[2]);
+  if (!(launches[0] < launches[1] && launches[1] < launches[2]))
+    fail_msg("forward launches %ld (one bundle), %ld (two classes), %ld (one class): expected "
+             "fewer launches for larger bundles",
+             launches[0], launches[1], launches[2]);
   for (int i = 0; i < 3; ++i) {
     ring_case rc = case_bundles();
     rc.bundle_bytes = caps[i];

@@ -25,6 +25,7 @@ struct rda_fwd_d128_bf16_causal_dil_bm128_bn64_w8_s2_cfg {
   static constexpr int block_n = 64;         /* key rows per inner step */
   static constexpr int warps = 8;
   static constexpr int stages = 2;           /* cp.async pipeline depth for K/V */
+  static constexpr bool kv_table = false;    /* keys from a ring round's blocks through rda_kv_table */
 };
 extern "C" __global__ void __launch_bounds__(256)
 rda_fwd_d128_bf16_causal_dil_bm128_bn64_w8_s2(const rda_fwd_params p) {
@@ -49,7 +50,7 @@ end)
 T.test("names differ whenever a specialization differs", function()
   local changes = {
     { head_dim = 64 }, { dtype = "fp16" }, { causal = false }, { dilated = false },
-    { block_m = 64, warps = 4 }, { block_n = 32 }, { stages = 3 },
+    { block_m = 64, warps = 4 }, { block_n = 32 }, { stages = 3 }, { kv_table = true },
   }
   local seen = { [emit.fwd_name(variant())] = true }
   for _, c in ipairs(changes) do

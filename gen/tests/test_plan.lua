@@ -105,10 +105,25 @@ end)
 T.test("variants are deduplicated by name", function()
   local pl = assert(plan.build(config { segments = { 4096, 8192, 16384 },
                                         dilations = { 2, 4, 8 } }, hw.builtin(90)))
-  assert(#pl.variants == 5, "one fwd variant plus init, cast, ring pack and ring add, got "
-                            .. #pl.variants)
+  assert(#pl.variants == 6, "one fwd variant, its kv-table twin, init, cast, ring pack and "
+                            .. "ring add, got " .. #pl.variants)
   assert(pl.steps[1].kernel == pl.steps[2].kernel and pl.steps[2].kernel == pl.steps[3].kernel,
          "steps share the variant")
+  assert(pl.steps[1].ring_kernel == pl.steps[2].ring_kernel
+         and pl.steps[2].ring_kernel == pl.steps[3].ring_kernel, "steps share the twin")
+  local kt = pl.variants[pl.steps[1].ring_kernel]
+  assert(kt.kv_table and kt.name == pl.variants[pl.steps[1].kernel].name .. "_kt", kt.name)
+end)
+
+T.test("only dilated branches of several offsets get a kv-table twin", function()
+  local pl = assert(plan.build(config { segments = { 4096, 8192 }, dilations = { 1, 4 } },
+                               hw.builtin(90)))
+  assert(pl.steps[1].ring_kernel == nil, "r = 1: one class, no twin")
+  assert(pl.steps[2].ring_kernel, "r = 4: a twin")
+  pl = assert(plan.build(config { segments = { 4096, 8192 }, dilations = { 2, 4 },
+                                  offsets = "group" }, hw.builtin(90)))
+  assert(pl.steps[1].ring_kernel == nil and pl.steps[2].ring_kernel == nil,
+         "group offsets: one class per branch, no twin")
   local names = {}
   for _, v in ipairs(pl.variants) do
     assert(not names[v.name], "duplicate " .. v.name)
