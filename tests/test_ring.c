@@ -187,8 +187,16 @@ typedef struct ring_case {
 typedef struct ring_result {
   rda_ring_run_stats stats[MAXP];
   long fwd_launches[MAXP];
+  float *o, *lse; /* the gathered forward outputs (ring_result_free) */
+  size_t no, nlse;
   uint64_t plan_sent[MAXP], plan_received[MAXP];
 } ring_result;
+
+static void ring_result_free(ring_result *r) {
+  free(r->o);
+  free(r->lse);
+  r->o = r->lse = NULL;
+}
 
 /* Copy rank rows between a global [B, N, X] array and a local [B, R, X] one (elem bytes each,
  * X elements per row); to_local picks the direction. */
@@ -440,8 +448,13 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
   free(dlse);
   free(o_ref);
   free(lse_ref);
-  free(o_all);
-  free(lse_all);
+  if (res != NULL) {
+    res->o = o_all, res->no = nq;
+    res->lse = lse_all, res->nlse = (size_t)(B * H * N);
+  } else {
+    free(o_all);
+    free(lse_all);
+  }
   free(dq_all);
   free(dk_all);
   free(dv_all);
@@ -584,16 +597,27 @@ static void test_ring_bundles_of_classes_match_reference(void **state) {
   const long long caps[] = {0, 4500, 1};
   const int ps[] = {3, 4};
   /* A round of four classes from one peer is one launch per query piece; one class per bundle
-   * takes one per class (the classes' two heads are not adjacent: h and h + 4). */
+   * takes one per class (the classes' two heads are not adjacent: h and h + 4). Each head sees
+   * the same merges in the same order either way, and the kv-table twin computes exactly what
+   * its base kernel does: the outputs are bit-identical, on the same inputs. */
   long launches[3] = {0, 0, 0};
+  ring_result res[3];
+  const uint64_t seed = rt_seed_value() + 0x5eed;
   for (int i = 0; i < 3; ++i) {
     ring_case rc = case_bundles();
     rc.bundle_bytes = caps[i];
     rc.ranks = 4;
-    ring_result res;
-    run_ring("bundle launches", &rc, &res);
-    for (int p = 0; p < 4; ++p) launches[i] += res.fwd_launches[p];
+    rt_seed(seed);
+    run_ring("bundle launches", &rc, &res[i]);
+    for (int p = 0; p < 4; ++p) launches[i] += res[i].fwd_launches[p];
   }
+  for (int i = 0; i < 2; ++i) {
+    assert_int_equal(res[i].no, res[2].no);
+    if (memcmp(res[i].o, res[2].o, res[i].no * sizeof(float)) != 0 ||
+        memcmp(res[i].lse, res[2].lse, res[i].nlse * sizeof(float)) != 0)
+      fail_msg("bundle cap %lld: outputs differ bitwise from one class per bundle", caps[i]);
+  }
+  for (int i = 0; i < 3; ++i) ring_result_free(&res[i]);
   print_message("forward launches by bundle cap: %ld, %ld, %ld\n", launches[0], launches[1], launches[2]);
   if (!(launches[0] < launches[1] && launches[1] < launches[2]))
     fail_msg("forward launches %ld (one bundle), %ld (two classes), %ld (one class): expected "
@@ -627,6 +651,7 @@ static void test_ring_local_branches_send_zero_bytes(void **state) {
     assert_int_equal(res.stats[p].bytes_sent, 0);
     assert_int_equal(res.stats[p].bytes_received, 0);
   }
+  ring_result_free(&res);
 }
 
 /* One segment spanning everything: the ring's memory per rank shrinks about as 1/P. */
@@ -651,6 +676,8 @@ static void test_ring_peak_bytes_shrink_with_ranks(void **state) {
   /* 4x the ranks: at most a third of the memory (1/4 plus rounding of uneven blocks). */
   assert_true(3 * p8 <= p2);
   assert_true(r8.stats[0].bytes_sent > 0);
+  ring_result_free(&r2);
+  ring_result_free(&r8);
 }
 
 /* One rank fails (a wrong row count): every other rank returns an abort error, no hang (the
