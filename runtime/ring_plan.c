@@ -778,6 +778,10 @@ static uint64_t rp_fnv(uint64_t h, uint64_t v) {
 uint64_t rda_ring_fingerprint(const rda_config *cfg, int64_t n, int ranks, int layout) {
   uint64_t h = 0xcbf29ce484222325ull;
   h = rp_fnv(h, RDA_VERSION_NUMBER);
+  /* The order of every pair's messages: ranks that group or order steps differently must fail
+   * the check, not post mismatched transfers (NCCL does not check sizes). */
+  h = rp_fnv(h, RDA_RING_PROTOCOL);
+  h = rp_fnv(h, RDA_RING_BUNDLE_BYTES);
   h = rp_fnv(h, (uint64_t)cfg->heads);
   h = rp_fnv(h, (uint64_t)cfg->kv_heads);
   h = rp_fnv(h, (uint64_t)cfg->head_dim);

@@ -29,6 +29,9 @@ enum {
  * (per batch element; a single class may exceed it): the larger a bundle, the fewer and larger
  * the launches on received blocks, and the more ring memory. */
 #define RDA_RING_BUNDLE_BYTES (16ull << 20)
+/* The version of the ring's message order (steps, rounds, virtual steps), in the fingerprint;
+ * bump it with any change to that order. 2: rounds of bundles. */
+#define RDA_RING_PROTOCOL 2
 
 typedef struct rda_ring_plan rda_ring_plan;
 
@@ -190,7 +193,9 @@ rda_status rda_ring_plan_simulate(const rda_ring_plan *p, double link_bytes_per_
                                   double flops_per_s, rda_ring_sim *out, rda_err *err);
 
 /* A 64-bit FNV-1a hash of everything the ranks of one ring must agree on: the config (every
- * field), N, P, the layout, the dtype and the rda version. */
+ * field), N, P, the layout, the dtype, the rda version, RDA_RING_PROTOCOL and the bundle cap
+ * (rda_ring_plan_create's; rda_ring_plan_create_bundled is for tests whose ranks share one
+ * plan). */
 uint64_t rda_ring_fingerprint(const rda_config *cfg, int64_t n, int ranks, int layout);
 
 #endif
