@@ -1,15 +1,7 @@
-/* ring.c — the ring passes of one rank (see ring.h): the schedule of grouped transfers, the
- * workspace blocks and the loop that overlaps each transfer with the previous block's compute.
- * What is computed on a block lives in ring_compute.c.
- *
- * Schedule. The plan gives each rank its steps, ordered by a key every rank shares; a round is
- * the steps of one (bundle, shift): the classes of a segment that move together
- * (ring_plan.h). The backward pass also returns fp32 dK/dV of every received block to the
- * block's owner. To keep every pair of ranks posting matching operations in the same order
- * (the transports match sends and receives FIFO per pair), the gradients of the round of shift
- * s travel in the same bundle at "virtual" shift s + 2, after the K/V blocks of that shift:
- * both ends of a transfer have a round of shift s, so both add the virtual shifts s + 1 and
- * s + 2 (s + 1 keeps the compute of s before the post of s + 2).
+/* ring.c — the ring passes of one rank (see ring.h): the workspace blocks and the loop that
+ * overlaps each transfer with the previous block's compute. The order of the work and of the
+ * messages (rounds, virtual steps, each one's sends and receives) is ring_schedule.c's; what is
+ * computed on a block is ring_compute.c's.
  *
  * Loop. Virtual step i: wait for its transfers; add the gradients it returned; post step i+1
  * (pack, then sends and receives); compute on step i's received blocks. Receive blocks and
@@ -24,20 +16,8 @@
 
 #include "ring_compute.h"
 #include "ring_rows.h"
+#include "ring_schedule.h"
 #include "ring_trace.h"
-
-/* A round of steps: steps[0..n), their transfers' offsets per batch element
- * (rda_ring_round_layout). */
-typedef struct ring_round {
-  const rda_ring_step *steps;
-  int n;
-  uint64_t (*send_at)[2], (*recv_at)[2];
-} ring_round;
-
-/* One virtual step: the round whose K/V moves, the round whose gradients return (n = 0: none). */
-typedef struct ring_vstep {
-  ring_round kv, grad;
-} ring_vstep;
 
 /* The ring's workspace blocks (backend memory) and their sizes for the batch. */
 typedef struct ring_blocks {
@@ -94,73 +74,14 @@ static void ring_carve(ring_blocks *bl, unsigned char *base, int backward) {
   for (int i = 0; i < 2; ++i, off += ring_round_up(2 * bl->send_all)) bl->grblk[i] = base + off;
 }
 
-/* The schedule of a rank: its virtual steps (see the top comment) and the offsets of every
- * step's transfers, one entry per step. */
-typedef struct ring_schedule {
-  ring_vstep *v;
-  int64_t nv;
-  uint64_t (*send_at)[2], (*recv_at)[2];
-} ring_schedule;
-
-static void ring_schedule_free(ring_schedule *sc) {
-  free(sc->v);
-  free(sc->send_at);
-  free(sc->recv_at);
-  memset(sc, 0, sizeof *sc);
-}
-
-static ring_round ring_round_at(const ring_schedule *sc, const rda_ring_step *steps, int64_t i,
-                                int64_t e) {
-  ring_round r = {steps + i, (int)(e - i), sc->send_at + i, sc->recv_at + i};
-  return r;
-}
-
-static rda_status ring_schedule_build(const rda_ring_step *steps, int64_t nsteps, int backward,
-                                      ring_schedule *sc, rda_err *err) {
-  memset(sc, 0, sizeof *sc);
-  if (nsteps == 0) return RDA_OK;
-  sc->v = calloc((size_t)nsteps * 3, sizeof *sc->v);
-  sc->send_at = calloc((size_t)nsteps, sizeof *sc->send_at);
-  sc->recv_at = calloc((size_t)nsteps, sizeof *sc->recv_at);
-  if (sc->v == NULL || sc->send_at == NULL || sc->recv_at == NULL) {
-    ring_schedule_free(sc);
-    return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring: out of memory for the schedule");
-  }
-  for (int64_t i = 0; i < nsteps;) {
-    const int64_t e = rda_ring_round_end(steps, nsteps, i);
-    rda_ring_round_layout(steps + i, e - i, sc->send_at + i, sc->recv_at + i, NULL, NULL, NULL);
-    i = e;
-  }
-  const int reach = backward ? 2 : 0;
-  for (int64_t b0 = 0; b0 < nsteps;) {
-    int64_t b1 = b0 + 1;
-    while (b1 < nsteps && steps[b1].bundle == steps[b0].bundle) ++b1;
-    /* Rounds of the bundle ascend by shift; walk the union of {s, .., s + reach} in order. */
-    int last = -1;
-    for (int64_t i = b0; i < b1; i = rda_ring_round_end(steps, b1, i)) {
-      for (int sh = steps[i].shift; sh <= steps[i].shift + reach; ++sh) {
-        if (sh <= last) continue;
-        last = sh;
-        ring_vstep *x = &sc->v[sc->nv++];
-        memset(x, 0, sizeof *x);
-        for (int64_t j = b0; j < b1; j = rda_ring_round_end(steps, b1, j)) {
-          const int64_t e = rda_ring_round_end(steps, b1, j);
-          if (steps[j].shift == sh) x->kv = ring_round_at(sc, steps, j, e);
-          if (backward && steps[j].shift == sh - 2) x->grad = ring_round_at(sc, steps, j, e);
-        }
-      }
-    }
-    b0 = b1;
-  }
-  return RDA_OK;
-}
-
 typedef struct ring_run {
   ring_ctx c;
   const rda_ring_plan *rp;
   rda_transport *t;
   ring_blocks bl;
   int backward;
+  ring_op *ops;               /* a virtual step's operations (ring_schedule's max_ops) */
+  ring_round_scratch scratch; /* for the forward's rounds */
 } ring_run;
 
 static size_t ring_bytes(const rda_ring_xfer *x, long long batch) {
@@ -207,48 +128,21 @@ static rda_status ring_add_returned(ring_run *r, const ring_round *rd, unsigned 
   return RDA_OK;
 }
 
-static int ring_round_has_ops(const ring_round *rd) {
-  for (int k = 0; k < rd->n; ++k)
-    if (rd->steps[k].nsend > 0 || rd->steps[k].nrecv > 0) return 1;
-  return 0;
-}
-
-static int ring_vstep_has_ops(const ring_vstep *v) {
-  return ring_round_has_ops(&v->kv) || ring_round_has_ops(&v->grad);
-}
-
-/* Post virtual step i: K/V sends from the send block, then gradient sends (of the blocks
- * received two virtual steps earlier, from gblk[i % 2]); K/V receives into rblk[i % 2], then
- * gradient receives into grblk[i % 2]. Within each kind, the round's steps in order: the same
- * order at both ends of every pair. */
-static rda_status ring_post(ring_run *r, const ring_vstep *v, int64_t i, rda_err *err) {
-  const long long B = r->c.batch;
-  const ring_round *kv = &v->kv, *gr = &v->grad;
-  RDA_TRY(ring_pack_round(r, kv, err));
+/* Post virtual step i (ring_vstep_ops: the same order at both ends of every pair): pack its
+ * K/V sends into the send block, then one transport group. */
+static rda_status ring_post(ring_run *r, const ring_vstep *v, int64_t i, int nops, rda_err *err) {
+  RDA_TRY(ring_pack_round(r, &v->kv, err));
+  unsigned char *const blk[4] = {r->bl.sblk, r->bl.rblk[i % 2], r->bl.gblk[i % 2],
+                                 r->bl.grblk[i % 2]};
   RDA_TRY(rda_transport_group_start(r->t, err));
-  for (int k = 0; k < kv->n; ++k)
-    for (int q = 0; q < kv->steps[k].nsend; ++q)
-      RDA_TRY(rda_transport_send(r->t, kv->steps[k].send[q].peer,
-                                 r->bl.sblk + kv->send_at[k][q] * (uint64_t)B,
-                                 ring_bytes(&kv->steps[k].send[q], B), err));
-  for (int k = 0; k < gr->n; ++k)
-    for (int q = 0; q < gr->steps[k].nrecv; ++q)
-      RDA_TRY(rda_transport_send(r->t, gr->steps[k].recv[q].peer,
-                                 r->bl.gblk[i % 2] + 2 * gr->recv_at[k][q] * (uint64_t)B,
-                                 2 * ring_bytes(&gr->steps[k].recv[q], B), err));
-  for (int k = 0; k < kv->n; ++k)
-    for (int q = 0; q < kv->steps[k].nrecv; ++q)
-      RDA_TRY(rda_transport_recv(r->t, kv->steps[k].recv[q].peer,
-                                 r->bl.rblk[i % 2] + kv->recv_at[k][q] * (uint64_t)B,
-                                 ring_bytes(&kv->steps[k].recv[q], B), err));
-  size_t off = 0;
-  for (int k = 0; k < gr->n; ++k)
-    for (int q = 0; q < gr->steps[k].nsend; ++q) {
-      const size_t n = 2 * ring_bytes(&gr->steps[k].send[q], B);
-      RDA_TRY(rda_transport_recv(r->t, gr->steps[k].send[q].peer, r->bl.grblk[i % 2] + off, n,
-                                 err));
-      off += n;
-    }
+  for (int q = 0; q < nops; ++q) {
+    const ring_op *o = &r->ops[q];
+    unsigned char *p = blk[o->buf] + o->at;
+    if (o->send)
+      RDA_TRY(rda_transport_send(r->t, o->peer, p, (size_t)o->bytes, err));
+    else
+      RDA_TRY(rda_transport_recv(r->t, o->peer, p, (size_t)o->bytes, err));
+  }
   return rda_transport_group_end(r->t, err);
 }
 
@@ -260,7 +154,7 @@ static rda_status ring_compute_step(ring_run *r, const ring_vstep *v, int64_t i,
   if (recv == 0) return RDA_OK;
   if (!r->backward)
     return ring_fwd_received_round(&r->c, kv->steps, kv->n, (const uint64_t(*)[2])kv->recv_at,
-                                   r->bl.rblk[i % 2], err);
+                                   r->bl.rblk[i % 2], &r->scratch, err);
   const uint64_t B = (uint64_t)r->c.batch;
   RDA_TRY(r->c.b->memset_async(r->c.b, r->bl.gblk[i % 2], 0, (size_t)(2 * recv * B), err));
   for (int k = 0; k < kv->n; ++k) {
@@ -278,10 +172,10 @@ static rda_status ring_compute_step(ring_run *r, const ring_vstep *v, int64_t i,
 
 static rda_status ring_loop(ring_run *r, const ring_vstep *v, int64_t nv, rda_err *err) {
   rda_backend *b = r->c.b;
-  int posted = 0;
+  int posted = 0, nops = 0;
   ring_trace_mark(b, RING_MARK_BEGIN, 0);
-  if (nv > 0 && ring_vstep_has_ops(&v[0])) {
-    RDA_TRY(ring_post(r, &v[0], 0, err));
+  if (nv > 0 && (nops = ring_vstep_ops(&v[0], r->c.batch, r->ops)) > 0) {
+    RDA_TRY(ring_post(r, &v[0], 0, nops, err));
     posted = 1;
   }
   RDA_TRY(r->backward ? ring_bwd_own(&r->c, err) : ring_fwd_own(&r->c, err));
@@ -292,8 +186,8 @@ static rda_status ring_loop(ring_run *r, const ring_vstep *v, int64_t nv, rda_er
     ring_trace_mark(b, RING_MARK_WAIT1, i);
     if (v[i].grad.n > 0) RDA_TRY(ring_add_returned(r, &v[i].grad, r->bl.grblk[i % 2], err));
     posted = 0;
-    if (i + 1 < nv && ring_vstep_has_ops(&v[i + 1])) {
-      RDA_TRY(ring_post(r, &v[i + 1], i + 1, err));
+    if (i + 1 < nv && (nops = ring_vstep_ops(&v[i + 1], r->c.batch, r->ops)) > 0) {
+      RDA_TRY(ring_post(r, &v[i + 1], i + 1, nops, err));
       posted = 1;
     }
     ring_trace_mark(b, RING_MARK_POSTED, i);
@@ -352,12 +246,19 @@ static rda_status ring_pass(ring_run *r, int rank, long long n, void *workspace,
     ring_carve(&r->bl, workspace, r->backward);
     s = ring_ctx_init(&r->c, r->rp, rank, err);
   }
+  /* Host scratch for the loop, so that nothing is allocated inside it. */
+  if (s == RDA_OK && sc.max_ops > 0 && (r->ops = calloc((size_t)sc.max_ops, sizeof *r->ops)) == NULL)
+    s = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring: out of memory for the schedule");
+  if (s == RDA_OK) s = ring_round_scratch_init(&r->scratch, sc.max_recvs, err);
   if (s == RDA_OK)
     s = r->backward ? rda_bwd_prep(r->c.b, r->c.pk, r->c.k, r->c.ba, err)
                     : rda_fwd_init(r->c.b, r->c.pk, r->c.k, r->c.fa, err);
   if (s == RDA_OK) s = ring_loop(r, sc.v, sc.nv, err);
   ring_schedule_free(&sc);
   free(steps);
+  free(r->ops);
+  r->ops = NULL;
+  ring_round_scratch_free(&r->scratch);
   if (s != RDA_OK) {
     rda_transport_abort(r->t, err != NULL && err->msg[0] != '\0' ? err->msg : "a rank failed");
     return s;

@@ -314,12 +314,33 @@ static rda_status ring_received(const ring_ctx *c, const rda_ring_step *st,
 /* --- a round's received blocks, the forward pass ------------------------------------------- */
 
 /* One receive of a round: step st's transfer x, its block at byte `at` of the round's block. */
-typedef struct ring_recv {
+struct ring_recv {
   const rda_ring_step *st;
   const rda_ring_xfer *x;
   rda_ring_class cls;
   size_t at;
-} ring_recv;
+};
+
+rda_status ring_round_scratch_init(ring_round_scratch *s, int cap, rda_err *err) {
+  memset(s, 0, sizeof *s);
+  if (cap < 1) return RDA_OK;
+  s->recv = calloc((size_t)cap, sizeof *s->recv);
+  s->members = calloc((size_t)cap, sizeof *s->members);
+  s->done = calloc((size_t)cap, 1);
+  if (s->recv == NULL || s->members == NULL || s->done == NULL) {
+    ring_round_scratch_free(s);
+    return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring: out of memory for a round");
+  }
+  s->cap = cap;
+  return RDA_OK;
+}
+
+void ring_round_scratch_free(ring_round_scratch *s) {
+  free(s->recv);
+  free(s->members);
+  free(s->done);
+  memset(s, 0, sizeof *s);
+}
 
 /* Whether the grid rows of class offset j in [lo, hi) of segment a are exactly range i of x:
  * then a launch over key positions [lo, hi) reads this class's block from its first row. */
@@ -418,18 +439,18 @@ static rda_status ring_fwd_table(const ring_ctx *c, ring_recv *const *m, int nm,
 
 rda_status ring_fwd_received_round(const ring_ctx *c, const rda_ring_step *steps, int n,
                                    const uint64_t (*recv_at)[2], const unsigned char *blk,
-                                   rda_err *err) {
+                                   ring_round_scratch *scratch, rda_err *err) {
   int nr = 0;
   for (int k = 0; k < n; ++k) nr += steps[k].nrecv;
   if (nr == 0) return RDA_OK;
-  ring_recv *rv = calloc((size_t)nr, sizeof *rv);
-  ring_recv **m = calloc((size_t)nr, sizeof *m);
-  unsigned char *done = calloc((size_t)nr, 1);
+  if (nr > scratch->cap)
+    return rda_err_set(err, RDA_ERR_INTERNAL, "ring: a round of %d receives, scratch for %d", nr,
+                       scratch->cap);
+  ring_recv *rv = scratch->recv;
+  ring_recv **m = scratch->members;
+  unsigned char *done = scratch->done;
+  memset(done, 0, (size_t)nr);
   rda_status s = RDA_OK;
-  if (rv == NULL || m == NULL || done == NULL) {
-    s = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring: out of memory for a round");
-    goto out;
-  }
   nr = 0;
   for (int k = 0; k < n; ++k)
     for (int q = 0; q < steps[k].nrecv; ++q, ++nr) {
@@ -473,10 +494,6 @@ rda_status ring_fwd_received_round(const ring_ctx *c, const rda_ring_step *steps
                       ring_launch_fwd, err);
     done[u] = 1;
   }
-out:
-  free(rv);
-  free(m);
-  free(done);
   return s;
 }
 

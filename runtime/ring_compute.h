@@ -55,9 +55,20 @@ rda_status ring_fwd_received(const ring_ctx *c, const rda_ring_step *st,
  * recv_at[k][q] * batch of blk. Receives from one peer over the same ranges share launches (a
  * table of their blocks per launch, rda_kv_table), so a round of many classes costs a few
  * launches rather than one per class and head run. */
+typedef struct ring_recv ring_recv;
+/* Host scratch of ring_fwd_received_round for rounds of up to cap receives (made before a
+ * pass, so that nothing is allocated inside it). */
+typedef struct ring_round_scratch {
+  int cap;
+  ring_recv *recv;
+  ring_recv **members;
+  unsigned char *done;
+} ring_round_scratch;
+rda_status ring_round_scratch_init(ring_round_scratch *s, int cap, rda_err *err);
+void ring_round_scratch_free(ring_round_scratch *s); /* accepts a zeroed one */
 rda_status ring_fwd_received_round(const ring_ctx *c, const rda_ring_step *steps, int n,
                                    const uint64_t (*recv_at)[2], const unsigned char *blk,
-                                   rda_err *err);
+                                   ring_round_scratch *scratch, rda_err *err);
 rda_status ring_bwd_received(const ring_ctx *c, const rda_ring_step *st,
                              const rda_ring_class *cls, const rda_ring_xfer *x,
                              const unsigned char *kv, unsigned char *grads, rda_err *err);
