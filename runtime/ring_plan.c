@@ -41,6 +41,9 @@ struct rda_ring_plan {
   int64_t ngroups, gcap;
   rp_group *groups;
   int64_t nbundles;
+  int64_t *memb_off; /* rank rho's memberships: memb_g / memb_x [memb_off[rho], memb_off[rho+1]) */
+  int64_t *memb_g;   /* the group, ascending */
+  int *memb_x;       /* the rank's member index in it */
   uint64_t bundle_bytes; /* RDA_RING_BUNDLE_BYTES unless a test asks otherwise */
   int64_t nmembers, mcap;
   rp_member *members;
@@ -455,29 +458,41 @@ static rda_status rp_totals(rda_ring_plan *p, rda_err *err) {
     }
     rk->flops = 4.0 * p->cfg.head_dim * rk->pairs;
   }
-  for (int64_t gi = 0; gi < p->ngroups; gi++) {
-    const rp_group *g = &p->groups[gi];
-    for (int xi = 0; xi < g->nm; xi++) {
-      rda_ring_rank *rk = &p->ranks[p->members[g->m0 + xi].rank];
-      for (int s = rp_first_step(g); s < rp_nsteps(g); s++) {
-        rda_ring_step st;
-        if (!rp_step(p, gi, xi, s, &st)) continue;
-        rk->steps++;
-        rk->recv_pairs += st.recv_pairs;
-        for (int q = 0; q < st.nsend; q++) rk->bytes_sent += st.send[q].bytes;
-        for (int q = 0; q < st.nrecv; q++) rk->bytes_received += st.recv[q].bytes;
-        p->branches[g->branch].bytes +=
-            st.send[0].bytes * (st.nsend > 0) + st.send[1].bytes * (st.nsend > 1);
-      }
+  /* Each rank's memberships, in group order (CSR), so that a rank's steps never scan groups it
+   * is not in. */
+  p->memb_off = calloc((size_t)p->nranks + 1, sizeof *p->memb_off);
+  p->memb_g = malloc((size_t)(p->nmembers > 0 ? p->nmembers : 1) * sizeof *p->memb_g);
+  p->memb_x = malloc((size_t)(p->nmembers > 0 ? p->nmembers : 1) * sizeof *p->memb_x);
+  if (p->memb_off == NULL || p->memb_g == NULL || p->memb_x == NULL)
+    return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring plan: out of memory");
+  for (int64_t k = 0; k < p->nmembers; k++) p->memb_off[p->members[k].rank + 1]++;
+  for (int rho = 0; rho < p->nranks; rho++) p->memb_off[rho + 1] += p->memb_off[rho];
+  int64_t *fill = calloc((size_t)p->nranks, sizeof *fill);
+  if (fill == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring plan: out of memory");
+  for (int64_t gi = 0; gi < p->ngroups; gi++)
+    for (int xi = 0; xi < p->groups[gi].nm; xi++) {
+      const int rho = p->members[p->groups[gi].m0 + xi].rank;
+      const int64_t at = p->memb_off[rho] + fill[rho]++;
+      p->memb_g[at] = gi, p->memb_x[at] = xi;
     }
-  }
-  /* As the ring driver holds them: the send block of a round and two receive blocks,
-   * double-buffered. */
+  free(fill);
+  /* Totals from each rank's steps; memory as the ring driver holds it: the send block of a
+   * round and two receive blocks, double-buffered. */
   for (int rho = 0; rho < p->nranks; rho++) {
     rda_ring_rank *rk = &p->ranks[rho];
     rda_ring_step *steps = NULL;
     int64_t n = 0;
     RDA_TRY(rda_ring_plan_steps(p, rho, &steps, &n, err));
+    rk->steps = n;
+    for (int64_t i = 0; i < n; i++) {
+      const rda_ring_step *st = &steps[i];
+      rk->recv_pairs += st->recv_pairs;
+      for (int q = 0; q < st->nsend; q++) {
+        rk->bytes_sent += st->send[q].bytes;
+        p->branches[st->branch].bytes += st->send[q].bytes;
+      }
+      for (int q = 0; q < st->nrecv; q++) rk->bytes_received += st->recv[q].bytes;
+    }
     uint64_t send_all = 0;
     rda_ring_steps_blocks(steps, n, &rk->send_block, &send_all, &rk->recv_block);
     free(steps);
@@ -565,6 +580,7 @@ done:
 void rda_ring_plan_destroy(rda_ring_plan *p) {
   if (p == NULL) return;
   free(p->classes), free(p->kv), free(p->groups), free(p->members), free(p->ranks);
+  free(p->memb_off), free(p->memb_g), free(p->memb_x);
   free(p);
 }
 
@@ -631,42 +647,45 @@ int rda_ring_plan_own_block(const rda_ring_plan *p, int64_t group, int rank, rda
   return 0;
 }
 
-static int rp_step_cmp(const void *x, const void *y) {
-  const rda_ring_step *a = x, *b = y;
-  if (a->bundle != b->bundle) return a->bundle < b->bundle ? -1 : 1;
-  if (a->shift != b->shift) return a->shift < b->shift ? -1 : 1;
-  return (a->group > b->group) - (a->group < b->group);
-}
-
 rda_status rda_ring_plan_steps(const rda_ring_plan *p, int rank, rda_ring_step **steps,
                                int64_t *count, rda_err *err) {
   *steps = NULL, *count = 0;
   if (rank < 0 || rank >= p->nranks)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring plan: rank %d of %d", rank, p->nranks);
-  const int64_t want = p->ranks[rank].steps;
-  if (want == 0) return RDA_OK;
-  rda_ring_step *v = malloc((size_t)want * sizeof *v);
-  if (v == NULL)
-    return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring plan: out of memory for %lld steps",
-                       (long long)want);
-  int64_t c = 0;
-  for (int64_t gi = 0; gi < p->ngroups; gi++) {
-    const rp_group *g = &p->groups[gi];
-    int xi = -1;
-    for (int q = 0; q < g->nm && xi < 0; q++)
-      if (p->members[g->m0 + q].rank == rank) xi = q;
-    if (xi < 0) continue;
-    for (int s = rp_first_step(g); s < rp_nsteps(g); s++)
-      if (c < want && rp_step(p, gi, xi, s, &v[c])) c++;
+  /* Groups come in (branch, segment, class) order and bundles number them in that order: per
+   * bundle of the rank's memberships, shift by shift, group by group is the key of
+   * rda_ring_step, (bundle, shift, group). */
+  rda_ring_step *v = NULL;
+  int64_t c = 0, cap = 0;
+  const int64_t m1 = p->memb_off[rank + 1];
+  for (int64_t m0 = p->memb_off[rank]; m0 < m1;) {
+    const int64_t bundle = p->groups[p->memb_g[m0]].bundle;
+    int64_t me = m0;
+    int smax = 0;
+    for (; me < m1 && p->groups[p->memb_g[me]].bundle == bundle; me++)
+      if (rp_nsteps(&p->groups[p->memb_g[me]]) > smax) smax = rp_nsteps(&p->groups[p->memb_g[me]]);
+    for (int s = 0; s < smax; s++)
+      for (int64_t m = m0; m < me; m++) {
+        const rp_group *g = &p->groups[p->memb_g[m]];
+        if (s < rp_first_step(g) || s >= rp_nsteps(g)) continue;
+        if (c == cap) {
+          cap = cap ? 2 * cap : 64;
+          rda_ring_step *nv = realloc(v, (size_t)cap * sizeof *v);
+          if (nv == NULL) {
+            free(v);
+            return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY,
+                               "ring plan: out of memory for %lld steps", (long long)cap);
+          }
+          v = nv;
+        }
+        if (rp_step(p, p->memb_g[m], p->memb_x[m], s, &v[c])) c++;
+      }
+    m0 = me;
   }
-  if (c != want) {
+  if (c == 0) {
     free(v);
-    return rda_err_set(err, RDA_ERR_INTERNAL, "ring plan: rank %d: %lld steps, expected %lld", rank,
-                       (long long)c, (long long)want);
+    v = NULL;
   }
-  /* Groups come in (branch, segment, class) order and bundles number them in that order, so
-   * (bundle, shift, group) is the key of rda_ring_step. */
-  qsort(v, (size_t)c, sizeof *v, rp_step_cmp);
   *steps = v, *count = c;
   return RDA_OK;
 }
