@@ -144,27 +144,31 @@ local function check_bwd(v, keys)
   end
   assert(type(v.causal) == "boolean" and type(v.dilated) == "boolean",
          "variant causal and dilated must be booleans")
+  assert(v.kv_table == nil or type(v.kv_table) == "boolean", "variant kv_table must be a boolean")
 end
 
 local DKDV_KEYS <const> = { "head_dim", "block_n", "block_m", "warps", "stages", "dsplit" }
 local DQ_KEYS <const> = { "head_dim", "block_m", "block_n", "warps", "stages" }
 
 -- dq_atomic (optional, default false): the variant also adds dQ by atomics ("_qa").
+-- kv_table (optional, default false, both kinds): the twin that reads a ring round's received
+-- blocks, and (dK/dV) writes their gradient blocks, through rda_bwd_kv_table ("_kt").
 function M.bwd_dkdv_name(v)
   check_bwd(v, DKDV_KEYS)
   assert(v.dq_atomic == nil or type(v.dq_atomic) == "boolean",
          "variant dq_atomic must be a boolean")
-  return string.format("rda_bwd_dkdv_d%d_%s_%s_%s_bn%d_bm%d_w%d_s%d_x%d%s", v.head_dim, v.dtype,
-                       v.causal and "causal" or "full", v.dilated and "dil" or "dense",
+  assert(not (v.dq_atomic and v.kv_table), "a kv_table twin of an atomic dK/dV is not planned")
+  return string.format("rda_bwd_dkdv_d%d_%s_%s_%s_bn%d_bm%d_w%d_s%d_x%d%s%s", v.head_dim,
+                       v.dtype, v.causal and "causal" or "full", v.dilated and "dil" or "dense",
                        v.block_n, v.block_m, v.warps, v.stages, v.dsplit,
-                       v.dq_atomic and "_qa" or "")
+                       v.dq_atomic and "_qa" or "", v.kv_table and "_kt" or "")
 end
 
 function M.bwd_dq_name(v)
   check_bwd(v, DQ_KEYS)
-  return string.format("rda_bwd_dq_d%d_%s_%s_%s_bm%d_bn%d_w%d_s%d", v.head_dim, v.dtype,
+  return string.format("rda_bwd_dq_d%d_%s_%s_%s_bm%d_bn%d_w%d_s%d%s", v.head_dim, v.dtype,
                        v.causal and "causal" or "full", v.dilated and "dil" or "dense",
-                       v.block_m, v.block_n, v.warps, v.stages)
+                       v.block_m, v.block_n, v.warps, v.stages, v.kv_table and "_kt" or "")
 end
 
 function M.bwd_prep_name(dtype)
@@ -182,14 +186,19 @@ function M.bwd_dkdv_source(v)
     { "int", "stages", v.stages, "cp.async pipeline depth for Q/dO" },
     { "int", "dsplit", v.dsplit, "blocks per key tile, each owning head_dim / dsplit columns" },
     { "bool", "dq_atomic", tostring(v.dq_atomic == true), "also dQ, by fp32 atomics" },
+    { "bool", "kv_table", tostring(v.kv_table == true),
+      "K/V and dK/dV of a ring round's blocks through rda_bwd_kv_table" },
   }), 32 * v.warps, "rda::bwd_dkdv_kernel", "rda_bwd_params")
 end
 
 -- dQ of a branch: { head_dim, dtype, causal, dilated, block_m, block_n, warps, stages }.
 function M.bwd_dq_source(v)
   local name = M.bwd_dq_name(v)
-  return source(name, "rda_bwd.cuh", query_tiled_fields(v), 32 * v.warps,
-                "rda::bwd_dq_kernel", "rda_bwd_params")
+  local fields = query_tiled_fields(v)
+  fields[#fields + 1] = { "bool", "kv_table", tostring(v.kv_table == true),
+                          "K/V from a ring round's blocks through rda_bwd_kv_table" }
+  return source(name, "rda_bwd.cuh", fields, 32 * v.warps, "rda::bwd_dq_kernel",
+                "rda_bwd_params")
 end
 
 -- Dp = <dO, O> - dLSE and zeroed dq, dk, dv before the branches.

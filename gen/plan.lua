@@ -328,7 +328,8 @@ end
 
 -- Adds the backward kernels to a forward plan: one dkdv and one dq variant per distinct
 -- (causal, dilated) branch kind, the prep kernel, and plan.bwd_steps = { {dkdv_kernel,
--- dq_kernel, dsplit, branch, head0, nheads} } (one per branch, in branch order) and
+-- dq_kernel, dsplit, branch, head0, nheads, dkdv_ring_kernel, dq_ring_kernel (their kv-table
+-- twins, or nil: as the forward's ring_kernel)} } (one per branch, in branch order) and
 -- plan.bwd_prep_kernel. With `atomic`, each step also gets dkdv_atomic_kernel: the dkdv
 -- variant that adds dQ by atomics (for the non-deterministic mode), when the tile has dsplit 1
 -- and fits (else the step has none). Returns true, or nil and why no tile fits.
@@ -372,6 +373,20 @@ function M.add_backward(plan, index, cfg, hw, bspace, atomic)
         a.source = emit.bwd_dkdv_source(a)
         plan.bwd_steps[i].dkdv_atomic_kernel = add_variant(plan, index, a)
       end
+    end
+    -- The ring's twins, under the forward's condition (M.build): one launch of each covers a
+    -- round's blocks of several classes from one peer.
+    if dilated and cfg.offsets ~= "group" and nheads > 1 then
+      local function twin(x, name_of, source_of)
+        local t = {}
+        for key, val in pairs(x) do t[key] = val end
+        t.kv_table = true
+        t.name = name_of(t)
+        t.source = source_of(t)
+        return add_variant(plan, index, t)
+      end
+      plan.bwd_steps[i].dkdv_ring_kernel = twin(v, emit.bwd_dkdv_name, emit.bwd_dkdv_source)
+      plan.bwd_steps[i].dq_ring_kernel = twin(q, emit.bwd_dq_name, emit.bwd_dq_source)
     end
   end
   local prep = { kind = "bwd_prep", name = emit.bwd_prep_name(cfg.dtype),

@@ -218,13 +218,44 @@ rda_status rda_bwd_launch_dkdv(rda_backend *b, const rda_plan_k *p, const rda_fw
   return RDA_OK;
 }
 
-rda_status rda_bwd_launch_dq(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
-                             const rda_bwd_step *s, rda_bwd_params *bp, long long nseg,
-                             long long batch, rda_err *err) {
-  if (!kernel_ok(p, k, s->dq_kernel))
-    return rda_err_set(err, RDA_ERR_INTERNAL, "branch %d: the dQ kernel is not loaded", s->branch);
+/* The ring's dK/dV twin: one launch, blockIdx.y = entry of bp->kvt (its query head, class block
+ * and kv slot); the caller keeps the entries' (class, slot) pairs distinct. */
+rda_status rda_bwd_launch_dkdv_table(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                                     const rda_bwd_step *s, rda_bwd_params *bp, long long nseg,
+                                     long long batch, int nentries, rda_err *err) {
+  const int kernel = s->dkdv_ring_kernel;
+  if (!kernel_ok(p, k, kernel))
+    return rda_err_set(err, RDA_ERR_INTERNAL, "branch %d: the kv-table dK/dV kernel is not %s",
+                       s->branch, kernel < 0 ? "planned" : "loaded");
+  if (nentries < 1 || ranges_empty(bp, nseg)) return RDA_OK;
+  if (nentries > RDA_KV_TABLE_HEADS)
+    return rda_err_set(err, RDA_ERR_INTERNAL, "branch %d: %d kv-table entries, at most %d",
+                       s->branch, nentries, RDA_KV_TABLE_HEADS);
+  const rda_variant *v = &p->variants[kernel];
+  const long long tiles = range_tiles(bp, bp->kv_lo, bp->kv_hi, v->block_n);
+  const long long gx = nseg * tiles * s->dsplit;
+  if (tiles > 0x7fffffffLL || gx > 0x7fffffffLL || batch > 65535)
+    return rda_err_set(err, RDA_ERR_UNSUPPORTED,
+                       "branch %d: dK/dV grid of %lld x %d x %lld blocks exceeds the launch limits",
+                       s->branch, gx, nentries, batch);
+  bp->tiles_per_seg = (int)tiles;
+  bp->kv_head0 = 0;
+  bp->group_member = 0;
+  const unsigned grid[3] = {(unsigned)gx, (unsigned)nentries, (unsigned)batch};
+  return b->launch(b, k->modules[kernel], grid, (unsigned)v->threads, (unsigned)v->smem_bytes, bp,
+                   sizeof *bp, err);
+}
+
+/* dQ with variant `kernel`: the step's dq_kernel, or its kv-table twin. */
+static rda_status launch_dq(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                            const rda_bwd_step *s, int kernel, rda_bwd_params *bp, long long nseg,
+                            long long batch, rda_err *err) {
+  if (!kernel_ok(p, k, kernel))
+    return rda_err_set(err, RDA_ERR_INTERNAL, "branch %d: the %sdQ kernel is not %s", s->branch,
+                       kernel == s->dq_kernel ? "" : "kv-table ",
+                       kernel < 0 ? "planned" : "loaded");
   if (ranges_empty(bp, nseg)) return RDA_OK;
-  const rda_variant *v = &p->variants[s->dq_kernel];
+  const rda_variant *v = &p->variants[kernel];
   const long long tiles = range_tiles(bp, bp->q_lo, bp->q_hi, v->block_m);
   const long long gx = nseg * tiles;
   if (tiles > 0x7fffffffLL || gx > 0x7fffffffLL || bp->nheads > 65535 || batch > 65535)
@@ -235,8 +266,23 @@ rda_status rda_bwd_launch_dq(rda_backend *b, const rda_plan_k *p, const rda_fwd_
   bp->kv_head0 = 0;
   bp->group_member = 0;
   const unsigned grid[3] = {(unsigned)gx, (unsigned)bp->nheads, (unsigned)batch};
-  return b->launch(b, k->modules[s->dq_kernel], grid, (unsigned)v->threads, (unsigned)v->smem_bytes,
-                   bp, sizeof *bp, err);
+  return b->launch(b, k->modules[kernel], grid, (unsigned)v->threads, (unsigned)v->smem_bytes, bp,
+                   sizeof *bp, err);
+}
+
+rda_status rda_bwd_launch_dq(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                             const rda_bwd_step *s, rda_bwd_params *bp, long long nseg,
+                             long long batch, rda_err *err) {
+  return launch_dq(b, p, k, s, s->dq_kernel, bp, nseg, batch, err);
+}
+
+rda_status rda_bwd_launch_dq_table(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                                   const rda_bwd_step *s, rda_bwd_params *bp, long long nseg,
+                                   long long batch, rda_err *err) {
+  if (bp->nheads > RDA_KV_TABLE_HEADS)
+    return rda_err_set(err, RDA_ERR_INTERNAL, "branch %d: %d heads in a kv-table dQ, at most %d",
+                       s->branch, bp->nheads, RDA_KV_TABLE_HEADS);
+  return launch_dq(b, p, k, s, s->dq_ring_kernel, bp, nseg, batch, err);
 }
 
 rda_status rda_bwd_prep(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,

@@ -78,4 +78,17 @@ rda_status rda_bwd_launch_dq(rda_backend *b, const rda_plan_k *p, const rda_fwd_
                              const rda_bwd_step *s, rda_bwd_params *bp, long long nseg,
                              long long batch, rda_err *err);
 
+/* The kv-table twins (s->dkdv_ring_kernel, s->dq_ring_kernel; RDA_ERR_INTERNAL when not
+ * planned or loaded) on a ring round's class blocks, bp->kvt (rda_bwd_kv_table) filled by the
+ * caller with k = v the 16-bit blocks and dk = dv the fp32 ones. dK/dV: ONE launch over entries
+ * [0, nentries) of bp->kvt (blockIdx.y = entry; at most RDA_KV_TABLE_HEADS, no two naming the
+ * same class and slot). dQ: as rda_bwd_launch_dq over heads [head0, head0 + nheads) (at most
+ * RDA_KV_TABLE_HEADS), K/V of head head0 + y through table slot y. */
+rda_status rda_bwd_launch_dkdv_table(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                                     const rda_bwd_step *s, rda_bwd_params *bp, long long nseg,
+                                     long long batch, int nentries, rda_err *err);
+rda_status rda_bwd_launch_dq_table(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                                   const rda_bwd_step *s, rda_bwd_params *bp, long long nseg,
+                                   long long batch, rda_err *err);
+
 #endif

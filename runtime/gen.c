@@ -635,6 +635,14 @@ static void rda_gen_read_variant(lua_State *L, int t, rda_variant *v) {
   lua_pop(L, 1);
 }
 
+/* An optional variant index field of table s (1-based in Lua): 0-based, or -1 when nil. */
+static int rda_gen_opt_kernel(lua_State *L, int s, const char *key, const rda_plan_k *o) {
+  lua_getfield(L, s, key);
+  const int has = !lua_isnil(L, -1);
+  lua_pop(L, 1);
+  return has ? (int)rda_gen_int_field(L, s, key, 1, o->nvariants) - 1 : -1;
+}
+
 /* The backward part of a plan (gen/plan.lua's add_backward). */
 static void rda_gen_read_bwd(lua_State *L, int t, const rda_config *cfg, rda_plan_k *o) {
   lua_getfield(L, t, "bwd_steps");
@@ -653,6 +661,8 @@ static void rda_gen_read_bwd(lua_State *L, int t, const rda_config *cfg, rda_pla
     if (has_atomic)
       st->dkdv_atomic_kernel =
           (int)rda_gen_int_field(L, s, "dkdv_atomic_kernel", 1, o->nvariants) - 1;
+    st->dkdv_ring_kernel = rda_gen_opt_kernel(L, s, "dkdv_ring_kernel", o);
+    st->dq_ring_kernel = rda_gen_opt_kernel(L, s, "dq_ring_kernel", o);
     st->dsplit = (int)rda_gen_int_field(L, s, "dsplit", 1, 16);
     st->branch = (int)rda_gen_int_field(L, s, "branch", 0, cfg->nbranch - 1);
     st->head0 = (int)rda_gen_int_field(L, s, "head0", 0, cfg->heads - 1);

@@ -35,6 +35,9 @@ typedef struct rda_step {
 typedef struct rda_bwd_step {
   int dkdv_kernel, dq_kernel;
   int dkdv_atomic_kernel; /* dK/dV + dQ by atomics (dsplit 1), or -1 when not planned */
+  /* The twins of dkdv_kernel and dq_kernel for a ring round's blocks (rda_bwd_kv_table), or -1
+   * (both or neither). */
+  int dkdv_ring_kernel, dq_ring_kernel;
   int dsplit;
   int branch;
   int head0, nheads;

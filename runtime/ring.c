@@ -157,17 +157,8 @@ static rda_status ring_compute_step(ring_run *r, const ring_vstep *v, int64_t i,
                                    r->bl.rblk[i % 2], &r->scratch, err);
   const uint64_t B = (uint64_t)r->c.batch;
   RDA_TRY(r->c.b->memset_async(r->c.b, r->bl.gblk[i % 2], 0, (size_t)(2 * recv * B), err));
-  for (int k = 0; k < kv->n; ++k) {
-    const rda_ring_step *st = &kv->steps[k];
-    rda_ring_class cls;
-    rda_ring_plan_class(r->rp, st->cls, &cls);
-    for (int q = 0; q < st->nrecv; ++q) {
-      const unsigned char *blk = r->bl.rblk[i % 2] + kv->recv_at[k][q] * B;
-      RDA_TRY(ring_bwd_received(&r->c, st, &cls, &st->recv[q], blk,
-                                r->bl.gblk[i % 2] + 2 * kv->recv_at[k][q] * B, err));
-    }
-  }
-  return RDA_OK;
+  return ring_bwd_received_round(&r->c, kv->steps, kv->n, (const uint64_t(*)[2])kv->recv_at,
+                                 r->bl.rblk[i % 2], r->bl.gblk[i % 2], &r->scratch, err);
 }
 
 static rda_status ring_loop(ring_run *r, const ring_vstep *v, int64_t nv, rda_err *err) {

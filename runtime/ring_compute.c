@@ -23,7 +23,9 @@ typedef struct ring_launch {
   const void *k, *v;
   float *dk, *dv;
   long long kv_sb, kv_pitch, kv_head_stride;
-  const rda_kv_table *kvt; /* forward: several classes' blocks at k (rda_kv_table), or NULL */
+  /* Several classes' blocks at k (and their gradient blocks at dk): the heads' class table
+   * (rda_kv_table, head head0 + y at entry y), or NULL. */
+  const rda_kv_table *kvt;
 } ring_launch;
 
 typedef rda_status (*ring_launch_fn)(const ring_ctx *c, const ring_launch *l, rda_err *err);
@@ -181,8 +183,36 @@ static rda_status ring_launch_bwd(const ring_ctx *c, const ring_launch *l, rda_e
   bp.seg0 = l->seg0;
   bp.q_lo = l->q_lo, bp.q_hi = l->q_hi, bp.row_lo = l->row_lo;
   bp.kv_lo = l->kv_lo, bp.kv_hi = l->kv_hi, bp.kv_row_lo = l->kv_row_lo;
-  RDA_TRY(rda_bwd_launch_dkdv(c->b, p, c->k, s, &bp, l->nseg, c->batch, 0, err));
-  return rda_bwd_launch_dq(c->b, p, c->k, s, &bp, l->nseg, c->batch, err);
+  if (l->kvt == NULL) {
+    RDA_TRY(rda_bwd_launch_dkdv(c->b, p, c->k, s, &bp, l->nseg, c->batch, 0, err));
+    return rda_bwd_launch_dq(c->b, p, c->k, s, &bp, l->nseg, c->batch, err);
+  }
+  /* The kv-table twins. dK/dV blocks read-modify-write their (class, slot)'s rows, so heads
+   * sharing one (GQA) go in successive launches: launch `layer` takes each pair's layer-th head,
+   * in head order, as the per-class launches (one per group member, ascending) would. */
+  const rda_kv_table *t = l->kvt;
+  int layer[RDA_KV_TABLE_HEADS], nlayers = 0;
+  for (int y = 0; y < l->nheads; ++y) {
+    layer[y] = 0;
+    if (t->cls[y] < 0) continue;
+    for (int x = 0; x < y; ++x)
+      if (t->cls[x] == t->cls[y] && t->slot[x] == t->slot[y]) ++layer[y];
+    if (layer[y] + 1 > nlayers) nlayers = layer[y] + 1;
+  }
+  bp.kvt.kv = *t;
+  for (int ly = 0; ly < nlayers; ++ly) {
+    int ne = 0;
+    for (int y = 0; y < l->nheads; ++y) {
+      if (t->cls[y] < 0 || layer[y] != ly) continue;
+      bp.kvt.kv.cls[ne] = t->cls[y];
+      bp.kvt.kv.slot[ne] = t->slot[y];
+      bp.kvt.head[ne] = (unsigned char)y;
+      ++ne;
+    }
+    RDA_TRY(rda_bwd_launch_dkdv_table(c->b, p, c->k, s, &bp, l->nseg, c->batch, ne, err));
+  }
+  bp.kvt.kv = *t;
+  return rda_bwd_launch_dq_table(c->b, p, c->k, s, &bp, l->nseg, c->batch, err);
 }
 
 /* --- what runs on a block ------------------------------------------------------------------ */
@@ -352,11 +382,25 @@ static int ring_rows_exact(int64_t a, int64_t j, int64_t r, int64_t lo, int64_t 
   return g + t0 * r == x->first[i] && t1 - t0 == x->count[i];
 }
 
-/* The receives m[0..nm) (one peer, same ranges, same nkv) in launches over kernel steps and chunks of
- * RDA_KV_TABLE_HEADS heads, one class table each: the heads of every class at once. */
-static rda_status ring_fwd_table(const ring_ctx *c, ring_recv *const *m, int nm,
-                                 const int64_t lo[2], const int64_t hi[2],
-                                 const unsigned char *blk, rda_err *err) {
+/* Whether branch `branch` has kv-table twins for the pass in every kernel step. */
+static int ring_has_twins(const ring_ctx *c, int branch, int backward) {
+  const rda_plan_k *p = c->pk;
+  for (int si = 0; si < p->nsteps; ++si) {
+    if (p->steps[si].branch != branch) continue;
+    if (backward ? p->bwd_steps[si].dkdv_ring_kernel < 0 || p->bwd_steps[si].dq_ring_kernel < 0
+                 : p->steps[si].ring_kernel < 0)
+      return 0;
+  }
+  return 1;
+}
+
+/* The receives m[0..nm) (one peer, same ranges, same nkv) in launches over kernel steps and
+ * chunks of RDA_KV_TABLE_HEADS heads, one class table each: the heads of every class at once.
+ * Class blocks in blk (16-bit) and, backward, their fp32 gradient blocks in grads (each class's
+ * at the same element offset as its K/V block: twice the byte offset). */
+static rda_status ring_table(const ring_ctx *c, ring_recv *const *m, int nm, const int64_t lo[2],
+                             const int64_t hi[2], const unsigned char *blk, unsigned char *grads,
+                             ring_launch_fn fn, rda_err *err) {
   const rda_plan_k *p = c->pk;
   const rda_ring_step *st = m[0]->st;
   const int d = p->cfg.head_dim, group = p->cfg.heads / p->cfg.kv_heads;
@@ -427,9 +471,10 @@ static rda_status ring_fwd_table(const ring_ctx *c, ring_recv *const *m, int nm,
           l.kv_lo = lo[i], l.kv_hi = hi[i];
           l.compact = 1;
           l.k = l.v = blk;
+          l.dk = l.dv = (float *)grads;
           l.kv_pitch = (long long)m[0]->cls.nkv * d; /* the same for every class (nkv) */
           l.kvt = &t;
-          RDA_TRY(ring_launch_fwd(c, &l, err));
+          RDA_TRY(fn(c, &l, err));
         }
       }
     }
@@ -437,9 +482,12 @@ static rda_status ring_fwd_table(const ring_ctx *c, ring_recv *const *m, int nm,
   return RDA_OK;
 }
 
-rda_status ring_fwd_received_round(const ring_ctx *c, const rda_ring_step *steps, int n,
-                                   const uint64_t (*recv_at)[2], const unsigned char *blk,
-                                   ring_round_scratch *scratch, rda_err *err) {
+/* Both passes' rounds (grads NULL: the forward): receives grouped by peer, ranges and nkv into
+ * table launches where every class's rows are exact, else one class at a time. */
+static rda_status ring_round(const ring_ctx *c, const rda_ring_step *steps, int n,
+                             const uint64_t (*recv_at)[2], const unsigned char *blk,
+                             unsigned char *grads, ring_round_scratch *scratch, rda_err *err) {
+  const ring_launch_fn fn = grads != NULL ? ring_launch_bwd : ring_launch_fwd;
   int nr = 0;
   for (int k = 0; k < n; ++k) nr += steps[k].nrecv;
   if (nr == 0) return RDA_OK;
@@ -466,9 +514,7 @@ rda_status ring_fwd_received_round(const ring_ctx *c, const rda_ring_step *steps
      * them when each class's grid rows in the union of the ranges are exactly its own rows. */
     const rda_ring_step *st = rv[u].st;
     const int64_t a = st->segment * ring_w(c, st->branch), r = st->stride;
-    int nm = 0, exact = cfg->kv_heads <= 256;
-    for (int si = 0; si < c->pk->nsteps; ++si)
-      if (c->pk->steps[si].branch == st->branch && c->pk->steps[si].ring_kernel < 0) exact = 0;
+    int nm = 0, exact = cfg->kv_heads <= 256 && ring_has_twins(c, st->branch, grads != NULL);
     int64_t lo[2] = {0, 0}, hi[2] = {0, 0};
     for (int v = u; v < nr; ++v) {
       if (done[v] || rv[v].x->peer != rv[u].x->peer || rv[v].x->nranges != rv[u].x->nranges ||
@@ -486,15 +532,30 @@ rda_status ring_fwd_received_round(const ring_ctx *c, const rda_ring_step *steps
       for (int i = 0; i < m[x]->x->nranges; ++i)
         if (!ring_rows_exact(a, m[x]->cls.offset, r, lo[i], hi[i], m[x]->x, i)) exact = 0;
     if (nm > 1 && exact) {
-      s = ring_fwd_table(c, m, nm, lo, hi, blk, err);
+      s = ring_table(c, m, nm, lo, hi, blk, grads, fn, err);
       for (int x = 0; x < nm; ++x) done[m[x] - rv] = 1;
       continue;
     }
-    s = ring_received(c, st, &rv[u].cls, rv[u].x, blk + rv[u].at * (size_t)c->batch, NULL,
-                      ring_launch_fwd, err);
+    const size_t at = rv[u].at * (size_t)c->batch;
+    s = ring_received(c, st, &rv[u].cls, rv[u].x, blk + at, grads != NULL ? grads + 2 * at : NULL,
+                      fn, err);
     done[u] = 1;
   }
   return s;
+}
+
+rda_status ring_fwd_received_round(const ring_ctx *c, const rda_ring_step *steps, int n,
+                                   const uint64_t (*recv_at)[2], const unsigned char *blk,
+                                   ring_round_scratch *scratch, rda_err *err) {
+  return ring_round(c, steps, n, recv_at, blk, NULL, scratch, err);
+}
+
+rda_status ring_bwd_received_round(const ring_ctx *c, const rda_ring_step *steps, int n,
+                                   const uint64_t (*recv_at)[2], const unsigned char *blk,
+                                   unsigned char *grads, ring_round_scratch *scratch, rda_err *err) {
+  if (grads == NULL)
+    return rda_err_set(err, RDA_ERR_INTERNAL, "ring backward: a round without gradient blocks");
+  return ring_round(c, steps, n, recv_at, blk, grads, scratch, err);
 }
 
 rda_status ring_fwd_own(const ring_ctx *c, rda_err *err) {
@@ -505,14 +566,3 @@ rda_status ring_bwd_own(const ring_ctx *c, rda_err *err) {
   return ring_own(c, ring_launch_bwd, err);
 }
 
-rda_status ring_fwd_received(const ring_ctx *c, const rda_ring_step *st,
-                             const rda_ring_class *cls, const rda_ring_xfer *x,
-                             const unsigned char *kv, rda_err *err) {
-  return ring_received(c, st, cls, x, kv, NULL, ring_launch_fwd, err);
-}
-
-rda_status ring_bwd_received(const ring_ctx *c, const rda_ring_step *st,
-                             const rda_ring_class *cls, const rda_ring_xfer *x,
-                             const unsigned char *kv, unsigned char *grads, rda_err *err) {
-  return ring_received(c, st, cls, x, kv, grads, ring_launch_bwd, err);
-}

@@ -45,19 +45,17 @@ void ring_rows_set_grads(const ring_ctx *c, rda_ring_rows_params *rows);
 rda_status ring_fwd_own(const ring_ctx *c, rda_err *err);
 rda_status ring_bwd_own(const ring_ctx *c, rda_err *err);
 
-/* The rank's queries against received transfer x of step st, whose K/V (layout of
- * rda_ring_rows_params) is at kv. The backward pass adds dQ locally and the keys' fp32 dK/dV
- * into grads (same layout, fp32, zeroed by the caller), which go back to their owner. */
-rda_status ring_fwd_received(const ring_ctx *c, const rda_ring_step *st,
-                             const rda_ring_class *cls, const rda_ring_xfer *x,
-                             const unsigned char *kv, rda_err *err);
-/* The forward on every receive of a round: steps[0..n), step k's receive q at byte
+/* The rank's queries against the received blocks: K/V in the layout of rda_ring_rows_params.
+ * The backward pass adds dQ locally and the keys' fp32 dK/dV into a gradient block (the same
+ * layout, fp32, zeroed by the caller), which goes back to the blocks' owners.
+ *
+ * The forward on every receive of a round: steps[0..n), step k's receive q at byte
  * recv_at[k][q] * batch of blk. Receives from one peer over the same ranges share launches (a
  * table of their blocks per launch, rda_kv_table), so a round of many classes costs a few
  * launches rather than one per class and head run. */
 typedef struct ring_recv ring_recv;
-/* Host scratch of ring_fwd_received_round for rounds of up to cap receives (made before a
- * pass, so that nothing is allocated inside it). */
+/* Host scratch of ring_fwd_received_round and ring_bwd_received_round for rounds of up to cap
+ * receives (made before a pass, so that nothing is allocated inside it). */
 typedef struct ring_round_scratch {
   int cap;
   ring_recv *recv;
@@ -69,8 +67,13 @@ void ring_round_scratch_free(ring_round_scratch *s); /* accepts a zeroed one */
 rda_status ring_fwd_received_round(const ring_ctx *c, const rda_ring_step *steps, int n,
                                    const uint64_t (*recv_at)[2], const unsigned char *blk,
                                    ring_round_scratch *scratch, rda_err *err);
-rda_status ring_bwd_received(const ring_ctx *c, const rda_ring_step *st,
-                             const rda_ring_class *cls, const rda_ring_xfer *x,
-                             const unsigned char *kv, unsigned char *grads, rda_err *err);
+/* The backward on every receive of a round, grouped as ring_fwd_received_round (the dK/dV and
+ * dQ kv-table twins, rda_bwd_kv_table): receive q of step k's K/V block at byte
+ * recv_at[k][q] * batch of blk, its fp32 dK/dV block at byte 2 * recv_at[k][q] * batch of grads
+ * (the round's gradient block, zeroed by the caller). Deterministic: every dK/dV row and every
+ * dQ row sees the same additions in the same order as with one receive at a time. */
+rda_status ring_bwd_received_round(const ring_ctx *c, const rda_ring_step *steps, int n,
+                                   const uint64_t (*recv_at)[2], const unsigned char *blk,
+                                   unsigned char *grads, ring_round_scratch *scratch, rda_err *err);
 
 #endif

@@ -97,6 +97,18 @@ __device__ __forceinline__ void two_products(const unsigned char *x, const unsig
   }
 }
 
+/* kv_table twins: element offset of entry y's first key row (the launch's first key grid row of
+ * its class) for batch entry b, in the 16-bit K block and the fp32 dK block alike; V and dV
+ * follow after the class's whole batch, at the offset plus gridDim.z * sb (rda_params.h). rs is
+ * the launch's row pitch. */
+template <int D>
+__device__ __forceinline__ long long table_row0(const rda_kv_table &t, long long rs, int y,
+                                                long long b, long long *sb) {
+  const int c = t.cls[y];
+  *sb = rs * t.rows[c]; /* elements per batch entry */
+  return t.at[c] + b * *sb + static_cast<long long>(t.slot[y]) * D;
+}
+
 /* log2-domain LSE of a row for P = exp2(s * scale_log2 - lse2): +inf (so P = 0) when the
  * row has no keys at all. */
 __device__ __forceinline__ float lse2_of(float lse) {
@@ -450,7 +462,8 @@ __device__ __forceinline__ void bwd_prep_kernel(const rda_bwd_prep_params &p) {
  * tiles count from the launch's first key grid row, query tiles from its first query grid row;
  * rows outside the ranges are neither read nor written. Cfg: head_dim, dtype, causal, dilated,
  * block_n (= 16 * warps keys), block_m (queries per step), warps, stages, dsplit, dq_atomic
- * (also add this block's dQ contribution by fp32 atomics; then no dq launch is needed).
+ * (also add this block's dQ contribution by fp32 atomics; then no dq launch is needed),
+ * kv_table (blockIdx.y an entry of p.kvt: K/V from, dK/dV into, a ring round's class blocks).
  * Dynamic shared memory: DkdvTraits<Cfg>::SMEM_BYTES = 2 block_n row tiles (K, V) + stages x
  * (2 block_m row tiles + 8 block_m bytes) [+ 2 block_n block_m bytes with dq_atomic].
  * q, k, v, dout: 16-byte aligned, strides (and k_rs, v_rs) multiples of 8 elements; lse, dp,
@@ -466,9 +479,18 @@ __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
   const int tile_idx = static_cast<int>(blockIdx.x) / T::DSPLIT;
   const long long seg = tile_idx / p.tiles_per_seg + p.seg0;
   const int ktile = tile_idx % p.tiles_per_seg;
-  const int kvh = p.kv_head0 + static_cast<int>(blockIdx.y);
-  const int h = kvh * p.kv_group + p.group_member;
-  if (h < p.head0 || h >= p.head0 + p.nheads) return;
+  int kvh, h;
+  if constexpr (Cfg::kv_table) {
+    /* blockIdx.y is a table entry: its query head, class block and kv slot (rda_params.h). */
+    if (p.kvt.kv.cls[blockIdx.y] < 0) return;
+    kvh = 0; /* unused: the table names the block */
+    (void)kvh;
+    h = p.head0 + p.kvt.head[blockIdx.y];
+  } else {
+    kvh = p.kv_head0 + static_cast<int>(blockIdx.y);
+    h = kvh * p.kv_group + p.group_member;
+    if (h < p.head0 || h >= p.head0 + p.nheads) return;
+  }
   const long long b = blockIdx.z;
   const bwd_detail::Grid gr = bwd_detail::grid_of<Cfg::dilated>(p, seg, h);
   const int k0 = ktile * T::BN; /* the tile's first key, counted from kt0 */
@@ -483,14 +505,21 @@ __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
 
   /* Local rows of the first query and the first key of the launch. */
   const long long qpos = bwd_detail::grid_pos(gr, gr.qt0) - p.row_lo;
-  const long long kpos = bwd_detail::grid_pos(gr, gr.kt0) - p.kv_row_lo;
+  const long long kpos = Cfg::kv_table ? 0 : bwd_detail::grid_pos(gr, gr.kt0) - p.kv_row_lo;
   const uint16_t *qg = static_cast<const uint16_t *>(p.q) + b * p.q_sb + h * p.q_sh + qpos * p.q_sn;
   const uint16_t *dog =
       static_cast<const uint16_t *>(p.dout) + b * p.do_sb + h * p.do_sh + qpos * p.do_sn;
-  const uint16_t *kg =
-      static_cast<const uint16_t *>(p.k) + b * p.k_sb + kvh * p.k_sh + kpos * p.k_sn;
-  const uint16_t *vg =
-      static_cast<const uint16_t *>(p.v) + b * p.v_sb + kvh * p.v_sh + kpos * p.v_sn;
+  const uint16_t *kg, *vg; /* key grid row kt0 */
+  if constexpr (Cfg::kv_table) {
+    long long sb;
+    const long long off = bwd_detail::table_row0<Cfg::head_dim>(
+        p.kvt.kv, p.k_rs, static_cast<int>(blockIdx.y), b, &sb);
+    kg = static_cast<const uint16_t *>(p.k) + off;
+    vg = static_cast<const uint16_t *>(p.v) + off + static_cast<long long>(gridDim.z) * sb;
+  } else {
+    kg = static_cast<const uint16_t *>(p.k) + b * p.k_sb + kvh * p.k_sh + kpos * p.k_sn;
+    vg = static_cast<const uint16_t *>(p.v) + b * p.v_sb + kvh * p.v_sh + kpos * p.v_sn;
+  }
   const float *lg = p.lse + b * p.lse_sb + h * p.lse_sh + qpos;
   const float *dg = p.dp + b * p.dp_sb + h * p.dp_sh + qpos;
   const long long q_rs = gr.r * p.q_sn;
@@ -568,10 +597,22 @@ __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
   for (int hf = 0; hf < 2; ++hf) {
     const int key = kw0 + g + 8 * hf;
     if (key < gr.nk) {
-      float *dkr =
-          p.dk + b * p.dk_sb + kvh * p.dk_sh + kpos * p.dk_sn + key * p.dk_rs + part * T::DA + c2;
-      float *dvr =
-          p.dv + b * p.dv_sb + kvh * p.dv_sh + kpos * p.dv_sn + key * p.dv_rs + part * T::DA + c2;
+      float *dkr, *dvr;
+      if constexpr (Cfg::kv_table) {
+        /* The class's fp32 block: the K block's element offsets (recomputed from the table
+         * rather than held through the loop). */
+        long long sb;
+        const long long off = bwd_detail::table_row0<Cfg::head_dim>(
+            p.kvt.kv, p.dk_rs, static_cast<int>(blockIdx.y), b, &sb);
+        dkr = p.dk + off + key * p.dk_rs + part * T::DA + c2;
+        dvr =
+            p.dv + off + static_cast<long long>(gridDim.z) * sb + key * p.dv_rs + part * T::DA + c2;
+      } else {
+        dkr =
+            p.dk + b * p.dk_sb + kvh * p.dk_sh + kpos * p.dk_sn + key * p.dk_rs + part * T::DA + c2;
+        dvr =
+            p.dv + b * p.dv_sb + kvh * p.dv_sh + kpos * p.dv_sn + key * p.dv_rs + part * T::DA + c2;
+      }
 #pragma unroll
       for (int dt = 0; dt < T::DT; ++dt) {
         dkr[8 * dt] += p.scale * dk[dt][2 * hf];
@@ -588,7 +629,8 @@ __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
  * `stages` K/V tiles; each dq row is written by one block, so the result is deterministic.
  * Query tiles count from the launch's first query grid row, keys from its first key grid row;
  * rows outside the ranges are neither read nor written. Cfg: head_dim, dtype, causal, dilated,
- * block_m (= 16 * warps), block_n, warps, stages. Dynamic shared memory:
+ * block_m (= 16 * warps), block_n, warps, stages, kv_table (K/V of head head0 + blockIdx.y from
+ * a ring round's class blocks through p.kvt, as the forward's twin). Dynamic shared memory:
  * DqTraits<Cfg>::SMEM_BYTES = 2 block_m row tiles (Q, dO) + 2 x stages block_n row tiles. */
 template <class Cfg>
 __device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
@@ -613,17 +655,25 @@ __device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
   const int ntiles = n_end > 0 ? (n_end + T::BN - 1) / T::BN : 0;
   if (ntiles == 0) return; /* only with sub-ranges: these rows see no key of the launch */
 
-  const int kvh = h / p.kv_group;
   /* Local rows of the first query and the first key of the launch. */
   const long long qpos = bwd_detail::grid_pos(gr, gr.qt0) - p.row_lo;
-  const long long kpos = bwd_detail::grid_pos(gr, gr.kt0) - p.kv_row_lo;
   const uint16_t *qg = static_cast<const uint16_t *>(p.q) + b * p.q_sb + h * p.q_sh + qpos * p.q_sn;
   const uint16_t *dog =
       static_cast<const uint16_t *>(p.dout) + b * p.do_sb + h * p.do_sh + qpos * p.do_sn;
-  const uint16_t *kg =
-      static_cast<const uint16_t *>(p.k) + b * p.k_sb + kvh * p.k_sh + kpos * p.k_sn;
-  const uint16_t *vg =
-      static_cast<const uint16_t *>(p.v) + b * p.v_sb + kvh * p.v_sh + kpos * p.v_sn;
+  const uint16_t *kg, *vg; /* key grid row kt0 */
+  if constexpr (Cfg::kv_table) {
+    if (p.kvt.kv.cls[blockIdx.y] < 0) return; /* a head without keys in this launch */
+    long long sb;
+    const long long off = bwd_detail::table_row0<Cfg::head_dim>(
+        p.kvt.kv, p.k_rs, static_cast<int>(blockIdx.y), b, &sb);
+    kg = static_cast<const uint16_t *>(p.k) + off;
+    vg = static_cast<const uint16_t *>(p.v) + off + static_cast<long long>(gridDim.z) * sb;
+  } else {
+    const int kvh = h / p.kv_group;
+    const long long kpos = bwd_detail::grid_pos(gr, gr.kt0) - p.kv_row_lo;
+    kg = static_cast<const uint16_t *>(p.k) + b * p.k_sb + kvh * p.k_sh + kpos * p.k_sn;
+    vg = static_cast<const uint16_t *>(p.v) + b * p.v_sb + kvh * p.v_sh + kpos * p.v_sn;
+  }
 
   unsigned char *smem = dynamic_smem();
   unsigned char *sq = smem;

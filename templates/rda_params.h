@@ -98,6 +98,18 @@ typedef struct rda_cast_params {
  *         launch no two blocks touch the same dk/dv rows (plain read-modify-write, deterministic).
  *   dq:   blockIdx.x = m * tiles_per_seg + query tile, blockIdx.y = head - head0,
  *         blockIdx.z = batch; each dq row is owned by one block. */
+/* The received blocks of one backward launch over a ring round: the forward's table (kv) of
+ * class blocks, with the gradients of class c's block at element at[c] of the fp32 dk (dK as
+ * [batch][rows[c]][nkv][head_dim], then dV alike: the K/V block's layout, element for element).
+ * The dq twin reads it as the forward does (entry y = query head head0 + y). The dkdv twin's
+ * blockIdx.y is an entry y: query head head0 + head[y], reading and writing kv slot
+ * kv.slot[y] of class kv.cls[y]; no two entries of one launch name the same class and slot
+ * (their dK/dV rows are read-modify-written). */
+typedef struct rda_bwd_kv_table {
+  rda_kv_table kv;
+  unsigned char head[RDA_KV_TABLE_HEADS];
+} rda_bwd_kv_table;
+
 typedef struct rda_bwd_params {
   const void *q;    /* [B, N, H, D] storage dtype */
   const void *k;    /* [B, N, Hkv, D] */
@@ -148,6 +160,7 @@ typedef struct rda_bwd_params {
   long long kv_row_lo;
   long long k_rs, v_rs;
   long long dk_rs, dv_rs;
+  rda_bwd_kv_table kvt; /* received blocks of several classes: read by the kv_table twins only */
 } rda_bwd_params;
 
 /* Before the branches of a backward pass: dp[b, h, n] = <dO, O> - dLSE (0 where lse = -inf),

@@ -223,6 +223,48 @@ static void test_gen_plan_dedups_equal_specializations(void **state) {
   rda_plan_k_free(&p);
 }
 
+/* The backward steps carry their kv-table twins (read from the plan's Lua table) where the
+ * forward has one, -1 elsewhere: same tiles and smem, the base name plus "_kt". */
+static void test_gen_plan_backward_ring_twins(void **state) {
+  rda_config c;
+  rda_hw hw;
+  rda_err err = {0};
+  rda_plan_k p;
+  load_config(*state,
+              "return { heads = 8, kv_heads = 4, head_dim = 64, dtype = 'bf16',"
+              " segments = { 2048, 4096, 8192 }, dilations = { 1, 2, 4 } }",
+              &c);
+  assert_int_equal(rda_gen_hw_builtin(*state, 90, &hw, &err), RDA_OK);
+  if (rda_gen_plan_ex(*state, &c, &hw, RDA_PLAN_BACKWARD, &p, &err) != RDA_OK)
+    fail_msg("%s", err.msg);
+  assert_int_equal(p.has_bwd, 1);
+  for (int i = 0; i < p.nsteps; ++i) {
+    const rda_bwd_step *s = &p.bwd_steps[i];
+    if (p.steps[i].ring_kernel < 0) {
+      assert_int_equal(s->dkdv_ring_kernel, -1);
+      assert_int_equal(s->dq_ring_kernel, -1);
+      continue;
+    }
+    const int base[2] = {s->dkdv_kernel, s->dq_kernel},
+              twin[2] = {s->dkdv_ring_kernel, s->dq_ring_kernel};
+    for (int k = 0; k < 2; ++k) {
+      assert_true(twin[k] >= 0 && twin[k] < p.nvariants && twin[k] != base[k]);
+      const rda_variant *bv = &p.variants[base[k]], *tv = &p.variants[twin[k]];
+      const size_t bl = strlen(bv->name);
+      assert_int_equal(strncmp(tv->name, bv->name, bl), 0);
+      assert_string_equal(tv->name + bl, "_kt");
+      assert_int_equal(tv->smem_bytes, bv->smem_bytes);
+      assert_int_equal(tv->threads, bv->threads);
+      assert_int_equal(tv->block_m, bv->block_m);
+      assert_int_equal(tv->block_n, bv->block_n);
+    }
+  }
+  /* r = 1 (branch 0): one class, no twin; r = 2 and 4: twins. */
+  assert_int_equal(p.bwd_steps[0].dkdv_ring_kernel, -1);
+  assert_true(p.bwd_steps[1].dkdv_ring_kernel >= 0 && p.bwd_steps[2].dq_ring_kernel >= 0);
+  rda_plan_k_free(&p);
+}
+
 static void test_gen_plan_small_grid_gets_small_tile(void **state) {
   rda_plan_k p;
   plan_for(*state,
@@ -387,6 +429,7 @@ int main(void) {
       cmocka_unit_test(test_gen_plan_default_config),
       cmocka_unit_test(test_gen_plan_group_steps_match_config_heads),
       cmocka_unit_test(test_gen_plan_dedups_equal_specializations),
+      cmocka_unit_test(test_gen_plan_backward_ring_twins),
       cmocka_unit_test(test_gen_plan_small_grid_gets_small_tile),
       cmocka_unit_test(test_gen_plan_that_cannot_fit_names_why),
       cmocka_unit_test(test_gen_plan_rejects_unvalidated_config),

@@ -38,11 +38,43 @@ static rda_status (*g_emu_launch)(rda_backend *, rda_module *, const unsigned[3]
                                   unsigned, const void *, size_t, rda_err *);
 static long g_launches[MAXP];
 
+/* Each rank's plan and loaded kernels while it runs (else NULL), and its launches of a backward
+ * kv-table dK/dV twin: all of them, and those with two entries of one (class, kv slot), whose
+ * blocks would read-modify-write the same rows at once on a GPU (the emulator runs blocks one
+ * after another, so only this check can see it). */
+static const rda_plan_k *g_pk[MAXP];
+static const rda_fwd_kernels *g_kern[MAXP];
+static long g_dkdv_kt[MAXP], g_dkdv_kt_shared[MAXP];
+
+static void check_dkdv_table(int rank, const rda_module *m, const unsigned grid[3],
+                             const void *params, size_t bytes) {
+  const rda_plan_k *pk = g_pk[rank];
+  const rda_fwd_kernels *k = g_kern[rank];
+  if (pk == NULL || k == NULL || !pk->has_bwd || bytes != sizeof(rda_bwd_params)) return;
+  for (int s = 0; s < pk->nsteps; ++s) {
+    const int kt = pk->bwd_steps[s].dkdv_ring_kernel;
+    if (kt < 0 || k->modules[kt] != m) continue;
+    rda_bwd_params bp;
+    memcpy(&bp, params, sizeof bp);
+    g_dkdv_kt[rank]++;
+    for (unsigned y = 0; y < grid[1]; ++y)
+      for (unsigned x = 0; x < y; ++x)
+        if (bp.kvt.kv.cls[x] == bp.kvt.kv.cls[y] && bp.kvt.kv.slot[x] == bp.kvt.kv.slot[y]) {
+          g_dkdv_kt_shared[rank]++;
+          return;
+        }
+    return;
+  }
+}
+
 static rda_status counting_launch(rda_backend *b, rda_module *m, const unsigned grid[3],
                                   unsigned threads, unsigned smem, const void *params,
                                   size_t bytes, rda_err *err) {
   for (int i = 0; i < MAXP; ++i)
-    if (g_b[i] == b) g_launches[i]++;
+    if (g_b[i] == b) {
+      g_launches[i]++;
+      check_dkdv_table(i, m, grid, params, bytes);
+    }
   return g_emu_launch(b, m, grid, threads, smem, params, bytes, err);
 }
 
@@ -93,7 +125,7 @@ typedef struct rank_job {
   void *mem[M_COUNT];
   size_t ws_bytes;
   rda_ring_run_stats stats, bstats;
-  long fwd_launches; /* kernel launches of the forward pass */
+  long fwd_launches, bwd_launches; /* kernel launches of each pass */
   rda_status status;
   rda_err err;
 } rank_job;
@@ -165,9 +197,11 @@ static void *rank_main(void *arg) {
     j->status = rda_ring_fwd_run(j->b, j->pk, &j->kern, j->rp, j->rank, t, &j->a, j->mem[M_WS],
                                  j->ws_bytes, &j->stats, &j->err);
   j->fwd_launches = g_launches[j->rank] - l0;
+  const long l1 = g_launches[j->rank];
   if (j->status == RDA_OK && j->backward)
     j->status = rda_ring_bwd_run(j->b, j->pk, &j->kern, j->rp, j->rank, t, &j->ba, j->mem[M_WS],
                                  j->ws_bytes, &j->bstats, &j->err);
+  j->bwd_launches = g_launches[j->rank] - l1;
   rda_transport_destroy(t);
   return NULL;
 }
@@ -186,16 +220,21 @@ typedef struct ring_case {
 
 typedef struct ring_result {
   rda_ring_run_stats stats[MAXP];
-  long fwd_launches[MAXP];
+  long fwd_launches[MAXP], bwd_launches[MAXP];
   float *o, *lse; /* the gathered forward outputs (ring_result_free) */
   size_t no, nlse;
+  float *dq, *dk, *dv; /* the gathered gradients (backward cases; ring_result_free) */
+  size_t nkv;
   uint64_t plan_sent[MAXP], plan_received[MAXP];
 } ring_result;
 
 static void ring_result_free(ring_result *r) {
   free(r->o);
   free(r->lse);
-  r->o = r->lse = NULL;
+  free(r->dq);
+  free(r->dk);
+  free(r->dv);
+  r->o = r->lse = r->dq = r->dk = r->dv = NULL;
 }
 
 /* Copy rank rows between a global [B, N, X] array and a local [B, R, X] one (elem bytes each,
@@ -277,6 +316,8 @@ static void job_setup(rank_job *j, const ring_case *rc, const rda_ring_rank *rk,
   const long long R = rk->rows;
   rda_err err = {0};
   if (rda_fwd_load(j->b, j->pk, &j->kern, &err) != RDA_OK) fail_msg("load: %s", err.msg);
+  g_pk[j->rank] = j->pk;
+  g_kern[j->rank] = &j->kern;
   j->mem[M_Q] = dev_rows_bits(j->b, rk, B, N, H * D, q);
   j->mem[M_K] = dev_rows_bits(j->b, rk, B, N, Hkv * D, k);
   j->mem[M_V] = dev_rows_bits(j->b, rk, B, N, Hkv * D, v);
@@ -398,6 +439,7 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
     if (res != NULL) {
       res->stats[p] = j->stats;
       res->fwd_launches[p] = j->fwd_launches;
+      res->bwd_launches[p] = j->bwd_launches;
       res->plan_sent[p] = rk->bytes_sent;
       res->plan_received[p] = rk->bytes_received;
     }
@@ -423,6 +465,8 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
     for (int m = 0; m < M_COUNT; ++m)
       if (j->mem[m] != NULL) j->b->free(j->b, j->mem[m]);
     rda_fwd_unload(j->b, &j->kern);
+    g_pk[p] = NULL;
+    g_kern[p] = NULL;
   }
   long long o_s[3], kv_s[3], lse_s[2] = {H * N, N};
   rt_strides_contig(N, H, D, o_s);
@@ -455,9 +499,14 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
     free(o_all);
     free(lse_all);
   }
-  free(dq_all);
-  free(dk_all);
-  free(dv_all);
+  if (res != NULL && rc->backward && !failed) {
+    res->dq = dq_all, res->dk = dk_all, res->dv = dv_all, res->nkv = nkv;
+  } else {
+    if (res != NULL) res->dq = res->dk = res->dv = NULL, res->nkv = 0;
+    free(dq_all);
+    free(dk_all);
+    free(dv_all);
+  }
   rda_host_world_destroy(world);
   rda_ring_plan_destroy(rp);
   rda_plan_k_free(&plan);
@@ -635,6 +684,71 @@ static void test_ring_bundles_of_classes_match_reference(void **state) {
   }
 }
 
+/* Block offsets over r = 4 with GQA (8 heads, 4 kv heads): each class's two heads share ONE kv
+ * head, so the backward's table launches must put them in successive dK/dV launches. */
+static ring_case case_bundles_shared_slot(void) {
+  ring_case rc = case_bundles();
+  rc.offsets = RDA_OFFSETS_BLOCK;
+  rc.causal = 0;
+  rc.n = 90;
+  return rc;
+}
+
+/* The backward over rounds of all classes (one kv-table dK/dV launch per slot-sharing layer and
+ * one dQ launch per peer and query piece) against one class per bundle (launches per class and
+ * head run): fewer launches, and dQ, dK, dV bit-identical on the same inputs, since every dQ and
+ * dK/dV row sees the same additions in the same order. Both also match the reference (run_ring). */
+static void test_ring_backward_bundles_fewer_launches_bit_identical(void **state) {
+  (void)state;
+  const long long caps[] = {0, 1};
+  const ring_case cases[] = {case_bundles(), case_bundles_shared_slot()};
+  const char *names[] = {"backward bundles mod GQA", "backward bundles block GQA shared slot"};
+  for (int c = 0; c < 2; ++c) {
+    long launches[2] = {0, 0}, kt = 0, shared = 0;
+    ring_result res[2];
+    const uint64_t seed = rt_seed_value() + 0xb4d + (uint64_t)c;
+    memset(g_dkdv_kt, 0, sizeof g_dkdv_kt);
+    memset(g_dkdv_kt_shared, 0, sizeof g_dkdv_kt_shared);
+    for (int i = 0; i < 2; ++i) {
+      ring_case rc = cases[c];
+      rc.bundle_bytes = caps[i];
+      rc.ranks = 4;
+      rc.backward = 1;
+      rt_seed(seed);
+      run_ring(names[c], &rc, &res[i]);
+      for (int p = 0; p < 4; ++p) launches[i] += res[i].bwd_launches[p];
+    }
+    for (int p = 0; p < MAXP; ++p) kt += g_dkdv_kt[p], shared += g_dkdv_kt_shared[p];
+    if (kt == 0) fail_msg("%s: no kv-table dK/dV launch", names[c]);
+    if (shared > 0)
+      fail_msg("%s: %ld of %ld kv-table dK/dV launches have two blocks on one (class, kv slot)",
+               names[c], shared, kt);
+    print_message("%s: backward launches %ld (one bundle), %ld (one class per bundle)\n",
+                  names[c], launches[0], launches[1]);
+    if (launches[0] >= launches[1])
+      fail_msg("%s: backward launches %ld (one bundle) vs %ld (one class per bundle): expected "
+               "fewer with kv-table rounds",
+               names[c], launches[0], launches[1]);
+    assert_non_null(res[0].dq);
+    assert_non_null(res[1].dq);
+    assert_int_equal(res[0].no, res[1].no);
+    assert_int_equal(res[0].nkv, res[1].nkv);
+    const struct {
+      const char *what;
+      const float *a, *b;
+      size_t n;
+    } g[] = {{"dQ", res[0].dq, res[1].dq, res[0].no},
+             {"dK", res[0].dk, res[1].dk, res[0].nkv},
+             {"dV", res[0].dv, res[1].dv, res[0].nkv}};
+    for (int x = 0; x < 3; ++x)
+      for (size_t e = 0; e < g[x].n; ++e)
+        if (memcmp(&g[x].a[e], &g[x].b[e], sizeof(float)) != 0)
+          fail_msg("%s: %s element %zu: %.9g with one bundle, %.9g with one class per bundle",
+                   names[c], g[x].what, e, (double)g[x].a[e], (double)g[x].b[e]);
+    for (int i = 0; i < 2; ++i) ring_result_free(&res[i]);
+  }
+}
+
 /* Segments of 8 rows with ranks of 40 rows each: nothing leaves any rank. */
 static void test_ring_local_branches_send_zero_bytes(void **state) {
   (void)state;
@@ -765,6 +879,7 @@ int main(void) {
       cmocka_unit_test(test_ring_backward_causal_mod_gqa_batch2),
       cmocka_unit_test(test_ring_backward_group_causal_gqa),
       cmocka_unit_test(test_ring_backward_zigzag),
+      cmocka_unit_test(test_ring_backward_bundles_fewer_launches_bit_identical),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

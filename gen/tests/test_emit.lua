@@ -164,6 +164,21 @@ T.test("backward variants: names spell every specialization, sources use templat
   assert(emit.bwd_dkdv_name(v) == "rda_bwd_dkdv_d128_bf16_causal_dense_bn64_bm32_w4_s2_x1_qa",
          emit.bwd_dkdv_name(v))
   testing.contains(emit.bwd_dkdv_source(v), "static constexpr bool dq_atomic = true;")
+  v.dq_atomic = nil
+  testing.contains(emit.bwd_dkdv_source(v), "static constexpr bool kv_table = false;")
+  v.kv_table = true
+  assert(emit.bwd_dkdv_name(v) == "rda_bwd_dkdv_d128_bf16_causal_dense_bn64_bm32_w4_s2_x1_kt",
+         emit.bwd_dkdv_name(v))
+  testing.contains(emit.bwd_dkdv_source(v), "static constexpr bool kv_table = true;")
+  v.dq_atomic = true
+  testing.contains(testing.raises(emit.bwd_dkdv_name, v), "atomic")
+  v.dq_atomic, v.kv_table = nil, 1
+  testing.contains(testing.raises(emit.bwd_dkdv_name, v), "kv_table")
+  testing.contains(emit.bwd_dq_source(q), "static constexpr bool kv_table = false;")
+  q.kv_table = true
+  assert(emit.bwd_dq_name(q) == "rda_bwd_dq_d96_fp16_full_dil_bm64_bn32_w4_s2_kt",
+         emit.bwd_dq_name(q))
+  testing.contains(emit.bwd_dq_source(q), "static constexpr bool kv_table = true;")
   testing.contains(testing.raises(emit.bwd_dkdv_name, { head_dim = 128, dtype = "bf16",
                                                         causal = true, dilated = false,
                                                         block_n = 64, block_m = 32, warps = 4,

@@ -275,6 +275,19 @@ T.test("backward: every variant fits every target, one step per branch", functio
           end
           local h0, nh = plan.branch_heads(c, i - 1)
           assert(st.branch == i - 1 and st.head0 == h0 and st.nheads == nh, "heads")
+          -- The ring twins: exactly where the forward has one, the base's tile and smem.
+          local fs = pl.steps[i]
+          assert((st.dkdv_ring_kernel ~= nil) == (fs.ring_kernel ~= nil)
+                 and (st.dq_ring_kernel ~= nil) == (fs.ring_kernel ~= nil), "twins as forward")
+          for base, kt in pairs { [dk] = st.dkdv_ring_kernel, [dq] = st.dq_ring_kernel } do
+            if kt then
+              local t = pl.variants[kt]
+              assert(t.kv_table and t.name == base.name .. "_kt", t.name)
+              assert(t.kind == base.kind and t.smem_bytes == base.smem_bytes
+                     and t.threads == base.threads and t.block_m == base.block_m
+                     and t.block_n == base.block_n, t.name .. " tile")
+            end
+          end
         end
       end
     end)
@@ -287,12 +300,29 @@ T.test("backward: a forward-only build plans no backward kernel", function()
   for _, v in ipairs(pl.variants) do assert(not v.kind:find("bwd"), v.name) end
 end)
 
+T.test("backward: ring twins only for dilated branches of several offsets", function()
+  local pl = assert(plan.build(config { segments = { 4096, 8192 }, dilations = { 1, 4 } },
+                               hw.builtin(90), nil, plan.BWD_STAND_IN))
+  local st = pl.bwd_steps
+  assert(st[1].dkdv_ring_kernel == nil and st[1].dq_ring_kernel == nil, "r = 1: no twin")
+  assert(st[2].dkdv_ring_kernel and st[2].dq_ring_kernel, "r = 4: twins")
+  assert(pl.variants[st[2].dkdv_ring_kernel].name == pl.variants[st[2].dkdv_kernel].name .. "_kt")
+  assert(pl.variants[st[2].dq_ring_kernel].name == pl.variants[st[2].dq_kernel].name .. "_kt")
+  pl = assert(plan.build(config { segments = { 4096, 8192 }, dilations = { 2, 4 },
+                                  offsets = "group" }, hw.builtin(90), nil, plan.BWD_STAND_IN))
+  for _, s in ipairs(pl.bwd_steps) do
+    assert(s.dkdv_ring_kernel == nil and s.dq_ring_kernel == nil, "group offsets: no twin")
+  end
+end)
+
 T.test("backward: variants are shared by branches of the same kind", function()
   local c = config { segments = { 64, 128, 256, 512 }, dilations = { 1, 1, 2, 4 } }
   local pl = assert(plan.build(c, hw.builtin(90), nil, plan.BWD_STAND_IN))
   local st = pl.bwd_steps
   assert(st[1].dkdv_kernel == st[2].dkdv_kernel and st[3].dq_kernel == st[4].dq_kernel, "shared")
   assert(st[1].dkdv_kernel ~= st[3].dkdv_kernel, "dense and dilated differ")
+  assert(st[3].dkdv_ring_kernel == st[4].dkdv_ring_kernel
+         and st[3].dq_ring_kernel == st[4].dq_ring_kernel, "twins shared")
 end)
 
 T.test("backward: atomic-dQ variants only when asked, and never with dsplit > 1", function()
