@@ -124,13 +124,13 @@ function M.ring_add_name() return "rda_ring_add" end
 function M.ring_pack_source()
   local name = M.ring_pack_name()
   return source(name, "rda_ring.cuh", { { "int", "threads", SMALL_THREADS } }, SMALL_THREADS,
-                "rda::ring_pack_kernel", "rda_ring_rows_params")
+                "rda::ring_pack_kernel", "rda_ring_rows_launch")
 end
 
 function M.ring_add_source()
   local name = M.ring_add_name()
   return source(name, "rda_ring.cuh", { { "int", "threads", SMALL_THREADS } }, SMALL_THREADS,
-                "rda::ring_add_kernel", "rda_ring_rows_params")
+                "rda::ring_add_kernel", "rda_ring_rows_launch")
 end
 
 -- Backward variants (templates/rda_bwd.cuh).

@@ -81,6 +81,8 @@ typedef struct ring_run {
   ring_blocks bl;
   int backward;
   ring_op *ops;               /* a virtual step's operations (ring_schedule's max_ops) */
+  rda_ring_rows_params *rows; /* a round's transfers to pack or add (max_ops of them) */
+  const int **heads;          /* their kv heads */
   ring_round_scratch scratch; /* for the forward's rounds */
 } ring_run;
 
@@ -88,44 +90,46 @@ static size_t ring_bytes(const rda_ring_xfer *x, long long batch) {
   return (size_t)x->bytes * (size_t)batch;
 }
 
-/* Pack the K/V rows of a round's send transfers into the send block. */
+/* Pack the K/V rows of a round's send transfers into the send block: one launch for the round
+ * (ring_rows.h). */
 static rda_status ring_pack_round(ring_run *r, const ring_round *rd, rda_err *err) {
   const size_t B = (size_t)r->c.batch;
+  int n = 0;
   for (int k = 0; k < rd->n; ++k) {
     const rda_ring_step *st = &rd->steps[k];
     rda_ring_class cls;
     rda_ring_plan_class(r->rp, st->cls, &cls);
     for (int q = 0; q < st->nsend; ++q) {
       if (q == 1 && rd->send_at[k][1] == rd->send_at[k][0]) continue; /* packed already */
-      rda_ring_rows_params rows;
-      RDA_TRY(ring_rows_for(&r->c, &st->send[q], st->stride, &cls, &rows, err));
-      ring_rows_set_kv(&r->c, &rows);
-      rows.block = r->bl.sblk + rd->send_at[k][q] * B;
-      RDA_TRY(rda_ring_rows_pack(r->c.b, r->c.pk, r->c.k, &rows, cls.kv_heads, err));
+      RDA_TRY(ring_rows_for(&r->c, &st->send[q], st->stride, &cls, &r->rows[n], err));
+      ring_rows_set_kv(&r->c, &r->rows[n]);
+      r->rows[n].block = r->bl.sblk + rd->send_at[k][q] * B;
+      r->heads[n++] = cls.kv_heads;
     }
   }
-  return RDA_OK;
+  return rda_ring_rows_pack_many(r->c.b, r->c.pk, r->c.k, r->rows, r->heads, n, err);
 }
 
 /* Add the gradients returned for a round's sent rows (in blk, one after another in the order
- * of the sends) into the rank's dK/dV. */
+ * of the sends) into the rank's dK/dV: one launch for the round unless two sends share rows
+ * (an all-gather's block comes back from two peers: then in send order). */
 static rda_status ring_add_returned(ring_run *r, const ring_round *rd, unsigned char *blk,
                                     rda_err *err) {
   size_t off = 0;
+  int n = 0;
   for (int k = 0; k < rd->n; ++k) {
     const rda_ring_step *st = &rd->steps[k];
     rda_ring_class cls;
     rda_ring_plan_class(r->rp, st->cls, &cls);
     for (int q = 0; q < st->nsend; ++q) {
-      rda_ring_rows_params rows;
-      RDA_TRY(ring_rows_for(&r->c, &st->send[q], st->stride, &cls, &rows, err));
-      ring_rows_set_grads(&r->c, &rows);
-      rows.block = blk + off;
-      RDA_TRY(rda_ring_rows_add(r->c.b, r->c.pk, r->c.k, &rows, cls.kv_heads, err));
+      RDA_TRY(ring_rows_for(&r->c, &st->send[q], st->stride, &cls, &r->rows[n], err));
+      ring_rows_set_grads(&r->c, &r->rows[n]);
+      r->rows[n].block = blk + off;
+      r->heads[n++] = cls.kv_heads;
       off += 2 * ring_bytes(&st->send[q], r->c.batch);
     }
   }
-  return RDA_OK;
+  return rda_ring_rows_add_many(r->c.b, r->c.pk, r->c.k, r->rows, r->heads, n, err);
 }
 
 /* Post virtual step i (ring_vstep_ops: the same order at both ends of every pair): pack its
@@ -238,8 +242,13 @@ static rda_status ring_pass(ring_run *r, int rank, long long n, void *workspace,
     s = ring_ctx_init(&r->c, r->rp, rank, err);
   }
   /* Host scratch for the loop, so that nothing is allocated inside it. */
-  if (s == RDA_OK && sc.max_ops > 0 && (r->ops = calloc((size_t)sc.max_ops, sizeof *r->ops)) == NULL)
-    s = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring: out of memory for the schedule");
+  if (s == RDA_OK && sc.max_ops > 0) {
+    r->ops = calloc((size_t)sc.max_ops, sizeof *r->ops);
+    r->rows = calloc((size_t)sc.max_ops, sizeof *r->rows);
+    r->heads = calloc((size_t)sc.max_ops, sizeof *r->heads);
+    if (r->ops == NULL || r->rows == NULL || r->heads == NULL)
+      s = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring: out of memory for the schedule");
+  }
   if (s == RDA_OK) s = ring_round_scratch_init(&r->scratch, sc.max_recvs, err);
   if (s == RDA_OK)
     s = r->backward ? rda_bwd_prep(r->c.b, r->c.pk, r->c.k, r->c.ba, err)
@@ -248,7 +257,9 @@ static rda_status ring_pass(ring_run *r, int rank, long long n, void *workspace,
   ring_schedule_free(&sc);
   free(steps);
   free(r->ops);
-  r->ops = NULL;
+  free(r->rows);
+  free(r->heads);
+  r->ops = NULL, r->rows = NULL, r->heads = NULL;
   ring_round_scratch_free(&r->scratch);
   if (s != RDA_OK) {
     rda_transport_abort(r->t, err != NULL && err->msg[0] != '\0' ? err->msg : "a rank failed");

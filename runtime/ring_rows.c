@@ -1,6 +1,7 @@
-/* ring_rows.c — launchers of the ring's row kernels (templates/rda_ring.cuh): check a transfer's
- * rows once, then launch the plan's ring_pack or ring_add variant per chunk of at most
- * RDA_RING_ROWS_MAX_HEADS kv heads, grid-stride with the grid capped to what fills the device. */
+/* ring_rows.c — launchers of the ring's row kernels (templates/rda_ring.cuh): check each
+ * transfer's rows once, then launch the plan's ring_pack or ring_add variant over entries (a
+ * transfer's chunks of at most RDA_RING_ROWS_MAX_HEADS kv heads), as many per launch as fit,
+ * grid-stride with the grid capped to what fills the device. */
 #include "ring_rows.h"
 
 #include <limits.h>
@@ -109,16 +110,50 @@ static rda_status ring_rows_check(const char *what, const rda_plan_k *p,
   return RDA_OK;
 }
 
-/* Check, then launch variant `kernel` once per chunk of kv heads. */
+/* Whether entries x (kv heads hx) and y (hy) of an adder launch could write one element: a
+ * shared kv head and a shared local row (ranges of one stride meet when congruent and their
+ * spans overlap). Conservative: any shared head with meeting ranges. */
+static int ring_rows_conflict(const rda_ring_rows_params *x, const int *hx, int nx,
+                              const rda_ring_rows_params *y, const int *hy, int ny) {
+  int shared = 0;
+  for (int a = 0; a < nx && !shared; ++a)
+    for (int c = 0; c < ny && !shared; ++c) shared = hx[a] == hy[c];
+  if (!shared) return 0;
+  const long long s = x->stride;
+  for (int i = 0; i < x->nranges; ++i)
+    for (int j = 0; j < y->nranges; ++j) {
+      if (x->count[i] < 1 || y->count[j] < 1) continue;
+      const long long xl = x->first[i], xh = xl + (x->count[i] - 1) * s;
+      const long long yl = y->first[j], yh = yl + (y->count[j] - 1) * s;
+      if ((yl - xl) % s == 0 && xl <= yh && yl <= xh) return 1;
+    }
+  return 0;
+}
+
+/* Whether transfer y may share a launch with transfer x: the same tensors and shape. */
+static int ring_rows_same_launch(const rda_ring_rows_params *x, const rda_ring_rows_params *y) {
+  return x->k == y->k && x->v == y->v && x->k_sb == y->k_sb && x->k_sn == y->k_sn &&
+         x->k_sh == y->k_sh && x->v_sb == y->v_sb && x->v_sn == y->v_sn && x->v_sh == y->v_sh &&
+         x->batch == y->batch && x->stride == y->stride && x->head_dim == y->head_dim;
+}
+
+/* Check every transfer, then launch variant `kernel` over entries (a transfer's chunk of at
+ * most RDA_RING_ROWS_MAX_HEADS kv heads), as many per launch as fit; with `add`, never two
+ * entries that could write one element (they go to successive launches, in order). */
 static rda_status ring_rows_run(const char *what, rda_backend *b, const rda_plan_k *p,
                                 const rda_fwd_kernels *k, int kernel, const char *kind,
-                                const rda_ring_rows_params *rows, const int *kv_heads, int elem,
-                                int add, rda_err *err) {
-  if (b == NULL || p == NULL || k == NULL || rows == NULL)
+                                const rda_ring_rows_params *rows, const int *const *kv_heads,
+                                int n, int elem, int add, rda_err *err) {
+  if (b == NULL || p == NULL || k == NULL || (rows == NULL && n > 0) || n < 0 ||
+      (kv_heads == NULL && n > 0))
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                        "%s: the backend, plan, kernels and rows must not be NULL", what);
-  RDA_TRY(ring_rows_check(what, p, rows, kv_heads, elem, add, err));
-  if (rows->rows == 0) return RDA_OK;
+  int any = 0;
+  for (int t = 0; t < n; ++t) {
+    RDA_TRY(ring_rows_check(what, p, &rows[t], kv_heads[t], elem, add, err));
+    any |= rows[t].rows > 0;
+  }
+  if (!any) return RDA_OK;
   if (kernel < 0 || kernel >= p->nvariants || kernel >= k->n || k->modules[kernel] == NULL ||
       strcmp(p->variants[kernel].kind, kind) != 0)
     return rda_err_set(err, RDA_ERR_INTERNAL, "%s: the plan has no loaded %s kernel", what, kind);
@@ -128,29 +163,83 @@ static rda_status ring_rows_run(const char *what, rda_backend *b, const rda_plan
   if (p->hw.sm_count > 0 && p->hw.max_threads_per_sm >= (int)threads)
     cap =
         (long long)p->hw.sm_count * ring_rows_min(kBlocksPerSm, p->hw.max_threads_per_sm / threads);
-  rda_ring_rows_params lp = *rows;
-  for (int slot0 = 0; slot0 < rows->nkv_total; slot0 += RDA_RING_ROWS_MAX_HEADS) {
-    const int nkv = (int)ring_rows_min(RDA_RING_ROWS_MAX_HEADS, rows->nkv_total - slot0);
-    lp.slot0 = slot0;
-    lp.nkv = nkv;
-    memset(lp.kv_heads, 0, sizeof lp.kv_heads);
-    memcpy(lp.kv_heads, kv_heads + slot0, (size_t)nkv * sizeof *kv_heads);
-    const long long vectors = rows->batch * rows->rows * nkv * (rows->head_dim / 8);
-    const long long blocks = ring_rows_min((vectors + threads - 1) / threads, cap);
-    const unsigned grid[3] = {(unsigned)blocks, 1, 1};
-    RDA_TRY(b->launch(b, k->modules[kernel], grid, threads, 0, &lp, sizeof lp, err));
+  rda_ring_rows_launch lp;
+  const rda_ring_rows_params *base = NULL; /* the launch's first transfer */
+  int first_t = 0;                         /* transfers [first_t, t) are in lp (add: checked) */
+  long long most = 0;                      /* the largest entry's vectors */
+  memset(&lp, 0, sizeof lp);
+  for (int t = 0; t <= n; ++t) {
+    const int skip = t < n && rows[t].rows == 0;
+    if (skip) continue;
+    for (int slot0 = 0; t == n || slot0 < rows[t].nkv_total; slot0 += RDA_RING_ROWS_MAX_HEADS) {
+      const int nkv = t < n ? (int)ring_rows_min(RDA_RING_ROWS_MAX_HEADS,
+                                                 rows[t].nkv_total - slot0)
+                            : 0;
+      int flush = lp.nentries > 0 && (t == n || lp.nentries == RDA_RING_ROWS_ENTRIES ||
+                                      lp.e[lp.nentries - 1].kv0 + lp.e[lp.nentries - 1].nkv + nkv >
+                                          RDA_RING_ROWS_LAUNCH_KV ||
+                                      !ring_rows_same_launch(base, &rows[t]));
+      for (int u = first_t; add && !flush && t < n && u < t; ++u)
+        if (rows[u].rows > 0 &&
+            ring_rows_conflict(&rows[u], kv_heads[u], rows[u].nkv_total, &rows[t], kv_heads[t],
+                               rows[t].nkv_total))
+          flush = 1;
+      if (flush) {
+        const long long blocks = ring_rows_min((most + threads - 1) / threads, cap);
+        const unsigned grid[3] = {(unsigned)blocks, (unsigned)lp.nentries, 1};
+        RDA_TRY(b->launch(b, k->modules[kernel], grid, threads, 0, &lp, sizeof lp, err));
+        memset(&lp, 0, sizeof lp);
+        most = 0;
+      }
+      if (t == n) break;
+      if (lp.nentries == 0) {
+        base = &rows[t];
+        first_t = t;
+        lp.k = rows[t].k, lp.v = rows[t].v;
+        lp.k_sb = rows[t].k_sb, lp.k_sn = rows[t].k_sn, lp.k_sh = rows[t].k_sh;
+        lp.v_sb = rows[t].v_sb, lp.v_sn = rows[t].v_sn, lp.v_sh = rows[t].v_sh;
+        lp.block = rows[t].block; /* entries are offsets from the launch's first block */
+        lp.batch = rows[t].batch, lp.stride = rows[t].stride, lp.head_dim = rows[t].head_dim;
+      }
+      rda_ring_rows_entry *e = &lp.e[lp.nentries];
+      const int kv0 = lp.nentries > 0 ? lp.e[lp.nentries - 1].kv0 + lp.e[lp.nentries - 1].nkv : 0;
+      e->blk = (long long)(((const char *)rows[t].block - (const char *)lp.block) / elem);
+      e->rows = rows[t].rows;
+      e->nranges = rows[t].nranges;
+      for (int i = 0; i < 2; ++i) e->first[i] = rows[t].first[i], e->count[i] = rows[t].count[i];
+      e->nkv_total = rows[t].nkv_total;
+      e->slot0 = slot0;
+      e->nkv = nkv;
+      e->kv0 = kv0;
+      for (int q = 0; q < nkv; ++q) lp.kv[kv0 + q] = (unsigned short)kv_heads[t][slot0 + q];
+      lp.nentries++;
+      const long long vectors = rows[t].batch * rows[t].rows * nkv * (rows[t].head_dim / 8);
+      if (vectors > most) most = vectors;
+    }
   }
   return RDA_OK;
 }
 
+rda_status rda_ring_rows_pack_many(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                                   const rda_ring_rows_params *rows, const int *const *kv_heads,
+                                   int n, rda_err *err) {
+  return ring_rows_run("rda_ring_rows_pack", b, p, k, p ? p->ring_pack_kernel : -1, "ring_pack",
+                       rows, kv_heads, n, 2, 0, err);
+}
+
+rda_status rda_ring_rows_add_many(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                                  const rda_ring_rows_params *rows, const int *const *kv_heads,
+                                  int n, rda_err *err) {
+  return ring_rows_run("rda_ring_rows_add", b, p, k, p ? p->ring_add_kernel : -1, "ring_add",
+                       rows, kv_heads, n, 4, 1, err);
+}
+
 rda_status rda_ring_rows_pack(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
                               const rda_ring_rows_params *rows, const int *kv_heads, rda_err *err) {
-  return ring_rows_run("rda_ring_rows_pack", b, p, k, p ? p->ring_pack_kernel : -1, "ring_pack",
-                       rows, kv_heads, 2, 0, err);
+  return rda_ring_rows_pack_many(b, p, k, rows, &kv_heads, 1, err);
 }
 
 rda_status rda_ring_rows_add(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
                              const rda_ring_rows_params *rows, const int *kv_heads, rda_err *err) {
-  return ring_rows_run("rda_ring_rows_add", b, p, k, p ? p->ring_add_kernel : -1, "ring_add", rows,
-                       kv_heads, 4, 1, err);
+  return rda_ring_rows_add_many(b, p, k, rows, &kv_heads, 1, err);
 }

@@ -186,14 +186,13 @@ typedef struct rda_bwd_prep_params {
 } rda_bwd_prep_params;
 
 /* The rows of one ring transfer, between a rank's strided K/V (or fp32 dK/dV) and a compact
- * block (runtime/ring.c). Block layout [2][batch][rows][nkv_total][head_dim]: K then V (dK then
- * dV). Block row t of range i is the rank's LOCAL row first[i] + (t - t_i) * stride, where t_i
- * is the number of rows of the ranges before i. One launch moves kv head slots
- * [slot0, slot0 + nkv) of the block, slot slot0 + e holding kv head kv_heads[e].
+ * block (runtime/ring.c; host side only: runtime/ring_rows.c turns transfers into launches of
+ * rda_ring_rows_launch). Block layout [2][batch][rows][nkv_total][head_dim]: K then V (dK then
+ * dV), slot e of a row holding the transfer's kv head e. Block row t of range i is the rank's
+ * LOCAL row first[i] + (t - t_i) * stride, where t_i is the number of rows of the ranges before
+ * i.
  *   ring_pack (16-bit): block[...] = k/v rows (bf16 and fp16 alike: bits are copied).
- *   ring_add (fp32):    k/v rows (the rank's dK/dV accumulators) += block[...].
- * Grid-stride over all elements; 16-byte vectors (head_dim is a multiple of 8). */
-#define RDA_RING_ROWS_MAX_HEADS 64
+ *   ring_add (fp32):    k/v rows (the rank's dK/dV accumulators) += block[...]. */
 typedef struct rda_ring_rows_params {
   void *k, *v; /* pack: 16-bit sources; add: fp32 destinations */
   long long k_sb, k_sn, k_sh;
@@ -204,8 +203,34 @@ typedef struct rda_ring_rows_params {
   long long stride;
   int nranges;
   int head_dim;
-  int nkv_total, slot0, nkv;
-  int kv_heads[RDA_RING_ROWS_MAX_HEADS];
+  int nkv_total;
 } rda_ring_rows_params;
+
+/* One launch of ring_pack or ring_add: entries that share k, v, their strides, block's base,
+ * batch, stride and head_dim (a round's transfers), blockIdx.y = entry. Entry y moves kv slots
+ * [slot0, slot0 + nkv) of its transfer's block (at element blk of `block`; nkv_total slots per
+ * row), slot slot0 + e holding kv head kv[kv0 + e]. Grid-stride over each entry's elements;
+ * 16-byte vectors (head_dim is a multiple of 8). An adder launch never has two entries that
+ * write one element (the launcher splits them). */
+#define RDA_RING_ROWS_MAX_HEADS 64   /* kv slots of one entry */
+#define RDA_RING_ROWS_ENTRIES 24     /* entries of one launch */
+#define RDA_RING_ROWS_LAUNCH_KV 256  /* kv head indices of one launch, all entries */
+typedef struct rda_ring_rows_entry {
+  long long blk;                /* element offset of the transfer's block in `block` */
+  long long rows;               /* the transfer's block rows */
+  long long first[2], count[2]; /* local rows, as in rda_ring_rows_params */
+  int nranges, nkv_total, slot0, nkv, kv0;
+} rda_ring_rows_entry;
+
+typedef struct rda_ring_rows_launch {
+  void *k, *v;
+  long long k_sb, k_sn, k_sh;
+  long long v_sb, v_sn, v_sh;
+  void *block;
+  long long batch, stride;
+  int head_dim, nentries;
+  rda_ring_rows_entry e[RDA_RING_ROWS_ENTRIES];
+  unsigned short kv[RDA_RING_ROWS_LAUNCH_KV];
+} rda_ring_rows_launch;
 
 #endif

