@@ -264,10 +264,30 @@ static const void *ring_slot_base(const void *slot_ptr, int kvh, long long head_
   return (const void *)((uintptr_t)slot_ptr - (uintptr_t)kvh * (uintptr_t)head_stride * elem);
 }
 
-/* A received transfer: per run of query heads of the class, per range of the transfer and per
- * query piece inside the step's segment. A run is consecutive heads of one kernel step whose
- * kv heads sit in consecutive slots of the block (all heads when the offset rule gives the
- * class consecutive heads: r = 1, the block and group rules), so one launch covers it. */
+/* The end of the run of heads that starts at head h of class cls in step `step`: consecutive
+ * heads of that class and step whose kv heads sit in consecutive slots of the block (all heads
+ * when the offset rule gives the class consecutive heads: r = 1, the block and group rules), so
+ * one launch covers them. *slot gets h's slot. */
+static int ring_run_end(const rda_plan_k *p, const rda_ring_step *st, const rda_ring_class *cls,
+                        int h, int h_end, int step, int *slot) {
+  const int group = p->cfg.heads / p->cfg.kv_heads;
+  *slot = -1;
+  for (int e = 0; e < cls->nkv; ++e)
+    if (cls->kv_heads[e] == h / group) *slot = e;
+  int end = h + 1;
+  while (end < h_end && rda_config_offset(&p->cfg, st->branch, end) == cls->offset &&
+         ring_step_of(p, st->branch, end) == step) {
+    const int kvh = end / group, e = *slot + (kvh - h / group);
+    if (e >= cls->nkv || cls->kv_heads[e] != kvh) break;
+    ++end;
+  }
+  return end;
+}
+
+/* A received transfer: per range of the transfer, per query piece inside the step's segment,
+ * per run of query heads of the class (ring_run_end), in that order: every dK/dV row then gets
+ * its heads' additions range by range, piece by piece, heads ascending, as a kv-table round
+ * gives them (ring_table), so results do not depend on the bundles. */
 static rda_status ring_received(const ring_ctx *c, const rda_ring_step *st,
                                 const rda_ring_class *cls, const rda_ring_xfer *x,
                                 const unsigned char *kv, unsigned char *grads, ring_launch_fn fn,
@@ -283,39 +303,29 @@ static rda_status ring_received(const ring_ctx *c, const rda_ring_step *st,
   int h0 = 0, hn = 0;
   rda_config_branch_heads(&p->cfg, st->branch, &h0, &hn);
   const int group = p->cfg.heads / p->cfg.kv_heads;
-  for (int h = h0; h < h0 + hn;) {
-    if (rda_config_offset(&p->cfg, st->branch, h) != cls->offset) {
-      ++h;
-      continue;
-    }
-    const int step = ring_step_of(p, st->branch, h);
-    int slot = -1;
-    for (int e = 0; e < cls->nkv; ++e)
-      if (cls->kv_heads[e] == h / group) slot = e;
-    if (slot < 0 || step < 0)
-      return rda_err_set(err, RDA_ERR_INTERNAL, "ring: head %d of branch %d has no kv slot", h,
-                         st->branch);
-    /* Extend the run while the next head shares the class and step and its kv head's slot
-     * follows on (slot - kv head constant). */
-    int end = h + 1;
-    while (end < h0 + hn && rda_config_offset(&p->cfg, st->branch, end) == cls->offset &&
-           ring_step_of(p, st->branch, end) == step) {
-      const int kvh = end / group, e = slot + (kvh - h / group);
-      if (e >= cls->nkv || cls->kv_heads[e] != kvh) break;
-      ++end;
-    }
-    const int kvh0 = h / group;
-    int64_t row0 = 0;
-    for (int i = 0; i < x->nranges; row0 += x->count[i], ++i) {
-      if (x->count[i] < 1) continue;
-      const int64_t kv_lo = x->first[i];
-      const int64_t kv_hi = x->first[i] + (x->count[i] - 1) * st->stride + 1;
-      const long long at = row0 * pitch + (long long)slot * d;
-      for (int qp = 0; qp < c->me.npieces; ++qp) {
-        const int64_t qlo = c->me.lo[qp] > seg_lo ? c->me.lo[qp] : seg_lo;
-        const int64_t qhi = c->me.hi[qp] < seg_hi ? c->me.hi[qp] : seg_hi;
-        if (qlo >= qhi) continue;
-        if (p->cfg.causal && kv_lo >= qhi) continue;
+  int64_t row0 = 0;
+  for (int i = 0; i < x->nranges; row0 += x->count[i], ++i) {
+    if (x->count[i] < 1) continue;
+    const int64_t kv_lo = x->first[i];
+    const int64_t kv_hi = x->first[i] + (x->count[i] - 1) * st->stride + 1;
+    for (int qp = 0; qp < c->me.npieces; ++qp) {
+      const int64_t qlo = c->me.lo[qp] > seg_lo ? c->me.lo[qp] : seg_lo;
+      const int64_t qhi = c->me.hi[qp] < seg_hi ? c->me.hi[qp] : seg_hi;
+      if (qlo >= qhi) continue;
+      if (p->cfg.causal && kv_lo >= qhi) continue;
+      for (int h = h0; h < h0 + hn;) {
+        if (rda_config_offset(&p->cfg, st->branch, h) != cls->offset) {
+          ++h;
+          continue;
+        }
+        const int step = ring_step_of(p, st->branch, h);
+        int slot = -1;
+        const int end = ring_run_end(p, st, cls, h, h0 + hn, step, &slot);
+        if (slot < 0 || step < 0)
+          return rda_err_set(err, RDA_ERR_INTERNAL, "ring: head %d of branch %d has no kv slot",
+                             h, st->branch);
+        const int kvh0 = h / group;
+        const long long at = row0 * pitch + (long long)slot * d;
         ring_launch l;
         memset(&l, 0, sizeof l);
         l.step = step;
@@ -334,9 +344,9 @@ static rda_status ring_received(const ring_ctx *c, const rda_ring_step *st,
         l.kv_pitch = pitch;
         l.kv_head_stride = d;
         RDA_TRY(fn(c, &l, err));
+        h = end;
       }
     }
-    h = end;
   }
   return RDA_OK;
 }
@@ -394,72 +404,88 @@ static int ring_has_twins(const ring_ctx *c, int branch, int backward) {
   return 1;
 }
 
-/* The receives m[0..nm) (one peer, same ranges, same nkv) in launches over kernel steps and
- * chunks of RDA_KV_TABLE_HEADS heads, one class table each: the heads of every class at once.
- * Class blocks in blk (16-bit) and, backward, their fp32 gradient blocks in grads (each class's
- * at the same element offset as its K/V block: twice the byte offset). */
+/* The table of the heads [hc, he) of kernel step ks that read one of the receives m[0..nm)
+ * (one peer, same ranges, same nkv), for range i: *first and *last the first and last such
+ * head (*first = -1: none). */
+static rda_status ring_chunk_table(const ring_ctx *c, ring_recv *const *m, int nm, int hc,
+                                   int he, int i, rda_kv_table *t, int *first, int *last,
+                                   rda_err *err) {
+  const rda_plan_k *p = c->pk;
+  const rda_ring_step *st = m[0]->st;
+  const int d = p->cfg.head_dim, group = p->cfg.heads / p->cfg.kv_heads;
+  int mof[RDA_KV_TABLE_HEADS], slot[RDA_KV_TABLE_HEADS];
+  *first = *last = -1;
+  for (int h = hc; h < he; ++h) {
+    mof[h - hc] = -1;
+    const int64_t j = rda_config_offset(&p->cfg, st->branch, h);
+    for (int u = 0; u < nm && mof[h - hc] < 0; ++u) {
+      if (m[u]->cls.offset != j) continue;
+      for (int e = 0; e < m[u]->cls.nkv; ++e)
+        if (m[u]->cls.kv_heads[e] == h / group) mof[h - hc] = u, slot[h - hc] = e;
+      if (mof[h - hc] < 0)
+        return rda_err_set(err, RDA_ERR_INTERNAL, "ring: head %d of branch %d has no kv slot", h,
+                           st->branch);
+    }
+    if (mof[h - hc] < 0) continue;
+    if (*first < 0) *first = h;
+    *last = h;
+  }
+  if (*first < 0) return RDA_OK;
+  /* Table classes: the receives these heads use, numbered in order of first use. */
+  memset(t, 0, sizeof *t);
+  int tcls[RDA_KV_TABLE_HEADS], ncls = 0; /* table class -> receive */
+  for (int h = *first; h <= *last; ++h) {
+    const int u = mof[h - hc], y = h - *first;
+    if (u < 0) {
+      t->cls[y] = -1;
+      continue;
+    }
+    int k = 0;
+    while (k < ncls && tcls[k] != u) ++k;
+    if (k == ncls) tcls[ncls++] = u;
+    t->cls[y] = (signed char)k;
+    t->slot[y] = (unsigned char)slot[h - hc];
+  }
+  for (int k = 0; k < ncls; ++k) {
+    const ring_recv *rv = m[tcls[k]];
+    int64_t row0 = 0; /* rows of the ranges before range i */
+    for (int q = 0; q < i; ++q) row0 += rv->x->count[q];
+    t->rows[k] = (int)rv->x->rows;
+    t->at[k] = (long long)(rv->at * (size_t)c->batch / sizeof(uint16_t)) + row0 * rv->cls.nkv * d;
+  }
+  return RDA_OK;
+}
+
+/* The receives m[0..nm) (one peer, same ranges, same nkv) in kv-table launches: per kernel step,
+ * range, query piece and chunk of RDA_KV_TABLE_HEADS heads, in that order (ring_received's, so
+ * every dK/dV row gets its heads' additions in the same order whatever the bundles). Class
+ * blocks in blk (16-bit) and, backward, their fp32 gradient blocks in grads (each class's at the
+ * same element offset as its K/V block: twice the byte offset). */
 static rda_status ring_table(const ring_ctx *c, ring_recv *const *m, int nm, const int64_t lo[2],
                              const int64_t hi[2], const unsigned char *blk, unsigned char *grads,
                              ring_launch_fn fn, rda_err *err) {
   const rda_plan_k *p = c->pk;
   const rda_ring_step *st = m[0]->st;
-  const int d = p->cfg.head_dim, group = p->cfg.heads / p->cfg.kv_heads;
+  const int d = p->cfg.head_dim;
   const int64_t w = ring_w(c, st->branch);
   const int64_t seg_lo = st->segment * w, seg_hi = seg_lo + w < c->n ? seg_lo + w : c->n;
   for (int si = 0; si < p->nsteps; ++si) {
     const rda_step *ks = &p->steps[si];
     if (ks->branch != st->branch) continue;
-    for (int hc = ks->head0; hc < ks->head0 + ks->nheads; hc += RDA_KV_TABLE_HEADS) {
-      const int he = hc + RDA_KV_TABLE_HEADS < ks->head0 + ks->nheads ? hc + RDA_KV_TABLE_HEADS
-                                                                      : ks->head0 + ks->nheads;
-      /* The heads of [hc, he) that read one of the blocks: their class and kv slot. */
-      int mof[RDA_KV_TABLE_HEADS], slot[RDA_KV_TABLE_HEADS], first = -1, last = -1;
-      for (int h = hc; h < he; ++h) {
-        mof[h - hc] = -1;
-        const int64_t j = rda_config_offset(&p->cfg, st->branch, h);
-        for (int u = 0; u < nm && mof[h - hc] < 0; ++u) {
-          if (m[u]->cls.offset != j) continue;
-          for (int e = 0; e < m[u]->cls.nkv; ++e)
-            if (m[u]->cls.kv_heads[e] == h / group) mof[h - hc] = u, slot[h - hc] = e;
-          if (mof[h - hc] < 0)
-            return rda_err_set(err, RDA_ERR_INTERNAL, "ring: head %d of branch %d has no kv slot",
-                               h, st->branch);
-        }
-        if (mof[h - hc] < 0) continue;
-        if (first < 0) first = h;
-        last = h;
-      }
-      if (first < 0) continue;
-      /* Table classes: the receives these heads use, numbered in order of first use. */
-      rda_kv_table t;
-      memset(&t, 0, sizeof t);
-      int tcls[RDA_KV_TABLE_HEADS], ncls = 0; /* table class -> receive */
-      for (int h = first; h <= last; ++h) {
-        const int u = mof[h - hc], y = h - first;
-        if (u < 0) {
-          t.cls[y] = -1;
-          continue;
-        }
-        int k = 0;
-        while (k < ncls && tcls[k] != u) ++k;
-        if (k == ncls) tcls[ncls++] = u;
-        t.cls[y] = (signed char)k;
-        t.slot[y] = (unsigned char)slot[h - hc];
-      }
-      for (int k = 0; k < ncls; ++k) t.rows[k] = (int)m[tcls[k]]->x->rows;
-      int64_t row0[RDA_KV_TABLE_HEADS] = {0}; /* rows of the ranges before range i, per class */
-      for (int i = 0; i < m[0]->x->nranges; ++i) {
-        for (int k = 0; k < ncls; ++k) {
-          const ring_recv *rv = m[tcls[k]];
-          t.at[k] = (long long)(rv->at * (size_t)c->batch / sizeof(uint16_t)) +
-                    row0[k] * rv->cls.nkv * d;
-          row0[k] += rv->x->count[i];
-        }
-        for (int qp = 0; qp < c->me.npieces; ++qp) {
-          const int64_t qlo = c->me.lo[qp] > seg_lo ? c->me.lo[qp] : seg_lo;
-          const int64_t qhi = c->me.hi[qp] < seg_hi ? c->me.hi[qp] : seg_hi;
-          if (qlo >= qhi) continue;
-          if (p->cfg.causal && lo[i] >= qhi) continue;
+    for (int i = 0; i < m[0]->x->nranges; ++i)
+      for (int qp = 0; qp < c->me.npieces; ++qp) {
+        const int64_t qlo = c->me.lo[qp] > seg_lo ? c->me.lo[qp] : seg_lo;
+        const int64_t qhi = c->me.hi[qp] < seg_hi ? c->me.hi[qp] : seg_hi;
+        if (qlo >= qhi) continue;
+        if (p->cfg.causal && lo[i] >= qhi) continue;
+        for (int hc = ks->head0; hc < ks->head0 + ks->nheads; hc += RDA_KV_TABLE_HEADS) {
+          const int he = hc + RDA_KV_TABLE_HEADS < ks->head0 + ks->nheads
+                             ? hc + RDA_KV_TABLE_HEADS
+                             : ks->head0 + ks->nheads;
+          rda_kv_table t;
+          int first = -1, last = -1;
+          RDA_TRY(ring_chunk_table(c, m, nm, hc, he, i, &t, &first, &last, err));
+          if (first < 0) continue;
           ring_launch l;
           memset(&l, 0, sizeof l);
           l.step = si;
@@ -477,7 +503,6 @@ static rda_status ring_table(const ring_ctx *c, ring_recv *const *m, int nm, con
           RDA_TRY(fn(c, &l, err));
         }
       }
-    }
   }
   return RDA_OK;
 }

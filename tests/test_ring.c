@@ -694,6 +694,32 @@ static ring_case case_bundles_shared_slot(void) {
   return rc;
 }
 
+/* Zigzag ranks hold two query pieces of a segment; with mod offsets and more heads per kv head
+ * than offsets (8 heads, 2 kv heads, r = 2), heads of one class share a kv slot without being
+ * adjacent, so the order of a dK row's additions over pieces and heads is what is tested. */
+static ring_case case_bundles_zigzag_pieces(void) {
+  ring_case rc = base_case();
+  rc.heads = 8;
+  rc.kv_heads = 2;
+  rc.offsets = RDA_OFFSETS_MOD;
+  rc.nbranch = 1;
+  rc.w[0] = 1 << 20, rc.r[0] = 2;
+  rc.n = 96;
+  rc.layout = RDA_RING_ZIGZAG;
+  return rc;
+}
+
+/* 96 heads in groups of 3 per kv head: heads 63-65 share kv head 21 across the kv-table
+ * launches' 64-head chunks. */
+static ring_case case_bundles_chunk_straddle(void) {
+  ring_case rc = case_bundles_zigzag_pieces();
+  rc.heads = 96;
+  rc.kv_heads = 32;
+  rc.offsets = RDA_OFFSETS_BLOCK;
+  rc.n = 32;
+  return rc;
+}
+
 /* The backward over rounds of all classes (one kv-table dK/dV launch per slot-sharing layer and
  * one dQ launch per peer and query piece) against one class per bundle (launches per class and
  * head run): fewer launches, and dQ, dK, dV bit-identical on the same inputs, since every dQ and
@@ -701,9 +727,12 @@ static ring_case case_bundles_shared_slot(void) {
 static void test_ring_backward_bundles_fewer_launches_bit_identical(void **state) {
   (void)state;
   const long long caps[] = {0, 1};
-  const ring_case cases[] = {case_bundles(), case_bundles_shared_slot()};
-  const char *names[] = {"backward bundles mod GQA", "backward bundles block GQA shared slot"};
-  for (int c = 0; c < 2; ++c) {
+  const ring_case cases[] = {case_bundles(), case_bundles_shared_slot(),
+                             case_bundles_zigzag_pieces(), case_bundles_chunk_straddle()};
+  const char *names[] = {"backward bundles mod GQA", "backward bundles block GQA shared slot",
+                         "backward bundles zigzag pieces", "backward bundles 64-head chunks"};
+  const int ranks[] = {4, 4, 2, 2};
+  for (int c = 0; c < 4; ++c) {
     long launches[2] = {0, 0}, kt = 0, shared = 0;
     ring_result res[2];
     const uint64_t seed = rt_seed_value() + 0xb4d + (uint64_t)c;
@@ -712,11 +741,11 @@ static void test_ring_backward_bundles_fewer_launches_bit_identical(void **state
     for (int i = 0; i < 2; ++i) {
       ring_case rc = cases[c];
       rc.bundle_bytes = caps[i];
-      rc.ranks = 4;
+      rc.ranks = ranks[c];
       rc.backward = 1;
       rt_seed(seed);
       run_ring(names[c], &rc, &res[i]);
-      for (int p = 0; p < 4; ++p) launches[i] += res[i].bwd_launches[p];
+      for (int p = 0; p < ranks[c]; ++p) launches[i] += res[i].bwd_launches[p];
     }
     for (int p = 0; p < MAXP; ++p) kt += g_dkdv_kt[p], shared += g_dkdv_kt_shared[p];
     if (kt == 0) fail_msg("%s: no kv-table dK/dV launch", names[c]);
