@@ -90,45 +90,52 @@ static size_t ring_bytes(const rda_ring_xfer *x, long long batch) {
   return (size_t)x->bytes * (size_t)batch;
 }
 
+/* The round's send transfers as rows in r->rows / r->heads, *n of them. Packing (blk NULL):
+ * the rank's K/V, each block at its place in the send block, an all-gather's repeated block
+ * once. Returned gradients: the rank's fp32 dK/dV, one block per send, one after another in blk,
+ * in the order of the sends. */
+static rda_status ring_round_sends(ring_run *r, const ring_round *rd, unsigned char *blk, int *n,
+                                   rda_err *err) {
+  const size_t B = (size_t)r->c.batch;
+  size_t off = 0;
+  *n = 0;
+  for (int k = 0; k < rd->n; ++k) {
+    const rda_ring_step *st = &rd->steps[k];
+    rda_ring_class cls;
+    rda_ring_plan_class(r->rp, st->cls, &cls);
+    for (int q = 0; q < st->nsend; ++q) {
+      if (blk == NULL && q == 1 && rd->send_at[k][1] == rd->send_at[k][0]) continue;
+      rda_ring_rows_params *rows = &r->rows[*n];
+      RDA_TRY(ring_rows_for(&r->c, &st->send[q], st->stride, &cls, rows, err));
+      if (blk == NULL) {
+        ring_rows_set_kv(&r->c, rows);
+        rows->block = r->bl.sblk + rd->send_at[k][q] * B;
+      } else {
+        ring_rows_set_grads(&r->c, rows);
+        rows->block = blk + off;
+        off += 2 * ring_bytes(&st->send[q], r->c.batch);
+      }
+      r->heads[(*n)++] = cls.kv_heads;
+    }
+  }
+  return RDA_OK;
+}
+
 /* Pack the K/V rows of a round's send transfers into the send block: one launch for the round
  * (ring_rows.h). */
 static rda_status ring_pack_round(ring_run *r, const ring_round *rd, rda_err *err) {
-  const size_t B = (size_t)r->c.batch;
   int n = 0;
-  for (int k = 0; k < rd->n; ++k) {
-    const rda_ring_step *st = &rd->steps[k];
-    rda_ring_class cls;
-    rda_ring_plan_class(r->rp, st->cls, &cls);
-    for (int q = 0; q < st->nsend; ++q) {
-      if (q == 1 && rd->send_at[k][1] == rd->send_at[k][0]) continue; /* packed already */
-      RDA_TRY(ring_rows_for(&r->c, &st->send[q], st->stride, &cls, &r->rows[n], err));
-      ring_rows_set_kv(&r->c, &r->rows[n]);
-      r->rows[n].block = r->bl.sblk + rd->send_at[k][q] * B;
-      r->heads[n++] = cls.kv_heads;
-    }
-  }
+  RDA_TRY(ring_round_sends(r, rd, NULL, &n, err));
   return rda_ring_rows_pack_many(r->c.b, r->c.pk, r->c.k, r->rows, r->heads, n, err);
 }
 
-/* Add the gradients returned for a round's sent rows (in blk, one after another in the order
- * of the sends) into the rank's dK/dV: one launch for the round unless two sends share rows
- * (an all-gather's block comes back from two peers: then in send order). */
+/* Add the gradients returned for a round's sent rows (in blk) into the rank's dK/dV: one launch
+ * for the round unless two sends share rows (an all-gather's block comes back from two peers:
+ * then in send order). */
 static rda_status ring_add_returned(ring_run *r, const ring_round *rd, unsigned char *blk,
                                     rda_err *err) {
-  size_t off = 0;
   int n = 0;
-  for (int k = 0; k < rd->n; ++k) {
-    const rda_ring_step *st = &rd->steps[k];
-    rda_ring_class cls;
-    rda_ring_plan_class(r->rp, st->cls, &cls);
-    for (int q = 0; q < st->nsend; ++q) {
-      RDA_TRY(ring_rows_for(&r->c, &st->send[q], st->stride, &cls, &r->rows[n], err));
-      ring_rows_set_grads(&r->c, &r->rows[n]);
-      r->rows[n].block = blk + off;
-      r->heads[n++] = cls.kv_heads;
-      off += 2 * ring_bytes(&st->send[q], r->c.batch);
-    }
-  }
+  RDA_TRY(ring_round_sends(r, rd, blk, &n, err));
   return rda_ring_rows_add_many(r->c.b, r->c.pk, r->c.k, r->rows, r->heads, n, err);
 }
 

@@ -109,6 +109,16 @@ __device__ __forceinline__ long long table_row0(const rda_kv_table &t, long long
   return t.at[c] + b * *sb + static_cast<long long>(t.slot[y]) * D;
 }
 
+/* The first key row's K and V of entry blockIdx.y of a kv_table twin launch (table_row0). */
+template <int D>
+__device__ __forceinline__ void table_kv(const rda_bwd_params &p, long long b, const uint16_t **kg,
+                                         const uint16_t **vg) {
+  long long sb;
+  const long long off = table_row0<D>(p.kvt.kv, p.k_rs, static_cast<int>(blockIdx.y), b, &sb);
+  *kg = static_cast<const uint16_t *>(p.k) + off;
+  *vg = static_cast<const uint16_t *>(p.v) + off + static_cast<long long>(gridDim.z) * sb;
+}
+
 /* log2-domain LSE of a row for P = exp2(s * scale_log2 - lse2): +inf (so P = 0) when the
  * row has no keys at all. */
 __device__ __forceinline__ float lse2_of(float lse) {
@@ -511,11 +521,7 @@ __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
       static_cast<const uint16_t *>(p.dout) + b * p.do_sb + h * p.do_sh + qpos * p.do_sn;
   const uint16_t *kg, *vg; /* key grid row kt0 */
   if constexpr (Cfg::kv_table) {
-    long long sb;
-    const long long off = bwd_detail::table_row0<Cfg::head_dim>(
-        p.kvt.kv, p.k_rs, static_cast<int>(blockIdx.y), b, &sb);
-    kg = static_cast<const uint16_t *>(p.k) + off;
-    vg = static_cast<const uint16_t *>(p.v) + off + static_cast<long long>(gridDim.z) * sb;
+    bwd_detail::table_kv<Cfg::head_dim>(p, b, &kg, &vg);
   } else {
     kg = static_cast<const uint16_t *>(p.k) + b * p.k_sb + kvh * p.k_sh + kpos * p.k_sn;
     vg = static_cast<const uint16_t *>(p.v) + b * p.v_sb + kvh * p.v_sh + kpos * p.v_sn;
@@ -663,11 +669,7 @@ __device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
   const uint16_t *kg, *vg; /* key grid row kt0 */
   if constexpr (Cfg::kv_table) {
     if (p.kvt.kv.cls[blockIdx.y] < 0) return; /* a head without keys in this launch */
-    long long sb;
-    const long long off = bwd_detail::table_row0<Cfg::head_dim>(
-        p.kvt.kv, p.k_rs, static_cast<int>(blockIdx.y), b, &sb);
-    kg = static_cast<const uint16_t *>(p.k) + off;
-    vg = static_cast<const uint16_t *>(p.v) + off + static_cast<long long>(gridDim.z) * sb;
+    bwd_detail::table_kv<Cfg::head_dim>(p, b, &kg, &vg);
   } else {
     const int kvh = h / p.kv_group;
     const long long kpos = bwd_detail::grid_pos(gr, gr.kt0) - p.kv_row_lo;
