@@ -105,8 +105,9 @@ rda_status rda_ring_trace_dev_times(const rda_ring_trace_dev *d, void *ref, rda_
 
 /* Backend memory the ring itself needs on `rank` for `batch`: the packed send block, two
  * receive blocks and, for the backward pass, two fp32 gradient blocks and two fp32 returned-
- * gradient blocks (each piece 256-byte aligned). O(N/P): the largest single transfer, never the
- * sequence. This is stats->peak_bytes. */
+ * gradient blocks (each piece 256-byte aligned), each sized for the largest round
+ * (rda_ring_steps_blocks). O(N/P): a round is at most RDA_RING_BUNDLE_BYTES per batch element
+ * (or one class's block), never the sequence. This is stats->peak_bytes. */
 size_t rda_ring_workspace_bytes(const rda_plan_k *pk, const rda_ring_plan *rp, int rank,
                                 long long batch, int backward);
 
