@@ -182,6 +182,23 @@ static int ranges_empty(const rda_bwd_params *bp, long long nseg) {
   return nseg < 1 || bp->q_hi <= bp->q_lo || bp->kv_hi <= bp->kv_lo || bp->nheads < 1;
 }
 
+/* The dK/dV grid of variant v over nseg segments: key tiles x dsplit parts, ny blocks in y
+ * (kv heads, or kv-table entries), the batch; sets bp->tiles_per_seg. RDA_ERR_UNSUPPORTED past
+ * the launch limits. */
+static rda_status dkdv_grid(const rda_bwd_step *s, const rda_variant *v, rda_bwd_params *bp,
+                            long long nseg, long long batch, int dsplit, long long ny,
+                            unsigned grid[3], rda_err *err) {
+  const long long tiles = range_tiles(bp, bp->kv_lo, bp->kv_hi, v->block_n);
+  const long long gx = nseg * tiles * dsplit;
+  if (tiles > 0x7fffffffLL || gx > 0x7fffffffLL || ny > 65535 || batch > 65535)
+    return rda_err_set(err, RDA_ERR_UNSUPPORTED,
+                       "branch %d: dK/dV grid of %lld x %lld x %lld blocks exceeds the launch limits",
+                       s->branch, gx, ny, batch);
+  bp->tiles_per_seg = (int)tiles;
+  grid[0] = (unsigned)gx, grid[1] = (unsigned)ny, grid[2] = (unsigned)batch;
+  return RDA_OK;
+}
+
 /* dK/dV: one launch per member g of the kv groups, so that within a launch each kv head is
  * written by one query head's blocks (the offset rules give the heads of a group different
  * grids); launches run in order on the stream, each accumulating. */
@@ -196,16 +213,10 @@ rda_status rda_bwd_launch_dkdv(rda_backend *b, const rda_plan_k *p, const rda_fw
   if (ranges_empty(bp, nseg)) return RDA_OK;
   const rda_variant *v = &p->variants[kernel];
   const int group = bp->kv_group;
-  const long long tiles = range_tiles(bp, bp->kv_lo, bp->kv_hi, v->block_n);
   bp->kv_head0 = bp->head0 / group;
   const int kv_end = (bp->head0 + bp->nheads - 1) / group + 1;
-  const long long gx = nseg * tiles * dsplit;
-  if (tiles > 0x7fffffffLL || gx > 0x7fffffffLL || kv_end - bp->kv_head0 > 65535 || batch > 65535)
-    return rda_err_set(err, RDA_ERR_UNSUPPORTED,
-                       "branch %d: dK/dV grid of %lld x %d x %lld blocks exceeds the launch limits",
-                       s->branch, gx, kv_end - bp->kv_head0, batch);
-  bp->tiles_per_seg = (int)tiles;
-  const unsigned grid[3] = {(unsigned)gx, (unsigned)(kv_end - bp->kv_head0), (unsigned)batch};
+  unsigned grid[3];
+  RDA_TRY(dkdv_grid(s, v, bp, nseg, batch, dsplit, kv_end - bp->kv_head0, grid, err));
   for (int g = 0; g < group; ++g) {
     /* Skip a member none of whose heads uses this branch (the "group" rule). */
     int used = 0;
@@ -232,16 +243,10 @@ rda_status rda_bwd_launch_dkdv_table(rda_backend *b, const rda_plan_k *p, const 
     return rda_err_set(err, RDA_ERR_INTERNAL, "branch %d: %d kv-table entries, at most %d",
                        s->branch, nentries, RDA_KV_TABLE_HEADS);
   const rda_variant *v = &p->variants[kernel];
-  const long long tiles = range_tiles(bp, bp->kv_lo, bp->kv_hi, v->block_n);
-  const long long gx = nseg * tiles * s->dsplit;
-  if (tiles > 0x7fffffffLL || gx > 0x7fffffffLL || batch > 65535)
-    return rda_err_set(err, RDA_ERR_UNSUPPORTED,
-                       "branch %d: dK/dV grid of %lld x %d x %lld blocks exceeds the launch limits",
-                       s->branch, gx, nentries, batch);
-  bp->tiles_per_seg = (int)tiles;
+  unsigned grid[3];
+  RDA_TRY(dkdv_grid(s, v, bp, nseg, batch, s->dsplit, nentries, grid, err));
   bp->kv_head0 = 0;
   bp->group_member = 0;
-  const unsigned grid[3] = {(unsigned)gx, (unsigned)nentries, (unsigned)batch};
   return b->launch(b, k->modules[kernel], grid, (unsigned)v->threads, (unsigned)v->smem_bytes, bp,
                    sizeof *bp, err);
 }

@@ -264,6 +264,26 @@ static const void *ring_slot_base(const void *slot_ptr, int kvh, long long head_
   return (const void *)((uintptr_t)slot_ptr - (uintptr_t)kvh * (uintptr_t)head_stride * elem);
 }
 
+/* A launch on a received block (compact = 1) of step st's segment: the queries of the rank's
+ * piece qp inside the segment against the keys at positions [kv_lo, kv_hi). Returns 0 (nothing
+ * to launch) when the piece has no rows in the segment or, causal, all those keys lie in its
+ * future; the caller fills the heads, the kernel step and the block pointers. */
+static int ring_block_launch(const ring_ctx *c, const rda_ring_step *st, int qp, int64_t kv_lo,
+                             int64_t kv_hi, ring_launch *l) {
+  const int64_t w = ring_w(c, st->branch);
+  const int64_t seg_lo = st->segment * w, seg_hi = seg_lo + w < c->n ? seg_lo + w : c->n;
+  const int64_t qlo = c->me.lo[qp] > seg_lo ? c->me.lo[qp] : seg_lo;
+  const int64_t qhi = c->me.hi[qp] < seg_hi ? c->me.hi[qp] : seg_hi;
+  if (qlo >= qhi || (c->pk->cfg.causal && kv_lo >= qhi)) return 0;
+  memset(l, 0, sizeof *l);
+  l->seg0 = st->segment;
+  l->nseg = 1;
+  l->q_lo = qlo, l->q_hi = qhi, l->row_lo = c->me.lo[qp] - c->me.base[qp];
+  l->kv_lo = kv_lo, l->kv_hi = kv_hi;
+  l->compact = 1;
+  return 1;
+}
+
 /* The end of the run of heads that starts at head h of class cls in step `step`: consecutive
  * heads of that class and step whose kv heads sit in consecutive slots of the block (all heads
  * when the offset rule gives the class consecutive heads: r = 1, the block and group rules), so
@@ -298,8 +318,6 @@ static rda_status ring_received(const ring_ctx *c, const rda_ring_step *st,
   const long long batch_el = x->rows * pitch;
   const uint16_t *kb = (const uint16_t *)kv, *vb = kb + batch_el * c->batch;
   float *gk = (float *)grads, *gv = grads != NULL ? gk + batch_el * c->batch : NULL;
-  const int64_t w = ring_w(c, st->branch);
-  const int64_t seg_lo = st->segment * w, seg_hi = seg_lo + w < c->n ? seg_lo + w : c->n;
   int h0 = 0, hn = 0;
   rda_config_branch_heads(&p->cfg, st->branch, &h0, &hn);
   const int group = p->cfg.heads / p->cfg.kv_heads;
@@ -309,10 +327,8 @@ static rda_status ring_received(const ring_ctx *c, const rda_ring_step *st,
     const int64_t kv_lo = x->first[i];
     const int64_t kv_hi = x->first[i] + (x->count[i] - 1) * st->stride + 1;
     for (int qp = 0; qp < c->me.npieces; ++qp) {
-      const int64_t qlo = c->me.lo[qp] > seg_lo ? c->me.lo[qp] : seg_lo;
-      const int64_t qhi = c->me.hi[qp] < seg_hi ? c->me.hi[qp] : seg_hi;
-      if (qlo >= qhi) continue;
-      if (p->cfg.causal && kv_lo >= qhi) continue;
+      ring_launch l;
+      if (!ring_block_launch(c, st, qp, kv_lo, kv_hi, &l)) continue;
       for (int h = h0; h < h0 + hn;) {
         if (rda_config_offset(&p->cfg, st->branch, h) != cls->offset) {
           ++h;
@@ -326,16 +342,9 @@ static rda_status ring_received(const ring_ctx *c, const rda_ring_step *st,
                              h, st->branch);
         const int kvh0 = h / group;
         const long long at = row0 * pitch + (long long)slot * d;
-        ring_launch l;
-        memset(&l, 0, sizeof l);
         l.step = step;
         l.head0 = h;
         l.nheads = end - h;
-        l.seg0 = st->segment;
-        l.nseg = 1;
-        l.q_lo = qlo, l.q_hi = qhi, l.row_lo = c->me.lo[qp] - c->me.base[qp];
-        l.kv_lo = kv_lo, l.kv_hi = kv_hi;
-        l.compact = 1;
         l.k = ring_slot_base(kb + at, kvh0, d, sizeof *kb);
         l.v = ring_slot_base(vb + at, kvh0, d, sizeof *vb);
         l.dk = gk != NULL ? (float *)(uintptr_t)ring_slot_base(gk + at, kvh0, d, sizeof *gk) : NULL;
@@ -467,17 +476,13 @@ static rda_status ring_table(const ring_ctx *c, ring_recv *const *m, int nm, con
   const rda_plan_k *p = c->pk;
   const rda_ring_step *st = m[0]->st;
   const int d = p->cfg.head_dim;
-  const int64_t w = ring_w(c, st->branch);
-  const int64_t seg_lo = st->segment * w, seg_hi = seg_lo + w < c->n ? seg_lo + w : c->n;
   for (int si = 0; si < p->nsteps; ++si) {
     const rda_step *ks = &p->steps[si];
     if (ks->branch != st->branch) continue;
     for (int i = 0; i < m[0]->x->nranges; ++i)
       for (int qp = 0; qp < c->me.npieces; ++qp) {
-        const int64_t qlo = c->me.lo[qp] > seg_lo ? c->me.lo[qp] : seg_lo;
-        const int64_t qhi = c->me.hi[qp] < seg_hi ? c->me.hi[qp] : seg_hi;
-        if (qlo >= qhi) continue;
-        if (p->cfg.causal && lo[i] >= qhi) continue;
+        ring_launch l;
+        if (!ring_block_launch(c, st, qp, lo[i], hi[i], &l)) continue;
         for (int hc = ks->head0; hc < ks->head0 + ks->nheads; hc += RDA_KV_TABLE_HEADS) {
           const int he = hc + RDA_KV_TABLE_HEADS < ks->head0 + ks->nheads
                              ? hc + RDA_KV_TABLE_HEADS
@@ -486,16 +491,9 @@ static rda_status ring_table(const ring_ctx *c, ring_recv *const *m, int nm, con
           int first = -1, last = -1;
           RDA_TRY(ring_chunk_table(c, m, nm, hc, he, i, &t, &first, &last, err));
           if (first < 0) continue;
-          ring_launch l;
-          memset(&l, 0, sizeof l);
           l.step = si;
           l.head0 = first;
           l.nheads = last - first + 1;
-          l.seg0 = st->segment;
-          l.nseg = 1;
-          l.q_lo = qlo, l.q_hi = qhi, l.row_lo = c->me.lo[qp] - c->me.base[qp];
-          l.kv_lo = lo[i], l.kv_hi = hi[i];
-          l.compact = 1;
           l.k = l.v = blk;
           l.dk = l.dv = (float *)grads;
           l.kv_pitch = (long long)m[0]->cls.nkv * d; /* the same for every class (nkv) */

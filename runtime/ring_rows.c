@@ -137,6 +137,58 @@ static int ring_rows_same_launch(const rda_ring_rows_params *x, const rda_ring_r
          x->batch == y->batch && x->stride == y->stride && x->head_dim == y->head_dim;
 }
 
+/* The open launch of ring_rows_run: its parameter block, the kv heads it holds (lp.kv[0..kv))
+ * and its largest entry, in vectors. */
+typedef struct ring_rows_batch {
+  rda_backend *b;
+  rda_module *module;
+  unsigned threads;
+  long long cap; /* blocks that fill the device */
+  int kv;
+  long long most;
+  rda_ring_rows_launch lp;
+} ring_rows_batch;
+
+/* Launch the open entries, if any, and start an empty launch. */
+static rda_status ring_rows_flush(ring_rows_batch *lb, rda_err *err) {
+  if (lb->lp.nentries == 0) return RDA_OK;
+  const long long blocks = ring_rows_min((lb->most + lb->threads - 1) / lb->threads, lb->cap);
+  const unsigned grid[3] = {(unsigned)blocks, (unsigned)lb->lp.nentries, 1};
+  const rda_status s = lb->b->launch(lb->b, lb->module, grid, lb->threads, 0, &lb->lp,
+                                     sizeof lb->lp, err);
+  memset(&lb->lp, 0, sizeof lb->lp);
+  lb->kv = 0;
+  lb->most = 0;
+  return s;
+}
+
+/* Add kv slots [slot0, slot0 + nkv) of transfer r to the open launch (which has room); the
+ * launch's first entry sets the shared fields, the others lie at their offset from its block. */
+static void ring_rows_entry_add(ring_rows_batch *lb, const rda_ring_rows_params *r,
+                                const int *kv_heads, int slot0, int nkv, int elem) {
+  rda_ring_rows_launch *lp = &lb->lp;
+  if (lp->nentries == 0) {
+    lp->k = r->k, lp->v = r->v;
+    lp->k_sb = r->k_sb, lp->k_sn = r->k_sn, lp->k_sh = r->k_sh;
+    lp->v_sb = r->v_sb, lp->v_sn = r->v_sn, lp->v_sh = r->v_sh;
+    lp->block = r->block;
+    lp->batch = r->batch, lp->stride = r->stride, lp->head_dim = r->head_dim;
+  }
+  rda_ring_rows_entry *e = &lp->e[lp->nentries++];
+  e->blk = (long long)(((const char *)r->block - (const char *)lp->block) / elem);
+  e->rows = r->rows;
+  e->nranges = r->nranges;
+  for (int i = 0; i < 2; ++i) e->first[i] = r->first[i], e->count[i] = r->count[i];
+  e->nkv_total = r->nkv_total;
+  e->slot0 = slot0;
+  e->nkv = nkv;
+  e->kv0 = lb->kv;
+  for (int q = 0; q < nkv; ++q) lp->kv[lb->kv + q] = (unsigned short)kv_heads[slot0 + q];
+  lb->kv += nkv;
+  const long long vectors = r->batch * r->rows * nkv * (r->head_dim / 8);
+  if (vectors > lb->most) lb->most = vectors;
+}
+
 /* Check every transfer, then launch variant `kernel` over entries (a transfer's chunk of at
  * most RDA_RING_ROWS_MAX_HEADS kv heads), as many per launch as fit; with `add`, never two
  * entries that could write one element (they go to successive launches, in order). */
@@ -163,61 +215,26 @@ static rda_status ring_rows_run(const char *what, rda_backend *b, const rda_plan
   if (p->hw.sm_count > 0 && p->hw.max_threads_per_sm >= (int)threads)
     cap =
         (long long)p->hw.sm_count * ring_rows_min(kBlocksPerSm, p->hw.max_threads_per_sm / threads);
-  rda_ring_rows_launch lp;
-  const rda_ring_rows_params *base = NULL; /* the launch's first transfer */
-  int first_t = 0;                         /* transfers [first_t, t) are in lp (add: checked) */
-  long long most = 0;                      /* the largest entry's vectors */
-  memset(&lp, 0, sizeof lp);
-  for (int t = 0; t <= n; ++t) {
-    const int skip = t < n && rows[t].rows == 0;
-    if (skip) continue;
-    for (int slot0 = 0; t == n || slot0 < rows[t].nkv_total; slot0 += RDA_RING_ROWS_MAX_HEADS) {
-      const int nkv = t < n ? (int)ring_rows_min(RDA_RING_ROWS_MAX_HEADS,
-                                                 rows[t].nkv_total - slot0)
-                            : 0;
-      int flush = lp.nentries > 0 && (t == n || lp.nentries == RDA_RING_ROWS_ENTRIES ||
-                                      lp.e[lp.nentries - 1].kv0 + lp.e[lp.nentries - 1].nkv + nkv >
-                                          RDA_RING_ROWS_LAUNCH_KV ||
-                                      !ring_rows_same_launch(base, &rows[t]));
-      for (int u = first_t; add && !flush && t < n && u < t; ++u)
-        if (rows[u].rows > 0 &&
-            ring_rows_conflict(&rows[u], kv_heads[u], rows[u].nkv_total, &rows[t], kv_heads[t],
-                               rows[t].nkv_total))
-          flush = 1;
-      if (flush) {
-        const long long blocks = ring_rows_min((most + threads - 1) / threads, cap);
-        const unsigned grid[3] = {(unsigned)blocks, (unsigned)lp.nentries, 1};
-        RDA_TRY(b->launch(b, k->modules[kernel], grid, threads, 0, &lp, sizeof lp, err));
-        memset(&lp, 0, sizeof lp);
-        most = 0;
-      }
-      if (t == n) break;
-      if (lp.nentries == 0) {
-        base = &rows[t];
+  ring_rows_batch lb = {b, k->modules[kernel], threads, cap, 0, 0, {0}};
+  int first_t = 0; /* transfers [first_t, t) have entries in the open launch */
+  for (int t = 0; t < n; ++t) {
+    if (rows[t].rows == 0) continue;
+    int flush = lb.lp.nentries > 0 && !ring_rows_same_launch(&rows[first_t], &rows[t]);
+    for (int u = first_t; add && !flush && u < t; ++u)
+      flush = rows[u].rows > 0 && ring_rows_conflict(&rows[u], kv_heads[u], rows[u].nkv_total,
+                                                     &rows[t], kv_heads[t], rows[t].nkv_total);
+    if (flush) RDA_TRY(ring_rows_flush(&lb, err));
+    if (lb.lp.nentries == 0) first_t = t;
+    for (int slot0 = 0; slot0 < rows[t].nkv_total; slot0 += RDA_RING_ROWS_MAX_HEADS) {
+      const int nkv = (int)ring_rows_min(RDA_RING_ROWS_MAX_HEADS, rows[t].nkv_total - slot0);
+      if (lb.lp.nentries == RDA_RING_ROWS_ENTRIES || lb.kv + nkv > RDA_RING_ROWS_LAUNCH_KV) {
+        RDA_TRY(ring_rows_flush(&lb, err));
         first_t = t;
-        lp.k = rows[t].k, lp.v = rows[t].v;
-        lp.k_sb = rows[t].k_sb, lp.k_sn = rows[t].k_sn, lp.k_sh = rows[t].k_sh;
-        lp.v_sb = rows[t].v_sb, lp.v_sn = rows[t].v_sn, lp.v_sh = rows[t].v_sh;
-        lp.block = rows[t].block; /* entries are offsets from the launch's first block */
-        lp.batch = rows[t].batch, lp.stride = rows[t].stride, lp.head_dim = rows[t].head_dim;
       }
-      rda_ring_rows_entry *e = &lp.e[lp.nentries];
-      const int kv0 = lp.nentries > 0 ? lp.e[lp.nentries - 1].kv0 + lp.e[lp.nentries - 1].nkv : 0;
-      e->blk = (long long)(((const char *)rows[t].block - (const char *)lp.block) / elem);
-      e->rows = rows[t].rows;
-      e->nranges = rows[t].nranges;
-      for (int i = 0; i < 2; ++i) e->first[i] = rows[t].first[i], e->count[i] = rows[t].count[i];
-      e->nkv_total = rows[t].nkv_total;
-      e->slot0 = slot0;
-      e->nkv = nkv;
-      e->kv0 = kv0;
-      for (int q = 0; q < nkv; ++q) lp.kv[kv0 + q] = (unsigned short)kv_heads[t][slot0 + q];
-      lp.nentries++;
-      const long long vectors = rows[t].batch * rows[t].rows * nkv * (rows[t].head_dim / 8);
-      if (vectors > most) most = vectors;
+      ring_rows_entry_add(&lb, &rows[t], kv_heads[t], slot0, nkv, elem);
     }
   }
-  return RDA_OK;
+  return ring_rows_flush(&lb, err);
 }
 
 rda_status rda_ring_rows_pack_many(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
