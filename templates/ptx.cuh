@@ -19,8 +19,9 @@ namespace rda {
 #if !defined(RDA_EMU)
 /* ------------------------------------------------------------------ native (NVRTC) */
 
+/* 1024-byte aligned: wgmma's 128-byte swizzle atoms are addressed by their shared address. */
 __device__ __forceinline__ unsigned char *dynamic_smem() {
-  extern __shared__ __align__(128) unsigned char rda_dynamic_smem_[];
+  extern __shared__ __align__(1024) unsigned char rda_dynamic_smem_[];
   return rda_dynamic_smem_;
 }
 
@@ -112,6 +113,175 @@ __device__ __forceinline__ float f16_to_float(uint16_t h) {
 
 /* *p += v in global memory, atomically, result unused (compiles to red.global.add.f32). */
 __device__ __forceinline__ void atomic_add_f32(float *p, float v) { atomicAdd(p, v); }
+
+/* ------------------------------------------------------------------ wgmma (sm_90a only) */
+/* The bodies exist only where NVRTC compiles for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere
+ * they trap. The planner gives wgmma variants to sm_90 alone, compiled as sm_90a. */
+
+#define RDA_WG_REGS32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define RDA_WG_REGS64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define RDA_WG_ACC4(i) "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/* Makes this thread's generic-proxy writes to shared memory (cp.async, plain stores) visible
+ * to the async proxy that wgmma reads its shared operands through; a barrier must follow. */
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+/* Orders this warpgroup's register and shared accesses before the wgmma that follow. */
+__device__ __forceinline__ void wgmma_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+/* Closes the group of wgmma issued since the last commit. */
+__device__ __forceinline__ void wgmma_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+/* Waits until at most N committed groups are pending; their accumulators are then final. */
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#else
+  __trap();
+#endif
+}
+
+/* Keeps the compiler from moving accesses of an accumulator across a wgmma fence or wait. */
+template <int NT>
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[NT][4]) {
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+    asm volatile("" : "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])::"memory");
+}
+
+/* D (64 x N, fp32) = A (64 x 16) B (16 x N) + (accumulate ? D : 0) over one warpgroup, A and B
+ * from shared memory through descriptors. A is K-major; B is K-major, or MN-major when TransB.
+ * d[i][e]: warp w of the group holds rows 16w + g (e = 0, 1) and 16w + g + 8 (e = 2, 3),
+ * columns 8i + 2c + (e & 1) (g = lane / 4, c = lane % 4), the mma.m16n8 C layout per 8 columns.
+ * Asynchronous: issue after wgmma_fence, then wgmma_commit and wgmma_wait before reading d. */
+template <int N, int Dtype, bool TransB>
+__device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t adesc, uint64_t bdesc,
+                                         bool accumulate) {
+  static_assert(N == 64 || N == 128, "wgmma_ss: N is 64 or 128");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const uint32_t scale_d = accumulate ? 1u : 0u;
+  if constexpr (N == 64) {
+    if constexpr (Dtype == RDA_DTYPE_BF16) {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+          RDA_WG_REGS32 ", %32, %33, p, 1, 1, 0, %35;\n}\n"
+          : RDA_WG_ACC4(0), RDA_WG_ACC4(1), RDA_WG_ACC4(2), RDA_WG_ACC4(3), RDA_WG_ACC4(4), RDA_WG_ACC4(5), RDA_WG_ACC4(6), RDA_WG_ACC4(7)
+          : "l"(adesc), "l"(bdesc), "r"(scale_d), "n"(TransB ? 1 : 0));
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+          RDA_WG_REGS32 ", %32, %33, p, 1, 1, 0, %35;\n}\n"
+          : RDA_WG_ACC4(0), RDA_WG_ACC4(1), RDA_WG_ACC4(2), RDA_WG_ACC4(3), RDA_WG_ACC4(4), RDA_WG_ACC4(5), RDA_WG_ACC4(6), RDA_WG_ACC4(7)
+          : "l"(adesc), "l"(bdesc), "r"(scale_d), "n"(TransB ? 1 : 0));
+    }
+  } else {
+    if constexpr (Dtype == RDA_DTYPE_BF16) {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+          RDA_WG_REGS64 ", %64, %65, p, 1, 1, 0, %67;\n}\n"
+          : RDA_WG_ACC4(0), RDA_WG_ACC4(1), RDA_WG_ACC4(2), RDA_WG_ACC4(3), RDA_WG_ACC4(4), RDA_WG_ACC4(5), RDA_WG_ACC4(6), RDA_WG_ACC4(7), RDA_WG_ACC4(8), RDA_WG_ACC4(9), RDA_WG_ACC4(10), RDA_WG_ACC4(11), RDA_WG_ACC4(12), RDA_WG_ACC4(13), RDA_WG_ACC4(14), RDA_WG_ACC4(15)
+          : "l"(adesc), "l"(bdesc), "r"(scale_d), "n"(TransB ? 1 : 0));
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+          RDA_WG_REGS64 ", %64, %65, p, 1, 1, 0, %67;\n}\n"
+          : RDA_WG_ACC4(0), RDA_WG_ACC4(1), RDA_WG_ACC4(2), RDA_WG_ACC4(3), RDA_WG_ACC4(4), RDA_WG_ACC4(5), RDA_WG_ACC4(6), RDA_WG_ACC4(7), RDA_WG_ACC4(8), RDA_WG_ACC4(9), RDA_WG_ACC4(10), RDA_WG_ACC4(11), RDA_WG_ACC4(12), RDA_WG_ACC4(13), RDA_WG_ACC4(14), RDA_WG_ACC4(15)
+          : "l"(adesc), "l"(bdesc), "r"(scale_d), "n"(TransB ? 1 : 0));
+    }
+  }
+#else
+  (void)d;
+  (void)adesc;
+  (void)bdesc;
+  (void)accumulate;
+  __trap();
+#endif
+}
+
+/* The same with A from registers: a[] is warp w's 16 x 16 slice (rows 16w..16w+15) in the
+ * mma.m16n8k16 A fragment layout (the layout of an accumulator pair packed by pack_a). */
+template <int N, int Dtype, bool TransB>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t a[4], uint64_t bdesc,
+                                         bool accumulate) {
+  static_assert(N == 64 || N == 128, "wgmma_rs: N is 64 or 128");
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const uint32_t scale_d = accumulate ? 1u : 0u;
+  if constexpr (N == 64) {
+    if constexpr (Dtype == RDA_DTYPE_BF16) {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+          RDA_WG_REGS32 ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+          : RDA_WG_ACC4(0), RDA_WG_ACC4(1), RDA_WG_ACC4(2), RDA_WG_ACC4(3), RDA_WG_ACC4(4), RDA_WG_ACC4(5), RDA_WG_ACC4(6), RDA_WG_ACC4(7)
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(scale_d),
+            "n"(TransB ? 1 : 0));
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+          RDA_WG_REGS32 ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+          : RDA_WG_ACC4(0), RDA_WG_ACC4(1), RDA_WG_ACC4(2), RDA_WG_ACC4(3), RDA_WG_ACC4(4), RDA_WG_ACC4(5), RDA_WG_ACC4(6), RDA_WG_ACC4(7)
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(scale_d),
+            "n"(TransB ? 1 : 0));
+    }
+  } else {
+    if constexpr (Dtype == RDA_DTYPE_BF16) {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+          RDA_WG_REGS64 ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+          : RDA_WG_ACC4(0), RDA_WG_ACC4(1), RDA_WG_ACC4(2), RDA_WG_ACC4(3), RDA_WG_ACC4(4), RDA_WG_ACC4(5), RDA_WG_ACC4(6), RDA_WG_ACC4(7), RDA_WG_ACC4(8), RDA_WG_ACC4(9), RDA_WG_ACC4(10), RDA_WG_ACC4(11), RDA_WG_ACC4(12), RDA_WG_ACC4(13), RDA_WG_ACC4(14), RDA_WG_ACC4(15)
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(scale_d),
+            "n"(TransB ? 1 : 0));
+    } else {
+      asm volatile(
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+          "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+          RDA_WG_REGS64 ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+          : RDA_WG_ACC4(0), RDA_WG_ACC4(1), RDA_WG_ACC4(2), RDA_WG_ACC4(3), RDA_WG_ACC4(4), RDA_WG_ACC4(5), RDA_WG_ACC4(6), RDA_WG_ACC4(7), RDA_WG_ACC4(8), RDA_WG_ACC4(9), RDA_WG_ACC4(10), RDA_WG_ACC4(11), RDA_WG_ACC4(12), RDA_WG_ACC4(13), RDA_WG_ACC4(14), RDA_WG_ACC4(15)
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(scale_d),
+            "n"(TransB ? 1 : 0));
+    }
+  }
+#else
+  (void)d;
+  (void)a;
+  (void)bdesc;
+  (void)accumulate;
+  __trap();
+#endif
+}
+
+#undef RDA_WG_ACC4
+#undef RDA_WG_REGS32
+#undef RDA_WG_REGS64
 
 #else
 /* ------------------------------------------------------------------ emulated (host C++) */
@@ -324,7 +494,58 @@ inline void atomic_add_f32(float *p, float v) {
   }
 }
 
+/* ------------------------------------------------------------------ wgmma, emulated */
+/* emu/wgmma_emu.h models the instructions from the PTX ISA: descriptors decoded into addresses
+ * of the block's shared memory, swizzles, and asynchrony (an mma runs at the wait that
+ * completes its group, reading shared memory then). */
+
+}  // namespace rda
+#include "emu/wgmma_emu.h"
+namespace rda {
+
+inline uint32_t smem_addr(const void *p) { return rda_emu::wgmma::smem_addr(p); }
+
+inline void fence_proxy_async_smem() { rda_emu::wgmma::fence_proxy_async(); }
+
+inline void wgmma_fence() { rda_emu::wgmma::fence(); }
+
+inline void wgmma_commit() { rda_emu::wgmma::commit(); }
+
+template <int N>
+inline void wgmma_wait() {
+  rda_emu::wgmma::wait(N);
+}
+
+template <int NT>
+inline void wgmma_fence_operands(float (&d)[NT][4]) {
+  (void)d;
+}
+
+template <int N, int Dtype, bool TransB>
+inline void wgmma_ss(float (&d)[N / 8][4], uint64_t adesc, uint64_t bdesc, bool accumulate) {
+  static_assert(N == 64 || N == 128, "wgmma_ss: N is 64 or 128");
+  rda_emu::wgmma::mma_ss(&d[0][0], N, adesc, bdesc, accumulate, Dtype == RDA_DTYPE_BF16, TransB);
+}
+
+template <int N, int Dtype, bool TransB>
+inline void wgmma_rs(float (&d)[N / 8][4], const uint32_t a[4], uint64_t bdesc, bool accumulate) {
+  static_assert(N == 64 || N == 128, "wgmma_rs: N is 64 or 128");
+  rda_emu::wgmma::mma_rs(&d[0][0], N, a, bdesc, accumulate, Dtype == RDA_DTYPE_BF16, TransB);
+}
+
 #endif
+
+/* A shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"): the start address,
+ * the leading and the stride dimension byte offsets, each >> 4 in 14 bits (bits 0-13, 16-29,
+ * 32-45), base offset 0 (bits 49-51: tiles are 1024-byte aligned), the swizzle mode in bits
+ * 62-63 (0 none, 1 128-byte, 2 64-byte, 3 32-byte). addr: from smem_addr. */
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo_bytes, uint32_t sbo_bytes,
+                                              int swizzle) {
+  return static_cast<uint64_t>((addr >> 4) & 0x3fffu) |
+         (static_cast<uint64_t>((lbo_bytes >> 4) & 0x3fffu) << 16) |
+         (static_cast<uint64_t>((sbo_bytes >> 4) & 0x3fffu) << 32) |
+         (static_cast<uint64_t>(swizzle & 3) << 62);
+}
 
 /* bf16 widens to fp32 exactly by a shift; plain C on both sides. */
 __device__ __forceinline__ float bf16_to_float(uint16_t h) {

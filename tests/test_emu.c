@@ -43,6 +43,7 @@ typedef struct emu_loaded {
 static rda_backend *g_backend;
 static char *g_src_intrinsics;
 static char *g_src_model;
+static char *g_src_wgmma;
 static emu_loaded g_loaded[16];
 static int g_nloaded;
 
@@ -63,7 +64,8 @@ static int group_setup(void **state) {
   }
   g_src_intrinsics = read_kernel("emu_intrinsics.cu");
   g_src_model = read_kernel("emu_model.cu");
-  return g_src_intrinsics != NULL && g_src_model != NULL ? 0 : -1;
+  g_src_wgmma = read_kernel("emu_wgmma.cu");
+  return g_src_intrinsics != NULL && g_src_model != NULL && g_src_wgmma != NULL ? 0 : -1;
 }
 
 static int group_teardown(void **state) {
@@ -74,6 +76,7 @@ static int group_teardown(void **state) {
   g_backend = NULL;
   free(g_src_intrinsics);
   free(g_src_model);
+  free(g_src_wgmma);
   return 0;
 }
 
@@ -314,6 +317,321 @@ static void test_emu_mma_loop_rate_and_result(void **state) {
     for (int i = 0; i < 4 * 32 * warps; ++i) assert_true(d[i] == 16.0f * (float)iters);
   }
   free(d);
+}
+
+/* ------------------------------------------------------------------ wgmma (sm_90a) */
+
+/* tests/kernels/emu_wgmma.cu's configuration ints (in1). */
+enum {
+  WG_RS,
+  WG_N,
+  WG_F16,
+  WG_TRANSB,
+  WG_ACC,
+  WG_STEPS,
+  WG_ALBO,
+  WG_ASBO,
+  WG_ASWZ,
+  WG_BLBO,
+  WG_BSBO,
+  WG_BSWZ,
+  WG_PEEK,
+  WG_CLOBBER,
+  WG_NOFENCE,
+  WG_NOWAIT,
+  WG_ASTART = 16,
+  WG_BSTART = 24,
+  WG_REPEAT = 31,
+  WG_INTS = 32
+};
+
+/* One operand (MN x K, 16-bit) as a test lays it out in shared memory, by the canonical layouts
+ * of the PTX ISA ("Shared Memory Matrix Layout": the CuTe table of "Canonical Layouts", T = 8):
+ *   K-major,  none:  ((8,m),(T,2k)):((1T,SBO),(1,LBO))
+ *   K-major,  W-byte swizzle: ((8,m),(T,2k)):((W/2,SBO),(1,T)), atoms of W/2 k; katom apart
+ *   MN-major, none:  ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO))
+ *   MN-major, W-byte swizzle: ((T,W/16,m),(8,k)):((1,T,LBO),(W/2,SBO))
+ * then the swizzle, as the docs' swizzle-atom figures draw it: within each 8-row x W-byte atom,
+ * 16-byte chunk j of row r is stored at chunk j ^ (r / (128 / W)). */
+typedef struct wg_layout {
+  int k_major;
+  int swz; /* descriptor mode: 0 none, 1 128B, 2 64B, 3 32B */
+  int lbo, sbo, katom;
+  int base; /* 1024-aligned byte offset of the operand in the image */
+} wg_layout;
+
+static int wg_width(int swz) {
+  static const int w[4] = {0, 128, 64, 32};
+  return w[swz & 3];
+}
+
+static int wg_logical(const wg_layout *L, int mn, int k) {
+  const int W = wg_width(L->swz), E = W / 2;
+  if (L->k_major) {
+    if (W == 0) return L->base + (mn / 8) * L->sbo + (k / 8) * L->lbo + (mn % 8) * 16 + (k % 8) * 2;
+    return L->base + (k / E) * L->katom + (mn / 8) * L->sbo + (mn % 8) * W + (k % E) * 2;
+  }
+  if (W == 0) return L->base + (mn / 8) * L->sbo + (k / 8) * L->lbo + (k % 8) * 16 + (mn % 8) * 2;
+  return L->base + (mn / E) * L->lbo + (k / 8) * L->sbo + (k % 8) * W + (mn % E) * 2;
+}
+
+static int wg_phys(const wg_layout *L, int mn, int k) {
+  const int off = wg_logical(L, mn, k), W = wg_width(L->swz);
+  if (W == 0) return off;
+  const int row = (off / W) % 8, chunk = (off % W) / 16;
+  return off - off % W + (chunk ^ (row / (128 / W))) * 16 + off % 16;
+}
+
+typedef struct wg_case {
+  const char *what;
+  int rs, n, f16, acc, steps, warpgroups;
+  wg_layout a, b; /* b.k_major = 0: trans-b */
+  int clobber;
+  int reps; /* the whole sequence (fence, k steps, commit, wait) repeated; 0: once */
+} wg_case;
+
+static float wg_value(int f16, uint16_t bits) {
+  return (float)(f16 ? model_f16_value(bits) : model_bf16_value(bits));
+}
+
+static int wg_extent(const wg_layout *L, int mn, int kk) {
+  int end = 0;
+  for (int m = 0; m < mn; ++m)
+    for (int k = 0; k < kk; ++k) {
+      const int e = wg_phys(L, m, k) + 2;
+      if (e > end) end = e;
+    }
+  return end;
+}
+
+/* Runs one case on the emulator and checks every element of every thread's d against the
+ * fp32 k-order model (exactly) and a float64 reference (tolerance); also that d read before
+ * the wait is still the initial d. */
+static void check_wgmma(wg_case c) {
+  rt_rng *rng = rt_global_rng();
+  const int reps = c.reps > 0 ? c.reps : 1;
+  const int K = 16 * c.steps, N = c.n, T = 128 * c.warpgroups;
+  c.b.base = 0;
+  if (!c.rs) {
+    c.a.base = 0;
+    c.b.base = (wg_extent(&c.a, 64, K) + 1023) / 1024 * 1024;
+  }
+  const int bytes = (wg_extent(&c.b, N, K) + 15) / 16 * 16;
+  uint16_t *img = xmalloc((size_t)bytes);
+  for (int i = 0; i < bytes / 2; ++i) {
+    const float x = (float)rt_rng_normal(rng);
+    img[i] = c.f16 ? model_f16(x) : model_bf16(x);
+  }
+  /* A (64 x K) and B (K x N) as the kernel sees them. */
+  float *A = xmalloc(sizeof(float) * 64 * (size_t)K), *B = xmalloc(sizeof(float) * (size_t)(K * N));
+  uint16_t *Abits = xmalloc(sizeof(uint16_t) * 64 * (size_t)K);
+  for (int m = 0; m < 64; ++m)
+    for (int k = 0; k < K; ++k) {
+      Abits[m * K + k] = c.rs ? (c.f16 ? model_f16((float)rt_rng_normal(rng))
+                                       : model_bf16((float)rt_rng_normal(rng)))
+                              : img[wg_phys(&c.a, m, k) / 2];
+      A[m * K + k] = c.clobber && !c.rs ? 0.0f : wg_value(c.f16, Abits[m * K + k]);
+    }
+  for (int k = 0; k < K; ++k)
+    for (int n = 0; n < N; ++n)
+      B[k * N + n] = c.clobber ? 0.0f : wg_value(c.f16, img[wg_phys(&c.b, n, k) / 2]);
+  const size_t cfg_ints = WG_INTS + (size_t)c.steps * 128 * 4;
+  int *cfg = calloc(cfg_ints, sizeof(int));
+  assert_non_null(cfg);
+  cfg[WG_RS] = c.rs;
+  cfg[WG_N] = N;
+  cfg[WG_F16] = c.f16;
+  cfg[WG_TRANSB] = !c.b.k_major;
+  cfg[WG_ACC] = c.acc;
+  cfg[WG_STEPS] = c.steps;
+  cfg[WG_ALBO] = c.a.lbo;
+  cfg[WG_ASBO] = c.a.sbo;
+  cfg[WG_ASWZ] = c.a.swz;
+  cfg[WG_BLBO] = c.b.lbo;
+  cfg[WG_BSBO] = c.b.sbo;
+  cfg[WG_BSWZ] = c.b.swz;
+  cfg[WG_PEEK] = 1;
+  cfg[WG_CLOBBER] = c.clobber;
+  cfg[WG_REPEAT] = reps;
+  for (int s = 0; s < c.steps; ++s) {
+    cfg[WG_ASTART + s] = c.rs ? 0 : wg_logical(&c.a, 0, 16 * s);
+    cfg[WG_BSTART + s] = wg_logical(&c.b, 0, 16 * s);
+  }
+  /* RS: thread t's A fragment of step s, the mma.m16n8k16 A layout of its warp's 16 rows. */
+  uint32_t *frag = (uint32_t *)(cfg + WG_INTS);
+  for (int s = 0; s < c.steps && c.rs; ++s)
+    for (int t = 0; t < 128; ++t)
+      for (int i = 0; i < 8; ++i) {
+        int row, col;
+        mma_a_pos(t % 32, i, &row, &col);
+        set_half(&frag[((size_t)s * 128 + (size_t)t) * 4 + (size_t)i / 2], i % 2,
+                 Abits[(16 * (t / 32) + row) * K + 16 * s + col]);
+      }
+  const size_t dn = (size_t)T * (size_t)(N / 2);
+  float *d0 = xmalloc(sizeof(float) * dn), *d = xmalloc(sizeof(float) * dn);
+  float *peek = xmalloc(sizeof(float) * dn);
+  for (size_t i = 0; i < dn; ++i) {
+    d0[i] = c.acc ? (float)rt_rng_normal(rng) : NAN; /* scale-d 0 must ignore it */
+    d[i] = peek[i] = -12345.0f;
+  }
+  emu_test_params p = {.in0 = img, .in1 = cfg, .in2 = d0, .out0 = d, .out1 = peek, .n = bytes};
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  run_ok("emu_wgmma", g_src_wgmma, 1, (unsigned)T, (unsigned)bytes + 1024, &p);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  if (reps > 1) {
+    const double sec = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    const double n_mma = (double)reps * c.steps * c.warpgroups;
+    printf(
+        "emu: %.0f wgmma m64n%dk16 (%s, %s) in %.3f s on one OS thread: %.0f wgmma/s, "
+        "%.0f mma.m16n8k16-equivalents/s\n",
+        n_mma, N, c.what, c.f16 ? "f16" : "bf16", sec, n_mma / sec, n_mma * (N / 2) / sec);
+  }
+  int bad = 0;
+  for (int t = 0; t < T && bad < 8; ++t)
+    for (int e = 0; e < N / 2 && bad < 8; ++e) {
+      const int w = (t / 32) % 4, g = (t % 32) / 4, q = t % 4;
+      const int row = 16 * w + g + 8 * ((e % 4) >> 1), col = 8 * (e / 4) + 2 * q + (e & 1);
+      const size_t at = (size_t)t * (size_t)(N / 2) + (size_t)e;
+      float acc = c.acc ? d0[at] : 0.0f;
+      double ref = c.acc ? d0[at] : 0.0, mag = fabs(ref);
+      float before = d0[at]; /* d as the last repetition's commit leaves it: not yet updated */
+      for (int r = 0; r < reps; ++r) {
+        if (r == reps - 1 && r > 0) before = acc;
+        for (int k = 0; k < K; ++k) {
+          acc += A[row * K + k] * B[k * N + col];
+          ref += (double)A[row * K + k] * B[k * N + col];
+          mag += fabs((double)A[row * K + k] * B[k * N + col]);
+        }
+      }
+      const int early = memcmp(&peek[at], &before, sizeof(float)) != 0;
+      if (d[at] != acc || !(fabs(d[at] - ref) <= 4 * reps * K * FLT_EPSILON * mag) || early) {
+        fprintf(stderr,
+                "wgmma %s (%s, N=%d): thread %d d[%d] = D[%d][%d] = %.9g, expected %.9g "
+                "(float64 %.9g)%s\n",
+                c.what, c.f16 ? "f16" : "bf16", N, t, e, row, col, d[at], acc, ref,
+                early ? "; before the wait it read a value other than the initial d" : "");
+        ++bad;
+      }
+    }
+  free(img);
+  free(A);
+  free(B);
+  free(Abits);
+  free(cfg);
+  free(d0);
+  free(d);
+  free(peek);
+  if (bad) fail();
+}
+
+/* The layouts the tests use, K = 16 * steps. */
+static wg_layout wg_k_sw(int swz, int mn, int sbo_gap) {
+  const int W = wg_width(swz);
+  const wg_layout L = {1, swz, 16, 8 * W * sbo_gap, (mn / 8) * 8 * W * sbo_gap, 0};
+  return L;
+}
+static wg_layout wg_mn_sw(int swz, int K) {
+  /* atoms of W/2 columns x 8 k rows; k groups dense, column atoms after all of K */
+  const int W = wg_width(swz);
+  const wg_layout L = {0, swz, (K / 8) * 8 * W, 8 * W, 0, 0};
+  return L;
+}
+
+static void run_wgmma_layouts(int f16, int n) {
+  const int K = 64;
+  /* SS, both K-major 128B; A's 8-row groups 2048 bytes apart (gaps of random data). */
+  check_wgmma(
+      (wg_case){"ss k-major sw128", 0, n, f16, 1, 4, 1, wg_k_sw(1, 64, 2), wg_k_sw(1, n, 1), 0, 0});
+  /* SS, B MN-major 128B: LBO steps N (64-column atoms), SBO steps K (8 rows). */
+  check_wgmma((wg_case){"ss b mn-major sw128", 0, n, f16, 0, 4, 1, wg_k_sw(1, 64, 1),
+                        wg_mn_sw(1, K), 0, 0});
+  /* RS, two warpgroups (warp index % 4 picks the rows). */
+  check_wgmma((wg_case){"rs b k-major sw128", 1, n, f16, 0, 4, 2, wg_k_sw(1, 64, 1),
+                        wg_k_sw(1, n, 1), 0, 0});
+  check_wgmma((wg_case){"rs b mn-major sw128", 1, n, f16, 1, 4, 1, wg_k_sw(1, 64, 1),
+                        wg_mn_sw(1, K), 0, 0});
+  /* No swizzle: 8 x 16-byte core matrices, LBO and SBO explicit and unequal. */
+  const wg_layout a_none = {1, 0, 128, (K / 8) * 128, 0, 0};
+  const wg_layout b_none_k = {1, 0, (n / 8) * 128, 128, 0, 0};
+  const wg_layout b_none_mn = {0, 0, (n / 8) * 128, 128, 0, 0};
+  check_wgmma((wg_case){"ss k-major none", 0, n, f16, 1, 4, 1, a_none, b_none_k, 0, 0});
+  check_wgmma((wg_case){"ss b mn-major none", 0, n, f16, 0, 4, 1, a_none, b_none_mn, 0, 0});
+  check_wgmma((wg_case){"rs b mn-major none", 1, n, f16, 1, 4, 1, a_none, b_none_mn, 0, 0});
+  /* 64- and 32-byte swizzles. */
+  check_wgmma((wg_case){"ss k-major sw64 / sw32", 0, n, f16, 1, 4, 1, wg_k_sw(2, 64, 1),
+                        wg_k_sw(3, n, 1), 0, 0});
+  check_wgmma((wg_case){"ss a sw32, b mn-major sw64", 0, n, f16, 1, 4, 1, wg_k_sw(3, 64, 1),
+                        wg_mn_sw(2, K), 0, 0});
+  check_wgmma(
+      (wg_case){"rs b mn-major sw32", 1, n, f16, 1, 4, 1, wg_k_sw(1, 64, 1), wg_mn_sw(3, K), 0, 0});
+}
+
+static void test_emu_wgmma_bf16_n64_matches_ptx_layouts(void **state) {
+  (void)state;
+  run_wgmma_layouts(0, 64);
+}
+static void test_emu_wgmma_bf16_n128_matches_ptx_layouts(void **state) {
+  (void)state;
+  run_wgmma_layouts(0, 128);
+}
+static void test_emu_wgmma_f16_n64_matches_ptx_layouts(void **state) {
+  (void)state;
+  run_wgmma_layouts(1, 64);
+}
+static void test_emu_wgmma_f16_n128_matches_ptx_layouts(void **state) {
+  (void)state;
+  run_wgmma_layouts(1, 128);
+}
+
+/* The operands are read at the wait: tiles zeroed between commit and wait give D = old D (SS)
+ * or old D + A * 0 (RS); d read before the wait is still the old d (checked in every case). */
+static void test_emu_wgmma_runs_at_the_wait(void **state) {
+  (void)state;
+  check_wgmma((wg_case){"ss clobbered before wait", 0, 64, 0, 1, 2, 1, wg_k_sw(1, 64, 1),
+                        wg_k_sw(1, 64, 1), 1, 0});
+  check_wgmma((wg_case){"rs clobbered before wait", 1, 128, 1, 1, 2, 1, wg_k_sw(1, 64, 1),
+                        wg_mn_sw(1, 32), 1, 0});
+}
+
+/* The emulation rate of wgmma (reported, not asserted; one m64n128k16 is the work of 64
+ * warp-level mma.m16n8k16, compare with test_emu_mma_loop_rate_and_result), result checked. */
+static void test_emu_wgmma_rate_and_result(void **state) {
+  (void)state;
+  check_wgmma(
+      (wg_case){"ss rate", 0, 128, 0, 1, 4, 1, wg_k_sw(1, 64, 1), wg_k_sw(1, 128, 1), 0, 100});
+  check_wgmma((wg_case){"rs rate", 1, 128, 1, 1, 4, 1, wg_k_sw(1, 64, 1), wg_mn_sw(1, 64), 0, 100});
+}
+
+/* A missing wgmma_fence and a missing wgmma_wait are launch errors naming the thread. */
+static void test_emu_wgmma_missing_fence_or_wait_traps(void **state) {
+  (void)state;
+  const wg_layout a = wg_k_sw(1, 64, 1), b = wg_k_sw(1, 64, 1);
+  static uint16_t img[8192];
+  memset(img, 0x3c, sizeof img);
+  for (int which = 0; which < 2; ++which) {
+    int cfg[WG_INTS] = {0};
+    cfg[WG_N] = 64;
+    cfg[WG_ACC] = 1;
+    cfg[WG_STEPS] = 1;
+    cfg[WG_ASBO] = a.sbo;
+    cfg[WG_ASWZ] = 1;
+    cfg[WG_BSBO] = b.sbo;
+    cfg[WG_BSWZ] = 1;
+    cfg[WG_BSTART] = 8192;
+    cfg[which == 0 ? WG_NOFENCE : WG_NOWAIT] = 1;
+    float d0[128 * 32] = {0}, d[128 * 32];
+    emu_test_params p = {
+        .in0 = img, .in1 = cfg, .in2 = d0, .out0 = d, .out1 = d, .n = (long long)sizeof img};
+    rda_err err = {0};
+    assert_int_not_equal(
+        run3("emu_wgmma", g_src_wgmma, 1, 1, 1, 128, 1, 1, sizeof img + 1024, &p, &err), RDA_OK);
+    const char *want = which == 0 ? "without wgmma_fence" : "mma_async pending";
+    if (strstr(err.msg, want) == NULL || strstr(err.msg, "thread (") == NULL) {
+      fprintf(stderr, "wgmma trap: got \"%s\", want \"%s\"\n", err.msg, want);
+      fail();
+    }
+  }
 }
 
 /* ------------------------------------------------------------------ ldmatrix */
@@ -966,6 +1284,13 @@ int main(void) {
       cmocka_unit_test(test_emu_mma_bf16_matches_ptx_fragment_model),
       cmocka_unit_test(test_emu_mma_f16_matches_ptx_fragment_model),
       cmocka_unit_test(test_emu_mma_loop_rate_and_result),
+      cmocka_unit_test(test_emu_wgmma_bf16_n64_matches_ptx_layouts),
+      cmocka_unit_test(test_emu_wgmma_bf16_n128_matches_ptx_layouts),
+      cmocka_unit_test(test_emu_wgmma_f16_n64_matches_ptx_layouts),
+      cmocka_unit_test(test_emu_wgmma_f16_n128_matches_ptx_layouts),
+      cmocka_unit_test(test_emu_wgmma_runs_at_the_wait),
+      cmocka_unit_test(test_emu_wgmma_rate_and_result),
+      cmocka_unit_test(test_emu_wgmma_missing_fence_or_wait_traps),
       cmocka_unit_test(test_emu_ldmatrix_x4_and_trans_match_ptx_fragment_model),
       cmocka_unit_test(test_emu_shfl_xor_every_lane_mask),
       cmocka_unit_test(test_emu_pack_bf16x2_rounds_to_nearest_even),

@@ -33,6 +33,15 @@ void cp_async_16(void *smem_dst, const void *gmem_src, bool valid);
 void cp_async_commit();
 void cp_async_wait(int pending_groups_allowed);
 
+/* Per-CUDA-thread storage for models of asynchronous units (wgmma_emu.h's pending groups):
+ * `bytes` (at most kThreadStateMax) bytes private to the calling thread, zero-filled at the
+ * thread's first call in a block; later calls return the same storage and must pass the same
+ * size. on_exit (of the first call; may be null) runs with the storage when the thread's body
+ * returns, and may trap (work never waited for). Fibers share an OS thread, so thread_local
+ * cannot hold such state. */
+void *thread_state(size_t bytes, void (*on_exit)(void *state));
+constexpr size_t kThreadStateMax = 16384;
+
 /* Report a device-side failure (like a trap): the launch fails with this message. */
 [[noreturn]] void trap(const char *what);
 

@@ -186,6 +186,11 @@ struct Fiber {
   size_t cp_head = 0;
   std::vector<size_t> cp_groups;
   size_t group_head = 0;
+  /* thread_state's storage: live once the thread asked for it in this block. */
+  std::vector<unsigned char> model;
+  size_t model_bytes = 0;
+  bool model_live = false;
+  void (*model_exit)(void *) = nullptr;
 };
 
 /* A warp's collective slots, double-buffered by generation parity: collective n + 1 cannot be
@@ -403,6 +408,7 @@ static void wait_here(Worker *w, Fiber *f) {
   Worker *w = tls_worker;
   try {
     w->launch->body(w->launch->params);
+    if (f->model_live && f->model_exit != nullptr) f->model_exit(f->model.data());
   } catch (const std::exception &e) {
     fail(w->launch, "block (%u,%u,%u) thread (%u,%u,%u): C++ exception: %s", w->block_idx.x,
          w->block_idx.y, w->block_idx.z, f->tid.x, f->tid.y, f->tid.z, e.what());
@@ -536,6 +542,8 @@ static void run_block(Worker *w, long long b) {
     f.cp.clear();
     f.cp_groups.clear();
     f.cp_head = f.group_head = 0;
+    f.model_live = false;
+    f.model_exit = nullptr;
     fiber_init(&f);
   }
   Fiber *first = &w->fibers[0];
@@ -778,6 +786,21 @@ void cp_async_wait(int pending_groups_allowed) {
     f->cp_groups.clear();
     f->group_head = 0;
   }
+}
+
+void *thread_state(size_t bytes, void (*on_exit)(void *state)) {
+  detail::Fiber *f = detail::current_fiber();
+  if (!f->model_live) {
+    if (bytes == 0 || bytes > kThreadStateMax) trap("thread_state: size out of range");
+    if (f->model.size() < bytes) f->model.resize(bytes);
+    std::memset(f->model.data(), 0, bytes);
+    f->model_bytes = bytes;
+    f->model_exit = on_exit;
+    f->model_live = true;
+  } else if (bytes != f->model_bytes) {
+    trap("thread_state: asked for a different size than before in this block");
+  }
+  return f->model.data();
 }
 
 [[noreturn]] void trap(const char *what) {
