@@ -311,8 +311,10 @@ rda_status rda_nvrtc_compile(const char *source, const char *name, const char *e
   rda_nvrtc_headers hd = {0};
   char file[160], opt_arch[48];
   snprintf(file, sizeof file, "%s.cu", name);
-  /* Always a real sm_XX: ptxas runs (so the report exists) and the PTX is available too. */
-  snprintf(opt_arch, sizeof opt_arch, "--gpu-architecture=sm_%d", arch);
+  /* Always a real sm_XX: ptxas runs (so the report exists) and the PTX is available too.
+   * sm_90 compiles as sm_90a, whose arch-specific instructions (wgmma) the wgmma path needs;
+   * sm_90a code runs on sm_90 devices only, which is all a cache entry for arch 90 serves. */
+  snprintf(opt_arch, sizeof opt_arch, "--gpu-architecture=sm_%d%s", arch, arch == 90 ? "a" : "");
   /* NVRTC 12.9+ keeps its own cache (with a driver present) and then skips ptxas, whose report
    * we need; rda caches cubins itself, so that cache is off. Not part of the cache key: the
    * output does not depend on it. */
