@@ -21,8 +21,9 @@ end
 
 -- Validated config + profile -> plan (see gen/plan.lua), with the tile space from
 -- tuning/fwd_space.lua when it exists; with `backward`, also the backward kernels (tiles
--- from tuning/bwd_space.lua); with `atomic` too, the atomic-dQ variants of the dK/dV kernels.
-function M.plan(cfg, profile, backward, atomic)
+-- from tuning/bwd_space.lua); with `atomic` too, the atomic-dQ variants of the dK/dV kernels;
+-- with `wgmma`, the tile space's wgmma candidates may serve an sm_90 target.
+function M.plan(cfg, profile, backward, atomic, wgmma)
   hw.check(profile)
   local space, origin = plan.load_space(native.home(), native.source)
   if not space then return nil, "tile space: " .. origin end
@@ -32,7 +33,7 @@ function M.plan(cfg, profile, backward, atomic)
     bspace, borigin = plan.load_bwd_space(native.home(), native.source)
     if not bspace then return nil, "backward tile space: " .. borigin end
   end
-  local p, why = plan.build(cfg, profile, space, bspace, backward and atomic)
+  local p, why = plan.build(cfg, profile, space, bspace, backward and atomic, wgmma)
   if not p then return nil, why end
   p.space = origin
   return p

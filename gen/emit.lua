@@ -16,15 +16,18 @@ local function check_fwd(v)
   assert(type(v.causal) == "boolean" and type(v.dilated) == "boolean",
          "variant causal and dilated must be booleans")
   assert(v.kv_table == nil or type(v.kv_table) == "boolean", "variant kv_table must be a boolean")
+  assert(v.wgmma == nil or type(v.wgmma) == "boolean", "variant wgmma must be a boolean")
 end
 
 -- The deterministic name: every specialization in a fixed order. kv_table (optional, default
 -- false): the twin that reads a ring round's received blocks through rda_kv_table ("_kt").
+-- wgmma (optional, default false): the sm_90a warpgroup-MMA path ("_wg").
 function M.fwd_name(v)
   check_fwd(v)
-  return string.format("rda_fwd_d%d_%s_%s_%s_bm%d_bn%d_w%d_s%d%s", v.head_dim, v.dtype,
+  return string.format("rda_fwd_d%d_%s_%s_%s_bm%d_bn%d_w%d_s%d%s%s", v.head_dim, v.dtype,
                        v.causal and "causal" or "full", v.dilated and "dil" or "dense",
-                       v.block_m, v.block_n, v.warps, v.stages, v.kv_table and "_kt" or "")
+                       v.block_m, v.block_n, v.warps, v.stages, v.wgmma and "_wg" or "",
+                       v.kv_table and "_kt" or "")
 end
 
 function M.init_name() return "rda_init" end
@@ -94,10 +97,13 @@ function M.fwd_source(v)
   local fields = query_tiled_fields(v)
   fields[#fields + 1] = { "bool", "kv_table", tostring(v.kv_table == true),
                           "keys from a ring round's blocks through rda_kv_table" }
+  fields[#fields + 1] = { "bool", "wgmma", tostring(v.wgmma == true),
+                          "sm_90a warpgroup MMA, one warpgroup per 64 query rows" }
   -- The twin states one block per SM: left to itself, ptxas held sm_80's d = 96 twin to 168
-  -- registers (three blocks per SM) and spilled, where its base variant takes 205.
+  -- registers (three blocks per SM) and spilled, where its base variant takes 205. So does the
+  -- wgmma path: its S and O accumulators alone take 128 registers per thread at d = 128.
   return source(name, "rda_fwd.cuh", fields, 32 * v.warps, "rda::fwd_kernel", "rda_fwd_params",
-                v.kv_table and 1 or nil)
+                (v.kv_table or v.wgmma) and 1 or nil)
 end
 
 -- o = 0, lse = -inf over the whole output.

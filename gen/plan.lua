@@ -32,7 +32,16 @@ M.STAND_IN = STAND_IN
 local function positive_int(x) return math.type(x) == "integer" and x > 0 end
 
 local function tile_name(c)
-  return string.format("bm%d_bn%d_w%d_s%d", c.block_m, c.block_n, c.warps, c.stages)
+  return string.format("bm%d_bn%d_w%d_s%d%s", c.block_m, c.block_n, c.warps, c.stages,
+                       c.wgmma and "_wg" or "")
+end
+
+-- The wgmma path (templates/rda_fwd.cuh): sm_90a only, whole warpgroups, wgmma shapes N = 64
+-- or 128 for both products.
+local WGMMA_ARCH <const> = 90
+local function wgmma_shape_ok(head_dim, c)
+  return (head_dim == 64 or head_dim == 128) and (c.block_n == 64 or c.block_n == 128)
+         and c.warps % 4 == 0
 end
 
 -- Checks a tile space { [head_dim] = { {block_m, block_n, warps, stages}, ... } }.
@@ -56,6 +65,13 @@ function M.check_space(space)
       if c.block_n % 16 ~= 0 then
         return nil, string.format("[%d][%d] %s: block_n must be a multiple of 16", d, i,
                                   tile_name(c))
+      end
+      if c.wgmma ~= nil and type(c.wgmma) ~= "boolean" then
+        return nil, string.format("[%d][%d] %s: wgmma must be a boolean", d, i, tile_name(c))
+      end
+      if c.wgmma and not wgmma_shape_ok(d, c) then
+        return nil, string.format("[%d][%d] %s: a wgmma tile needs head_dim and block_n in "
+                                  .. "{64, 128} and warps a multiple of 4", d, i, tile_name(c))
       end
     end
   end
@@ -117,8 +133,9 @@ function M.fits(head_dim, c, hw)
 end
 
 -- The tile for a branch of segment length w and dilation r: the first candidate that fits,
--- preferring block_m <= 64 when a segment's grid has at most 64 rows.
-function M.choose_tile(space, head_dim, w, r, hw)
+-- preferring block_m <= 64 when a segment's grid has at most 64 rows. wgmma candidates count
+-- only with `wgmma` on an sm_90 target.
+function M.choose_tile(space, head_dim, w, r, hw, wgmma)
   local list = space[head_dim]
   if not list then
     return nil, string.format("the tile space has no candidates for head_dim = %d", head_dim)
@@ -127,17 +144,20 @@ function M.choose_tile(space, head_dim, w, r, hw)
   local first, why, least
   for _, c in ipairs(list) do
     local ok, reason = M.fits(head_dim, c, hw)
+    if c.wgmma and not (wgmma and hw.arch == WGMMA_ARCH) then
+      ok, reason = false, nil -- not a candidate here, whatever its size
+    end
     if ok then
       if not small or c.block_m <= SMALL_GRID then return c end
       first = first or c
-    elseif not least or M.fwd_smem(head_dim, c) < least then
+    elseif reason and (not least or M.fwd_smem(head_dim, c) < least) then
       least, why = M.fwd_smem(head_dim, c), reason
     end
   end
   if first then return first end
   return nil, string.format("no forward tile for head_dim = %d fits %s: none of the %d "
                             .. "candidates fits (the smallest: %s)", head_dim, hw.name or "?",
-                            #list, why)
+                            #list, why or "the others are wgmma tiles, for sm_90 with wgmma on")
 end
 
 -- Heads [head0, head0 + count) that use branch b (0-based), as runtime/config.c computes them.
@@ -176,19 +196,20 @@ end
 -- and why it cannot fit.
 -- With `bspace` (a backward tile space), the backward kernels too (and with `atomic` their
 -- atomic-dQ variants): see M.add_backward.
-function M.build(cfg, hw, space, bspace, atomic)
+function M.build(cfg, hw, space, bspace, atomic, wgmma)
   check_cfg(cfg)
   assert(type(hw) == "table" and positive_int(hw.smem_per_block), "hw must be a profile")
   space = space or STAND_IN
   local plan, index = { variants = {}, steps = {} }, {}
   for i = 1, #cfg.segments do
     local w, r = cfg.segments[i], cfg.dilations[i]
-    local tile, why = M.choose_tile(space, cfg.head_dim, w, r, hw)
+    local tile, why = M.choose_tile(space, cfg.head_dim, w, r, hw, wgmma)
     if not tile then return nil, why end
     local v = {
       kind = "fwd", head_dim = cfg.head_dim, dtype = cfg.dtype, causal = cfg.causal,
       dilated = r > 1, block_m = tile.block_m, block_n = tile.block_n, warps = tile.warps,
       stages = tile.stages, threads = 32 * tile.warps, smem_bytes = M.fwd_smem(cfg.head_dim, tile),
+      wgmma = tile.wgmma or nil,
     }
     v.name = emit.fwd_name(v)
     v.source = emit.fwd_source(v)

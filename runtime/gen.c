@@ -563,6 +563,7 @@ typedef struct rda_gen_plan_ctx {
   rda_status status;
   int backward; /* RDA_PLAN_BACKWARD was asked for */
   int atomic;   /* RDA_PLAN_BACKWARD_ATOMIC too */
+  int wgmma;    /* RDA_PLAN_WGMMA, or RDA_WGMMA=1 */
 } rda_gen_plan_ctx;
 
 static void rda_gen_push_list(lua_State *L, const int64_t *v, int n) {
@@ -682,7 +683,8 @@ static int rda_gen_p_plan(lua_State *L) {
   rda_gen_push_hw(L, c->hw);
   lua_pushboolean(L, c->backward);
   lua_pushboolean(L, c->atomic);
-  lua_call(L, 4, 2);
+  lua_pushboolean(L, c->wgmma);
+  lua_call(L, 5, 2);
   if (lua_isnil(L, -2)) {
     c->status =
         rda_gen_fail_line(c->err, RDA_ERR_UNSUPPORTED, luaL_optstring(L, -1, "no plan fits"));
@@ -753,6 +755,14 @@ static rda_status rda_gen_check_config(const rda_config *c, rda_err *err) {
   return RDA_OK;
 }
 
+int rda_gen_wgmma_env(rda_err *err) {
+  const char *v = getenv("RDA_WGMMA");
+  if (v == NULL || v[0] == '\0' || strcmp(v, "0") == 0) return 0;
+  if (strcmp(v, "1") == 0) return 1;
+  rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "RDA_WGMMA='%s': expected 0 or 1", v);
+  return -1;
+}
+
 rda_status rda_gen_plan(rda_gen *g, const rda_config *cfg, const rda_hw *hw, rda_plan_k *out,
                         rda_err *err) {
   return rda_gen_plan_ex(g, cfg, hw, 0, out, err);
@@ -768,8 +778,16 @@ rda_status rda_gen_plan_ex(rda_gen *g, const rda_config *cfg, const rda_hw *hw, 
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_gen_plan: incomplete hardware profile");
   out->cfg = *cfg;
   out->hw = *hw;
-  rda_gen_plan_ctx c = {cfg, hw, out, err, RDA_ERR_INTERNAL, (flags & RDA_PLAN_BACKWARD) != 0,
-                        (flags & RDA_PLAN_BACKWARD_ATOMIC) != 0};
+  const int wgmma_env = rda_gen_wgmma_env(err);
+  if (wgmma_env < 0) return RDA_ERR_INVALID_ARGUMENT;
+  rda_gen_plan_ctx c = {cfg,
+                        hw,
+                        out,
+                        err,
+                        RDA_ERR_INTERNAL,
+                        (flags & RDA_PLAN_BACKWARD) != 0,
+                        (flags & RDA_PLAN_BACKWARD_ATOMIC) != 0,
+                        (flags & RDA_PLAN_WGMMA) != 0 || wgmma_env == 1};
   rda_status s = rda_gen_protected(g, rda_gen_p_plan, &c, RDA_ERR_INTERNAL, err);
   if (s == RDA_OK) s = c.status;
   if (s != RDA_OK) rda_plan_k_free(out);

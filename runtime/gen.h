@@ -96,7 +96,13 @@ rda_status rda_gen_plan(rda_gen *g, const rda_config *cfg, const rda_hw *hw, rda
 /* RDA_PLAN_BACKWARD_ATOMIC (with RDA_PLAN_BACKWARD) adds, per branch where the tile allows, a
  * dK/dV variant that also adds dQ by fp32 atomics: rda_bwd_run uses it when deterministic = 0
  * (one launch instead of two, not bit-reproducible). */
-enum { RDA_PLAN_BACKWARD = 1u, RDA_PLAN_BACKWARD_ATOMIC = 2u };
+/* RDA_PLAN_WGMMA lets the forward take the tile space's wgmma candidates (sm_90a warpgroup
+ * MMA) on an sm_90 target; so does the environment variable RDA_WGMMA=1 (rda_gen_wgmma_env).
+ * Off by default until the path has been checked and timed on an H100. */
+enum { RDA_PLAN_BACKWARD = 1u, RDA_PLAN_BACKWARD_ATOMIC = 2u, RDA_PLAN_WGMMA = 4u };
+
+/* 1 when RDA_WGMMA is "1", 0 when unset, empty or "0"; anything else is an error (-1, err). */
+int rda_gen_wgmma_env(rda_err *err);
 rda_status rda_gen_plan_ex(rda_gen *g, const rda_config *cfg, const rda_hw *hw, unsigned flags,
                            rda_plan_k *out, rda_err *err);
 void rda_plan_k_free(rda_plan_k *p); /* frees what rda_gen_plan allocated; accepts NULL */

@@ -1,7 +1,9 @@
 /* rda_fwd.cuh — the fused dilated-attention forward kernel (SPEC §1), FlashAttention-2 style:
  * one block per (query tile of one segment's grid, head, batch), one warp per 16 query rows,
- * mma.sync m16n8k16 from swizzled shared memory, a cp.async pipeline over K/V tiles, online
- * softmax in fp32 with exp2, and an fp32 epilogue that merges branches by log-sum-exp. */
+ * a cp.async pipeline over K/V tiles, online softmax in fp32 with exp2, and an fp32 epilogue
+ * that merges branches by log-sum-exp. Two instruction paths for the two matrix products:
+ * mma.sync m16n8k16 through ldmatrix (sm_80+), or (Cfg::wgmma, sm_90a) warpgroup wgmma, one
+ * warpgroup per 64 query rows, reading Q, K and V from shared memory through descriptors. */
 #ifndef RDA_FWD_CUH
 #define RDA_FWD_CUH
 
@@ -37,8 +39,11 @@ struct Traits {
   static constexpr int NT = BN / 8; /* 8-key column tiles of S = Q K^T */
   static constexpr int KS = D / 16; /* 16-wide k-steps over the head dim */
   static constexpr int DT = D / 8;  /* 8-wide column tiles of O */
-  /* Q fragments stay in registers up to d = 128; at d = 256 they are reloaded per k-step. */
-  static constexpr bool Q_IN_REGS = D <= 128;
+  /* wgmma path: a warpgroup (4 warps) per 64 query rows; tiles in 128-byte swizzle atoms. */
+  static constexpr bool WG = Cfg::wgmma;
+  static constexpr int GROUP_ROWS = WG ? 64 : 16; /* query rows skipped or masked together */
+  /* mma.sync path: Q fragments stay in registers up to d = 128 (reloaded per k-step at 256). */
+  static constexpr bool Q_IN_REGS = !WG && D <= 128;
   /* The epilogue stages the fp32 O tile plus two floats per row over the whole buffer. */
   static constexpr int EPI_BYTES = BM * D * 4 + BM * 8;
 
@@ -47,6 +52,22 @@ struct Traits {
   static_assert(BN % 16 == 0 && BN >= 16, "block_n must be a multiple of 16");
   static_assert(STAGES >= 2, "the K/V pipeline needs at least 2 stages");
   static_assert(EPI_BYTES <= SMEM_BYTES, "epilogue staging does not fit: raise stages or block_n");
+  static_assert(!WG || ((D == 64 || D == 128) && (BN == 64 || BN == 128) && WARPS % 4 == 0),
+                "wgmma: head_dim and block_n in {64, 128}, whole warpgroups");
+
+  /* Byte offset of (row, chunk) in a tile of ROWS rows. mma.sync: rows of D / 8 XOR-swizzled
+   * chunks (rda_tile.cuh). wgmma: the tile is cut into column blocks of 64 elements (128 bytes),
+   * each ROWS rows of 128 bytes with chunk c of row r at c ^ (r % 8): the 128-byte swizzle
+   * atoms (8 rows, 1024 bytes) that wgmma's descriptors address; the tile must start
+   * 1024-byte aligned. */
+  template <int ROWS>
+  static __device__ __forceinline__ int smem_off(int row, int chunk) {
+    if constexpr (WG) {
+      return (chunk >> 3) * (ROWS * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+    } else {
+      return tile_off<CHUNKS>(row, chunk);
+    }
+  }
 };
 
 /* Swizzle of the epilogue's fp32 staging tile (rows of D/4 >= 8 chunks). A float2 store phase
@@ -71,7 +92,7 @@ __device__ __forceinline__ void load_tile(unsigned char *dst, const uint16_t *ba
     for (int i = 0; i < ROWS / RSTEP; ++i) {
       const int row = row0 + i * RSTEP;
       const bool ok = t_first + row < ng;
-      cp_async_16(dst + tile_off<T::CHUNKS>(row, ch), ok ? src : base, ok);
+      cp_async_16(dst + T::template smem_off<ROWS>(row, ch), ok ? src : base, ok);
       src += step;
     }
   } else {
@@ -84,7 +105,7 @@ __device__ __forceinline__ void load_tile(unsigned char *dst, const uint16_t *ba
         const int t = t_first + row;
         const bool ok = t < ng;
         const uint16_t *src = base + (ok ? static_cast<long long>(t) * row_stride : 0) + ch * 8;
-        cp_async_16(dst + tile_off<T::CHUNKS>(row, ch), src, ok);
+        cp_async_16(dst + T::template smem_off<ROWS>(row, ch), src, ok);
       }
     }
   }
@@ -105,6 +126,64 @@ struct Block {
   int nrows;     /* rows of the tile that are queries of the launch (grid rows < q_hi's) */
 };
 
+/* Masks S (keys past the grid end, and, causal, keys after the query row), then the online
+ * softmax in the log2 domain: S becomes P, the row maxima m and sums l advance, acc is rescaled.
+ * Each thread holds rows wrow0 + g and wrow0 + g + 8 (g = lane / 4) of the accumulator layout;
+ * a row is spread over the 4 lanes of a quad. */
+template <class Cfg, bool Mask, int NT>
+__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float sl2, int n0, int ng,
+                                               int wrow0, float (*acc)[4], float m[2],
+                                               float l[2]) {
+  constexpr int DT = Traits<Cfg>::DT;
+  const int lane = lane_id();
+  const int g = lane >> 2;
+  const int c2 = 2 * (lane & 3);
+  if constexpr (Mask) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = n0 + nt * 8 + c2 + (e & 1);
+        const int row = wrow0 + g + 8 * (e >> 1);
+        if (key >= ng || (Cfg::causal && key > row)) s[nt][e] = neg_inf();
+      }
+    }
+  }
+
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float mx = neg_inf();
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) mx = fmax2(mx, fmax2(s[nt][2 * hf], s[nt][2 * hf + 1]));
+    mx = fmax2(mx, shfl_xor(mx, 1));
+    mx = fmax2(mx, shfl_xor(mx, 2));
+    const float mnew = fmax2(m[hf], mx == neg_inf() ? neg_inf() : mx * sl2);
+    const float muse = mnew == neg_inf() ? 0.f : mnew;
+    const float corr = ex2(m[hf] - muse);
+    m[hf] = mnew;
+    l[hf] *= corr;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      acc[dt][2 * hf] *= corr;
+      acc[dt][2 * hf + 1] *= corr;
+    }
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 2 * hf; e < 2 * hf + 2; ++e) {
+        float pv = ex2(s[nt][e] * sl2 - muse);
+        if constexpr (Mask) {
+          if (s[nt][e] == neg_inf()) pv = 0.f;
+        }
+        s[nt][e] = pv;
+        sum += pv;
+      }
+    }
+    l[hf] += sum;
+  }
+}
+
 /* One K/V tile: S = Q K^T for this warp's 16 rows, online softmax, O += P V. */
 template <class Cfg, bool Mask>
 __device__ __forceinline__ void tile_step(const unsigned char *sq, const unsigned char *sk,
@@ -115,7 +194,6 @@ __device__ __forceinline__ void tile_step(const unsigned char *sq, const unsigne
                                           float sl2, int n0, int ng, int wrow0, float (*acc)[4],
                                           float m[2], float l[2]) {
   using T = Traits<Cfg>;
-  const int lane = lane_id();
 
   float s[T::NT][4];
 #pragma unroll
@@ -148,54 +226,7 @@ __device__ __forceinline__ void tile_step(const unsigned char *sq, const unsigne
     }
   }
 
-  /* Keys past the grid end, and (causal) keys after the query row, are masked. */
-  const int g = lane >> 2;
-  const int c2 = 2 * (lane & 3);
-  if constexpr (Mask) {
-#pragma unroll
-    for (int nt = 0; nt < T::NT; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = n0 + nt * 8 + c2 + (e & 1);
-        const int row = wrow0 + g + 8 * (e >> 1);
-        if (key >= ng || (Cfg::causal && key > row)) s[nt][e] = neg_inf();
-      }
-    }
-  }
-
-  /* Online softmax in the log2 domain; each row is spread over the 4 lanes of a quad. */
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    float mx = neg_inf();
-#pragma unroll
-    for (int nt = 0; nt < T::NT; ++nt) mx = fmax2(mx, fmax2(s[nt][2 * hf], s[nt][2 * hf + 1]));
-    mx = fmax2(mx, shfl_xor(mx, 1));
-    mx = fmax2(mx, shfl_xor(mx, 2));
-    const float mnew = fmax2(m[hf], mx == neg_inf() ? neg_inf() : mx * sl2);
-    const float muse = mnew == neg_inf() ? 0.f : mnew;
-    const float corr = ex2(m[hf] - muse);
-    m[hf] = mnew;
-    l[hf] *= corr;
-#pragma unroll
-    for (int dt = 0; dt < T::DT; ++dt) {
-      acc[dt][2 * hf] *= corr;
-      acc[dt][2 * hf + 1] *= corr;
-    }
-    float sum = 0.f;
-#pragma unroll
-    for (int nt = 0; nt < T::NT; ++nt) {
-#pragma unroll
-      for (int e = 2 * hf; e < 2 * hf + 2; ++e) {
-        float pv = ex2(s[nt][e] * sl2 - muse);
-        if constexpr (Mask) {
-          if (s[nt][e] == neg_inf()) pv = 0.f;
-        }
-        s[nt][e] = pv;
-        sum += pv;
-      }
-    }
-    l[hf] += sum;
-  }
+  online_softmax<Cfg, Mask>(s, sl2, n0, ng, wrow0, acc, m, l);
 
   /* O += P V: P's accumulator layout is exactly the A fragment; V through ldmatrix.trans. */
 #pragma unroll
@@ -210,6 +241,68 @@ __device__ __forceinline__ void tile_step(const unsigned char *sq, const unsigne
       mma<Cfg::dtype>(acc[2 * dp + 1], pa, vb + 2);
     }
   }
+}
+
+/* The shared-memory descriptors of the wgmma path (tiles laid out by Traits::smem_off, 128-byte
+ * swizzle): K-major operands (Q as A, K as B of S = Q K^T) step 16 elements of the head dim by
+ * 32 bytes inside a 64-element column block, whose 8-row atoms are 1024 bytes apart (stride
+ * byte offset; the leading offset is unused for a swizzled K-major operand); V (B of O = P V,
+ * MN-major: keys are K, the head dim is N) steps 16 keys by 16 rows of 128 bytes, its 8-key
+ * atoms 1024 bytes apart, its 64-column blocks ROWS * 128 bytes apart (leading byte offset). */
+template <int ROWS>
+__device__ __forceinline__ uint64_t kmajor_desc(uint32_t tile, int ks) {
+  return smem_desc(tile + (ks >> 2) * (ROWS * 128) + (ks & 3) * 32, 16, 1024, 1);
+}
+
+template <int ROWS>
+__device__ __forceinline__ uint64_t mnmajor_desc(uint32_t tile, int kk) {
+  return smem_desc(tile + kk * 2048, ROWS * 128, 1024, 1);
+}
+
+/* One K/V tile on the wgmma path: S = Q K^T for this warpgroup's 64 rows (A = Q and B = K from
+ * shared memory), online softmax, O += P V (A = P from registers, B = V from shared memory).
+ * sq: the shared address of the group's first Q row (column block 0); sk, sv: the stage's
+ * K and V tiles. Each product is waited for before its accumulator is touched. */
+template <class Cfg, bool Mask>
+__device__ __forceinline__ void tile_step_wg(uint32_t sq, uint32_t sk, uint32_t sv, bool qneg,
+                                             float sl2, int n0, int ng, int wrow0,
+                                             float (&o)[Traits<Cfg>::DT][4], float m[2],
+                                             float l[2]) {
+  using T = Traits<Cfg>;
+  float s[T::NT][4];
+
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < T::KS; ++ks)
+    wgmma_ss<T::BN, Cfg::dtype, false>(s, kmajor_desc<T::BM>(sq, ks), kmajor_desc<T::BN>(sk, ks),
+                                       ks > 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_operands(s);
+  if (qneg) { /* a negative scale: softmax below runs on -S with |scale| */
+#pragma unroll
+    for (int nt = 0; nt < T::NT; ++nt) {
+      s[nt][0] = -s[nt][0];
+      s[nt][1] = -s[nt][1];
+      s[nt][2] = -s[nt][2];
+      s[nt][3] = -s[nt][3];
+    }
+  }
+
+  online_softmax<Cfg, Mask>(s, sl2, n0, ng, wrow0, o, m, l);
+
+  /* P's accumulator layout is, per warp, the A fragment of its 16 rows. */
+  uint32_t pa[T::BN / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < T::BN / 16; ++kk) pack_a<Cfg::dtype>(pa[kk], s[2 * kk], s[2 * kk + 1]);
+  wgmma_fence_operands(o);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < T::BN / 16; ++kk)
+    wgmma_rs<T::D, Cfg::dtype, true>(o, pa[kk], mnmajor_desc<T::BN>(sv, kk), true);
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_operands(o);
 }
 
 /* Write the block's rows: o = acc / l and lse, or their log-sum-exp merge with what o and lse
@@ -406,8 +499,10 @@ __device__ __forceinline__ void fwd_kernel(const rda_fwd_params &p) {
     cp_async_commit();
   }
 
-  /* A negative scale is folded into Q's sign so the softmax below needs sl2 >= 0. */
-  const uint32_t qflip = p.scale_log2 < 0.f ? 0x80008000u : 0u;
+  /* A negative scale is folded into Q's sign (mma.sync) or S's (wgmma), so the softmax below
+   * needs sl2 >= 0. */
+  const bool qneg = p.scale_log2 < 0.f;
+  const uint32_t qflip = qneg ? 0x80008000u : 0u;
   const float sl2 = p.scale_log2 < 0.f ? -p.scale_log2 : p.scale_log2;
 
   float acc[T::DT][4];
@@ -417,9 +512,13 @@ __device__ __forceinline__ void fwd_kernel(const rda_fwd_params &p) {
   float l[2] = {0.f, 0.f};
   uint32_t qf[T::Q_IN_REGS ? T::KS : 1][4];
 
-  const int wrow0 = t0 + 16 * warp;   /* this warp's first grid row */
-  const int wrel = wrow0 - kt0;       /* the same, in key index space (causal masking) */
-  const bool warp_live = wrow0 < qt1; /* the warp has query rows */
+  const int wrow0 = t0 + 16 * warp; /* this warp's first grid row */
+  const int wrel = wrow0 - kt0;     /* the same, in key index space (causal masking) */
+  /* Skips and masks are decided per group of rows that computes together: a warp (mma.sync)
+   * or a warpgroup (wgmma). */
+  const int grow0 = t0 + T::GROUP_ROWS * (16 * warp / T::GROUP_ROWS);
+  const int grel = grow0 - kt0;
+  const bool group_live = grow0 < qt1; /* the group has query rows */
   /* ldmatrix x4: lanes 8i..8i+7 address the rows of matrix i (see ptx.cuh). */
   const int mi = lane >> 3;
   const int mr = lane & 7;
@@ -428,8 +527,13 @@ __device__ __forceinline__ void fwd_kernel(const rda_fwd_params &p) {
   ko.init((mi >> 1) * 8 + mr, mi & 1);             /* B of two n-tiles: keys, k halves */
   vo.init((mi & 1) * 8 + mr, mi >> 1);             /* B (trans): keys 0-7/8-15, d tiles */
 
+  if constexpr (T::WG) {
+    if ((smem_addr(smem) & 1023u) != 0) __trap(); /* the swizzle atoms need 1024-byte tiles */
+  }
+
   for (int it = 0; it < ntiles; ++it) {
     cp_async_wait<T::STAGES - 2>();
+    if constexpr (T::WG) fence_proxy_async_smem(); /* wgmma reads through the async proxy */
     sync_threads(); /* tile `it` landed; every warp is done with tile it-1's stage */
     if constexpr (T::Q_IN_REGS) {
       if (it == 0) {
@@ -452,14 +556,23 @@ __device__ __forceinline__ void fwd_kernel(const rda_fwd_params &p) {
     cp_async_commit();
 
     const int n0 = it * T::BN;
-    /* Warp-uniform skips: rows all past the grid end, or (causal) keys all in the future. */
-    if (!warp_live) continue;
-    if (Cfg::causal && n0 > wrel + 15) continue;
+    /* Group-uniform skips: rows all past the grid end, or (causal) keys all in the future. */
+    if (!group_live) continue;
+    if (Cfg::causal && n0 > grel + T::GROUP_ROWS - 1) continue;
     const int st = it % T::STAGES;
     const unsigned char *skt = sk + st * T::KV_BYTES;
     const unsigned char *svt = sv + st * T::KV_BYTES;
-    const bool need_mask = n0 + T::BN > nk || (Cfg::causal && n0 + T::BN - 1 > wrel);
-    if (need_mask) {
+    const bool need_mask = n0 + T::BN > nk || (Cfg::causal && n0 + T::BN - 1 > grel);
+    if constexpr (T::WG) {
+      const uint32_t sqg = smem_addr(sq) + (16 * warp / 64) * 64 * 128;
+      if (need_mask) {
+        fwd_detail::tile_step_wg<Cfg, true>(sqg, smem_addr(skt), smem_addr(svt), qneg, sl2, n0,
+                                            nk, wrel, acc, m, l);
+      } else {
+        fwd_detail::tile_step_wg<Cfg, false>(sqg, smem_addr(skt), smem_addr(svt), qneg, sl2, n0,
+                                             nk, wrel, acc, m, l);
+      }
+    } else if (need_mask) {
       fwd_detail::tile_step<Cfg, true>(sq, skt, svt, qf, qo, ko, vo, qflip, sl2, n0, nk, wrel,
                                        acc, m, l);
     } else {

@@ -51,6 +51,7 @@ typedef struct fwd_case {
   double scale; /* 0: the default 1/sqrt(head_dim) */
   int layout;
   int check_cast; /* also round O with the cast kernel and compare bit for bit */
+  int wgmma;      /* plan with RDA_PLAN_WGMMA: every forward variant must be a wgmma one */
 } fwd_case;
 
 /* Element strides (batch, n, head) of a [B, N, heads, d] tensor in a layout; pad is extra
@@ -129,8 +130,18 @@ static void run_case_on(rt_backend *be, const char *what, const fwd_case *fc) {
   rda_err err = {0};
   rda_plan_k plan;
   memset(&plan, 0, sizeof plan);
-  if (rda_gen_plan(g_rt.gen, &cfg, &be->hw, &plan, &err) != RDA_OK)
+  if (fc->wgmma && be->hw.arch != 90) {
+    fprintf(stderr, "  %-4s %-52s skipped: the wgmma path needs sm_90 (this is sm_%d)\n",
+            b->name, what, be->hw.arch);
+    return;
+  }
+  if (rda_gen_plan_ex(g_rt.gen, &cfg, &be->hw, fc->wgmma ? RDA_PLAN_WGMMA : 0u, &plan, &err) !=
+      RDA_OK)
     fail_msg("%s: plan: %s", what, err.msg);
+  for (int i = 0; i < plan.nvariants; ++i)
+    if (strcmp(plan.variants[i].kind, "fwd") == 0 &&
+        (strstr(plan.variants[i].name, "_wg") != NULL) != (fc->wgmma != 0))
+      fail_msg("%s: planned %s", what, plan.variants[i].name);
   rda_fwd_kernels kern = {0, NULL};
   const double t_load = rt_now_s();
   if (rda_fwd_load(b, &plan, &kern, &err) != RDA_OK) fail_msg("%s: load: %s", what, err.msg);
@@ -481,6 +492,43 @@ static void test_fwd_matches_reference_causal_bf16_d128_multi_tile_diagonal(void
   run_case(__func__, &c);
 }
 
+/* The wgmma path (sm_90a; RDA_PLAN_WGMMA), d = 128: two warpgroups per block, several query
+ * tiles of a dense and of a dilated grid, ragged last tiles, a partial second segment, GQA. */
+static void test_fwd_wgmma_matches_reference_gqa_bf16_d128_multi_tile_grids(void **state) {
+  (void)state;
+  const fwd_case c = {.heads = 2,
+                      .kv_heads = 1,
+                      .head_dim = 128,
+                      .dtype = RDA_DTYPE_BF16,
+                      .causal = 0,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR2(384, 1, 400, 2),
+                      .batch = 1,
+                      .n = 400,
+                      .wgmma = 1};
+  run_case(__func__, &c);
+}
+
+/* The wgmma path, causal: warpgroups whose rows need every, some and none of a key tile (the
+ * skip and the mask are decided per warpgroup of 64 rows, the mask applied per row), fp16 with
+ * a custom scale, d = 64, dilated block offsets beside a dense branch (the 64-row wgmma tile
+ * for its 64-row grids, the 128-row one for the dense grid), batch 2. */
+static void test_fwd_wgmma_matches_reference_causal_fp16_d64_block_offsets(void **state) {
+  (void)state;
+  const fwd_case c = {.heads = 4,
+                      .kv_heads = 2,
+                      .head_dim = 64,
+                      .dtype = RDA_DTYPE_FP16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_BLOCK,
+                      BR2(320, 1, 128, 2),
+                      .batch = 2,
+                      .n = 320,
+                      .scale = 0.3,
+                      .wgmma = 1};
+  run_case(__func__, &c);
+}
+
 /* The kernels move 16-byte vectors; a misaligned pointer or stride is refused before launch
  * (a GPU would fault on it), naming the tensor. */
 static void test_fwd_rejects_misaligned_tensors(void **state) {
@@ -547,6 +595,8 @@ int main(void) {
       cmocka_unit_test(test_fwd_matches_reference_single_row_sequence),
       cmocka_unit_test(test_fwd_matches_reference_gqa_bf16_d128_multi_tile_grids),
       cmocka_unit_test(test_fwd_matches_reference_causal_bf16_d128_multi_tile_diagonal),
+      cmocka_unit_test(test_fwd_wgmma_matches_reference_gqa_bf16_d128_multi_tile_grids),
+      cmocka_unit_test(test_fwd_wgmma_matches_reference_causal_fp16_d64_block_offsets),
       cmocka_unit_test(test_fwd_rejects_misaligned_tensors),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -276,6 +276,62 @@ static void test_gen_plan_small_grid_gets_small_tile(void **state) {
   rda_plan_k_free(&p);
 }
 
+/* How many forward variants of p are wgmma ones ("_wg"). */
+static int wgmma_variants(const rda_plan_k *p) {
+  int n = 0;
+  for (int i = 0; i < p->nvariants; ++i)
+    n += strcmp(p->variants[i].kind, "fwd") == 0 && strstr(p->variants[i].name, "_wg") != NULL;
+  return n;
+}
+
+/* The sm_90a wgmma path is off by default; RDA_PLAN_WGMMA or RDA_WGMMA=1 switch it on for sm_90
+ * only; any other RDA_WGMMA value is one clear error. */
+static void test_gen_plan_wgmma_is_switched_on_for_sm90_only(void **state) {
+  rda_gen *g = *state;
+  rda_config c;
+  rda_hw h90, h80;
+  rda_plan_k p;
+  rda_err err = {0};
+  char *saved = getenv("RDA_WGMMA") ? strdup(getenv("RDA_WGMMA")) : NULL;
+  unsetenv("RDA_WGMMA");
+  load_config(g,
+              "return { heads = 4, head_dim = 128, dtype = 'bf16', segments = { 256, 4096 },"
+              " dilations = { 1, 4 }, causal = true }",
+              &c);
+  assert_int_equal(rda_gen_hw_builtin(g, 90, &h90, &err), RDA_OK);
+  assert_int_equal(rda_gen_hw_builtin(g, 80, &h80, &err), RDA_OK);
+
+  assert_int_equal(rda_gen_plan(g, &c, &h90, &p, &err), RDA_OK);
+  assert_int_equal(wgmma_variants(&p), 0);
+  rda_plan_k_free(&p);
+  assert_int_equal(rda_gen_plan_ex(g, &c, &h90, RDA_PLAN_WGMMA, &p, &err), RDA_OK);
+  assert_true(wgmma_variants(&p) >= 2); /* a base variant per branch shape, and a twin */
+  rda_plan_k_free(&p);
+  assert_int_equal(rda_gen_plan_ex(g, &c, &h80, RDA_PLAN_WGMMA, &p, &err), RDA_OK);
+  assert_int_equal(wgmma_variants(&p), 0);
+  rda_plan_k_free(&p);
+
+  setenv("RDA_WGMMA", "1", 1);
+  assert_int_equal(rda_gen_plan(g, &c, &h90, &p, &err), RDA_OK);
+  assert_true(wgmma_variants(&p) >= 2);
+  rda_plan_k_free(&p);
+  setenv("RDA_WGMMA", "0", 1);
+  assert_int_equal(rda_gen_plan(g, &c, &h90, &p, &err), RDA_OK);
+  assert_int_equal(wgmma_variants(&p), 0);
+  rda_plan_k_free(&p);
+  setenv("RDA_WGMMA", "yes", 1);
+  assert_int_equal(rda_gen_plan(g, &c, &h90, &p, &err), RDA_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(err.msg, "RDA_WGMMA='yes'"));
+  assert_int_equal(p.nvariants, 0);
+
+  if (saved != NULL) {
+    setenv("RDA_WGMMA", saved, 1);
+    free(saved);
+  } else {
+    unsetenv("RDA_WGMMA");
+  }
+}
+
 static void test_gen_plan_that_cannot_fit_names_why(void **state) {
   rda_gen *g = *state;
   rda_config c;
@@ -427,6 +483,7 @@ int main(void) {
       cmocka_unit_test(test_gen_hw_builtin_profiles),
       cmocka_unit_test(test_gen_hw_unknown_arch_lists_known),
       cmocka_unit_test(test_gen_plan_default_config),
+      cmocka_unit_test(test_gen_plan_wgmma_is_switched_on_for_sm90_only),
       cmocka_unit_test(test_gen_plan_group_steps_match_config_heads),
       cmocka_unit_test(test_gen_plan_dedups_equal_specializations),
       cmocka_unit_test(test_gen_plan_backward_ring_twins),

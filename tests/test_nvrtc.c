@@ -296,8 +296,10 @@ static void test_nvrtc_matrix_every_planned_variant_compiles_without_spills(void
   (void)state;
   static const int head_dims[] = {32, 64, 96, 128, 256};
   static const char *const dtypes[] = {"bf16", "fp16"};
-  static const int archs[] = {80, 90};
-  enum { NCFG = 5 * 2 * 2, NARCH = 2 };
+  /* sm_90 twice: with the mma.sync tiles and with the wgmma path switched on. */
+  static const int archs[] = {80, 90, 90};
+  static const unsigned extra[] = {0u, 0u, RDA_PLAN_WGMMA};
+  enum { NCFG = 5 * 2 * 2, NARCH = 3 };
   rda_gen *g = NULL;
   rda_err err = {0};
   if (rda_gen_open(&g, &err) != RDA_OK) fail_msg("rda_gen_open: %s", err.msg);
@@ -324,10 +326,18 @@ static void test_nvrtc_matrix_every_planned_variant_compiles_without_spills(void
           fail_msg("config: %s", err.msg);
         for (int a = 0; a < NARCH; ++a) {
           /* Backward kernels too, with their atomic-dQ variants: none may spill either. */
-          if (rda_gen_plan_ex(g, &cfg, &hw[a], RDA_PLAN_BACKWARD | RDA_PLAN_BACKWARD_ATOMIC,
+          if (rda_gen_plan_ex(g, &cfg, &hw[a],
+                              RDA_PLAN_BACKWARD | RDA_PLAN_BACKWARD_ATOMIC | extra[a],
                               &plans[nplans], &err) != RDA_OK)
             fail_msg("plan d%d %s causal=%d sm_%d: %s", head_dims[d], dtypes[t], c, archs[a],
                      err.msg);
+          /* The wgmma plans of d = 64 and 128 must take wgmma tiles (else they test nothing). */
+          int wg = 0;
+          for (int i = 0; i < plans[nplans].nvariants; ++i)
+            wg += strstr(plans[nplans].variants[i].name, "_wg") != NULL;
+          if ((extra[a] != 0u && (head_dims[d] == 64 || head_dims[d] == 128)) != (wg > 0))
+            fail_msg("plan d%d sm_%d flags 0x%x: %d wgmma variants", head_dims[d], archs[a],
+                     extra[a], wg);
           ++nplans;
         }
       }

@@ -216,6 +216,7 @@ typedef struct ring_case {
   int fail_wait;       /* with fail_rank_plus1: instead its transport fails at this wait */
   long long bundle_bytes; /* 0: the plan's default bundles; else rda_ring_plan_create_bundled's
                              cap (1: one class per bundle) */
+  int wgmma;              /* plan with RDA_PLAN_WGMMA (sm_90a forward kernels and twins) */
 } ring_case;
 
 typedef struct ring_result {
@@ -358,9 +359,17 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
   rda_err err = {0};
   rda_plan_k plan;
   memset(&plan, 0, sizeof plan);
-  if (rda_gen_plan_ex(g_gen, &cfg, &g_hw, rc->backward ? RDA_PLAN_BACKWARD : 0u, &plan, &err) !=
-      RDA_OK)
+  const unsigned flags =
+      (rc->backward ? RDA_PLAN_BACKWARD : 0u) | (rc->wgmma ? RDA_PLAN_WGMMA : 0u);
+  if (rda_gen_plan_ex(g_gen, &cfg, &g_hw, flags, &plan, &err) != RDA_OK)
     fail_msg("%s: plan: %s", what, err.msg);
+  if (rc->wgmma) { /* the case must reach the wgmma forward twins, or it tests nothing */
+    int twins = 0;
+    for (int i = 0; i < plan.nvariants; ++i)
+      twins += strstr(plan.variants[i].name, "_wg_kt") != NULL;
+    if (g_hw.arch != 90 || twins == 0)
+      fail_msg("%s: sm_%d plan without wgmma kv-table twins", what, g_hw.arch);
+  }
   rda_ring_plan *rp = NULL;
   const uint64_t bundle = rc->bundle_bytes > 0 ? (uint64_t)rc->bundle_bytes : RDA_RING_BUNDLE_BYTES;
   if (rda_ring_plan_create_bundled(&cfg, N, P, rc->layout, bundle, &rp, &err) != RDA_OK)
@@ -631,6 +640,20 @@ static void test_ring_matches_reference_group_offsets_causal_gqa(void **state) {
   run_ranks("causal group GQA", case_causal_group_gqa(), 0, ps, 3);
 }
 
+/* The sm_90a wgmma forward on the ring: d = 64, a dilated branch of four offsets spanning every
+ * rank (its received blocks go through the wgmma kv-table twin), a dense one inside a rank, GQA,
+ * batch 2; its backward (mma.sync kernels) runs after the wgmma forward. */
+static void test_ring_wgmma_forward_matches_reference(void **state) {
+  (void)state;
+  ring_case rc = case_bundles();
+  rc.head_dim = 64;
+  rc.batch = 2;
+  rc.n = 90;
+  rc.wgmma = 1;
+  const int ps[] = {3};
+  run_ranks("wgmma causal mod GQA", rc, 1, ps, 1);
+}
+
 static void test_ring_matches_reference_zigzag(void **state) {
   (void)state;
   const int ps[] = {2, 3, 4}, p3[] = {3};
@@ -898,6 +921,7 @@ int main(void) {
       cmocka_unit_test(test_ring_matches_reference_noncausal_block_offsets_gqa),
       cmocka_unit_test(test_ring_matches_reference_group_offsets_causal_gqa),
       cmocka_unit_test(test_ring_matches_reference_zigzag),
+      cmocka_unit_test(test_ring_wgmma_forward_matches_reference),
       cmocka_unit_test(test_ring_bundles_of_classes_match_reference),
       cmocka_unit_test(test_ring_local_branches_send_zero_bytes),
       cmocka_unit_test(test_ring_peak_bytes_shrink_with_ranks),

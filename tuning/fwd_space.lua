@@ -1,12 +1,16 @@
 -- fwd_space.lua — forward-kernel tile candidates per head dim, best first. The planner
 -- (gen/plan.lua) takes the first that fits the target's shared memory (2 * head_dim *
 -- (block_m + 2 * stages * block_n) bytes); block_m = 16 * warps (one warp per 16 query rows).
+-- wgmma = true marks a tile of the sm_90a warpgroup-MMA path (head_dim and block_n 64 or 128,
+-- whole warpgroups): taken only on sm_90 with the path switched on (RDA_WGMMA=1), else skipped.
 return {
   [32] = {
     { block_m = 128, block_n = 128, warps = 8, stages = 2 },
     { block_m = 64, block_n = 128, warps = 4, stages = 2 },
   },
   [64] = {
+    { block_m = 128, block_n = 128, warps = 8, stages = 2, wgmma = true },
+    { block_m = 64, block_n = 128, warps = 4, stages = 2, wgmma = true },
     { block_m = 128, block_n = 128, warps = 8, stages = 2 },
     { block_m = 64, block_n = 128, warps = 4, stages = 2 },
     { block_m = 64, block_n = 64, warps = 4, stages = 2 },
@@ -16,6 +20,8 @@ return {
     { block_m = 64, block_n = 64, warps = 4, stages = 2 },
   },
   [128] = {
+    { block_m = 128, block_n = 128, warps = 8, stages = 2, wgmma = true },
+    { block_m = 64, block_n = 128, warps = 4, stages = 2, wgmma = true },
     { block_m = 128, block_n = 64, warps = 8, stages = 2 },
     { block_m = 64, block_n = 64, warps = 4, stages = 2 },
     { block_m = 64, block_n = 32, warps = 4, stages = 2 },

@@ -26,6 +26,7 @@ struct rda_fwd_d128_bf16_causal_dil_bm128_bn64_w8_s2_cfg {
   static constexpr int warps = 8;
   static constexpr int stages = 2;           /* cp.async pipeline depth for K/V */
   static constexpr bool kv_table = false;    /* keys from a ring round's blocks through rda_kv_table */
+  static constexpr bool wgmma = false;       /* sm_90a warpgroup MMA, one warpgroup per 64 query rows */
 };
 extern "C" __global__ void __launch_bounds__(256)
 rda_fwd_d128_bf16_causal_dil_bm128_bn64_w8_s2(const rda_fwd_params p) {
@@ -47,10 +48,23 @@ T.test("fwd name spells every specialization in order", function()
   assert(n == "rda_fwd_d64_fp16_full_dense_bm64_bn32_w4_s3", n)
 end)
 
+T.test("the wgmma path is spelled _wg (before a twin's _kt) and takes one block per SM", function()
+  local v = variant { wgmma = true, block_n = 128 }
+  assert(emit.fwd_name(v) == "rda_fwd_d128_bf16_causal_dil_bm128_bn128_w8_s2_wg", emit.fwd_name(v))
+  v.kv_table = true
+  assert(emit.fwd_name(v) == "rda_fwd_d128_bf16_causal_dil_bm128_bn128_w8_s2_wg_kt", emit.fwd_name(v))
+  local src = emit.fwd_source(v)
+  testing.contains(src, "static constexpr bool wgmma = true;")
+  testing.contains(src, "__launch_bounds__(256, 1)")
+  assert(not emit.fwd_source(variant()):find("__launch_bounds__(256, 1)", 1, true),
+         "the mma.sync variant states no block count")
+end)
+
 T.test("names differ whenever a specialization differs", function()
   local changes = {
     { head_dim = 64 }, { dtype = "fp16" }, { causal = false }, { dilated = false },
     { block_m = 64, warps = 4 }, { block_n = 32 }, { stages = 3 }, { kv_table = true },
+    { wgmma = true },
   }
   local seen = { [emit.fwd_name(variant())] = true }
   for _, c in ipairs(changes) do

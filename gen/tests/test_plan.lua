@@ -39,9 +39,9 @@ local function each_target(fn)
   for _, a in ipairs(hw.known()) do fn(assert(hw.builtin(a))) end
 end
 
-local function check_fits(space, p)
+local function check_fits(space, p, wgmma)
   for _, c in ipairs(matrix()) do
-    local pl = assert(plan.build(c, p, space))
+    local pl = assert(plan.build(c, p, space, nil, nil, wgmma))
     for _, v in ipairs(pl.variants) do
       assert(v.smem_bytes <= p.smem_per_block,
              v.name .. " needs more shared memory than " .. p.name .. " has")
@@ -49,6 +49,10 @@ local function check_fits(space, p)
       if v.kind == "fwd" then
         assert(v.smem_bytes == 2 * c.head_dim * (v.block_m + 2 * v.stages * v.block_n),
                v.name .. " smem formula")
+        -- wgmma tiles: only when asked, on sm_90, where every d = 64 / 128 variant takes one.
+        local want = wgmma and p.arch == 90 and (c.head_dim == 64 or c.head_dim == 128)
+        assert((v.wgmma == true) == (want == true), v.name .. " wgmma on " .. p.name)
+        assert((v.name:find("_wg", 1, true) ~= nil) == (want == true), v.name .. " name")
         assert(v.threads == 32 * v.warps and v.block_m == 16 * v.warps, v.name .. " shape")
       end
     end
@@ -62,6 +66,23 @@ end)
 T.test("every variant fits every built-in target (the space in use)", function()
   local space = assert(plan.load_space(native.home()))
   each_target(function(p) check_fits(space, p) end)
+end)
+
+T.test("the wgmma tiles serve sm_90 alone, and only when asked", function()
+  local space = assert(plan.load_space(native.home(), native.source)) -- as gen/bridge.lua reads it
+  each_target(function(p) check_fits(space, p, true) end)
+end)
+
+T.test("a space of wgmma tiles alone names why it cannot serve another target", function()
+  local space = { [128] = { { block_m = 128, block_n = 128, warps = 8, stages = 2, wgmma = true } } }
+  local c = config { segments = { 2048 }, dilations = { 1 } }
+  assert(plan.build(c, hw.builtin(90), space, nil, nil, true), "sm_90 with wgmma on")
+  local pl, why = plan.build(c, hw.builtin(90), space)
+  assert(pl == nil, "wgmma off")
+  testing.contains(why, "wgmma tiles")
+  pl, why = plan.build(c, hw.builtin(80), space, nil, nil, true)
+  assert(pl == nil, "sm_80")
+  testing.contains(why, "wgmma tiles")
 end)
 
 T.test("one step per branch, each with a fwd kernel of the branch's specialization", function()
@@ -230,6 +251,18 @@ T.test("check_space rejects malformed spaces", function()
   testing.contains(why, "multiple of 16")
   _, why = plan.check_space { [64] = { { block_m = 64, block_n = 64, warps = 4 } } }
   testing.contains(why, "stages")
+  _, why = plan.check_space { [96] = { { block_m = 64, block_n = 64, warps = 4, stages = 2,
+                                         wgmma = true } } }
+  testing.contains(why, "wgmma tile needs")
+  _, why = plan.check_space { [64] = { { block_m = 32, block_n = 64, warps = 2, stages = 2,
+                                         wgmma = true } } }
+  testing.contains(why, "wgmma tile needs")
+  _, why = plan.check_space { [64] = { { block_m = 64, block_n = 32, warps = 4, stages = 2,
+                                         wgmma = true } } }
+  testing.contains(why, "wgmma tile needs")
+  _, why = plan.check_space { [64] = { { block_m = 64, block_n = 64, warps = 4, stages = 2,
+                                         wgmma = 1 } } }
+  testing.contains(why, "boolean")
 end)
 
 T.test("load_space uses the stand-in when there is no tuning file", function()
