@@ -98,9 +98,11 @@ int main(int argc, char **argv) {
   if (b->synchronize(b, &err)) goto done;
   const double per = (now_s() - t0) / (double)iters;
   const double flops = effective_flops(&cfg, batch, n);
-  printf("{\"bench\": \"fwd\", \"config\": \"%s\", \"device\": \"%s\", \"n\": %lld, \"batch\": %lld, "
-         "\"ms\": %.4f, \"effective_tflops\": %.2f}\n",
-         config, hw.name, n, batch, per * 1e3, flops / per * 1e-12);
+  /* The first branch's kernel names the path timed (a "_wg" suffix: wgmma, RDA_WGMMA=1). */
+  printf("{\"bench\": \"fwd\", \"config\": \"%s\", \"device\": \"%s\", \"kernel\": \"%s\", "
+         "\"n\": %lld, \"batch\": %lld, \"ms\": %.4f, \"effective_tflops\": %.2f}\n",
+         config, hw.name, plan.variants[plan.steps[0].kernel].name, n, batch, per * 1e3,
+         flops / per * 1e-12);
   rc = 0;
 done:
   if (rc != 0) fprintf(stderr, "rda_bench_fwd: error: %s\n", err.msg);

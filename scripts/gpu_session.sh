@@ -356,6 +356,11 @@ if want_phase tests; then
   run_step ctest 330 "$BENCH_RESERVE" "$OUT/ctest.log" \
     ctest --test-dir "$BUILD" -R "^($re)\$" -j "$ntests" -V --stop-time "$stop_at"
   grep -E '^ *[0-9]+/[0-9]+ Test +#|tests passed|tests failed|Errors while running' "$OUT/ctest.log"
+  # The whole forward matrix once more with the sm_90a wgmma path on (its d = 64 and 128 cases
+  # take wgmma tiles; test_fwd's own wgmma cases ran above either way).
+  if [ -n "$GPU_NAME" ] && [ -x "$BUILD/test_fwd" ]; then
+    run_step test_fwd_wgmma 120 "$BENCH_RESERVE" "$OUT/ctest.log" env RDA_WGMMA=1 "$BUILD/test_fwd"
+  fi
   # One record per test: result, time, cmocka's skipped count, the first failure line.
   python3 - "$OUT/ctest.log" $TESTS >>"$RESULTS" <<'EOF' || warn "could not summarize ctest.log"
 import json, re, sys
@@ -407,6 +412,9 @@ if want_phase bench; then
     record_step "bench" 125 0 "skipped: no GPU"
   else
     bench_json bench_fwd 90 170 "$BUILD/rda_bench_fwd" bench/target_d128.lua --n 65536
+    # The same on the sm_90a wgmma path (its record's kernel ends in _wg).
+    bench_json bench_fwd_wgmma 60 170 env RDA_WGMMA=1 "$BUILD/rda_bench_fwd" bench/target_d128.lua \
+      --n 65536
     # PyTorch with the loader path it came with (the toolkit's CUDA libraries must not shadow
     # its wheels').
     bench_json sdpa_baseline 75 110 env PYTHONUNBUFFERED=1 LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" \
@@ -437,7 +445,8 @@ if want_phase bench; then
   tflops=$(python3 -c 'import json, sys
 for l in open(sys.argv[1]):
     d = json.loads(l)
-    if d.get("bench") == "fwd" and d.get("effective_tflops"): print(d["effective_tflops"])' \
+    if d.get("bench") == "fwd" and d.get("effective_tflops") and "_wg" not in d.get("kernel", ""):
+        print(d["effective_tflops"])' \
     "$RESULTS" 2>/dev/null | tail -n 1)
   if [ -n "$tflops" ]; then
     {
