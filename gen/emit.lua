@@ -170,11 +170,15 @@ function M.bwd_dkdv_name(v)
                        v.dq_atomic and "_qa" or "", v.kv_table and "_kt" or "")
 end
 
+-- wgmma (optional, default false, dq only): the sm_90a warpgroup-MMA path ("_wg", before
+-- "_kt").
 function M.bwd_dq_name(v)
   check_bwd(v, DQ_KEYS)
-  return string.format("rda_bwd_dq_d%d_%s_%s_%s_bm%d_bn%d_w%d_s%d%s", v.head_dim, v.dtype,
+  assert(v.wgmma == nil or type(v.wgmma) == "boolean", "variant wgmma must be a boolean")
+  return string.format("rda_bwd_dq_d%d_%s_%s_%s_bm%d_bn%d_w%d_s%d%s%s", v.head_dim, v.dtype,
                        v.causal and "causal" or "full", v.dilated and "dil" or "dense",
-                       v.block_m, v.block_n, v.warps, v.stages, v.kv_table and "_kt" or "")
+                       v.block_m, v.block_n, v.warps, v.stages, v.wgmma and "_wg" or "",
+                       v.kv_table and "_kt" or "")
 end
 
 function M.bwd_prep_name(dtype)
@@ -203,8 +207,11 @@ function M.bwd_dq_source(v)
   local fields = query_tiled_fields(v)
   fields[#fields + 1] = { "bool", "kv_table", tostring(v.kv_table == true),
                           "K/V from a ring round's blocks through rda_bwd_kv_table" }
+  fields[#fields + 1] = { "bool", "wgmma", tostring(v.wgmma == true),
+                          "sm_90a warpgroup MMA, one warpgroup per 64 query rows" }
+  -- One block per SM for the wgmma path, as the forward's (its S, dP and dQ accumulators).
   return source(name, "rda_bwd.cuh", fields, 32 * v.warps, "rda::bwd_dq_kernel",
-                "rda_bwd_params")
+                "rda_bwd_params", v.wgmma and 1 or nil)
 end
 
 -- Dp = <dO, O> - dLSE and zeroed dq, dk, dv before the branches.

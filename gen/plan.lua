@@ -36,8 +36,8 @@ local function tile_name(c)
                        c.wgmma and "_wg" or "")
 end
 
--- The wgmma path (templates/rda_fwd.cuh): sm_90a only, whole warpgroups, wgmma shapes N = 64
--- or 128 for both products.
+-- The wgmma path (templates/rda_fwd.cuh, and rda_bwd.cuh's dQ): sm_90a only, whole
+-- warpgroups, wgmma shapes N = 64 or 128 for every product.
 local WGMMA_ARCH <const> = 90
 local function wgmma_shape_ok(head_dim, c)
   return (head_dim == 64 or head_dim == 128) and (c.block_n == 64 or c.block_n == 128)
@@ -240,7 +240,7 @@ function M.build(cfg, hw, space, bspace, atomic, wgmma)
             threads = emit.SMALL_THREADS, block_m = 0, block_n = 0, smem_bytes = 0 }
   plan.ring_add_kernel = add_variant(plan, index, small)
   if bspace then
-    local ok, why = M.add_backward(plan, index, cfg, hw, bspace, atomic)
+    local ok, why = M.add_backward(plan, index, cfg, hw, bspace, atomic, wgmma)
     if not ok then return nil, why end
   end
   return plan
@@ -307,6 +307,19 @@ function M.check_bwd_space(space)
           return nil, string.format("[%d].%s[%d] %s: the step must be a multiple of 16 and "
                                     .. "stages >= 2", d, kind, i, bwd_tile_name(kind, c))
         end
+        if c.wgmma ~= nil and type(c.wgmma) ~= "boolean" then
+          return nil, string.format("[%d].%s[%d] %s: wgmma must be a boolean", d, kind, i,
+                                    bwd_tile_name(kind, c))
+        end
+        if c.wgmma and kind == "dkdv" then
+          return nil, string.format("[%d].dkdv[%d] %s: dK/dV has no wgmma path (dq tiles only)",
+                                    d, i, bwd_tile_name(kind, c))
+        end
+        if c.wgmma and not wgmma_shape_ok(d, c) then
+          return nil, string.format("[%d].dq[%d] %s: a wgmma tile needs head_dim and block_n in "
+                                    .. "{64, 128} and warps a multiple of 4", d, i,
+                                    bwd_tile_name(kind, c))
+        end
       end
     end
   end
@@ -330,7 +343,8 @@ function M.bwd_smem(kind, head_dim, c)
   return 4 * head_dim * c.block_m + 4 * head_dim * c.stages * c.block_n
 end
 
-local function choose_bwd_tile(space, kind, head_dim, hw)
+-- The first tile of the list that fits; wgmma tiles count only with `wgmma` on an sm_90 target.
+local function choose_bwd_tile(space, kind, head_dim, hw, wgmma)
   local e = space[head_dim]
   if not e then
     return nil, string.format("the backward tile space has no candidates for head_dim = %d",
@@ -338,7 +352,8 @@ local function choose_bwd_tile(space, kind, head_dim, hw)
   end
   local max_threads = math.min(MAX_THREADS_PER_BLOCK, hw.max_threads_per_sm)
   for _, c in ipairs(e[kind]) do
-    if M.bwd_smem(kind, head_dim, c) <= hw.smem_per_block and 32 * c.warps <= max_threads then
+    if M.bwd_smem(kind, head_dim, c) <= hw.smem_per_block and 32 * c.warps <= max_threads
+       and (not c.wgmma or (wgmma and hw.arch == WGMMA_ARCH)) then
       return c
     end
   end
@@ -353,12 +368,14 @@ end
 -- twins, or nil: as the forward's ring_kernel)} } (one per branch, in branch order) and
 -- plan.bwd_prep_kernel. With `atomic`, each step also gets dkdv_atomic_kernel: the dkdv
 -- variant that adds dQ by atomics (for the non-deterministic mode), when the tile has dsplit 1
--- and fits (else the step has none). Returns true, or nil and why no tile fits.
-function M.add_backward(plan, index, cfg, hw, bspace, atomic)
+-- and fits (else the step has none). With `wgmma` on an sm_90 target, dq tiles marked wgmma
+-- are candidates too (the dq variants then get the "_wg" path). Returns true, or nil and why
+-- no tile fits.
+function M.add_backward(plan, index, cfg, hw, bspace, atomic, wgmma)
   local dk, why = choose_bwd_tile(bspace, "dkdv", cfg.head_dim, hw)
   if not dk then return nil, why end
   local dq
-  dq, why = choose_bwd_tile(bspace, "dq", cfg.head_dim, hw)
+  dq, why = choose_bwd_tile(bspace, "dq", cfg.head_dim, hw, wgmma)
   if not dq then return nil, why end
   plan.bwd_steps = {}
   for i = 1, #cfg.segments do
@@ -375,6 +392,7 @@ function M.add_backward(plan, index, cfg, hw, bspace, atomic)
       kind = "bwd_dq", head_dim = cfg.head_dim, dtype = cfg.dtype, causal = cfg.causal,
       dilated = dilated, block_m = dq.block_m, block_n = dq.block_n, warps = dq.warps,
       stages = dq.stages, threads = 32 * dq.warps, smem_bytes = M.bwd_smem("dq", cfg.head_dim, dq),
+      wgmma = dq.wgmma or nil,
     }
     q.name = emit.bwd_dq_name(q)
     q.source = emit.bwd_dq_source(q)

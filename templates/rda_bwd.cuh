@@ -1,6 +1,7 @@
 /* rda_bwd.cuh — the dilated-attention backward kernels (SPEC §1, "Backward, exact"):
  * prep (Dp = <dO, O> - dLSE, zeroed dq/dk/dv), dkdv (one block per key tile walking query
- * tiles, P recomputed from the combined LSE) and dq (one block per query tile), mma m16n8k16. */
+ * tiles, P recomputed from the combined LSE) and dq (one block per query tile), mma m16n8k16;
+ * dq also has a wgmma path (Cfg::wgmma, sm_90a: one warpgroup per 64 query rows). */
 #ifndef RDA_BWD_CUH
 #define RDA_BWD_CUH
 
@@ -10,9 +11,11 @@ namespace rda {
 namespace bwd_detail {
 
 using tile::kLog2e;
+using tile::kmajor_desc;
 using tile::LaneOfs;
 using tile::load_tile;
 using tile::mma;
+using tile::mnmajor_desc;
 using tile::neg_inf;
 using tile::pack_a;
 using tile::pos_inf;
@@ -373,32 +376,33 @@ struct DqTraits {
   static constexpr int NT = BN / 8;
   static constexpr int KS = D / 16;
   static constexpr int DT = D / 8;
+  /* wgmma path: a warpgroup (4 warps) per 64 query rows; tiles in 128-byte swizzle atoms
+   * (tile::smem_off), which the 1024-byte multiples above keep aligned. */
+  static constexpr bool WG = Cfg::wgmma;
+  static constexpr int GROUP_ROWS = WG ? 64 : 16; /* query rows skipped or masked together */
 
   static_assert(D == 32 || D == 64 || D == 96 || D == 128 || D == 256, "unsupported head_dim");
   static_assert(BM == 16 * WARPS, "each warp owns 16 query rows");
   static_assert(BN % 16 == 0 && BN >= 16, "block_n must be a multiple of 16");
   static_assert(STAGES >= 2, "the K/V pipeline needs at least 2 stages");
+  static_assert(!WG || ((D == 64 || D == 128) && (BN == 64 || BN == 128) && WARPS % 4 == 0),
+                "wgmma: head_dim and block_n in {64, 128}, whole warpgroups");
 };
 
-/* One key tile for this warp's 16 query rows: S = Q K^T, dP = dO V^T, dS, dQ += dS K. */
-template <class Cfg, bool Mask>
-__device__ __forceinline__ void dq_step(const unsigned char *sq, const unsigned char *sdo,
-                                        const unsigned char *sk, const unsigned char *sv,
-                                        const LaneOfs<Cfg::head_dim / 8> &ao,
-                                        const LaneOfs<Cfg::head_dim / 8> &bo, int warp, float sl2,
-                                        const float lse2[2], const float dpr[2], int n0, int wrow0,
-                                        int nk, int kq, float (*acc)[4]) {
-  using T = DqTraits<Cfg>;
+/* P and dS from S and dP (accumulator layout, this warp's rows wrow0 + g and wrow0 + g + 8,
+ * g = lane / 4), in place into s: P = exp2(s * scale_log2 - lse2), 0 where masked (keys past
+ * the range, causal: keys after the row), dS = P (dP - Dp). Both instruction paths. */
+template <class Cfg, bool Mask, int NT>
+__device__ __forceinline__ void dq_ds(float (&s)[NT][4], const float (&dp)[NT][4], float sl2,
+                                      const float lse2[2], const float dpr[2], int n0, int wrow0,
+                                      int nk, int kq) {
   const int lane = lane_id();
-  float s[T::NT][4], dp[T::NT][4];
-  two_products<Cfg::dtype, T::KS, T::NT>(sq, sdo, sk, sv, ao, bo, warp, s, dp);
-
   /* Element e of column tile nt: query wrow0 + g + 8 (e / 2), key n0 + 8 nt + 2c + e % 2
    * (queries counted from qt0, keys from kt0; key + kq is in query index space). */
   const int g = lane >> 2;
   const int c2 = 2 * (lane & 3);
 #pragma unroll
-  for (int nt = 0; nt < T::NT; ++nt) {
+  for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int hf = e >> 1;
@@ -411,6 +415,20 @@ __device__ __forceinline__ void dq_step(const unsigned char *sq, const unsigned 
       s[nt][e] = pv * (dp[nt][e] - dpr[hf]);
     }
   }
+}
+
+/* One key tile for this warp's 16 query rows: S = Q K^T, dP = dO V^T, dS, dQ += dS K. */
+template <class Cfg, bool Mask>
+__device__ __forceinline__ void dq_step(const unsigned char *sq, const unsigned char *sdo,
+                                        const unsigned char *sk, const unsigned char *sv,
+                                        const LaneOfs<Cfg::head_dim / 8> &ao,
+                                        const LaneOfs<Cfg::head_dim / 8> &bo, int warp, float sl2,
+                                        const float lse2[2], const float dpr[2], int n0, int wrow0,
+                                        int nk, int kq, float (*acc)[4]) {
+  using T = DqTraits<Cfg>;
+  float s[T::NT][4], dp[T::NT][4];
+  two_products<Cfg::dtype, T::KS, T::NT>(sq, sdo, sk, sv, ao, bo, warp, s, dp);
+  dq_ds<Cfg, Mask>(s, dp, sl2, lse2, dpr, n0, wrow0, nk, kq);
 
 #pragma unroll
   for (int kk = 0; kk < T::BN / 16; ++kk) {
@@ -424,6 +442,49 @@ __device__ __forceinline__ void dq_step(const unsigned char *sq, const unsigned 
       mma<Cfg::dtype>(acc[2 * cp + 1], da, kb + 2);
     }
   }
+}
+
+/* One key tile on the wgmma path for this warpgroup's 64 query rows: S = Q K^T and dP = dO V^T
+ * (A = Q, dO and B = K, V, all K-major from shared memory), dS as dq_step, then dQ += dS K
+ * (A = dS from registers, B = K MN-major: keys are K, the head dim N). sq, sdo: the shared
+ * addresses of the group's first Q and dO rows (column block 0); sk, sv: the stage's K and V
+ * tiles. Each product is waited for before its accumulator is touched. */
+template <class Cfg, bool Mask>
+__device__ __forceinline__ void dq_step_wg(uint32_t sq, uint32_t sdo, uint32_t sk, uint32_t sv,
+                                           float sl2, const float lse2[2], const float dpr[2],
+                                           int n0, int wrow0, int nk, int kq,
+                                           float (&acc)[DqTraits<Cfg>::DT][4]) {
+  using T = DqTraits<Cfg>;
+  float s[T::NT][4], dp[T::NT][4];
+
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < T::KS; ++ks)
+    wgmma_ss<T::BN, Cfg::dtype, false>(s, kmajor_desc<T::BM>(sq, ks), kmajor_desc<T::BN>(sk, ks),
+                                       ks > 0);
+#pragma unroll
+  for (int ks = 0; ks < T::KS; ++ks)
+    wgmma_ss<T::BN, Cfg::dtype, false>(dp, kmajor_desc<T::BM>(sdo, ks), kmajor_desc<T::BN>(sv, ks),
+                                       ks > 0);
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_operands(s);
+  wgmma_fence_operands(dp);
+
+  dq_ds<Cfg, Mask>(s, dp, sl2, lse2, dpr, n0, wrow0, nk, kq);
+
+  /* dS's accumulator layout is, per warp, the A fragment of its 16 rows. */
+  uint32_t da[T::BN / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < T::BN / 16; ++kk) pack_a<Cfg::dtype>(da[kk], s[2 * kk], s[2 * kk + 1]);
+  wgmma_fence_operands(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < T::BN / 16; ++kk)
+    wgmma_rs<T::D, Cfg::dtype, true>(acc, da[kk], mnmajor_desc<T::BN>(sk, kk), true);
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_operands(acc);
 }
 
 }  // namespace bwd_detail
@@ -636,7 +697,9 @@ __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
  * Query tiles count from the launch's first query grid row, keys from its first key grid row;
  * rows outside the ranges are neither read nor written. Cfg: head_dim, dtype, causal, dilated,
  * block_m (= 16 * warps), block_n, warps, stages, kv_table (K/V of head head0 + blockIdx.y from
- * a ring round's class blocks through p.kvt, as the forward's twin). Dynamic shared memory:
+ * a ring round's class blocks through p.kvt, as the forward's twin), wgmma (sm_90a warpgroup
+ * MMA, one warpgroup per 64 query rows: head_dim and block_n in {64, 128}, warps a multiple of
+ * 4; Q, dO, K, V in 128-byte swizzle atoms, skips and masks per warpgroup). Dynamic shared memory:
  * DqTraits<Cfg>::SMEM_BYTES = 2 block_m row tiles (Q, dO) + 2 x stages block_n row tiles. */
 template <class Cfg>
 __device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
@@ -683,15 +746,16 @@ __device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
   unsigned char *sk = smem + 2 * T::Q_BYTES;
   unsigned char *sv = sk + T::STAGES * T::KV_BYTES;
 
-  bwd_detail::load_tile<T::CHUNKS, T::BM, T::THREADS>(sq, qg, gr.r * p.q_sn, t0, gr.nq, tid);
-  bwd_detail::load_tile<T::CHUNKS, T::BM, T::THREADS>(sdo, dog, gr.r * p.do_sn, t0, gr.nq, tid);
+  bwd_detail::load_tile<T::CHUNKS, T::BM, T::THREADS, T::WG>(sq, qg, gr.r * p.q_sn, t0, gr.nq, tid);
+  bwd_detail::load_tile<T::CHUNKS, T::BM, T::THREADS, T::WG>(sdo, dog, gr.r * p.do_sn, t0, gr.nq,
+                                                             tid);
 #pragma unroll
   for (int s = 0; s < T::STAGES - 1; ++s) {
     if (s < ntiles) {
-      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sk + s * T::KV_BYTES, kg, p.k_rs,
-                                                          s * T::BN, gr.nk, tid);
-      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sv + s * T::KV_BYTES, vg, p.v_rs,
-                                                          s * T::BN, gr.nk, tid);
+      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS, T::WG>(sk + s * T::KV_BYTES, kg, p.k_rs,
+                                                                 s * T::BN, gr.nk, tid);
+      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS, T::WG>(sv + s * T::KV_BYTES, vg, p.v_rs,
+                                                                 s * T::BN, gr.nk, tid);
     }
     cp_async_commit();
   }
@@ -722,26 +786,47 @@ __device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
   ao.init((mi & 1) * 8 + mr, mi >> 1);
   bo.init((mi >> 1) * 8 + mr, mi & 1);
   const float sl2 = p.scale_log2;
+  /* Skips and masks are decided per group of rows that computes together: a warp (mma.sync)
+   * or a warpgroup (wgmma). */
+  const int grow0 = t0 + T::GROUP_ROWS * (16 * warp / T::GROUP_ROWS);
+
+  if constexpr (T::WG) {
+    tile::require_atom_alignment(smem);
+  }
 
   for (int it = 0; it < ntiles; ++it) {
     cp_async_wait<T::STAGES - 2>();
+    if constexpr (T::WG) fence_proxy_async_smem(); /* wgmma reads through the async proxy */
     sync_threads();
     const int nxt = it + T::STAGES - 1;
     if (nxt < ntiles) {
       const int st = nxt % T::STAGES;
-      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sk + st * T::KV_BYTES, kg, p.k_rs,
-                                                          nxt * T::BN, gr.nk, tid);
-      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sv + st * T::KV_BYTES, vg, p.v_rs,
-                                                          nxt * T::BN, gr.nk, tid);
+      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS, T::WG>(sk + st * T::KV_BYTES, kg, p.k_rs,
+                                                                 nxt * T::BN, gr.nk, tid);
+      bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS, T::WG>(sv + st * T::KV_BYTES, vg, p.v_rs,
+                                                                 nxt * T::BN, gr.nk, tid);
     }
     cp_async_commit();
 
     const int n0 = it * T::BN;
-    if (wrow0 >= gr.nq) continue;
-    if (Cfg::causal && n0 + gr.kq > wrow0 + 15) continue;
+    /* Group-uniform skips: rows all past the range end, or (causal) keys all in the future. */
+    if (grow0 >= gr.nq) continue;
+    if (Cfg::causal && n0 + gr.kq > grow0 + T::GROUP_ROWS - 1) continue;
     const int st = it % T::STAGES;
-    const bool need_mask = n0 + T::BN > gr.nk || (Cfg::causal && n0 + gr.kq + T::BN - 1 > wrow0);
-    if (need_mask) {
+    const bool need_mask = n0 + T::BN > gr.nk || (Cfg::causal && n0 + gr.kq + T::BN - 1 > grow0);
+    if constexpr (T::WG) {
+      const uint32_t gofs = (16 * warp / 64) * 64 * 128; /* the group's first row */
+      const uint32_t sqg = smem_addr(sq) + gofs, sdog = smem_addr(sdo) + gofs;
+      const uint32_t skt = smem_addr(sk + st * T::KV_BYTES);
+      const uint32_t svt = smem_addr(sv + st * T::KV_BYTES);
+      if (need_mask) {
+        bwd_detail::dq_step_wg<Cfg, true>(sqg, sdog, skt, svt, sl2, lse2, dpr, n0, wrow0, gr.nk,
+                                          gr.kq, acc);
+      } else {
+        bwd_detail::dq_step_wg<Cfg, false>(sqg, sdog, skt, svt, sl2, lse2, dpr, n0, wrow0, gr.nk,
+                                           gr.kq, acc);
+      }
+    } else if (need_mask) {
       bwd_detail::dq_step<Cfg, true>(sq, sdo, sk + st * T::KV_BYTES, sv + st * T::KV_BYTES, ao, bo,
                                      warp, sl2, lse2, dpr, n0, wrow0, gr.nk, gr.kq, acc);
     } else {

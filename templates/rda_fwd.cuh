@@ -15,8 +15,10 @@ namespace fwd_detail {
 /* Tile helpers shared with the backward kernels (rda_tile.cuh). */
 using tile::f32x4;
 using tile::fmax2;
+using tile::kmajor_desc;
 using tile::LaneOfs;
 using tile::mma;
+using tile::mnmajor_desc;
 using tile::neg_inf;
 using tile::pack_a;
 using tile::swz;
@@ -55,18 +57,10 @@ struct Traits {
   static_assert(!WG || ((D == 64 || D == 128) && (BN == 64 || BN == 128) && WARPS % 4 == 0),
                 "wgmma: head_dim and block_n in {64, 128}, whole warpgroups");
 
-  /* Byte offset of (row, chunk) in a tile of ROWS rows. mma.sync: rows of D / 8 XOR-swizzled
-   * chunks (rda_tile.cuh). wgmma: the tile is cut into column blocks of 64 elements (128 bytes),
-   * each ROWS rows of 128 bytes with chunk c of row r at c ^ (r % 8): the 128-byte swizzle
-   * atoms (8 rows, 1024 bytes) that wgmma's descriptors address; the tile must start
-   * 1024-byte aligned. */
+  /* Byte offset of (row, chunk) in a tile of ROWS rows, in this path's layout (rda_tile.cuh). */
   template <int ROWS>
   static __device__ __forceinline__ int smem_off(int row, int chunk) {
-    if constexpr (WG) {
-      return (chunk >> 3) * (ROWS * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
-    } else {
-      return tile_off<CHUNKS>(row, chunk);
-    }
+    return tile::smem_off<CHUNKS, ROWS, WG>(row, chunk);
   }
 };
 
@@ -241,22 +235,6 @@ __device__ __forceinline__ void tile_step(const unsigned char *sq, const unsigne
       mma<Cfg::dtype>(acc[2 * dp + 1], pa, vb + 2);
     }
   }
-}
-
-/* The shared-memory descriptors of the wgmma path (tiles laid out by Traits::smem_off, 128-byte
- * swizzle): K-major operands (Q as A, K as B of S = Q K^T) step 16 elements of the head dim by
- * 32 bytes inside a 64-element column block, whose 8-row atoms are 1024 bytes apart (stride
- * byte offset; the leading offset is unused for a swizzled K-major operand); V (B of O = P V,
- * MN-major: keys are K, the head dim is N) steps 16 keys by 16 rows of 128 bytes, its 8-key
- * atoms 1024 bytes apart, its 64-column blocks ROWS * 128 bytes apart (leading byte offset). */
-template <int ROWS>
-__device__ __forceinline__ uint64_t kmajor_desc(uint32_t tile, int ks) {
-  return smem_desc(tile + (ks >> 2) * (ROWS * 128) + (ks & 3) * 32, 16, 1024, 1);
-}
-
-template <int ROWS>
-__device__ __forceinline__ uint64_t mnmajor_desc(uint32_t tile, int kk) {
-  return smem_desc(tile + kk * 2048, ROWS * 128, 1024, 1);
 }
 
 /* One K/V tile on the wgmma path: S = Q K^T for this warpgroup's 64 rows (A = Q and B = K from
@@ -528,7 +506,7 @@ __device__ __forceinline__ void fwd_kernel(const rda_fwd_params &p) {
   vo.init((mi & 1) * 8 + mr, mi >> 1);             /* B (trans): keys 0-7/8-15, d tiles */
 
   if constexpr (T::WG) {
-    if ((smem_addr(smem) & 1023u) != 0) __trap(); /* the swizzle atoms need 1024-byte tiles */
+    tile::require_atom_alignment(smem);
   }
 
   for (int it = 0; it < ntiles; ++it) {

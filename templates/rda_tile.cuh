@@ -95,10 +95,43 @@ __device__ __forceinline__ int tile_off(int row, int chunk) {
   return row * (CHUNKS * 16) + swz<CHUNKS>(row, chunk) * 16;
 }
 
+/* Byte offset of (row, chunk) in a tile of ROWS rows of CHUNKS chunks, in one of the two
+ * layouts of the kernels' 16-bit tiles. mma.sync (WG false): rows of CHUNKS XOR-swizzled chunks
+ * (tile_off). wgmma (WG true): the tile is cut into column blocks of 64 elements (128 bytes),
+ * each ROWS rows of 128 bytes with chunk c of row r at c ^ (r % 8): the 128-byte swizzle atoms
+ * (8 rows, 1024 bytes) that wgmma's descriptors address; the tile must start 1024-byte
+ * aligned. */
+template <int CHUNKS, int ROWS, bool WG>
+__device__ __forceinline__ int smem_off(int row, int chunk) {
+  if constexpr (WG) {
+    static_assert(CHUNKS % 8 == 0, "wgmma tiles hold whole 64-element column blocks");
+    return (chunk >> 3) * (ROWS * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4);
+  } else {
+    return tile_off<CHUNKS>(row, chunk);
+  }
+}
+
+/* The shared-memory descriptors of wgmma operands in a tile of ROWS rows laid out by
+ * smem_off<., ROWS, true> (128-byte swizzle). K-major (the head dim is K: Q as A and K as B of
+ * S = Q K^T): k-step ks (16 elements) is 32 bytes into a 64-element column block, whose 8-row
+ * atoms are 1024 bytes apart (stride byte offset; the leading offset is unused for a swizzled
+ * K-major operand). MN-major (the rows are K, the head dim is N: V of O = P V, K of dQ = dS K):
+ * k-step kk is 16 rows of 128 bytes on, the 8-row atoms 1024 bytes apart, the 64-column blocks
+ * ROWS * 128 bytes apart (leading byte offset). tile: from smem_addr. */
+template <int ROWS>
+__device__ __forceinline__ uint64_t kmajor_desc(uint32_t tile, int ks) {
+  return smem_desc(tile + (ks >> 2) * (ROWS * 128) + (ks & 3) * 32, 16, 1024, 1);
+}
+
+template <int ROWS>
+__device__ __forceinline__ uint64_t mnmajor_desc(uint32_t tile, int kk) {
+  return smem_desc(tile + kk * 2048, ROWS * 128, 1024, 1);
+}
+
 /* Copy grid rows [t_first, t_first + ROWS) of a tile (rows `row_stride` elements apart from
- * `base`) into swizzled shared memory; rows >= ng are zero-filled. Every one of the THREADS
- * threads issues its share. */
-template <int CHUNKS, int ROWS, int THREADS>
+ * `base`) into swizzled shared memory (layout smem_off<CHUNKS, ROWS, WG>); rows >= ng are
+ * zero-filled. Every one of the THREADS threads issues its share. */
+template <int CHUNKS, int ROWS, int THREADS, bool WG = false>
 __device__ __forceinline__ void load_tile(unsigned char *dst, const uint16_t *base,
                                           long long row_stride, int t_first, int ng, int tid) {
   constexpr int TOTAL = ROWS * CHUNKS;
@@ -111,7 +144,7 @@ __device__ __forceinline__ void load_tile(unsigned char *dst, const uint16_t *ba
       const int t = t_first + row;
       const bool ok = t < ng;
       const uint16_t *src = base + (ok ? static_cast<long long>(t) * row_stride : 0) + ch * 8;
-      cp_async_16(dst + tile_off<CHUNKS>(row, ch), src, ok);
+      cp_async_16(dst + smem_off<CHUNKS, ROWS, WG>(row, ch), src, ok);
     }
   }
 }
@@ -136,6 +169,14 @@ struct LaneOfs {
     return ofs[cp % PAIRS] + (cp / PAIRS) * PERIOD * 16 + row16 * CHUNKS * 16;
   }
 };
+
+/* The wgmma path's tiles must start 1024-byte aligned: its 128-byte swizzle atoms are addressed
+ * by shared address. dynamic_smem() declares that alignment, and the compiler takes it as given,
+ * so a plain check folds away; through opaque() a misaligned base (a static __shared__ added to
+ * a kernel, which can push the dynamic part off) traps instead of computing garbage. */
+__device__ __forceinline__ void require_atom_alignment(const void *smem) {
+  if ((opaque(smem_addr(smem)) & 1023u) != 0) __trap();
+}
 
 /* ------------------------------------------------------------------ a branch's grid (SPEC §1) */
 

@@ -51,6 +51,7 @@ typedef struct bwd_case {
   int with_dlse; /* a non-zero dLSE */
   int twice;     /* run the backward twice and require bit-identical gradients */
   int atomic;    /* plan the atomic-dQ variants; run non-deterministic unless `twice` */
+  int wgmma;     /* plan with RDA_PLAN_WGMMA: every dQ variant must be a wgmma one */
 } bwd_case;
 
 /* Element strides (batch, n, head) of a [B, N, heads, d] tensor; strided: [N, B, heads, d + pad].
@@ -100,10 +101,16 @@ static void setup_open(rt_backend *be, const char *what, const bwd_case *bc, bwd
   if (bc->scale != 0.0) p->cfg.scale = bc->scale;
 
   rda_err err = {0};
-  const unsigned flags = RDA_PLAN_BACKWARD | (bc->atomic ? RDA_PLAN_BACKWARD_ATOMIC : 0u);
+  const unsigned flags = RDA_PLAN_BACKWARD | (bc->atomic ? RDA_PLAN_BACKWARD_ATOMIC : 0u) |
+                         (bc->wgmma ? RDA_PLAN_WGMMA : 0u);
   if (rda_gen_plan_ex(g_rt.gen, &p->cfg, &be->hw, flags, &p->plan, &err) != RDA_OK)
     fail_msg("%s: plan: %s", what, err.msg);
   assert_true(p->plan.has_bwd);
+  /* With the flag, every dQ variant (and its ring twin) is a wgmma one; without, none. */
+  for (int i = 0; i < p->plan.nvariants; ++i)
+    if (strcmp(p->plan.variants[i].kind, "bwd_dq") == 0 &&
+        (strstr(p->plan.variants[i].name, "_wg") != NULL) != (bc->wgmma != 0))
+      fail_msg("%s: planned %s", what, p->plan.variants[i].name);
   for (int i = 0; i < p->plan.nsteps; ++i) /* d = 256 splits dK/dV: no atomic variant there */
     assert_int_equal(p->plan.bwd_steps[i].dkdv_atomic_kernel >= 0, bc->atomic && D != 256);
   const double t_load = rt_now_s();
@@ -223,6 +230,11 @@ static bool check_grads(const char *what, const bwd_setup *p, const float *dq,
 /* The backward pass on the case's tensors; compare with the float64 reference gradient. */
 static void run_case_on(rt_backend *be, const char *what, const bwd_case *bc) {
   rda_backend *b = be->b;
+  if (bc->wgmma && be->hw.arch != 90) {
+    fprintf(stderr, "  %-4s %-58s skipped: the wgmma path needs sm_90 (this is sm_%d)\n", b->name,
+            what, be->hw.arch);
+    return;
+  }
   const long long B = bc->batch, N = bc->n, H = bc->heads, Hkv = bc->kv_heads, D = bc->head_dim;
   bwd_setup p;
   setup_open(be, what, bc, &p);
@@ -439,6 +451,45 @@ static void test_bwd_matches_reference_bf16_d32_tiny(void **state) {
                       .batch = 2,
                       .n = 21};
   run_case("tiny_segments", &b);
+}
+
+/* The dQ wgmma path (sm_90a; RDA_PLAN_WGMMA), d = 128: two warpgroups per block, several query
+ * tiles of a dense and of a dilated grid with ragged last tiles (a warpgroup with no rows), a
+ * partial second segment, GQA with the "mod" offsets, strided layouts and dLSE. */
+static void test_bwd_wgmma_matches_reference_gqa_bf16_d128_multi_tile_dilated(void **state) {
+  (void)state;
+  const bwd_case c = {.heads = 4,
+                      .kv_heads = 2,
+                      .head_dim = 128,
+                      .dtype = RDA_DTYPE_BF16,
+                      .causal = 0,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR2(384, 1, 400, 2),
+                      .batch = 1,
+                      .n = 400,
+                      .strided = 1,
+                      .with_dlse = 1,
+                      .wgmma = 1};
+  run_case(__func__, &c);
+}
+
+/* The dQ wgmma path, causal: warpgroups whose rows see every, some and none of a key tile (skip
+ * and mask per warpgroup of 64 rows, the mask per row), fp16 with a custom scale, d = 64,
+ * dilated block offsets beside a dense branch, batch 2. */
+static void test_bwd_wgmma_matches_reference_causal_fp16_d64_block_offsets(void **state) {
+  (void)state;
+  const bwd_case c = {.heads = 4,
+                      .kv_heads = 2,
+                      .head_dim = 64,
+                      .dtype = RDA_DTYPE_FP16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_BLOCK,
+                      BR2(320, 1, 128, 2),
+                      .batch = 2,
+                      .n = 320,
+                      .scale = 0.3,
+                      .wgmma = 1};
+  run_case(__func__, &c);
 }
 
 /* Two runs on the same inputs give bit-identical dQ, dK, dV (GQA, several branches, causal: the
@@ -811,6 +862,11 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
   const bwd_case *bc = &sc->c;
   const long long B = bc->batch, N = bc->n, H = bc->heads, Hkv = bc->kv_heads, D = bc->head_dim;
   const int group = (int)(H / Hkv);
+  if (bc->wgmma && be->hw.arch != 90) {
+    fprintf(stderr, "  %-4s %-42s skipped: the wgmma path needs sm_90 (this is sm_%d)\n", b->name,
+            what, be->hw.arch);
+    return;
+  }
   assert_true(sc->qcut[0] == 0 && sc->qcut[sc->nq] == N && sc->kcut[0] == 0 &&
               sc->kcut[sc->nk] == N);
   assert_false(bc->strided); /* the pieces cut contiguous tensors */
@@ -1143,6 +1199,28 @@ static void test_bwd_ranges_compact_key_blocks(void **state) {
   run_split("ranges_compact_block_mqa_fp16_d32", &b);
 }
 
+/* The dQ wgmma path on sub-ranges: query pieces that cut a 128-row tile mid-warpgroup, key
+ * pieces from compact received blocks, causal GQA fp16 d64, a dense and a dilated branch. */
+static void test_bwd_ranges_wgmma_compact_key_blocks(void **state) {
+  (void)state;
+  const split_case sc = {.c = {.heads = 4,
+                               .kv_heads = 2,
+                               .head_dim = 64,
+                               .dtype = RDA_DTYPE_FP16,
+                               .causal = 1,
+                               .offsets = RDA_OFFSETS_MOD,
+                               BR2(200, 1, 300, 2),
+                               .batch = 1,
+                               .n = 300,
+                               .wgmma = 1},
+                         .nq = 2,
+                         .qcut = {0, 130, 300},
+                         .nk = 2,
+                         .kcut = {0, 170, 300},
+                         .compact = 1};
+  run_split(__func__, &sc);
+}
+
 /* The atomic-dQ dK/dV variant on the same ranges (no dq launches): split and compact. */
 static void test_bwd_ranges_atomic_variant(void **state) {
   (void)state;
@@ -1178,6 +1256,8 @@ int main(void) {
       cmocka_unit_test(test_bwd_matches_reference_causal_fp16_d256),
       cmocka_unit_test(test_bwd_matches_reference_fp16_d64_dense_batch3),
       cmocka_unit_test(test_bwd_matches_reference_bf16_d32_tiny),
+      cmocka_unit_test(test_bwd_wgmma_matches_reference_gqa_bf16_d128_multi_tile_dilated),
+      cmocka_unit_test(test_bwd_wgmma_matches_reference_causal_fp16_d64_block_offsets),
       cmocka_unit_test(test_bwd_deterministic_gradients_are_bit_identical),
       cmocka_unit_test(test_bwd_atomic_add_f32_wrapper_adds_every_contribution),
       cmocka_unit_test(test_bwd_atomic_mode_matches_reference),
@@ -1186,6 +1266,7 @@ int main(void) {
       cmocka_unit_test(test_bwd_ranges_split_causal_gqa_bf16_d64),
       cmocka_unit_test(test_bwd_ranges_split_block_mqa_and_group),
       cmocka_unit_test(test_bwd_ranges_compact_key_blocks),
+      cmocka_unit_test(test_bwd_ranges_wgmma_compact_key_blocks),
       cmocka_unit_test(test_bwd_ranges_atomic_variant),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

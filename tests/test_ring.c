@@ -640,9 +640,9 @@ static void test_ring_matches_reference_group_offsets_causal_gqa(void **state) {
   run_ranks("causal group GQA", case_causal_group_gqa(), 0, ps, 3);
 }
 
-/* The sm_90a wgmma forward on the ring: d = 64, a dilated branch of four offsets spanning every
- * rank (its received blocks go through the wgmma kv-table twin), a dense one inside a rank, GQA,
- * batch 2; its backward (mma.sync kernels) runs after the wgmma forward. */
+/* The sm_90a wgmma path on the ring: d = 64, a dilated branch of four offsets spanning every
+ * rank (its received blocks go through the wgmma kv-table twins of the forward and of dQ), a
+ * dense one inside a rank, GQA, batch 2, forward and backward (dK/dV on mma.sync). */
 static void test_ring_wgmma_forward_matches_reference(void **state) {
   (void)state;
   ring_case rc = case_bundles();

@@ -4,7 +4,9 @@
 --   tiles in flight, dsplit blocks per key tile (each accumulating head_dim / dsplit columns
 --   of dK and dV, so d = 256 fits the registers); smem 4 d block_n + stages (4 d + 8) block_m.
 -- dq: block_m = 16 * warps query rows per block, block_n key rows per step, `stages` K/V
---   tiles in flight; smem 4 d block_m + 4 d stages block_n.
+--   tiles in flight; smem 4 d block_m + 4 d stages block_n. wgmma = true marks a dq tile of
+--   the sm_90a warpgroup-MMA path (head_dim and block_n 64 or 128, whole warpgroups): taken
+--   only on sm_90 with the path switched on (RDA_WGMMA=1), else skipped.
 return {
   [32] = {
     dkdv = { { block_n = 64, block_m = 64, warps = 4, stages = 2, dsplit = 1 },
@@ -15,7 +17,9 @@ return {
   [64] = {
     dkdv = { { block_n = 64, block_m = 64, warps = 4, stages = 2, dsplit = 1 },
              { block_n = 32, block_m = 32, warps = 2, stages = 2, dsplit = 1 } },
-    dq = { { block_m = 64, block_n = 64, warps = 4, stages = 2 },
+    dq = { { block_m = 128, block_n = 128, warps = 8, stages = 2, wgmma = true },
+           { block_m = 64, block_n = 128, warps = 4, stages = 2, wgmma = true },
+           { block_m = 64, block_n = 64, warps = 4, stages = 2 },
            { block_m = 32, block_n = 32, warps = 2, stages = 2 } },
   },
   [96] = {
@@ -27,7 +31,9 @@ return {
   [128] = {
     dkdv = { { block_n = 64, block_m = 32, warps = 4, stages = 2, dsplit = 1 },
              { block_n = 32, block_m = 32, warps = 2, stages = 2, dsplit = 1 } },
-    dq = { { block_m = 64, block_n = 32, warps = 4, stages = 2 },
+    dq = { { block_m = 128, block_n = 64, warps = 8, stages = 2, wgmma = true },
+           { block_m = 64, block_n = 64, warps = 4, stages = 2, wgmma = true },
+           { block_m = 64, block_n = 32, warps = 4, stages = 2 },
            { block_m = 32, block_n = 32, warps = 2, stages = 2 } },
   },
   [256] = {

@@ -142,6 +142,25 @@ T.test("emission is deterministic", function()
   assert(emit.cast_source("bf16") == emit.cast_source("bf16"), "cast")
 end)
 
+T.test("the dQ wgmma path is spelled _wg (before a twin's _kt), one block per SM", function()
+  local q = { head_dim = 128, dtype = "bf16", causal = true, dilated = true, block_m = 128,
+              block_n = 64, warps = 8, stages = 2 }
+  local base = emit.bwd_dq_source(q)
+  testing.contains(base, "static constexpr bool wgmma = false;")
+  assert(not base:find("__launch_bounds__(256, 1)", 1, true), "mma.sync states no block count")
+  q.wgmma = true
+  assert(emit.bwd_dq_name(q) == "rda_bwd_dq_d128_bf16_causal_dil_bm128_bn64_w8_s2_wg",
+         emit.bwd_dq_name(q))
+  local s = emit.bwd_dq_source(q)
+  testing.contains(s, "static constexpr bool wgmma = true;")
+  testing.contains(s, "__launch_bounds__(256, 1)")
+  q.kv_table = true
+  assert(emit.bwd_dq_name(q) == "rda_bwd_dq_d128_bf16_causal_dil_bm128_bn64_w8_s2_wg_kt",
+         emit.bwd_dq_name(q))
+  q.kv_table, q.wgmma = nil, 1
+  testing.contains(testing.raises(emit.bwd_dq_name, q), "wgmma")
+end)
+
 T.test("bad variants are rejected", function()
   testing.contains(testing.raises(emit.fwd_name, variant { dtype = "fp32" }), "dtype")
   testing.contains(testing.raises(emit.fwd_name, variant { block_n = 0 }), "block_n")

@@ -327,6 +327,31 @@ T.test("backward: every variant fits every target, one step per branch", functio
   end
 end)
 
+T.test("backward: wgmma dq tiles serve sm_90 alone, and only when asked", function()
+  local space = assert(plan.load_bwd_space(native.home(), native.source))
+  each_target(function(p)
+    for _, flag in ipairs { false, true } do
+      for _, c in ipairs(matrix()) do
+        local pl = assert(plan.build(c, p, nil, space, true, flag))
+        local want = flag and p.arch == 90 and (c.head_dim == 64 or c.head_dim == 128)
+        for _, v in ipairs(pl.variants) do
+          if v.kind == "bwd_dq" then
+            assert((v.wgmma == true) == (want == true), v.name .. " wgmma on " .. p.name)
+            assert((v.name:find("_wg", 1, true) ~= nil) == (want == true), v.name .. " name")
+            if v.wgmma then
+              assert((v.block_n == 64 or v.block_n == 128) and v.warps % 4 == 0, v.name)
+              assert(v.smem_bytes == plan.bwd_smem("dq", c.head_dim, v)
+                     and v.smem_bytes <= p.smem_per_block, v.name .. " smem")
+            end
+          elseif v.kind == "bwd_dkdv" then
+            assert(not v.wgmma and not v.name:find("_wg", 1, true), v.name .. " dK/dV")
+          end
+        end
+      end
+    end
+  end)
+end)
+
 T.test("backward: a forward-only build plans no backward kernel", function()
   local pl = assert(plan.build(config(), hw.builtin(90)))
   assert(pl.bwd_steps == nil and pl.bwd_prep_kernel == nil, "no backward fields")
@@ -422,6 +447,24 @@ T.test("backward: check_bwd_space rejects malformed spaces", function()
   testing.contains(why, "dsplit")
   _, why = plan.check_bwd_space(with { stages = 1 })
   testing.contains(why, "stages")
+  -- wgmma: dq tiles of head_dim and block_n 64 / 128 and whole warpgroups only.
+  local function dq_with(d, over)
+    local t = { block_m = 64, block_n = 64, warps = 4, stages = 2, wgmma = true }
+    for k, v in pairs(over) do t[k] = v end
+    return { [d] = { dkdv = { good }, dq = { t } } }
+  end
+  assert(plan.check_bwd_space(dq_with(64, {})), "a good wgmma dq tile")
+  assert(plan.check_bwd_space(dq_with(128, { block_m = 128, block_n = 128, warps = 8 })), "d128")
+  _, why = plan.check_bwd_space(dq_with(96, {}))
+  testing.contains(why, "wgmma tile needs")
+  _, why = plan.check_bwd_space(dq_with(64, { block_n = 32 }))
+  testing.contains(why, "wgmma tile needs")
+  _, why = plan.check_bwd_space(dq_with(64, { block_m = 32, warps = 2 }))
+  testing.contains(why, "wgmma tile needs")
+  _, why = plan.check_bwd_space(dq_with(64, { wgmma = 1 }))
+  testing.contains(why, "wgmma must be a boolean")
+  _, why = plan.check_bwd_space(with { wgmma = true })
+  testing.contains(why, "dK/dV has no wgmma path")
 end)
 
 T.run()
