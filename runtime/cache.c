@@ -777,7 +777,11 @@ rda_status rda_cache_cubin(int arch, const char *name, const char *source, unsig
   snprintf(target, sizeof target, "sm_%d", arch);
   RDA_TRY(rda_sources_digest("templates/", headers, err));
   const int nv = rda_nvrtc_version();
-  snprintf(compiler, sizeof compiler, "nvrtc %d.%d", nv / 1000, nv % 1000 / 10);
+  /* The compiler's real target too: arch 90 compiles as sm_90a, and cubins made for plain
+   * sm_90 (before that) must not be taken for it. */
+  char real[16];
+  snprintf(compiler, sizeof compiler, "nvrtc %d.%d %s", nv / 1000, nv % 1000 / 10,
+           rda_nvrtc_target(arch, real));
   const rda_cache_inputs in = {
       target, source, headers, RDA_VERSION_STRING, compiler, rda_nvrtc_options()};
   rda_cache_key key;

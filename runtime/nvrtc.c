@@ -20,6 +20,11 @@ const char *rda_nvrtc_options(void) {
   return RDA_NVRTC_OPTIONS_TEXT;
 }
 
+const char *rda_nvrtc_target(int arch, char out[16]) {
+  snprintf(out, 16, "sm_%d%s", arch, arch == 90 ? "a" : "");
+  return out;
+}
+
 /* The toolkit's own declarations, by full path: a plain <nvrtc.h> would resolve to this
  * folder's nvrtc.h, which comes first on the include path. */
 #pragma GCC diagnostic push
@@ -214,6 +219,12 @@ int rda_nvrtc_parse_report(const char *log, const char *entry, rda_nvrtc_out *ou
   out->registers = rep.registers;
   out->spill_bytes = rep.spill_bytes;
   out->smem_bytes = rep.smem_bytes;
+  /* ptxas's C75xx advisories: wgmma serialized (C7510-C7518) or a warpgroup.arrive injected
+   * (C7519) because an accumulator or A fragment was touched inside an async window. Either
+   * halves the wgmma path's throughput without a word elsewhere. */
+  out->wgmma_notices = 0;
+  for (const char *p = log ? strstr(log, "(C75") : NULL; p != NULL; p = strstr(p + 4, "(C75"))
+    ++out->wgmma_notices;
   return 1;
 }
 
@@ -314,7 +325,8 @@ rda_status rda_nvrtc_compile(const char *source, const char *name, const char *e
   /* Always a real sm_XX: ptxas runs (so the report exists) and the PTX is available too.
    * sm_90 compiles as sm_90a, whose arch-specific instructions (wgmma) the wgmma path needs;
    * sm_90a code runs on sm_90 devices only, which is all a cache entry for arch 90 serves. */
-  snprintf(opt_arch, sizeof opt_arch, "--gpu-architecture=sm_%d%s", arch, arch == 90 ? "a" : "");
+  char target[16];
+  snprintf(opt_arch, sizeof opt_arch, "--gpu-architecture=%s", rda_nvrtc_target(arch, target));
   /* NVRTC 12.9+ keeps its own cache (with a driver present) and then skips ptxas, whose report
    * we need; rda caches cubins itself, so that cache is off. Not part of the cache key: the
    * output does not depend on it. */

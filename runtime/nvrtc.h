@@ -14,8 +14,13 @@ typedef struct rda_nvrtc_out {
   int registers;        /* per thread, from ptxas */
   int spill_bytes;      /* spill stores + spill loads, from ptxas */
   int smem_bytes;       /* static shared memory, from ptxas */
+  int wgmma_notices;    /* ptxas advisories (C75xx) of wgmma serialized or fences injected */
   double compile_s;     /* wall time of the compile */
 } rda_nvrtc_out;
+
+/* The target NVRTC compiles arch for: "sm_90a" for 90 (wgmma is sm_90a-only), else "sm_<arch>".
+ * Part of the kernel cache key (runtime/cache.c). Returns out. */
+const char *rda_nvrtc_target(int arch, char out[16]);
 
 /* Compile `source` (named `name` in messages) for sm_`arch`; `entry` must be an extern "C"
  * kernel in it. The templates are passed as named headers (runtime/sources.h). */

@@ -164,12 +164,27 @@ __device__ __forceinline__ void wgmma_wait() {
 #endif
 }
 
-/* Keeps the compiler from moving accesses of an accumulator across a wgmma fence or wait. */
+/* Keeps the compiler from moving accesses of an accumulator, or of register A fragments, across
+ * a wgmma fence or wait. */
 template <int NT>
 __device__ __forceinline__ void wgmma_fence_operands(float (&d)[NT][4]) {
 #pragma unroll
   for (int i = 0; i < NT; ++i)
-    asm volatile("" : "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])::"memory");
+    asm volatile("" : "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3]));
+}
+
+template <int NT>
+__device__ __forceinline__ void wgmma_fence_operands(uint32_t (&a)[NT][4]) {
+#pragma unroll
+  for (int i = 0; i < NT; ++i)
+    asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3]));
+}
+
+/* x, hidden from the optimizer: a check of a value it believes it knows (the alignment of
+ * dynamic shared memory, from its declaration) is then really made. */
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+  asm volatile("" : "+r"(x));
+  return x;
 }
 
 /* D (64 x N, fp32) = A (64 x 16) B (16 x N) + (accumulate ? D : 0) over one warpgroup, A and B
@@ -217,11 +232,7 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 8][4], uint64_t adesc, u
     }
   }
 #else
-  (void)d;
-  (void)adesc;
-  (void)bdesc;
-  (void)accumulate;
-  __trap();
+  static_assert(N < 0, "wgmma_ss needs sm_90a: a wgmma variant must be compiled for sm_90a");
 #endif
 }
 
@@ -271,11 +282,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 8][4], const uint32_t a[
     }
   }
 #else
-  (void)d;
-  (void)a;
-  (void)bdesc;
-  (void)accumulate;
-  __trap();
+  static_assert(N < 0, "wgmma_rs needs sm_90a: a wgmma variant must be compiled for sm_90a");
 #endif
 }
 
@@ -520,6 +527,13 @@ template <int NT>
 inline void wgmma_fence_operands(float (&d)[NT][4]) {
   (void)d;
 }
+
+template <int NT>
+inline void wgmma_fence_operands(uint32_t (&a)[NT][4]) {
+  (void)a;
+}
+
+inline uint32_t opaque(uint32_t x) { return x; }
 
 template <int N, int Dtype, bool TransB>
 inline void wgmma_ss(float (&d)[N / 8][4], uint64_t adesc, uint64_t bdesc, bool accumulate) {

@@ -89,6 +89,20 @@ static void test_nvrtc_parses_ptxas_reports_of_other_layouts(void **state) {
   assert_int_equal(out.registers, 96);
   assert_int_equal(out.spill_bytes, 20);
   assert_int_equal(out.smem_bytes, 33792);
+  assert_int_equal(out.wgmma_notices, 0);
+
+  /* CUDA 12.3+ on sm_90a: advisories when wgmma is serialized or a fence is injected. */
+  static const char serialized[] =
+      "ptxas info    : Compiling entry function 'k' for 'sm_90a'\n"
+      "ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are "
+      "serialized due to the presence of Extern calls in the function 'k'.\n"
+      "ptxas info    : (C7519) Potential Performance Loss: warpgroup.arrive is injected\n"
+      "ptxas info    : Function properties for k\n"
+      "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+      "ptxas info    : Used 168 registers, used 1 barriers\n";
+  memset(&out, 0, sizeof out);
+  assert_int_equal(rda_nvrtc_parse_report(serialized, "k", &out), 1);
+  assert_int_equal(out.wgmma_notices, 2);
 
   /* Items split over lines; a non-inlined callee that spills (counted); a second entry that
    * spills (not counted); the entry reported after the others. */
@@ -260,7 +274,7 @@ typedef struct matrix_job {
   int arch;
   rda_status status;
   rda_err err;
-  int registers, spill_bytes, smem_bytes;
+  int registers, spill_bytes, smem_bytes, wgmma_notices;
   double compile_s;
 } matrix_job;
 
@@ -285,6 +299,7 @@ static void *matrix_worker(void *arg) {
       j->registers = out.registers;
       j->spill_bytes = out.spill_bytes;
       j->smem_bytes = out.smem_bytes + j->v->smem_bytes;
+      j->wgmma_notices = out.wgmma_notices;
     }
     rda_nvrtc_out_free(&out);
   }
@@ -331,13 +346,20 @@ static void test_nvrtc_matrix_every_planned_variant_compiles_without_spills(void
                               &plans[nplans], &err) != RDA_OK)
             fail_msg("plan d%d %s causal=%d sm_%d: %s", head_dims[d], dtypes[t], c, archs[a],
                      err.msg);
-          /* The wgmma plans of d = 64 and 128 must take wgmma tiles (else they test nothing). */
-          int wg = 0;
-          for (int i = 0; i < plans[nplans].nvariants; ++i)
-            wg += strstr(plans[nplans].variants[i].name, "_wg") != NULL;
-          if ((extra[a] != 0u && (head_dims[d] == 64 || head_dims[d] == 128)) != (wg > 0))
-            fail_msg("plan d%d sm_%d flags 0x%x: %d wgmma variants", head_dims[d], archs[a],
-                     extra[a], wg);
+          /* The wgmma plans of d = 64 and 128 must take wgmma tiles (else they test nothing),
+           * for the forward and for every dQ variant alike. */
+          int wg = 0, dq = 0, dq_wg = 0;
+          for (int i = 0; i < plans[nplans].nvariants; ++i) {
+            const int is_wg = strstr(plans[nplans].variants[i].name, "_wg") != NULL;
+            const int is_dq = strcmp(plans[nplans].variants[i].kind, "bwd_dq") == 0;
+            wg += is_wg;
+            dq += is_dq;
+            dq_wg += is_dq && is_wg;
+          }
+          const int want_wg = extra[a] != 0u && (head_dims[d] == 64 || head_dims[d] == 128);
+          if (want_wg != (wg > 0) || dq == 0 || dq_wg != (want_wg ? dq : 0))
+            fail_msg("plan d%d sm_%d flags 0x%x: %d wgmma variants, %d of %d dQ variants",
+                     head_dims[d], archs[a], extra[a], wg, dq_wg, dq);
           ++nplans;
         }
       }
@@ -390,6 +412,11 @@ static void test_nvrtc_matrix_every_planned_variant_compiles_without_spills(void
                   j->spill_bytes, j->smem_bytes, j->compile_s,
                   j->spill_bytes ? "  <-- SPILLS" : "");
     if (j->spill_bytes != 0) ++failures;
+    if (j->wgmma_notices != 0) {
+      print_error("FAIL %s sm_%d: %d ptxas wgmma advisories (C75xx: serialized wgmma)\n",
+                  j->v->name, j->arch, j->wgmma_notices);
+      ++failures;
+    }
   }
   print_message(
       "%d variants: compile %.1f s in all, %.2f s mean, %.2f s worst; wall %.1f s on %d "
