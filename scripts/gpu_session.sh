@@ -415,6 +415,12 @@ if want_phase bench; then
     # The same on the sm_90a wgmma path (its record's kernel ends in _wg).
     bench_json bench_fwd_wgmma 60 170 env RDA_WGMMA=1 "$BUILD/rda_bench_fwd" bench/target_d128.lua \
       --n 65536
+    # The issue-4 target's backward on one device (a one-rank ring reports the single-device
+    # passes too), mma.sync and then with the wgmma dQ.
+    bench_json bench_bwd_d128 60 170 "$BUILD/rda_bench_ring" bench/target_d128.lua --n 65536 \
+      --ranks 1 --backward 1 --iters 5
+    bench_json bench_bwd_d128_wgmma 60 170 env RDA_WGMMA=1 "$BUILD/rda_bench_ring" \
+      bench/target_d128.lua --n 65536 --ranks 1 --backward 1 --iters 5
     # PyTorch with the loader path it came with (the toolkit's CUDA libraries must not shadow
     # its wheels').
     bench_json sdpa_baseline 75 110 env PYTHONUNBUFFERED=1 LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" \
