@@ -25,6 +25,7 @@
 #include "backend.h"
 #include "json.h"
 #include "rda_test.h"
+#include "rda_test_wgmma.h"
 #include "transport.h"
 
 /* NVRTC keeps process-lifetime allocations of its own; they are not rda's leaks. */
@@ -577,7 +578,7 @@ static void test_cuda_device_transport_moves_blocks_between_virtual_ranks(void *
  * The same kernel test_emu.c checks the emulator's wgmma model with, on hardware: this is what
  * validates the descriptor semantics the model (templates/emu/wgmma_emu.h) follows. */
 
-/* Must match emu_test_params and the kCfg* ints of tests/kernels/emu_wgmma.cu. */
+/* Must match emu_test_params of tests/kernels/emu_wgmma.cu. */
 typedef struct wg_params {
   const void *in0, *in1, *in2;
   void *out0, *out1;
@@ -585,63 +586,6 @@ typedef struct wg_params {
   int op;
   int pad;
 } wg_params;
-
-enum {
-  WG_RS,
-  WG_N,
-  WG_F16,
-  WG_TRANSB,
-  WG_ACC,
-  WG_STEPS,
-  WG_ALBO,
-  WG_ASBO,
-  WG_ASWZ,
-  WG_BLBO,
-  WG_BSBO,
-  WG_BSWZ,
-  WG_ASTART = 16,
-  WG_BSTART = 24,
-  WG_INTS = 32
-};
-
-/* One operand (MN x K, 16-bit) in shared memory by the PTX ISA's canonical layouts (T = 8):
- *   K-major,  none: ((8,m),(T,2k)):((1T,SBO),(1,LBO)); W-byte swizzle:
- * ((8,m),(T,2k)):((W/2,SBO),(1,T)) MN-major, none: ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO)); swizzled:
- * ((T,W/16,m),(8,k)):((1,T,LBO),(W/2,SBO)) then, within each 8-row x W-byte atom, 16-byte chunk j
- * of row r stored at j ^ (r / (128 / W)). */
-typedef struct wg_layout {
-  int k_major, swz, lbo, sbo, katom, base;
-} wg_layout;
-
-static int wg_width(int swz) {
-  static const int w[4] = {0, 128, 64, 32};
-  return w[swz & 3];
-}
-
-static int wg_logical(const wg_layout *L, int mn, int k) {
-  const int W = wg_width(L->swz), E = W / 2;
-  if (L->k_major) {
-    if (W == 0) return L->base + (mn / 8) * L->sbo + (k / 8) * L->lbo + (mn % 8) * 16 + (k % 8) * 2;
-    return L->base + (k / E) * L->katom + (mn / 8) * L->sbo + (mn % 8) * W + (k % E) * 2;
-  }
-  if (W == 0) return L->base + (mn / 8) * L->sbo + (k / 8) * L->lbo + (k % 8) * 16 + (mn % 8) * 2;
-  return L->base + (mn / E) * L->lbo + (k / 8) * L->sbo + (k % 8) * W + (mn % E) * 2;
-}
-
-static int wg_phys(const wg_layout *L, int mn, int k) {
-  const int off = wg_logical(L, mn, k), W = wg_width(L->swz);
-  if (W == 0) return off;
-  const int row = (off / W) % 8, chunk = (off % W) / 16;
-  return off - off % W + (chunk ^ (row / (128 / W))) * 16 + off % 16;
-}
-
-static int wg_extent(const wg_layout *L, int mn, int kk) {
-  int end = 0;
-  for (int m = 0; m < mn; ++m)
-    for (int k = 0; k < kk; ++k)
-      if (wg_phys(L, m, k) + 2 > end) end = wg_phys(L, m, k) + 2;
-  return end;
-}
 
 /* A random 16-bit value of magnitude in [2^-3, 2^3), and its exact value. */
 static uint16_t wg_random(int f16, double *value) {
@@ -657,77 +601,43 @@ static uint16_t wg_random(int f16, double *value) {
   return (uint16_t)(sign << 15 | (e + 127) << 7 | m);
 }
 
-typedef struct wg_case {
-  const char *what;
-  int rs, n, f16, acc, steps, warpgroups;
-  wg_layout a, b; /* b.k_major = 0: trans-b */
-} wg_case;
-
-/* mma.m16n8k16 A fragment: half i (register i / 2) of lane l holds row, col of the 16 x 16. */
-static void wg_a_pos(int lane, int i, int *row, int *col) {
-  const int g = lane >> 2, tig = lane % 4;
-  *row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
-  *col = 2 * tig + (i & 1) + (i >= 4 ? 8 : 0);
-}
-
 /* Runs one case on the GPU; every element of every thread's d against a float64 reference.
  * A mismatch names the case, thread, register, D element, and which reference element (if
  * any) the value matches instead: the signature of a layout misreading. Returns 0 when good. */
-static int wg_run_case(rda_backend *b, rda_module *m, wg_case c) {
+static int wg_run_case(rda_backend *b, rda_module *m, rt_wg_case c) {
   rda_err err = {0};
   const int K = 16 * c.steps, N = c.n, T = 128 * c.warpgroups;
-  c.b.base = 0;
-  if (!c.rs) {
-    c.a.base = 0;
-    c.b.base = (wg_extent(&c.a, 64, K) + 1023) / 1024 * 1024;
-  }
-  const int bytes = (wg_extent(&c.b, N, K) + 15) / 16 * 16;
+  rt_wg_place(&c);
+  const int bytes = (rt_wg_extent(&c.b, N, K) + 15) / 16 * 16;
   uint16_t *img = malloc((size_t)bytes);
   double *val = malloc(sizeof(double) * (size_t)bytes / 2);
   double *A = malloc(sizeof(double) * 64 * (size_t)K),
          *B = malloc(sizeof(double) * (size_t)(K * N));
   uint16_t *Abits = malloc(sizeof(uint16_t) * 64 * (size_t)K);
-  int *cfg = calloc(WG_INTS + (size_t)c.steps * 512, sizeof(int));
   const size_t dn = (size_t)T * (size_t)(N / 2);
   float *d0 = malloc(sizeof(float) * dn), *d = malloc(sizeof(float) * dn);
   double *ref = malloc(sizeof(double) * 64 * (size_t)N),
          *mag = malloc(sizeof(double) * 64 * (size_t)N);
-  assert_true(img && val && A && B && Abits && cfg && d0 && d && ref && mag);
+  assert_true(img && val && A && B && Abits && d0 && d && ref && mag);
   for (int i = 0; i < bytes / 2; ++i) img[i] = wg_random(c.f16, &val[i]);
   for (int r = 0; r < 64; ++r)
     for (int k = 0; k < K; ++k) {
       if (c.rs) {
         Abits[r * K + k] = wg_random(c.f16, &A[r * K + k]);
       } else {
-        Abits[r * K + k] = img[wg_phys(&c.a, r, k) / 2];
-        A[r * K + k] = val[wg_phys(&c.a, r, k) / 2];
+        Abits[r * K + k] = img[rt_wg_phys(&c.a, r, k) / 2];
+        A[r * K + k] = val[rt_wg_phys(&c.a, r, k) / 2];
       }
     }
   for (int k = 0; k < K; ++k)
-    for (int n = 0; n < N; ++n) B[k * N + n] = val[wg_phys(&c.b, n, k) / 2];
-  cfg[WG_RS] = c.rs, cfg[WG_N] = N, cfg[WG_F16] = c.f16, cfg[WG_TRANSB] = !c.b.k_major;
-  cfg[WG_ACC] = c.acc, cfg[WG_STEPS] = c.steps;
-  cfg[WG_ALBO] = c.a.lbo, cfg[WG_ASBO] = c.a.sbo, cfg[WG_ASWZ] = c.a.swz;
-  cfg[WG_BLBO] = c.b.lbo, cfg[WG_BSBO] = c.b.sbo, cfg[WG_BSWZ] = c.b.swz;
-  for (int s = 0; s < c.steps; ++s) {
-    cfg[WG_ASTART + s] = c.rs ? 0 : wg_logical(&c.a, 0, 16 * s);
-    cfg[WG_BSTART + s] = wg_logical(&c.b, 0, 16 * s);
-  }
-  uint32_t *frag = (uint32_t *)(cfg + WG_INTS);
-  for (int s = 0; s < c.steps && c.rs; ++s)
-    for (int t = 0; t < 128; ++t)
-      for (int i = 0; i < 8; ++i) {
-        int row, col;
-        wg_a_pos(t % 32, i, &row, &col);
-        const uint32_t h = Abits[(16 * (t / 32) + row) * K + 16 * s + col];
-        uint32_t *reg = &frag[((size_t)s * 128 + (size_t)t) * 4 + (size_t)i / 2];
-        *reg = i % 2 ? (*reg & 0xffffu) | h << 16 : (*reg & 0xffff0000u) | h;
-      }
+    for (int n = 0; n < N; ++n) B[k * N + n] = val[rt_wg_phys(&c.b, n, k) / 2];
+  size_t cfg_bytes;
+  int *cfg = rt_wg_config(&c, Abits, &cfg_bytes);
+  assert_non_null(cfg);
   for (size_t i = 0; i < dn; ++i) {
     d0[i] = c.acc ? (float)rt_rng_normal(rt_global_rng()) : NAN;
     d[i] = -12345.0f;
   }
-  const size_t cfg_bytes = sizeof(int) * (WG_INTS + (size_t)c.steps * 512);
   void *dimg = NULL, *dcfg = NULL, *dd0 = NULL, *dd = NULL;
   assert_int_equal(b->alloc(b, (size_t)bytes, &dimg, &err), RDA_OK);
   assert_int_equal(b->alloc(b, cfg_bytes, &dcfg, &err), RDA_OK);
@@ -781,17 +691,6 @@ static int wg_run_case(rda_backend *b, rda_module *m, wg_case c) {
   return bad;
 }
 
-static wg_layout wg_k_sw(int swz, int mn, int sbo_gap) {
-  const int W = wg_width(swz);
-  const wg_layout L = {1, swz, 16, 8 * W * sbo_gap, (mn / 8) * 8 * W * sbo_gap, 0};
-  return L;
-}
-static wg_layout wg_mn_sw(int swz, int K) {
-  const int W = wg_width(swz);
-  const wg_layout L = {0, swz, (K / 8) * 8 * W, 8 * W, 0, 0};
-  return L;
-}
-
 static void test_cuda_wgmma_matches_ptx_layouts_on_sm90(void **state) {
   (void)state;
   rda_backend *b = open_gpu();
@@ -817,26 +716,12 @@ static void test_cuda_wgmma_matches_ptx_layouts_on_sm90(void **state) {
   v.smem_bytes = 64 * 1024;
   rda_module *m = NULL;
   if (b->load(b, &v, &m, &err) != RDA_OK) fail_msg("load emu_wgmma: %s", err.msg);
-  const int K = 64;
   int bad = 0;
   for (int f16 = 0; f16 < 2; ++f16)
     for (int n = 64; n <= 128; n += 64) {
-      const wg_layout a_none = {1, 0, 128, (K / 8) * 128, 0, 0};
-      const wg_layout b_none_k = {1, 0, (n / 8) * 128, 128, 0, 0};
-      const wg_layout b_none_mn = {0, 0, (n / 8) * 128, 128, 0, 0};
-      const wg_case cases[] = {
-          {"ss k-major sw128", 0, n, f16, 1, 4, 1, wg_k_sw(1, 64, 2), wg_k_sw(1, n, 1)},
-          {"ss b mn-major sw128", 0, n, f16, 0, 4, 1, wg_k_sw(1, 64, 1), wg_mn_sw(1, K)},
-          {"rs b k-major sw128", 1, n, f16, 0, 4, 2, wg_k_sw(1, 64, 1), wg_k_sw(1, n, 1)},
-          {"rs b mn-major sw128", 1, n, f16, 1, 4, 1, wg_k_sw(1, 64, 1), wg_mn_sw(1, K)},
-          {"ss k-major none", 0, n, f16, 1, 4, 1, a_none, b_none_k},
-          {"ss b mn-major none", 0, n, f16, 0, 4, 1, a_none, b_none_mn},
-          {"rs b mn-major none", 1, n, f16, 1, 4, 1, a_none, b_none_mn},
-          {"ss k-major sw64 / sw32", 0, n, f16, 1, 4, 1, wg_k_sw(2, 64, 1), wg_k_sw(3, n, 1)},
-          {"ss a sw32, b mn-major sw64", 0, n, f16, 1, 4, 1, wg_k_sw(3, 64, 1), wg_mn_sw(2, K)},
-          {"rs b mn-major sw32", 1, n, f16, 1, 4, 1, wg_k_sw(1, 64, 1), wg_mn_sw(3, K)},
-      };
-      for (size_t i = 0; i < sizeof cases / sizeof *cases; ++i) bad += wg_run_case(b, m, cases[i]);
+      rt_wg_case cases[RT_WG_NCASES];
+      const int nc = rt_wg_layout_cases(f16, n, cases);
+      for (int i = 0; i < nc; ++i) bad += wg_run_case(b, m, cases[i]);
     }
   b->unload(b, m);
   b->destroy(b);

@@ -23,6 +23,7 @@
 #include "backend.h"
 #include "emu.h"
 #include "rda_test.h"
+#include "rda_test_wgmma.h"
 
 /* Must match struct emu_test_params in tests/kernels/emu_*.cu. */
 typedef struct emu_test_params {
@@ -208,11 +209,6 @@ static int bits_is_nan_f16(uint32_t b) {
  *      groupID + 8; col = 2 * tig + (i & 1), + 8 for i >= 4.
  *   B: b_i, i = 0..3: row = 2 * tig + (i & 1), + 8 for i >= 2; col = groupID.
  *   C/D: c_i, i = 0..3: row = groupID for i < 2, else groupID + 8; col = 2 * tig + (i & 1). */
-static void mma_a_pos(int lane, int i, int *row, int *col) {
-  const int g = lane >> 2, tig = lane % 4;
-  *row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8;
-  *col = 2 * tig + (i & 1) + (i >= 4 ? 8 : 0);
-}
 static void mma_b_pos(int lane, int i, int *row, int *col) {
   const int g = lane >> 2, tig = lane % 4;
   *row = 2 * tig + (i & 1) + (i >= 2 ? 8 : 0);
@@ -222,13 +218,6 @@ static void mma_c_pos(int lane, int i, int *row, int *col) {
   const int g = lane >> 2, tig = lane % 4;
   *row = i < 2 ? g : g + 8;
   *col = 2 * tig + (i & 1);
-}
-
-static void set_half(uint32_t *reg, int hi, uint16_t v) {
-  if (hi)
-    *reg = (*reg & 0x0000ffffu) | ((uint32_t)v << 16);
-  else
-    *reg = (*reg & 0xffff0000u) | v;
 }
 
 static void check_mma(int f16) {
@@ -257,13 +246,13 @@ static void check_mma(int f16) {
     for (int lane = 0; lane < 32; ++lane) {
       for (int i = 0; i < 8; ++i) {
         int row, col;
-        mma_a_pos(lane, i, &row, &col);
-        set_half(&a[lane][i / 2], i % 2, A[row][col]);
+        rt_mma_a_pos(lane, i, &row, &col);
+        rt_set_half(&a[lane][i / 2], i % 2, A[row][col]);
       }
       for (int i = 0; i < 4; ++i) {
         int row, col;
         mma_b_pos(lane, i, &row, &col);
-        set_half(&b[lane][i / 2], i % 2, B[row][col]);
+        rt_set_half(&b[lane][i / 2], i % 2, B[row][col]);
         mma_c_pos(lane, i, &row, &col);
         cf[lane][i] = C[row][col];
       }
@@ -321,102 +310,19 @@ static void test_emu_mma_loop_rate_and_result(void **state) {
 
 /* ------------------------------------------------------------------ wgmma (sm_90a) */
 
-/* tests/kernels/emu_wgmma.cu's configuration ints (in1). */
-enum {
-  WG_RS,
-  WG_N,
-  WG_F16,
-  WG_TRANSB,
-  WG_ACC,
-  WG_STEPS,
-  WG_ALBO,
-  WG_ASBO,
-  WG_ASWZ,
-  WG_BLBO,
-  WG_BSBO,
-  WG_BSWZ,
-  WG_PEEK,
-  WG_CLOBBER,
-  WG_NOFENCE,
-  WG_NOWAIT,
-  WG_ASTART = 16,
-  WG_BSTART = 24,
-  WG_REPEAT = 31,
-  WG_INTS = 32
-};
-
-/* One operand (MN x K, 16-bit) as a test lays it out in shared memory, by the canonical layouts
- * of the PTX ISA ("Shared Memory Matrix Layout": the CuTe table of "Canonical Layouts", T = 8):
- *   K-major,  none:  ((8,m),(T,2k)):((1T,SBO),(1,LBO))
- *   K-major,  W-byte swizzle: ((8,m),(T,2k)):((W/2,SBO),(1,T)), atoms of W/2 k; katom apart
- *   MN-major, none:  ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO))
- *   MN-major, W-byte swizzle: ((T,W/16,m),(8,k)):((1,T,LBO),(W/2,SBO))
- * then the swizzle, as the docs' swizzle-atom figures draw it: within each 8-row x W-byte atom,
- * 16-byte chunk j of row r is stored at chunk j ^ (r / (128 / W)). */
-typedef struct wg_layout {
-  int k_major;
-  int swz; /* descriptor mode: 0 none, 1 128B, 2 64B, 3 32B */
-  int lbo, sbo, katom;
-  int base; /* 1024-aligned byte offset of the operand in the image */
-} wg_layout;
-
-static int wg_width(int swz) {
-  static const int w[4] = {0, 128, 64, 32};
-  return w[swz & 3];
-}
-
-static int wg_logical(const wg_layout *L, int mn, int k) {
-  const int W = wg_width(L->swz), E = W / 2;
-  if (L->k_major) {
-    if (W == 0) return L->base + (mn / 8) * L->sbo + (k / 8) * L->lbo + (mn % 8) * 16 + (k % 8) * 2;
-    return L->base + (k / E) * L->katom + (mn / 8) * L->sbo + (mn % 8) * W + (k % E) * 2;
-  }
-  if (W == 0) return L->base + (mn / 8) * L->sbo + (k / 8) * L->lbo + (k % 8) * 16 + (mn % 8) * 2;
-  return L->base + (mn / E) * L->lbo + (k / 8) * L->sbo + (k % 8) * W + (mn % E) * 2;
-}
-
-static int wg_phys(const wg_layout *L, int mn, int k) {
-  const int off = wg_logical(L, mn, k), W = wg_width(L->swz);
-  if (W == 0) return off;
-  const int row = (off / W) % 8, chunk = (off % W) / 16;
-  return off - off % W + (chunk ^ (row / (128 / W))) * 16 + off % 16;
-}
-
-typedef struct wg_case {
-  const char *what;
-  int rs, n, f16, acc, steps, warpgroups;
-  wg_layout a, b; /* b.k_major = 0: trans-b */
-  int clobber;
-  int reps; /* the whole sequence (fence, k steps, commit, wait) repeated; 0: once */
-} wg_case;
-
 static float wg_value(int f16, uint16_t bits) {
   return (float)(f16 ? model_f16_value(bits) : model_bf16_value(bits));
-}
-
-static int wg_extent(const wg_layout *L, int mn, int kk) {
-  int end = 0;
-  for (int m = 0; m < mn; ++m)
-    for (int k = 0; k < kk; ++k) {
-      const int e = wg_phys(L, m, k) + 2;
-      if (e > end) end = e;
-    }
-  return end;
 }
 
 /* Runs one case on the emulator and checks every element of every thread's d against the
  * fp32 k-order model (exactly) and a float64 reference (tolerance); also that d read before
  * the wait is still the initial d. */
-static void check_wgmma(wg_case c) {
+static void check_wgmma(rt_wg_case c) {
   rt_rng *rng = rt_global_rng();
   const int reps = c.reps > 0 ? c.reps : 1;
   const int K = 16 * c.steps, N = c.n, T = 128 * c.warpgroups;
-  c.b.base = 0;
-  if (!c.rs) {
-    c.a.base = 0;
-    c.b.base = (wg_extent(&c.a, 64, K) + 1023) / 1024 * 1024;
-  }
-  const int bytes = (wg_extent(&c.b, N, K) + 15) / 16 * 16;
+  rt_wg_place(&c);
+  const int bytes = (rt_wg_extent(&c.b, N, K) + 15) / 16 * 16;
   uint16_t *img = xmalloc((size_t)bytes);
   for (int i = 0; i < bytes / 2; ++i) {
     const float x = (float)rt_rng_normal(rng);
@@ -429,44 +335,16 @@ static void check_wgmma(wg_case c) {
     for (int k = 0; k < K; ++k) {
       Abits[m * K + k] = c.rs ? (c.f16 ? model_f16((float)rt_rng_normal(rng))
                                        : model_bf16((float)rt_rng_normal(rng)))
-                              : img[wg_phys(&c.a, m, k) / 2];
+                              : img[rt_wg_phys(&c.a, m, k) / 2];
       A[m * K + k] = c.clobber && !c.rs ? 0.0f : wg_value(c.f16, Abits[m * K + k]);
     }
   for (int k = 0; k < K; ++k)
     for (int n = 0; n < N; ++n)
-      B[k * N + n] = c.clobber ? 0.0f : wg_value(c.f16, img[wg_phys(&c.b, n, k) / 2]);
-  const size_t cfg_ints = WG_INTS + (size_t)c.steps * 128 * 4;
-  int *cfg = calloc(cfg_ints, sizeof(int));
+      B[k * N + n] = c.clobber ? 0.0f : wg_value(c.f16, img[rt_wg_phys(&c.b, n, k) / 2]);
+  size_t cfg_bytes;
+  int *cfg = rt_wg_config(&c, Abits, &cfg_bytes);
   assert_non_null(cfg);
-  cfg[WG_RS] = c.rs;
-  cfg[WG_N] = N;
-  cfg[WG_F16] = c.f16;
-  cfg[WG_TRANSB] = !c.b.k_major;
-  cfg[WG_ACC] = c.acc;
-  cfg[WG_STEPS] = c.steps;
-  cfg[WG_ALBO] = c.a.lbo;
-  cfg[WG_ASBO] = c.a.sbo;
-  cfg[WG_ASWZ] = c.a.swz;
-  cfg[WG_BLBO] = c.b.lbo;
-  cfg[WG_BSBO] = c.b.sbo;
-  cfg[WG_BSWZ] = c.b.swz;
-  cfg[WG_PEEK] = 1;
-  cfg[WG_CLOBBER] = c.clobber;
-  cfg[WG_REPEAT] = reps;
-  for (int s = 0; s < c.steps; ++s) {
-    cfg[WG_ASTART + s] = c.rs ? 0 : wg_logical(&c.a, 0, 16 * s);
-    cfg[WG_BSTART + s] = wg_logical(&c.b, 0, 16 * s);
-  }
-  /* RS: thread t's A fragment of step s, the mma.m16n8k16 A layout of its warp's 16 rows. */
-  uint32_t *frag = (uint32_t *)(cfg + WG_INTS);
-  for (int s = 0; s < c.steps && c.rs; ++s)
-    for (int t = 0; t < 128; ++t)
-      for (int i = 0; i < 8; ++i) {
-        int row, col;
-        mma_a_pos(t % 32, i, &row, &col);
-        set_half(&frag[((size_t)s * 128 + (size_t)t) * 4 + (size_t)i / 2], i % 2,
-                 Abits[(16 * (t / 32) + row) * K + 16 * s + col]);
-      }
+  cfg[RT_WG_PEEK] = 1;
   const size_t dn = (size_t)T * (size_t)(N / 2);
   float *d0 = xmalloc(sizeof(float) * dn), *d = xmalloc(sizeof(float) * dn);
   float *peek = xmalloc(sizeof(float) * dn);
@@ -525,46 +403,10 @@ static void check_wgmma(wg_case c) {
   if (bad) fail();
 }
 
-/* The layouts the tests use, K = 16 * steps. */
-static wg_layout wg_k_sw(int swz, int mn, int sbo_gap) {
-  const int W = wg_width(swz);
-  const wg_layout L = {1, swz, 16, 8 * W * sbo_gap, (mn / 8) * 8 * W * sbo_gap, 0};
-  return L;
-}
-static wg_layout wg_mn_sw(int swz, int K) {
-  /* atoms of W/2 columns x 8 k rows; k groups dense, column atoms after all of K */
-  const int W = wg_width(swz);
-  const wg_layout L = {0, swz, (K / 8) * 8 * W, 8 * W, 0, 0};
-  return L;
-}
-
 static void run_wgmma_layouts(int f16, int n) {
-  const int K = 64;
-  /* SS, both K-major 128B; A's 8-row groups 2048 bytes apart (gaps of random data). */
-  check_wgmma(
-      (wg_case){"ss k-major sw128", 0, n, f16, 1, 4, 1, wg_k_sw(1, 64, 2), wg_k_sw(1, n, 1), 0, 0});
-  /* SS, B MN-major 128B: LBO steps N (64-column atoms), SBO steps K (8 rows). */
-  check_wgmma((wg_case){"ss b mn-major sw128", 0, n, f16, 0, 4, 1, wg_k_sw(1, 64, 1),
-                        wg_mn_sw(1, K), 0, 0});
-  /* RS, two warpgroups (warp index % 4 picks the rows). */
-  check_wgmma((wg_case){"rs b k-major sw128", 1, n, f16, 0, 4, 2, wg_k_sw(1, 64, 1),
-                        wg_k_sw(1, n, 1), 0, 0});
-  check_wgmma((wg_case){"rs b mn-major sw128", 1, n, f16, 1, 4, 1, wg_k_sw(1, 64, 1),
-                        wg_mn_sw(1, K), 0, 0});
-  /* No swizzle: 8 x 16-byte core matrices, LBO and SBO explicit and unequal. */
-  const wg_layout a_none = {1, 0, 128, (K / 8) * 128, 0, 0};
-  const wg_layout b_none_k = {1, 0, (n / 8) * 128, 128, 0, 0};
-  const wg_layout b_none_mn = {0, 0, (n / 8) * 128, 128, 0, 0};
-  check_wgmma((wg_case){"ss k-major none", 0, n, f16, 1, 4, 1, a_none, b_none_k, 0, 0});
-  check_wgmma((wg_case){"ss b mn-major none", 0, n, f16, 0, 4, 1, a_none, b_none_mn, 0, 0});
-  check_wgmma((wg_case){"rs b mn-major none", 1, n, f16, 1, 4, 1, a_none, b_none_mn, 0, 0});
-  /* 64- and 32-byte swizzles. */
-  check_wgmma((wg_case){"ss k-major sw64 / sw32", 0, n, f16, 1, 4, 1, wg_k_sw(2, 64, 1),
-                        wg_k_sw(3, n, 1), 0, 0});
-  check_wgmma((wg_case){"ss a sw32, b mn-major sw64", 0, n, f16, 1, 4, 1, wg_k_sw(3, 64, 1),
-                        wg_mn_sw(2, K), 0, 0});
-  check_wgmma(
-      (wg_case){"rs b mn-major sw32", 1, n, f16, 1, 4, 1, wg_k_sw(1, 64, 1), wg_mn_sw(3, K), 0, 0});
+  rt_wg_case cases[RT_WG_NCASES];
+  const int nc = rt_wg_layout_cases(f16, n, cases);
+  for (int i = 0; i < nc; ++i) check_wgmma(cases[i]);
 }
 
 static void test_emu_wgmma_bf16_n64_matches_ptx_layouts(void **state) {
@@ -588,38 +430,39 @@ static void test_emu_wgmma_f16_n128_matches_ptx_layouts(void **state) {
  * or old D + A * 0 (RS); d read before the wait is still the old d (checked in every case). */
 static void test_emu_wgmma_runs_at_the_wait(void **state) {
   (void)state;
-  check_wgmma((wg_case){"ss clobbered before wait", 0, 64, 0, 1, 2, 1, wg_k_sw(1, 64, 1),
-                        wg_k_sw(1, 64, 1), 1, 0});
-  check_wgmma((wg_case){"rs clobbered before wait", 1, 128, 1, 1, 2, 1, wg_k_sw(1, 64, 1),
-                        wg_mn_sw(1, 32), 1, 0});
+  check_wgmma((rt_wg_case){"ss clobbered before wait", 0, 64, 0, 1, 2, 1, rt_wg_k_sw(1, 64, 1),
+                           rt_wg_k_sw(1, 64, 1), 1, 0});
+  check_wgmma((rt_wg_case){"rs clobbered before wait", 1, 128, 1, 1, 2, 1, rt_wg_k_sw(1, 64, 1),
+                           rt_wg_mn_sw(1, 32), 1, 0});
 }
 
 /* The emulation rate of wgmma (reported, not asserted; one m64n128k16 is the work of 64
  * warp-level mma.m16n8k16, compare with test_emu_mma_loop_rate_and_result), result checked. */
 static void test_emu_wgmma_rate_and_result(void **state) {
   (void)state;
-  check_wgmma(
-      (wg_case){"ss rate", 0, 128, 0, 1, 4, 1, wg_k_sw(1, 64, 1), wg_k_sw(1, 128, 1), 0, 100});
-  check_wgmma((wg_case){"rs rate", 1, 128, 1, 1, 4, 1, wg_k_sw(1, 64, 1), wg_mn_sw(1, 64), 0, 100});
+  check_wgmma((rt_wg_case){"ss rate", 0, 128, 0, 1, 4, 1, rt_wg_k_sw(1, 64, 1),
+                           rt_wg_k_sw(1, 128, 1), 0, 100});
+  check_wgmma((rt_wg_case){"rs rate", 1, 128, 1, 1, 4, 1, rt_wg_k_sw(1, 64, 1), rt_wg_mn_sw(1, 64),
+                           0, 100});
 }
 
 /* A missing wgmma_fence and a missing wgmma_wait are launch errors naming the thread. */
 static void test_emu_wgmma_missing_fence_or_wait_traps(void **state) {
   (void)state;
-  const wg_layout a = wg_k_sw(1, 64, 1), b = wg_k_sw(1, 64, 1);
+  const rt_wg_layout a = rt_wg_k_sw(1, 64, 1), b = rt_wg_k_sw(1, 64, 1);
   static uint16_t img[8192];
   memset(img, 0x3c, sizeof img);
   for (int which = 0; which < 2; ++which) {
-    int cfg[WG_INTS] = {0};
-    cfg[WG_N] = 64;
-    cfg[WG_ACC] = 1;
-    cfg[WG_STEPS] = 1;
-    cfg[WG_ASBO] = a.sbo;
-    cfg[WG_ASWZ] = 1;
-    cfg[WG_BSBO] = b.sbo;
-    cfg[WG_BSWZ] = 1;
-    cfg[WG_BSTART] = 8192;
-    cfg[which == 0 ? WG_NOFENCE : WG_NOWAIT] = 1;
+    int cfg[RT_WG_INTS] = {0};
+    cfg[RT_WG_N] = 64;
+    cfg[RT_WG_ACC] = 1;
+    cfg[RT_WG_STEPS] = 1;
+    cfg[RT_WG_ASBO] = a.sbo;
+    cfg[RT_WG_ASWZ] = 1;
+    cfg[RT_WG_BSBO] = b.sbo;
+    cfg[RT_WG_BSWZ] = 1;
+    cfg[RT_WG_BSTART] = 8192;
+    cfg[which == 0 ? RT_WG_NOFENCE : RT_WG_NOWAIT] = 1;
     float d0[128 * 32] = {0}, d[128 * 32];
     emu_test_params p = {
         .in0 = img, .in1 = cfg, .in2 = d0, .out0 = d, .out1 = d, .n = (long long)sizeof img};
