@@ -107,10 +107,7 @@ static void setup_open(rt_backend *be, const char *what, const bwd_case *bc, bwd
     fail_msg("%s: plan: %s", what, err.msg);
   assert_true(p->plan.has_bwd);
   /* With the flag, every dQ variant (and its ring twin) is a wgmma one; without, none. */
-  for (int i = 0; i < p->plan.nvariants; ++i)
-    if (strcmp(p->plan.variants[i].kind, "bwd_dq") == 0 &&
-        (strstr(p->plan.variants[i].name, "_wg") != NULL) != (bc->wgmma != 0))
-      fail_msg("%s: planned %s", what, p->plan.variants[i].name);
+  rt_check_wgmma_plan(&p->plan, "bwd_dq", bc->wgmma, what);
   for (int i = 0; i < p->plan.nsteps; ++i) /* d = 256 splits dK/dV: no atomic variant there */
     assert_int_equal(p->plan.bwd_steps[i].dkdv_atomic_kernel >= 0, bc->atomic && D != 256);
   const double t_load = rt_now_s();
@@ -230,11 +227,7 @@ static bool check_grads(const char *what, const bwd_setup *p, const float *dq,
 /* The backward pass on the case's tensors; compare with the float64 reference gradient. */
 static void run_case_on(rt_backend *be, const char *what, const bwd_case *bc) {
   rda_backend *b = be->b;
-  if (bc->wgmma && be->hw.arch != 90) {
-    fprintf(stderr, "  %-4s %-58s skipped: the wgmma path needs sm_90 (this is sm_%d)\n", b->name,
-            what, be->hw.arch);
-    return;
-  }
+  if (bc->wgmma && !rt_wgmma_runs_on(be, what)) return;
   const long long B = bc->batch, N = bc->n, H = bc->heads, Hkv = bc->kv_heads, D = bc->head_dim;
   bwd_setup p;
   setup_open(be, what, bc, &p);
@@ -862,11 +855,7 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
   const bwd_case *bc = &sc->c;
   const long long B = bc->batch, N = bc->n, H = bc->heads, Hkv = bc->kv_heads, D = bc->head_dim;
   const int group = (int)(H / Hkv);
-  if (bc->wgmma && be->hw.arch != 90) {
-    fprintf(stderr, "  %-4s %-42s skipped: the wgmma path needs sm_90 (this is sm_%d)\n", b->name,
-            what, be->hw.arch);
-    return;
-  }
+  if (bc->wgmma && !rt_wgmma_runs_on(be, what)) return;
   assert_true(sc->qcut[0] == 0 && sc->qcut[sc->nq] == N && sc->kcut[0] == 0 &&
               sc->kcut[sc->nk] == N);
   assert_false(bc->strided); /* the pieces cut contiguous tensors */

@@ -130,18 +130,11 @@ static void run_case_on(rt_backend *be, const char *what, const fwd_case *fc) {
   rda_err err = {0};
   rda_plan_k plan;
   memset(&plan, 0, sizeof plan);
-  if (fc->wgmma && be->hw.arch != 90) {
-    fprintf(stderr, "  %-4s %-52s skipped: the wgmma path needs sm_90 (this is sm_%d)\n",
-            b->name, what, be->hw.arch);
-    return;
-  }
+  if (fc->wgmma && !rt_wgmma_runs_on(be, what)) return;
   if (rda_gen_plan_ex(g_rt.gen, &cfg, &be->hw, fc->wgmma ? RDA_PLAN_WGMMA : 0u, &plan, &err) !=
       RDA_OK)
     fail_msg("%s: plan: %s", what, err.msg);
-  for (int i = 0; i < plan.nvariants; ++i)
-    if (strcmp(plan.variants[i].kind, "fwd") == 0 &&
-        (strstr(plan.variants[i].name, "_wg") != NULL) != (fc->wgmma != 0))
-      fail_msg("%s: planned %s", what, plan.variants[i].name);
+  rt_check_wgmma_plan(&plan, "fwd", fc->wgmma, what);
   rda_fwd_kernels kern = {0, NULL};
   const double t_load = rt_now_s();
   if (rda_fwd_load(b, &plan, &kern, &err) != RDA_OK) fail_msg("%s: load: %s", what, err.msg);

@@ -77,6 +77,20 @@ double rt_now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+int rt_wgmma_runs_on(const rt_backend *be, const char *what) {
+  if (be->hw.arch == 90) return 1;
+  fprintf(stderr, "  %-4s %s skipped: the wgmma path needs sm_90 (this is sm_%d)\n", be->b->name,
+          what, be->hw.arch);
+  return 0;
+}
+
+void rt_check_wgmma_plan(const rda_plan_k *plan, const char *kind, int wgmma, const char *what) {
+  for (int i = 0; i < plan->nvariants; ++i)
+    if (strcmp(plan->variants[i].kind, kind) == 0 &&
+        (strstr(plan->variants[i].name, "_wg") != NULL) != (wgmma != 0))
+      fail_msg("%s: planned %s", what, plan->variants[i].name);
+}
+
 void *rt_dev_alloc(rda_backend *b, size_t bytes) {
   rda_err err = {0};
   void *p = NULL;

@@ -36,6 +36,14 @@ int rt_gen_teardown(void **state);
 /* Monotonic seconds. */
 double rt_now_s(void);
 
+/* Whether be can run a case on the wgmma path (RDA_PLAN_WGMMA), which sm_90 alone has; when it
+ * cannot, one line on stderr says the case `what` is skipped on it. */
+int rt_wgmma_runs_on(const rt_backend *be, const char *what);
+
+/* Fails the test `what` unless every variant of `plan` of kind `kind` ("fwd", "bwd_dq") is a
+ * wgmma one ("_wg") exactly when `wgmma`: a wgmma case planned on mma.sync tests nothing. */
+void rt_check_wgmma_plan(const rda_plan_k *plan, const char *kind, int wgmma, const char *what);
+
 /* Device memory calls that fail the running test with "<backend> alloc: <error>" etc. */
 void *rt_dev_alloc(rda_backend *b, size_t bytes);
 void rt_dev_upload(rda_backend *b, void *dst, const void *src, size_t bytes);
