@@ -11,11 +11,9 @@ namespace rda {
 namespace bwd_detail {
 
 using tile::kLog2e;
-using tile::kmajor_desc;
 using tile::LaneOfs;
 using tile::load_tile;
 using tile::mma;
-using tile::mnmajor_desc;
 using tile::neg_inf;
 using tile::pack_a;
 using tile::pos_inf;
@@ -458,14 +456,8 @@ __device__ __forceinline__ void dq_step_wg(uint32_t sq, uint32_t sdo, uint32_t s
   float s[T::NT][4], dp[T::NT][4];
 
   wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < T::KS; ++ks)
-    wgmma_ss<T::BN, Cfg::dtype, false>(s, kmajor_desc<T::BM>(sq, ks), kmajor_desc<T::BN>(sk, ks),
-                                       ks > 0);
-#pragma unroll
-  for (int ks = 0; ks < T::KS; ++ks)
-    wgmma_ss<T::BN, Cfg::dtype, false>(dp, kmajor_desc<T::BM>(sdo, ks), kmajor_desc<T::BN>(sv, ks),
-                                       ks > 0);
+  tile::wgmma_kmajor_product<Cfg::dtype, T::BN, T::KS, T::BM, T::BN>(s, sq, sk);
+  tile::wgmma_kmajor_product<Cfg::dtype, T::BN, T::KS, T::BM, T::BN>(dp, sdo, sv);
   wgmma_commit();
   wgmma_wait<0>();
   wgmma_fence_operands(s);
@@ -473,18 +465,7 @@ __device__ __forceinline__ void dq_step_wg(uint32_t sq, uint32_t sdo, uint32_t s
 
   dq_ds<Cfg, Mask>(s, dp, sl2, lse2, dpr, n0, wrow0, nk, kq);
 
-  /* dS's accumulator layout is, per warp, the A fragment of its 16 rows. */
-  uint32_t da[T::BN / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < T::BN / 16; ++kk) pack_a<Cfg::dtype>(da[kk], s[2 * kk], s[2 * kk + 1]);
-  wgmma_fence_operands(acc);
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < T::BN / 16; ++kk)
-    wgmma_rs<T::D, Cfg::dtype, true>(acc, da[kk], mnmajor_desc<T::BN>(sk, kk), true);
-  wgmma_commit();
-  wgmma_wait<0>();
-  wgmma_fence_operands(acc);
+  tile::wgmma_rs_product<Cfg::dtype, T::D, T::BN>(acc, s, sk); /* dQ += dS K */
 }
 
 }  // namespace bwd_detail

@@ -15,10 +15,8 @@ namespace fwd_detail {
 /* Tile helpers shared with the backward kernels (rda_tile.cuh). */
 using tile::f32x4;
 using tile::fmax2;
-using tile::kmajor_desc;
 using tile::LaneOfs;
 using tile::mma;
-using tile::mnmajor_desc;
 using tile::neg_inf;
 using tile::pack_a;
 using tile::swz;
@@ -250,10 +248,7 @@ __device__ __forceinline__ void tile_step_wg(uint32_t sq, uint32_t sk, uint32_t 
   float s[T::NT][4];
 
   wgmma_fence();
-#pragma unroll
-  for (int ks = 0; ks < T::KS; ++ks)
-    wgmma_ss<T::BN, Cfg::dtype, false>(s, kmajor_desc<T::BM>(sq, ks), kmajor_desc<T::BN>(sk, ks),
-                                       ks > 0);
+  tile::wgmma_kmajor_product<Cfg::dtype, T::BN, T::KS, T::BM, T::BN>(s, sq, sk);
   wgmma_commit();
   wgmma_wait<0>();
   wgmma_fence_operands(s);
@@ -269,18 +264,7 @@ __device__ __forceinline__ void tile_step_wg(uint32_t sq, uint32_t sk, uint32_t 
 
   online_softmax<Cfg, Mask>(s, sl2, n0, ng, wrow0, o, m, l);
 
-  /* P's accumulator layout is, per warp, the A fragment of its 16 rows. */
-  uint32_t pa[T::BN / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < T::BN / 16; ++kk) pack_a<Cfg::dtype>(pa[kk], s[2 * kk], s[2 * kk + 1]);
-  wgmma_fence_operands(o);
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < T::BN / 16; ++kk)
-    wgmma_rs<T::D, Cfg::dtype, true>(o, pa[kk], mnmajor_desc<T::BN>(sv, kk), true);
-  wgmma_commit();
-  wgmma_wait<0>();
-  wgmma_fence_operands(o);
+  tile::wgmma_rs_product<Cfg::dtype, T::D, T::BN>(o, s, sv); /* O += P V */
 }
 
 /* Write the block's rows: o = acc / l and lse, or their log-sum-exp merge with what o and lse

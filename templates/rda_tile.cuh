@@ -128,6 +128,40 @@ __device__ __forceinline__ uint64_t mnmajor_desc(uint32_t tile, int kk) {
   return smem_desc(tile + kk * 2048, ROWS * 128, 1024, 1);
 }
 
+/* The wgmma path's two kinds of product, for one warpgroup (64 rows of A and of the result). */
+
+/* acc (64 x N) = A B^T over KS k-steps of 16, A and B K-major at shared addresses a and b of
+ * tiles of ROWS_A and ROWS_B rows. Issue only: the caller fences before and commits and waits
+ * after, so that several products can share one group. */
+template <int Dtype, int N, int KS, int ROWS_A, int ROWS_B>
+__device__ __forceinline__ void wgmma_kmajor_product(float (&acc)[N / 8][4], uint32_t a,
+                                                     uint32_t b) {
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks)
+    wgmma_ss<N, Dtype, false>(acc, kmajor_desc<ROWS_A>(a, ks), kmajor_desc<ROWS_B>(b, ks), ks > 0);
+}
+
+/* acc (64 x N) += X B: X (64 x BN, fp32 in the accumulator layout, which per warp is the A
+ * fragment layout) rounded to the storage dtype in registers; B (BN x N) MN-major at shared
+ * address b of a tile of BN rows. Fenced, committed and waited for: acc is final on return. */
+template <int Dtype, int N, int BN>
+__device__ __forceinline__ void wgmma_rs_product(float (&acc)[N / 8][4], const float (&x)[BN / 8][4],
+                                                 uint32_t b) {
+  uint32_t xa[BN / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) pack_a<Dtype>(xa[kk], x[2 * kk], x[2 * kk + 1]);
+  wgmma_fence_operands(xa);
+  wgmma_fence_operands(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk)
+    wgmma_rs<N, Dtype, true>(acc, xa[kk], mnmajor_desc<BN>(b, kk), true);
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_operands(acc);
+  wgmma_fence_operands(xa);
+}
+
 /* Copy grid rows [t_first, t_first + ROWS) of a tile (rows `row_stride` elements apart from
  * `base`) into swizzled shared memory (layout smem_off<CHUNKS, ROWS, WG>); rows >= ng are
  * zero-filled. Every one of the THREADS threads issues its share. */
