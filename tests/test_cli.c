@@ -289,6 +289,22 @@ static void test_cli_bad_config_exits_1_naming_it(void **state) {
   }
 }
 
+/* RDA_WGMMA other than 0 or 1: one clear line naming it, exit 1, no output written (run and
+ * emit; emit's --out folder is not created). */
+static void test_cli_bad_rda_wgmma_exits_1_and_writes_nothing(void **state) {
+  fixture *f = *state;
+  char *out = rt_path(f->dir, "emitted");
+  assert_int_equal(setenv("RDA_WGMMA", "yes", 1), 0);
+  const char *const run[] = {"run", f->config, "--q", f->q,        "--k", f->k, "--v",
+                             f->v,  "--o",     f->o,  "--backend", "emu", NULL};
+  expect_input_error(f, "RDA_WGMMA=yes run", run, "RDA_WGMMA='yes'");
+  const char *const emit[] = {"emit", f->config, "--arch", "sm_90", "--out", out, NULL};
+  expect_input_error(f, "RDA_WGMMA=yes emit", emit, "RDA_WGMMA='yes'");
+  assert_int_equal(unsetenv("RDA_WGMMA"), 0);
+  assert_false(rt_exists(out));
+  free(out);
+}
+
 static void test_cli_unwritable_outputs_exit_1_and_write_nothing(void **state) {
   fixture *f = *state;
   char *missing = rt_path(f->dir, "no/such/o.npy");
@@ -769,6 +785,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cli_bad_input_files_exit_1_naming_the_file, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_bad_config_exits_1_naming_it, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cli_bad_rda_wgmma_exits_1_and_writes_nothing, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_cli_unwritable_outputs_exit_1_and_write_nothing, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_ranks_bad_split_exit_1, setup, teardown),
