@@ -80,6 +80,15 @@ local function attn_fields(v, more)
   return f
 end
 
+-- The planner's dynamic shared memory of an attention variant, for the kernel to check against
+-- its own layout at compile time (a static_assert in each template): a launch with less than
+-- the kernel addresses would read and write past its block's shared memory.
+local function smem_field(v)
+  assert(math.type(v.smem_bytes) == "integer" and v.smem_bytes > 0,
+         "variant smem_bytes must be a positive integer")
+  return { "int", "smem_bytes", v.smem_bytes, "dynamic shared memory the launch gives" }
+end
+
 -- The fields of a query-tiled kernel (forward, dQ): blocks of 16 * warps query rows walking
 -- key/value tiles through a cp.async pipeline.
 local function query_tiled_fields(v)
@@ -88,6 +97,7 @@ local function query_tiled_fields(v)
     { "int", "block_n", v.block_n, "key rows per inner step" },
     { "int", "warps", v.warps },
     { "int", "stages", v.stages, "cp.async pipeline depth for K/V" },
+    smem_field(v),
   })
 end
 
@@ -159,19 +169,23 @@ local DQ_KEYS <const> = { "head_dim", "block_m", "block_n", "warps", "stages" }
 -- dq_atomic (optional, default false): the variant also adds dQ by atomics ("_qa").
 -- kv_table (optional, default false, both kinds): the twin that reads a ring round's received
 -- blocks, and (dK/dV) writes their gradient blocks, through rda_bwd_kv_table ("_kt").
+-- wgmma (optional, default false, both kinds): the sm_90a warpgroup-MMA path ("_wg", before
+-- "_kt"); a dK/dV one has dsplit 1 and no dq_atomic.
 function M.bwd_dkdv_name(v)
   check_bwd(v, DKDV_KEYS)
   assert(v.dq_atomic == nil or type(v.dq_atomic) == "boolean",
          "variant dq_atomic must be a boolean")
+  assert(v.wgmma == nil or type(v.wgmma) == "boolean", "variant wgmma must be a boolean")
   assert(not (v.dq_atomic and v.kv_table), "a kv_table twin of an atomic dK/dV is not planned")
-  return string.format("rda_bwd_dkdv_d%d_%s_%s_%s_bn%d_bm%d_w%d_s%d_x%d%s%s", v.head_dim,
+  assert(not (v.wgmma and (v.dq_atomic or v.dsplit ~= 1)),
+         "a wgmma dK/dV has dsplit 1 and no dq_atomic")
+  return string.format("rda_bwd_dkdv_d%d_%s_%s_%s_bn%d_bm%d_w%d_s%d_x%d%s%s%s", v.head_dim,
                        v.dtype, v.causal and "causal" or "full", v.dilated and "dil" or "dense",
                        v.block_n, v.block_m, v.warps, v.stages, v.dsplit,
-                       v.dq_atomic and "_qa" or "", v.kv_table and "_kt" or "")
+                       v.dq_atomic and "_qa" or "", v.wgmma and "_wg" or "",
+                       v.kv_table and "_kt" or "")
 end
 
--- wgmma (optional, default false, dq only): the sm_90a warpgroup-MMA path ("_wg", before
--- "_kt").
 function M.bwd_dq_name(v)
   check_bwd(v, DQ_KEYS)
   assert(v.wgmma == nil or type(v.wgmma) == "boolean", "variant wgmma must be a boolean")
@@ -187,6 +201,8 @@ function M.bwd_prep_name(dtype)
 end
 
 -- dK/dV of a branch: { head_dim, dtype, causal, dilated, block_n, block_m, warps, stages, dsplit }.
+-- One block per SM for the wgmma path (its dK and dV accumulators alone take 128 registers per
+-- thread at d = 128).
 function M.bwd_dkdv_source(v)
   local name = M.bwd_dkdv_name(v)
   return source(name, "rda_bwd.cuh", attn_fields(v, {
@@ -198,7 +214,10 @@ function M.bwd_dkdv_source(v)
     { "bool", "dq_atomic", tostring(v.dq_atomic == true), "also dQ, by fp32 atomics" },
     { "bool", "kv_table", tostring(v.kv_table == true),
       "K/V and dK/dV of a ring round's blocks through rda_bwd_kv_table" },
-  }), 32 * v.warps, "rda::bwd_dkdv_kernel", "rda_bwd_params")
+    smem_field(v),
+    { "bool", "wgmma", tostring(v.wgmma == true),
+      "sm_90a warpgroup MMA, one warpgroup per 64 key rows" },
+  }), 32 * v.warps, "rda::bwd_dkdv_kernel", "rda_bwd_params", v.wgmma and 1 or nil)
 end
 
 -- dQ of a branch: { head_dim, dtype, causal, dilated, block_m, block_n, warps, stages }.

@@ -36,12 +36,12 @@ local function tile_name(c)
                        c.wgmma and "_wg" or "")
 end
 
--- The wgmma path (templates/rda_fwd.cuh, and rda_bwd.cuh's dQ): sm_90a only, whole
--- warpgroups, wgmma shapes N = 64 or 128 for every product.
+-- The wgmma path (templates/rda_fwd.cuh, rda_bwd.cuh): sm_90a only, whole warpgroups, wgmma
+-- shapes N = 64 or 128 for every product: the head dim, and the rows of a step (block_n of the
+-- forward and dQ, block_m of dK/dV).
 local WGMMA_ARCH <const> = 90
-local function wgmma_shape_ok(head_dim, c)
-  return (head_dim == 64 or head_dim == 128) and (c.block_n == 64 or c.block_n == 128)
-         and c.warps % 4 == 0
+local function wgmma_shape_ok(head_dim, steps, warps)
+  return (head_dim == 64 or head_dim == 128) and (steps == 64 or steps == 128) and warps % 4 == 0
 end
 
 -- Checks a tile space { [head_dim] = { {block_m, block_n, warps, stages}, ... } }.
@@ -69,7 +69,7 @@ function M.check_space(space)
       if c.wgmma ~= nil and type(c.wgmma) ~= "boolean" then
         return nil, string.format("[%d][%d] %s: wgmma must be a boolean", d, i, tile_name(c))
       end
-      if c.wgmma and not wgmma_shape_ok(d, c) then
+      if c.wgmma and not wgmma_shape_ok(d, c.block_n, c.warps) then
         return nil, string.format("[%d][%d] %s: a wgmma tile needs head_dim and block_n in "
                                   .. "{64, 128} and warps a multiple of 4", d, i, tile_name(c))
       end
@@ -265,8 +265,8 @@ M.BWD_STAND_IN = BWD_STAND_IN
 
 local function bwd_tile_name(kind, c)
   if kind == "dkdv" then
-    return string.format("bn%d_bm%d_w%d_s%d_x%d", c.block_n, c.block_m, c.warps, c.stages,
-                         c.dsplit)
+    return string.format("bn%d_bm%d_w%d_s%d_x%d%s", c.block_n, c.block_m, c.warps, c.stages,
+                         c.dsplit, c.wgmma and "_wg" or "")
   end
   return tile_name(c)
 end
@@ -311,14 +311,13 @@ function M.check_bwd_space(space)
           return nil, string.format("[%d].%s[%d] %s: wgmma must be a boolean", d, kind, i,
                                     bwd_tile_name(kind, c))
         end
-        if c.wgmma and kind == "dkdv" then
-          return nil, string.format("[%d].dkdv[%d] %s: dK/dV has no wgmma path (dq tiles only)",
-                                    d, i, bwd_tile_name(kind, c))
-        end
-        if c.wgmma and not wgmma_shape_ok(d, c) then
-          return nil, string.format("[%d].dq[%d] %s: a wgmma tile needs head_dim and block_n in "
-                                    .. "{64, 128} and warps a multiple of 4", d, i,
-                                    bwd_tile_name(kind, c))
+        if c.wgmma and not (wgmma_shape_ok(d, steps, c.warps)
+                            and (kind == "dq" or c.dsplit == 1)) then
+          return nil, string.format("[%d].%s[%d] %s: a wgmma tile needs head_dim and %s in "
+                                    .. "{64, 128} and warps a multiple of 4%s", d, kind, i,
+                                    bwd_tile_name(kind, c),
+                                    kind == "dq" and "block_n" or "block_m",
+                                    kind == "dq" and "" or ", and dsplit 1")
         end
       end
     end
@@ -335,9 +334,13 @@ function M.load_bwd_space(home, read)
 end
 
 -- Dynamic shared memory of the backward kernels (16-bit tiles, fp32 row statistics).
+-- A wgmma dkdv stage rounds its 8 block_m bytes of statistics up to 1024, so that the next
+-- stage's tiles start on a 1024-byte boundary (templates/rda_bwd.cuh, DkdvTraits::STAT_SPAN).
 function M.bwd_smem(kind, head_dim, c)
   if kind == "dkdv" then
-    return 4 * head_dim * c.block_n + c.stages * (4 * head_dim + 8) * c.block_m
+    local stats = 8 * c.block_m
+    if c.wgmma then stats = (stats + 1023) // 1024 * 1024 end
+    return 4 * head_dim * c.block_n + c.stages * (4 * head_dim * c.block_m + stats)
            + (c.dq_atomic and 2 * c.block_n * c.block_m or 0)
   end
   return 4 * head_dim * c.block_m + 4 * head_dim * c.stages * c.block_n
@@ -368,15 +371,22 @@ end
 -- twins, or nil: as the forward's ring_kernel)} } (one per branch, in branch order) and
 -- plan.bwd_prep_kernel. With `atomic`, each step also gets dkdv_atomic_kernel: the dkdv
 -- variant that adds dQ by atomics (for the non-deterministic mode), when the tile has dsplit 1
--- and fits (else the step has none). With `wgmma` on an sm_90 target, dq tiles marked wgmma
--- are candidates too (the dq variants then get the "_wg" path). Returns true, or nil and why
--- no tile fits.
+-- and fits (else the step has none). With `wgmma` on an sm_90 target, dkdv and dq tiles marked
+-- wgmma are candidates too (those variants then get the "_wg" path; the atomic variant stays on
+-- mma.sync). Returns true, or nil and why no tile fits.
 function M.add_backward(plan, index, cfg, hw, bspace, atomic, wgmma)
-  local dk, why = choose_bwd_tile(bspace, "dkdv", cfg.head_dim, hw)
+  local dk, why = choose_bwd_tile(bspace, "dkdv", cfg.head_dim, hw, wgmma)
   if not dk then return nil, why end
   local dq
   dq, why = choose_bwd_tile(bspace, "dq", cfg.head_dim, hw, wgmma)
   if not dq then return nil, why end
+  -- The atomic dQ stages dS^T for mma.sync fragments: it has no wgmma path, and takes the tile
+  -- the space gives without wgmma.
+  local dka = dk
+  if atomic and dk.wgmma then
+    dka, why = choose_bwd_tile(bspace, "dkdv", cfg.head_dim, hw)
+    if not dka then return nil, why end
+  end
   plan.bwd_steps = {}
   for i = 1, #cfg.segments do
     local dilated = cfg.dilations[i] > 1
@@ -384,7 +394,7 @@ function M.add_backward(plan, index, cfg, hw, bspace, atomic, wgmma)
       kind = "bwd_dkdv", head_dim = cfg.head_dim, dtype = cfg.dtype, causal = cfg.causal,
       dilated = dilated, block_n = dk.block_n, block_m = dk.block_m, warps = dk.warps,
       stages = dk.stages, dsplit = dk.dsplit, threads = 32 * dk.warps,
-      smem_bytes = M.bwd_smem("dkdv", cfg.head_dim, dk),
+      smem_bytes = M.bwd_smem("dkdv", cfg.head_dim, dk), wgmma = dk.wgmma or nil,
     }
     v.name = emit.bwd_dkdv_name(v)
     v.source = emit.bwd_dkdv_source(v)
@@ -400,10 +410,11 @@ function M.add_backward(plan, index, cfg, hw, bspace, atomic, wgmma)
     plan.bwd_steps[i] = { dkdv_kernel = add_variant(plan, index, v),
                           dq_kernel = add_variant(plan, index, q), dsplit = dk.dsplit,
                           branch = i - 1, head0 = head0, nheads = nheads }
-    if atomic and dk.dsplit == 1 then -- at dsplit > 1 the whole-width dK/dV would not fit
+    if atomic and dka.dsplit == 1 then -- at dsplit > 1 the whole-width dK/dV would not fit
       local a = {}
       for key, val in pairs(v) do a[key] = val end
-      a.dq_atomic, a.dsplit = true, 1
+      a.block_n, a.block_m, a.warps, a.stages = dka.block_n, dka.block_m, dka.warps, dka.stages
+      a.threads, a.dq_atomic, a.dsplit, a.wgmma = 32 * dka.warps, true, 1, nil
       local mt = a.block_m // 16
       a.smem_bytes = M.bwd_smem("dkdv", cfg.head_dim, a)
       if a.warps % mt == 0 and cfg.head_dim % (16 * (a.warps // mt)) == 0

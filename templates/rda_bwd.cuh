@@ -1,7 +1,8 @@
 /* rda_bwd.cuh — the dilated-attention backward kernels (SPEC §1, "Backward, exact"):
  * prep (Dp = <dO, O> - dLSE, zeroed dq/dk/dv), dkdv (one block per key tile walking query
  * tiles, P recomputed from the combined LSE) and dq (one block per query tile), mma m16n8k16;
- * dq also has a wgmma path (Cfg::wgmma, sm_90a: one warpgroup per 64 query rows). */
+ * both also have a wgmma path (Cfg::wgmma, sm_90a: one warpgroup per 64 key rows in dkdv, per
+ * 64 query rows in dq). */
 #ifndef RDA_BWD_CUH
 #define RDA_BWD_CUH
 
@@ -143,7 +144,10 @@ struct DkdvTraits {
   static constexpr int KV_BYTES = BN * ROW_BYTES;
   static constexpr int QT_BYTES = BM * ROW_BYTES;
   static constexpr int STAT_BYTES = 2 * BM * 4; /* lse2 and Dp of one query tile */
-  static constexpr int STAGE_BYTES = 2 * QT_BYTES + STAT_BYTES;
+  /* A stage: the Q and dO tiles, then their statistics; on the wgmma path padded to a multiple
+   * of 1024 bytes, so that every stage's tiles start on one (128-byte swizzle atoms). */
+  static constexpr int STAT_SPAN = Cfg::wgmma ? (STAT_BYTES + 1023) / 1024 * 1024 : STAT_BYTES;
+  static constexpr int STAGE_BYTES = 2 * QT_BYTES + STAT_SPAN;
   /* dq_atomic: dQ += dS K in this kernel too, by fp32 atomics (no dq kernel, not deterministic);
    * dS^T of a step is staged in shared memory, and warp w computes rows 16 (w % MT) of the
    * query tile over columns DQC (w / MT) ... of dQ. */
@@ -157,9 +161,17 @@ struct DkdvTraits {
   static constexpr int MT = BM / 16;
   static constexpr int NCG = MT <= WARPS ? WARPS / MT : 1;
   static constexpr int DQC = D / NCG;
+  /* wgmma path: a warpgroup (4 warps) per 64 key rows, S^T = K Q^T and dP^T = V dO^T with
+   * N = block_m; tiles in 128-byte swizzle atoms (tile::smem_off). */
+  static constexpr bool WG = Cfg::wgmma;
+  static constexpr int GROUP_KEYS = WG ? 64 : 16; /* key rows skipped or masked together */
 
   static_assert(D == 32 || D == 64 || D == 96 || D == 128 || D == 256, "unsupported head_dim");
   static_assert(BN == 16 * WARPS, "each warp owns 16 key rows");
+  static_assert(!WG || ((D == 64 || D == 128) && (BM == 64 || BM == 128) && WARPS % 4 == 0 &&
+                        DSPLIT == 1 && !ATOMIC),
+                "wgmma: head_dim and block_m in {64, 128}, whole warpgroups, no dsplit or "
+                "dq_atomic");
   static_assert(BM % 16 == 0 && BM >= 16, "block_m must be a multiple of 16");
   static_assert(STAGES >= 2, "the Q/dO pipeline needs at least 2 stages");
   static_assert(DSPLIT >= 1 && D % (16 * DSPLIT) == 0, "dsplit must split D into 16-col parts");
@@ -180,6 +192,16 @@ __device__ __forceinline__ int ds_off(int row, int chunk) {
   }
 }
 
+/* The lse2 and Dp of stage st: BM floats each, after its Q and dO tiles. */
+template <class Cfg>
+__device__ __forceinline__ float *dkdv_stat(unsigned char *st) {
+  return reinterpret_cast<float *>(st + 2 * DkdvTraits<Cfg>::QT_BYTES);
+}
+template <class Cfg>
+__device__ __forceinline__ const float *dkdv_stat(const unsigned char *st) {
+  return reinterpret_cast<const float *>(st + 2 * DkdvTraits<Cfg>::QT_BYTES);
+}
+
 /* Issue the loads of query tile `qt` (rows qt * BM ... of the launch's nq query rows) into stage
  * buffer `st`: Q and dO by cp.async, lse2 and Dp by plain loads (visible after the next
  * barrier). */
@@ -190,9 +212,9 @@ __device__ __forceinline__ void dkdv_issue(unsigned char *st, const uint16_t *qg
                                            int qt, int nq, int tid) {
   using T = DkdvTraits<Cfg>;
   const int t0 = qt * T::BM;
-  load_tile<T::CHUNKS, T::BM, T::THREADS>(st, qg, q_rs, t0, nq, tid);
-  load_tile<T::CHUNKS, T::BM, T::THREADS>(st + T::QT_BYTES, dog, do_rs, t0, nq, tid);
-  float *stat = reinterpret_cast<float *>(st + 2 * T::QT_BYTES);
+  load_tile<T::CHUNKS, T::BM, T::THREADS, T::WG>(st, qg, q_rs, t0, nq, tid);
+  load_tile<T::CHUNKS, T::BM, T::THREADS, T::WG>(st + T::QT_BYTES, dog, do_rs, t0, nq, tid);
+  float *stat = dkdv_stat<Cfg>(st);
   for (int i = tid; i < T::BM; i += T::THREADS) {
     const int t = t0 + i;
     float l2 = pos_inf(), dp = 0.f;
@@ -202,6 +224,45 @@ __device__ __forceinline__ void dkdv_issue(unsigned char *st, const uint16_t *qg
     }
     stat[i] = l2;
     stat[T::BM + i] = dp;
+  }
+}
+
+/* P^T from S^T (accumulator layout, this warp's keys kw0 + g and kw0 + g + 8, g = lane / 4),
+ * in place: P^T = exp2(s * scale_log2 - lse2), 0 where masked (queries past the range, keys
+ * past the range, causal: keys after the query). slse: the query tile's lse2. */
+template <class Cfg, bool Mask, int NT>
+__device__ __forceinline__ void dkdv_p(float (&s)[NT][4], const float *slse, float sl2, int q0,
+                                       int kw0, int nq, int nk, int kq) {
+  const int lane = lane_id();
+  /* Element e of column tile nt: key kw0 + g + 8 (e / 2), query q0 + 8 nt + 2c + e % 2 (key
+   * indices count from kt0, query indices from qt0: key + kq is the key in query index space). */
+  const int g = lane >> 2;
+  const int c2 = 2 * (lane & 3);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int qi = nt * 8 + c2 + (e & 1);
+      float pv = ex2(s[nt][e] * sl2 - slse[qi]);
+      if constexpr (Mask) {
+        const int key = kw0 + g + 8 * (e >> 1);
+        const int qry = q0 + qi;
+        if (qry >= nq || key >= nk || (Cfg::causal && key + kq > qry)) pv = 0.f;
+      }
+      s[nt][e] = pv;
+    }
+  }
+}
+
+/* dS^T = P^T (dP^T - Dp) into dp (layouts as dkdv_p). sdp: the query tile's Dp. */
+template <int NT>
+__device__ __forceinline__ void dkdv_ds(const float (&p)[NT][4], float (&dp)[NT][4],
+                                        const float *sdp) {
+  const int c2 = 2 * (lane_id() & 3);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dp[nt][e] = p[nt][e] * (dp[nt][e] - sdp[nt * 8 + c2 + (e & 1)]);
   }
 }
 
@@ -218,32 +279,12 @@ __device__ __forceinline__ void dkdv_step(const unsigned char *sk, const unsigne
   (void)sds;
   const unsigned char *sq = st;
   const unsigned char *sdo = st + T::QT_BYTES;
-  const float *slse = reinterpret_cast<const float *>(st + 2 * T::QT_BYTES);
-  const float *sdp = slse + T::BM;
-  const int lane = lane_id();
 
   float s[T::NT][4], dp[T::NT][4];
   two_products<Cfg::dtype, T::KS, T::NT>(sk, sv, sq, sdo, ao, bo, warp, s, dp);
-
-  /* Element e of column tile nt: key kw0 + g + 8 (e / 2), query q0 + 8 nt + 2c + e % 2 (key
-   * indices count from kt0, query indices from qt0: key + kq is the key in query index space). */
-  const int g = lane >> 2;
-  const int c2 = 2 * (lane & 3);
-#pragma unroll
-  for (int nt = 0; nt < T::NT; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int qi = nt * 8 + c2 + (e & 1);
-      float pv = ex2(s[nt][e] * sl2 - slse[qi]);
-      if constexpr (Mask) {
-        const int key = kw0 + g + 8 * (e >> 1);
-        const int qry = q0 + qi;
-        if (qry >= nq || key >= nk || (Cfg::causal && key + kq > qry)) pv = 0.f;
-      }
-      s[nt][e] = pv;
-      dp[nt][e] = pv * (dp[nt][e] - sdp[qi]);
-    }
-  }
+  const float *stat = dkdv_stat<Cfg>(st);
+  dkdv_p<Cfg, Mask>(s, stat, sl2, q0, kw0, nq, nk, kq);
+  dkdv_ds(s, dp, stat + T::BM);
 
   /* dV += P^T dO, dK += dS^T Q: the accumulator layout of S^T is the A fragment. */
 #pragma unroll
@@ -252,7 +293,8 @@ __device__ __forceinline__ void dkdv_step(const unsigned char *sk, const unsigne
     pack_a<Cfg::dtype>(pa, s[2 * kk], s[2 * kk + 1]);
     pack_a<Cfg::dtype>(da, dp[2 * kk], dp[2 * kk + 1]);
     if constexpr (T::ATOMIC) {
-      const int row = 16 * warp + g;
+      const int row = 16 * warp + (lane_id() >> 2);
+      const int c2 = 2 * (lane_id() & 3);
       *reinterpret_cast<uint32_t *>(sds + ds_off<T::DS_CHUNKS>(row, 2 * kk) + 2 * c2) = da[0];
       *reinterpret_cast<uint32_t *>(sds + ds_off<T::DS_CHUNKS>(row + 8, 2 * kk) + 2 * c2) = da[1];
       *reinterpret_cast<uint32_t *>(sds + ds_off<T::DS_CHUNKS>(row, 2 * kk + 1) + 2 * c2) = da[2];
@@ -271,6 +313,58 @@ __device__ __forceinline__ void dkdv_step(const unsigned char *sk, const unsigne
       mma<Cfg::dtype>(dk[2 * cp + 1], da, qb + 2);
     }
   }
+}
+
+/* One query tile on the wgmma path for this warpgroup's 64 keys: S^T = K Q^T and
+ * dP^T = V dO^T (A = K, V from the group's rows, B = Q, dO: all K-major from shared memory) in
+ * two groups, P^T computed while dP^T is still in flight, then dS^T, then dV += P^T dO and
+ * dK += dS^T Q in one group (A = P^T, dS^T from registers, B = dO, Q MN-major: the queries are
+ * K, the head dim N). sk, sv: the shared addresses of the group's first K and V rows (column
+ * block 0); st: the stage. Each product is waited for before its accumulator is touched. */
+template <class Cfg, bool Mask>
+__device__ __forceinline__ void dkdv_step_wg(uint32_t sk, uint32_t sv, const unsigned char *st,
+                                             float sl2, int q0, int kw0, int nq, int nk, int kq,
+                                             float (&dk)[DkdvTraits<Cfg>::DT][4],
+                                             float (&dv)[DkdvTraits<Cfg>::DT][4]) {
+  using T = DkdvTraits<Cfg>;
+  /* Opaque addresses keep the descriptors computed at each use, not hoisted out of the query
+   * loop as loop invariants (64 bits each, 32 of them for K and V at d = 128) beside dK and dV:
+   * at d = 128 ptxas spilled 8 bytes without this, none with it. */
+  const uint32_t sq = opaque(smem_addr(st));
+  const uint32_t sdo = opaque(smem_addr(st + T::QT_BYTES));
+  sk = opaque(sk);
+  sv = opaque(sv);
+  float s[T::NT][4], dp[T::NT][4];
+
+  wgmma_fence();
+  tile::wgmma_kmajor_product<Cfg::dtype, T::BM, T::KS, T::BN, T::BM>(s, sk, sq);
+  wgmma_commit();
+  tile::wgmma_kmajor_product<Cfg::dtype, T::BM, T::KS, T::BN, T::BM>(dp, sv, sdo);
+  wgmma_commit();
+  const float *stat = dkdv_stat<Cfg>(st);
+  wgmma_wait<1>(); /* S^T */
+  wgmma_fence_operands(s);
+  dkdv_p<Cfg, Mask>(s, stat, sl2, q0, kw0, nq, nk, kq);
+  wgmma_wait<0>(); /* dP^T */
+  wgmma_fence_operands(dp);
+  dkdv_ds(s, dp, stat + T::BM);
+
+  uint32_t pa[T::BM / 16][4], da[T::BM / 16][4];
+  tile::pack_a_rows<Cfg::dtype, T::BM>(pa, s);
+  tile::pack_a_rows<Cfg::dtype, T::BM>(da, dp);
+  wgmma_fence_operands(pa);
+  wgmma_fence_operands(da);
+  wgmma_fence_operands(dv);
+  wgmma_fence_operands(dk);
+  wgmma_fence();
+  tile::wgmma_rs_issue<Cfg::dtype, T::D, T::BM>(dv, pa, sdo); /* dV += P^T dO */
+  tile::wgmma_rs_issue<Cfg::dtype, T::D, T::BM>(dk, da, sq);  /* dK += dS^T Q */
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_operands(dv);
+  wgmma_fence_operands(dk);
+  wgmma_fence_operands(pa);
+  wgmma_fence_operands(da);
 }
 
 /* dq_atomic, a warp with nothing to do this step: its rows of dS^T are 0. */
@@ -515,14 +609,18 @@ __device__ __forceinline__ void bwd_prep_kernel(const rda_bwd_prep_params &p) {
  * rows outside the ranges are neither read nor written. Cfg: head_dim, dtype, causal, dilated,
  * block_n (= 16 * warps keys), block_m (queries per step), warps, stages, dsplit, dq_atomic
  * (also add this block's dQ contribution by fp32 atomics; then no dq launch is needed),
- * kv_table (blockIdx.y an entry of p.kvt: K/V from, dK/dV into, a ring round's class blocks).
- * Dynamic shared memory: DkdvTraits<Cfg>::SMEM_BYTES = 2 block_n row tiles (K, V) + stages x
- * (2 block_m row tiles + 8 block_m bytes) [+ 2 block_n block_m bytes with dq_atomic].
+ * kv_table (blockIdx.y an entry of p.kvt: K/V from, dK/dV into, a ring round's class blocks),
+ * wgmma (sm_90a warpgroup MMA, one warpgroup per 64 key rows: head_dim and block_m in {64, 128},
+ * warps a multiple of 4, dsplit 1, no dq_atomic; K, V, Q, dO in 128-byte swizzle atoms, skips
+ * and masks per warpgroup). Dynamic shared memory: DkdvTraits<Cfg>::SMEM_BYTES = 2 block_n row
+ * tiles (K, V) + stages x (2 block_m row tiles + 8 block_m bytes, wgmma: rounded up to 1024)
+ * [+ 2 block_n block_m bytes with dq_atomic].
  * q, k, v, dout: 16-byte aligned, strides (and k_rs, v_rs) multiples of 8 elements; lse, dp,
  * dk, dv: no alignment requirement. */
 template <class Cfg>
 __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
   using T = bwd_detail::DkdvTraits<Cfg>;
+  static_assert(Cfg::smem_bytes == T::SMEM_BYTES, "the planner's smem_bytes is not the layout's");
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = lane_id();
@@ -581,8 +679,8 @@ __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
   float *dqg = p.dq + b * p.dq_sb + h * p.dq_sh + qpos * p.dq_sn;
   (void)dqg;
 
-  bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sk, kg, p.k_rs, k0, gr.nk, tid);
-  bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS>(sv, vg, p.v_rs, k0, gr.nk, tid);
+  bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS, T::WG>(sk, kg, p.k_rs, k0, gr.nk, tid);
+  bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS, T::WG>(sv, vg, p.v_rs, k0, gr.nk, tid);
 #pragma unroll
   for (int s = 0; s < T::STAGES - 1; ++s) {
     if (s < nq)
@@ -603,11 +701,19 @@ __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
   ao.init((mi & 1) * 8 + mr, mi >> 1); /* A operands, and B operands through .trans */
   bo.init((mi >> 1) * 8 + mr, mi & 1); /* B operands of two n-tiles (non-trans) */
   const int kw0 = k0 + 16 * warp;      /* this warp's first key */
-  const int kwq = kw0 + gr.kq;         /* the same, in query index space */
+  /* Skips and masks are decided per group of key rows that computes together: a warp (mma.sync)
+   * or a warpgroup (wgmma). */
+  const int kg0 = k0 + T::GROUP_KEYS * (16 * warp / T::GROUP_KEYS);
+  const int kgq = kg0 + gr.kq; /* the same, in query index space */
   const float sl2 = p.scale_log2;
+
+  if constexpr (T::WG) {
+    tile::require_atom_alignment(smem);
+  }
 
   for (int it = 0; it < nq; ++it) {
     cp_async_wait<T::STAGES - 2>();
+    if constexpr (T::WG) fence_proxy_async_smem(); /* wgmma reads through the async proxy */
     sync_threads(); /* tile `it` landed; every warp is done with the stage refilled below */
     const int nxt = it + T::STAGES - 1;
     if (nxt < nq)
@@ -616,13 +722,23 @@ __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
     cp_async_commit();
 
     const int q0 = (qt_first + it) * T::BM;
-    /* Warp-uniform skips: keys past the range end, or (causal) keys after every query. */
-    const bool idle = kw0 >= gr.nk || (Cfg::causal && kwq > q0 + T::BM - 1);
+    /* Group-uniform skips: keys past the range end, or (causal) keys after every query. */
+    const bool idle = kg0 >= gr.nk || (Cfg::causal && kgq > q0 + T::BM - 1);
     if (!idle) {
       const unsigned char *st = stages + (it % T::STAGES) * T::STAGE_BYTES;
-      const bool need_mask =
-          q0 + T::BM > gr.nq || kw0 + 16 > gr.nk || (Cfg::causal && kwq + 15 > q0);
-      if (need_mask) {
+      const bool need_mask = q0 + T::BM > gr.nq || kg0 + T::GROUP_KEYS > gr.nk ||
+                             (Cfg::causal && kgq + T::GROUP_KEYS - 1 > q0);
+      if constexpr (T::WG) {
+        const uint32_t gofs = (16 * warp / 64) * 64 * 128; /* the group's first key row */
+        const uint32_t skg = smem_addr(sk) + gofs, svg = smem_addr(sv) + gofs;
+        if (need_mask) {
+          bwd_detail::dkdv_step_wg<Cfg, true>(skg, svg, st, sl2, q0, kw0, gr.nq, gr.nk, gr.kq, dk,
+                                              dv);
+        } else {
+          bwd_detail::dkdv_step_wg<Cfg, false>(skg, svg, st, sl2, q0, kw0, gr.nq, gr.nk, gr.kq, dk,
+                                               dv);
+        }
+      } else if (need_mask) {
         bwd_detail::dkdv_step<Cfg, true>(sk, sv, st, ao, bo, warp, part, sl2, q0, kw0, gr.nq, gr.nk,
                                          gr.kq, dk, dv, sds);
       } else {
@@ -685,6 +801,7 @@ __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
 template <class Cfg>
 __device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
   using T = bwd_detail::DqTraits<Cfg>;
+  static_assert(Cfg::smem_bytes == T::SMEM_BYTES, "the planner's smem_bytes is not the layout's");
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   const int lane = lane_id();

@@ -380,6 +380,7 @@ __device__ __forceinline__ void epilogue(const rda_fwd_params &p, const Block &b
 template <class Cfg>
 __device__ __forceinline__ void fwd_kernel(const rda_fwd_params &p) {
   using T = fwd_detail::Traits<Cfg>;
+  static_assert(Cfg::smem_bytes == T::SMEM_BYTES, "the planner's smem_bytes is not the layout's");
   using fwd_detail::Block;
   const int tid = threadIdx.x;
   const int warp = tid >> 5;

@@ -141,21 +141,36 @@ __device__ __forceinline__ void wgmma_kmajor_product(float (&acc)[N / 8][4], uin
     wgmma_ss<N, Dtype, false>(acc, kmajor_desc<ROWS_A>(a, ks), kmajor_desc<ROWS_B>(b, ks), ks > 0);
 }
 
-/* acc (64 x N) += X B: X (64 x BN, fp32 in the accumulator layout, which per warp is the A
- * fragment layout) rounded to the storage dtype in registers; B (BN x N) MN-major at shared
- * address b of a tile of BN rows. Fenced, committed and waited for: acc is final on return. */
+/* X (64 x BN, fp32 in the accumulator layout, which per warp is the A fragment layout) rounded
+ * to the storage dtype: the register A operand of wgmma_rs_issue. */
+template <int Dtype, int BN>
+__device__ __forceinline__ void pack_a_rows(uint32_t (&xa)[BN / 16][4], const float (&x)[BN / 8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) pack_a<Dtype>(xa[kk], x[2 * kk], x[2 * kk + 1]);
+}
+
+/* acc (64 x N) += X B with X packed by pack_a_rows, B (BN x N) MN-major at shared address b of
+ * a tile of BN rows. Issue only, as wgmma_kmajor_product: the caller fences X and acc, and
+ * commits and waits. */
+template <int Dtype, int N, int BN>
+__device__ __forceinline__ void wgmma_rs_issue(float (&acc)[N / 8][4], const uint32_t (&xa)[BN / 16][4],
+                                               uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk)
+    wgmma_rs<N, Dtype, true>(acc, xa[kk], mnmajor_desc<BN>(b, kk), true);
+}
+
+/* acc (64 x N) += X B, one product (pack_a_rows, wgmma_rs_issue), fenced, committed and waited
+ * for: acc is final on return. */
 template <int Dtype, int N, int BN>
 __device__ __forceinline__ void wgmma_rs_product(float (&acc)[N / 8][4], const float (&x)[BN / 8][4],
                                                  uint32_t b) {
   uint32_t xa[BN / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < BN / 16; ++kk) pack_a<Dtype>(xa[kk], x[2 * kk], x[2 * kk + 1]);
+  pack_a_rows<Dtype, BN>(xa, x);
   wgmma_fence_operands(xa);
   wgmma_fence_operands(acc);
   wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < BN / 16; ++kk)
-    wgmma_rs<N, Dtype, true>(acc, xa[kk], mnmajor_desc<BN>(b, kk), true);
+  wgmma_rs_issue<Dtype, N, BN>(acc, xa, b);
   wgmma_commit();
   wgmma_wait<0>();
   wgmma_fence_operands(acc);

@@ -51,7 +51,7 @@ typedef struct bwd_case {
   int with_dlse; /* a non-zero dLSE */
   int twice;     /* run the backward twice and require bit-identical gradients */
   int atomic;    /* plan the atomic-dQ variants; run non-deterministic unless `twice` */
-  int wgmma;     /* plan with RDA_PLAN_WGMMA: every dQ variant must be a wgmma one */
+  int wgmma;     /* plan with RDA_PLAN_WGMMA: every dK/dV and dQ variant must be a wgmma one */
 } bwd_case;
 
 /* Element strides (batch, n, head) of a [B, N, heads, d] tensor; strided: [N, B, heads, d + pad].
@@ -106,7 +106,9 @@ static void setup_open(rt_backend *be, const char *what, const bwd_case *bc, bwd
   if (rda_gen_plan_ex(g_rt.gen, &p->cfg, &be->hw, flags, &p->plan, &err) != RDA_OK)
     fail_msg("%s: plan: %s", what, err.msg);
   assert_true(p->plan.has_bwd);
-  /* With the flag, every dQ variant (and its ring twin) is a wgmma one; without, none. */
+  /* With the flag, every dK/dV and dQ variant (and its ring twin) is a wgmma one, the atomic
+   * dK/dV aside; without, none. */
+  rt_check_wgmma_plan(&p->plan, "bwd_dkdv", bc->wgmma, what);
   rt_check_wgmma_plan(&p->plan, "bwd_dq", bc->wgmma, what);
   for (int i = 0; i < p->plan.nsteps; ++i) /* d = 256 splits dK/dV: no atomic variant there */
     assert_int_equal(p->plan.bwd_steps[i].dkdv_atomic_kernel >= 0, bc->atomic && D != 256);
@@ -483,6 +485,47 @@ static void test_bwd_wgmma_matches_reference_causal_fp16_d64_block_offsets(void 
                       .scale = 0.3,
                       .wgmma = 1};
   run_case(__func__, &c);
+}
+
+/* The dK/dV and dQ wgmma paths at d = 128, causal: key tiles of 128 whose second warpgroup is
+ * partly or wholly past the grid's end (ragged 8-key groups, idle groups), warpgroups whose keys
+ * are all after a query tile (skipped) or straddle it (masked per element), MQA with group
+ * offsets, fp16 and dLSE. */
+static void test_bwd_wgmma_matches_reference_causal_mqa_fp16_d128_group(void **state) {
+  (void)state;
+  const bwd_case c = {.heads = 3,
+                      .kv_heads = 1,
+                      .head_dim = 128,
+                      .dtype = RDA_DTYPE_FP16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_GROUP,
+                      BR2(264, 1, 400, 2),
+                      .batch = 1,
+                      .n = 400,
+                      .with_dlse = 1,
+                      .wgmma = 1};
+  run_case(__func__, &c);
+}
+
+/* wgmma with the atomic mode: the planned atomic dK/dV stays on mma.sync (its dS^T staging has
+ * no wgmma path) and matches the reference; run twice, the deterministic mode takes the wgmma
+ * dK/dV and dQ variants and is bit-identical. */
+static void test_bwd_wgmma_with_atomic_mode_matches_reference(void **state) {
+  (void)state;
+  bwd_case c = {.heads = 4,
+                .kv_heads = 2,
+                .head_dim = 64,
+                .dtype = RDA_DTYPE_BF16,
+                .causal = 1,
+                .offsets = RDA_OFFSETS_MOD,
+                BR2(192, 1, 260, 2),
+                .batch = 1,
+                .n = 260,
+                .atomic = 1,
+                .wgmma = 1};
+  run_case("wgmma_atomic_nondeterministic", &c);
+  c.twice = 1;
+  run_case("wgmma_atomic_plan_deterministic", &c);
 }
 
 /* Two runs on the same inputs give bit-identical dQ, dK, dV (GQA, several branches, causal: the
@@ -1247,6 +1290,8 @@ int main(void) {
       cmocka_unit_test(test_bwd_matches_reference_bf16_d32_tiny),
       cmocka_unit_test(test_bwd_wgmma_matches_reference_gqa_bf16_d128_multi_tile_dilated),
       cmocka_unit_test(test_bwd_wgmma_matches_reference_causal_fp16_d64_block_offsets),
+      cmocka_unit_test(test_bwd_wgmma_matches_reference_causal_mqa_fp16_d128_group),
+      cmocka_unit_test(test_bwd_wgmma_with_atomic_mode_matches_reference),
       cmocka_unit_test(test_bwd_deterministic_gradients_are_bit_identical),
       cmocka_unit_test(test_bwd_atomic_add_f32_wrapper_adds_every_contribution),
       cmocka_unit_test(test_bwd_atomic_mode_matches_reference),

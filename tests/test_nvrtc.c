@@ -347,19 +347,22 @@ static void test_nvrtc_matrix_every_planned_variant_compiles_without_spills(void
             fail_msg("plan d%d %s causal=%d sm_%d: %s", head_dims[d], dtypes[t], c, archs[a],
                      err.msg);
           /* The wgmma plans of d = 64 and 128 must take wgmma tiles (else they test nothing),
-           * for the forward and for every dQ variant alike. */
-          int wg = 0, dq = 0, dq_wg = 0;
+           * for the forward and for every dK/dV (but the atomic one) and dQ variant alike. */
+          int wg = 0, bwd = 0, bwd_wg = 0;
           for (int i = 0; i < plans[nplans].nvariants; ++i) {
-            const int is_wg = strstr(plans[nplans].variants[i].name, "_wg") != NULL;
-            const int is_dq = strcmp(plans[nplans].variants[i].kind, "bwd_dq") == 0;
+            const rda_variant *v = &plans[nplans].variants[i];
+            const int is_wg = strstr(v->name, "_wg") != NULL;
+            const int is_bwd = (strcmp(v->kind, "bwd_dq") == 0 ||
+                                strcmp(v->kind, "bwd_dkdv") == 0) &&
+                               strstr(v->name, "_qa") == NULL;
             wg += is_wg;
-            dq += is_dq;
-            dq_wg += is_dq && is_wg;
+            bwd += is_bwd;
+            bwd_wg += is_bwd && is_wg;
           }
           const int want_wg = extra[a] != 0u && (head_dims[d] == 64 || head_dims[d] == 128);
-          if (want_wg != (wg > 0) || dq == 0 || dq_wg != (want_wg ? dq : 0))
-            fail_msg("plan d%d sm_%d flags 0x%x: %d wgmma variants, %d of %d dQ variants",
-                     head_dims[d], archs[a], extra[a], wg, dq_wg, dq);
+          if (want_wg != (wg > 0) || bwd == 0 || bwd_wg != (want_wg ? bwd : 0))
+            fail_msg("plan d%d sm_%d flags 0x%x: %d wgmma variants, %d of %d dK/dV and dQ "
+                     "variants", head_dims[d], archs[a], extra[a], wg, bwd_wg, bwd);
           ++nplans;
         }
       }

@@ -363,12 +363,17 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
       (rc->backward ? RDA_PLAN_BACKWARD : 0u) | (rc->wgmma ? RDA_PLAN_WGMMA : 0u);
   if (rda_gen_plan_ex(g_gen, &cfg, &g_hw, flags, &plan, &err) != RDA_OK)
     fail_msg("%s: plan: %s", what, err.msg);
-  if (rc->wgmma) { /* the case must reach the wgmma forward twins, or it tests nothing */
-    int twins = 0;
-    for (int i = 0; i < plan.nvariants; ++i)
-      twins += strstr(plan.variants[i].name, "_wg_kt") != NULL;
-    if (g_hw.arch != 90 || twins == 0)
-      fail_msg("%s: sm_%d plan without wgmma kv-table twins", what, g_hw.arch);
+  if (rc->wgmma) { /* the case must reach the wgmma twins of every kernel kind it runs, or it
+                     tests nothing */
+    static const char *const kinds[] = {"fwd", "bwd_dkdv", "bwd_dq"};
+    for (int k = 0; k < (rc->backward ? 3 : 1); ++k) {
+      int twins = 0;
+      for (int i = 0; i < plan.nvariants; ++i)
+        twins += strcmp(plan.variants[i].kind, kinds[k]) == 0 &&
+                 strstr(plan.variants[i].name, "_wg_kt") != NULL;
+      if (g_hw.arch != 90 || twins == 0)
+        fail_msg("%s: sm_%d plan without wgmma %s kv-table twins", what, g_hw.arch, kinds[k]);
+    }
   }
   rda_ring_plan *rp = NULL;
   const uint64_t bundle = rc->bundle_bytes > 0 ? (uint64_t)rc->bundle_bytes : RDA_RING_BUNDLE_BYTES;
@@ -641,8 +646,8 @@ static void test_ring_matches_reference_group_offsets_causal_gqa(void **state) {
 }
 
 /* The sm_90a wgmma path on the ring: d = 64, a dilated branch of four offsets spanning every
- * rank (its received blocks go through the wgmma kv-table twins of the forward and of dQ), a
- * dense one inside a rank, GQA, batch 2, forward and backward (dK/dV on mma.sync). */
+ * rank (its received blocks go through the wgmma kv-table twins of the forward, dK/dV and dQ),
+ * a dense one inside a rank, GQA, batch 2, forward and backward. */
 static void test_ring_wgmma_forward_matches_reference(void **state) {
   (void)state;
   ring_case rc = case_bundles();

@@ -4,9 +4,12 @@
 --   tiles in flight, dsplit blocks per key tile (each accumulating head_dim / dsplit columns
 --   of dK and dV, so d = 256 fits the registers); smem 4 d block_n + stages (4 d + 8) block_m.
 -- dq: block_m = 16 * warps query rows per block, block_n key rows per step, `stages` K/V
---   tiles in flight; smem 4 d block_m + 4 d stages block_n. wgmma = true marks a dq tile of
---   the sm_90a warpgroup-MMA path (head_dim and block_n 64 or 128, whole warpgroups): taken
---   only on sm_90 with the path switched on (RDA_WGMMA=1), else skipped.
+--   tiles in flight; smem 4 d block_m + 4 d stages block_n.
+-- wgmma = true marks a tile of the sm_90a warpgroup-MMA path (head_dim and the step, block_m
+--   of dkdv or block_n of dq, 64 or 128; whole warpgroups; dkdv: dsplit 1): taken only on
+--   sm_90 with the path switched on (RDA_WGMMA=1), else skipped. dkdv's wgmma tiles keep a
+--   warpgroup's 64 keys of dK and dV in registers (128 per thread at d = 128) beside S^T and
+--   dP^T (block_m / 2 each), so they step 64 queries at a time: 128 spills even at d = 64.
 return {
   [32] = {
     dkdv = { { block_n = 64, block_m = 64, warps = 4, stages = 2, dsplit = 1 },
@@ -15,7 +18,9 @@ return {
            { block_m = 32, block_n = 32, warps = 2, stages = 2 } },
   },
   [64] = {
-    dkdv = { { block_n = 64, block_m = 64, warps = 4, stages = 2, dsplit = 1 },
+    dkdv = { { block_n = 128, block_m = 64, warps = 8, stages = 2, dsplit = 1, wgmma = true },
+             { block_n = 64, block_m = 64, warps = 4, stages = 2, dsplit = 1, wgmma = true },
+             { block_n = 64, block_m = 64, warps = 4, stages = 2, dsplit = 1 },
              { block_n = 32, block_m = 32, warps = 2, stages = 2, dsplit = 1 } },
     dq = { { block_m = 128, block_n = 128, warps = 8, stages = 2, wgmma = true },
            { block_m = 64, block_n = 128, warps = 4, stages = 2, wgmma = true },
@@ -29,7 +34,9 @@ return {
            { block_m = 32, block_n = 32, warps = 2, stages = 2 } },
   },
   [128] = {
-    dkdv = { { block_n = 64, block_m = 32, warps = 4, stages = 2, dsplit = 1 },
+    dkdv = { { block_n = 128, block_m = 64, warps = 8, stages = 2, dsplit = 1, wgmma = true },
+             { block_n = 64, block_m = 64, warps = 4, stages = 2, dsplit = 1, wgmma = true },
+             { block_n = 64, block_m = 32, warps = 4, stages = 2, dsplit = 1 },
              { block_n = 32, block_m = 32, warps = 2, stages = 2, dsplit = 1 } },
     dq = { { block_m = 128, block_n = 64, warps = 8, stages = 2, wgmma = true },
            { block_m = 64, block_n = 64, warps = 4, stages = 2, wgmma = true },

@@ -8,7 +8,7 @@ local T = testing.suite("test_emit")
 
 local function variant(over)
   local v = { head_dim = 128, dtype = "bf16", causal = true, dilated = true, block_m = 128,
-              block_n = 64, warps = 8, stages = 2 }
+              block_n = 64, warps = 8, stages = 2, smem_bytes = 98304 }
   for k, x in pairs(over or {}) do v[k] = x end
   return v
 end
@@ -25,6 +25,7 @@ struct rda_fwd_d128_bf16_causal_dil_bm128_bn64_w8_s2_cfg {
   static constexpr int block_n = 64;         /* key rows per inner step */
   static constexpr int warps = 8;
   static constexpr int stages = 2;           /* cp.async pipeline depth for K/V */
+  static constexpr int smem_bytes = 98304;   /* dynamic shared memory the launch gives */
   static constexpr bool kv_table = false;    /* keys from a ring round's blocks through rda_kv_table */
   static constexpr bool wgmma = false;       /* sm_90a warpgroup MMA, one warpgroup per 64 query rows */
 };
@@ -144,7 +145,7 @@ end)
 
 T.test("the dQ wgmma path is spelled _wg (before a twin's _kt), one block per SM", function()
   local q = { head_dim = 128, dtype = "bf16", causal = true, dilated = true, block_m = 128,
-              block_n = 64, warps = 8, stages = 2 }
+              block_n = 64, warps = 8, stages = 2, smem_bytes = 131072 }
   local base = emit.bwd_dq_source(q)
   testing.contains(base, "static constexpr bool wgmma = false;")
   assert(not base:find("__launch_bounds__(256, 1)", 1, true), "mma.sync states no block count")
@@ -161,6 +162,30 @@ T.test("the dQ wgmma path is spelled _wg (before a twin's _kt), one block per SM
   testing.contains(testing.raises(emit.bwd_dq_name, q), "wgmma")
 end)
 
+T.test("the dK/dV wgmma path is spelled _wg (before a twin's _kt), one block per SM", function()
+  local v = { head_dim = 128, dtype = "bf16", causal = true, dilated = true, block_n = 128,
+              block_m = 64, warps = 8, stages = 2, dsplit = 1, smem_bytes = 133120 }
+  local base = emit.bwd_dkdv_source(v)
+  testing.contains(base, "static constexpr bool wgmma = false;")
+  assert(not base:find("__launch_bounds__(256, 1)", 1, true), "mma.sync states no block count")
+  v.wgmma = true
+  assert(emit.bwd_dkdv_name(v) == "rda_bwd_dkdv_d128_bf16_causal_dil_bn128_bm64_w8_s2_x1_wg",
+         emit.bwd_dkdv_name(v))
+  local s = emit.bwd_dkdv_source(v)
+  testing.contains(s, "static constexpr bool wgmma = true;")
+  testing.contains(s, "__launch_bounds__(256, 1)")
+  v.kv_table = true
+  assert(emit.bwd_dkdv_name(v) == "rda_bwd_dkdv_d128_bf16_causal_dil_bn128_bm64_w8_s2_x1_wg_kt",
+         emit.bwd_dkdv_name(v))
+  v.kv_table = nil
+  v.dq_atomic = true
+  testing.contains(testing.raises(emit.bwd_dkdv_name, v), "no dq_atomic")
+  v.dq_atomic, v.dsplit = nil, 2
+  testing.contains(testing.raises(emit.bwd_dkdv_name, v), "dsplit 1")
+  v.dsplit, v.wgmma = 1, "yes"
+  testing.contains(testing.raises(emit.bwd_dkdv_name, v), "wgmma must be a boolean")
+end)
+
 T.test("bad variants are rejected", function()
   testing.contains(testing.raises(emit.fwd_name, variant { dtype = "fp32" }), "dtype")
   testing.contains(testing.raises(emit.fwd_name, variant { block_n = 0 }), "block_n")
@@ -170,7 +195,7 @@ end)
 
 T.test("backward variants: names spell every specialization, sources use templates", function()
   local v = { head_dim = 128, dtype = "bf16", causal = true, dilated = false, block_n = 64,
-              block_m = 32, warps = 4, stages = 2, dsplit = 1 }
+              block_m = 32, warps = 4, stages = 2, dsplit = 1, smem_bytes = 66048 }
   local name = emit.bwd_dkdv_name(v)
   assert(name == "rda_bwd_dkdv_d128_bf16_causal_dense_bn64_bm32_w4_s2_x1", name)
   local s = emit.bwd_dkdv_source(v)
@@ -182,7 +207,7 @@ T.test("backward variants: names spell every specialization, sources use templat
     testing.contains(s, part)
   end
   local q = { head_dim = 96, dtype = "fp16", causal = false, dilated = true, block_m = 64,
-              block_n = 32, warps = 4, stages = 2 }
+              block_n = 32, warps = 4, stages = 2, smem_bytes = 49152 }
   name = emit.bwd_dq_name(q)
   assert(name == "rda_bwd_dq_d96_fp16_full_dil_bm64_bn32_w4_s2", name)
   s = emit.bwd_dq_source(q)
@@ -193,6 +218,17 @@ T.test("backward variants: names spell every specialization, sources use templat
   testing.contains(emit.bwd_prep_source("fp16"), "rda::bwd_prep_kernel<" .. name .. "_cfg>(p);")
   assert(emit.bwd_dkdv_source(v) == emit.bwd_dkdv_source(v), "deterministic")
   testing.contains(emit.bwd_dkdv_source(v), "static constexpr bool dq_atomic = false;")
+  testing.contains(emit.bwd_dkdv_source(v), "static constexpr int smem_bytes = 66048;")
+  testing.contains(emit.bwd_dq_source(q), "static constexpr int smem_bytes = 49152;")
+  for _, bad in ipairs { false, 0, 1.5 } do
+    local x = {}
+    for k, val in pairs(q) do x[k] = val end
+    x.smem_bytes = bad or nil
+    testing.contains(testing.raises(emit.bwd_dq_source, x), "smem_bytes")
+    testing.contains(testing.raises(emit.fwd_source, x), "smem_bytes")
+    x.dsplit = 1
+    testing.contains(testing.raises(emit.bwd_dkdv_source, x), "smem_bytes")
+  end
   v.dq_atomic = true
   assert(emit.bwd_dkdv_name(v) == "rda_bwd_dkdv_d128_bf16_causal_dense_bn64_bm32_w4_s2_x1_qa",
          emit.bwd_dkdv_name(v))

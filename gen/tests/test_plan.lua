@@ -327,7 +327,7 @@ T.test("backward: every variant fits every target, one step per branch", functio
   end
 end)
 
-T.test("backward: wgmma dq tiles serve sm_90 alone, and only when asked", function()
+T.test("backward: wgmma dK/dV and dq tiles serve sm_90 alone, and only when asked", function()
   local space = assert(plan.load_bwd_space(native.home(), native.source))
   each_target(function(p)
     for _, flag in ipairs { false, true } do
@@ -335,16 +335,30 @@ T.test("backward: wgmma dq tiles serve sm_90 alone, and only when asked", functi
         local pl = assert(plan.build(c, p, nil, space, true, flag))
         local want = flag and p.arch == 90 and (c.head_dim == 64 or c.head_dim == 128)
         for _, v in ipairs(pl.variants) do
-          if v.kind == "bwd_dq" then
+          if v.kind == "bwd_dq" or (v.kind == "bwd_dkdv" and not v.dq_atomic) then
+            local steps = v.kind == "bwd_dq" and v.block_n or v.block_m
             assert((v.wgmma == true) == (want == true), v.name .. " wgmma on " .. p.name)
             assert((v.name:find("_wg", 1, true) ~= nil) == (want == true), v.name .. " name")
             if v.wgmma then
-              assert((v.block_n == 64 or v.block_n == 128) and v.warps % 4 == 0, v.name)
-              assert(v.smem_bytes == plan.bwd_smem("dq", c.head_dim, v)
+              assert((steps == 64 or steps == 128) and v.warps % 4 == 0, v.name)
+              assert(v.kind == "bwd_dq" or v.dsplit == 1, v.name .. " dsplit")
+              assert(v.smem_bytes == plan.bwd_smem(v.kind:sub(5), c.head_dim, v)
                      and v.smem_bytes <= p.smem_per_block, v.name .. " smem")
             end
           elseif v.kind == "bwd_dkdv" then
-            assert(not v.wgmma and not v.name:find("_wg", 1, true), v.name .. " dK/dV")
+            -- The atomic dQ variant stays on mma.sync, with the space's first mma.sync tile.
+            assert(not v.wgmma and not v.name:find("_wg", 1, true), v.name .. " atomic dK/dV")
+          end
+        end
+        if want then
+          for _, st in ipairs(pl.bwd_steps) do
+            local a = st.dkdv_atomic_kernel and pl.variants[st.dkdv_atomic_kernel]
+            if a then
+              local plain = assert(plan.build(c, p, nil, space, true, false))
+              local pa = plain.variants[plain.bwd_steps[1].dkdv_atomic_kernel]
+              assert(a.block_n == pa.block_n and a.block_m == pa.block_m and a.warps == pa.warps
+                     and a.threads == 32 * a.warps, a.name .. " tile as without wgmma")
+            end
           end
         end
       end
@@ -463,8 +477,22 @@ T.test("backward: check_bwd_space rejects malformed spaces", function()
   testing.contains(why, "wgmma tile needs")
   _, why = plan.check_bwd_space(dq_with(64, { wgmma = 1 }))
   testing.contains(why, "wgmma must be a boolean")
+  -- dK/dV: head_dim and block_m 64 / 128, whole warpgroups, dsplit 1.
+  local wk = { block_n = 64, block_m = 64, warps = 4, wgmma = true }
+  assert(plan.check_bwd_space(with(wk)), "a good wgmma dkdv tile")
+  assert(plan.check_bwd_space(with { block_n = 128, block_m = 128, warps = 8, wgmma = true }),
+         "block_m 128")
   _, why = plan.check_bwd_space(with { wgmma = true })
-  testing.contains(why, "dK/dV has no wgmma path")
+  testing.contains(why, "wgmma tile needs head_dim and block_m in {64, 128}")
+  _, why = plan.check_bwd_space(with { block_n = 64, block_m = 32, warps = 4, wgmma = true })
+  testing.contains(why, "wgmma tile needs")
+  _, why = plan.check_bwd_space(with { block_n = 64, block_m = 64, warps = 4, dsplit = 2,
+                                       wgmma = true })
+  testing.contains(why, "dsplit 1")
+  local d96 = with(wk)
+  d96[96], d96[64] = d96[64], nil
+  _, why = plan.check_bwd_space(d96)
+  testing.contains(why, "[96].dkdv[1]")
 end)
 
 T.run()
