@@ -311,13 +311,20 @@ function M.check_bwd_space(space)
           return nil, string.format("[%d].%s[%d] %s: wgmma must be a boolean", d, kind, i,
                                     bwd_tile_name(kind, c))
         end
-        if c.wgmma and not (wgmma_shape_ok(d, steps, c.warps)
-                            and (kind == "dq" or c.dsplit == 1)) then
-          return nil, string.format("[%d].%s[%d] %s: a wgmma tile needs head_dim and %s in "
-                                    .. "{64, 128} and warps a multiple of 4%s", d, kind, i,
-                                    bwd_tile_name(kind, c),
-                                    kind == "dq" and "block_n" or "block_m",
-                                    kind == "dq" and "" or ", and dsplit 1")
+        if c.wgmma and kind == "dq" and not wgmma_shape_ok(d, steps, c.warps) then
+          return nil, string.format("[%d].dq[%d] %s: a wgmma tile needs head_dim and block_n in "
+                                    .. "{64, 128} and warps a multiple of 4", d, i,
+                                    bwd_tile_name(kind, c))
+        end
+        -- dK/dV keeps a warpgroup's dK and dV (d / 2 registers each per thread) beside S^T and
+        -- dP^T (block_m / 2 each): only block_m 64 fits, and at most two warpgroups a block
+        -- (three would leave ptxas fewer than 255 registers a thread).
+        if c.wgmma and kind == "dkdv" and not (wgmma_shape_ok(d, steps, c.warps)
+                                               and c.block_m == 64 and c.warps <= 8
+                                               and c.dsplit == 1) then
+          return nil, string.format("[%d].dkdv[%d] %s: a wgmma tile needs head_dim 64 or 128, "
+                                    .. "block_m 64, warps 4 or 8 and dsplit 1", d, i,
+                                    bwd_tile_name(kind, c))
         end
       end
     end
@@ -381,12 +388,9 @@ function M.add_backward(plan, index, cfg, hw, bspace, atomic, wgmma)
   dq, why = choose_bwd_tile(bspace, "dq", cfg.head_dim, hw, wgmma)
   if not dq then return nil, why end
   -- The atomic dQ stages dS^T for mma.sync fragments: it has no wgmma path, and takes the tile
-  -- the space gives without wgmma.
+  -- the space gives without wgmma (none fitting: no atomic variant, as at dsplit > 1).
   local dka = dk
-  if atomic and dk.wgmma then
-    dka, why = choose_bwd_tile(bspace, "dkdv", cfg.head_dim, hw)
-    if not dka then return nil, why end
-  end
+  if atomic and dk.wgmma then dka = choose_bwd_tile(bspace, "dkdv", cfg.head_dim, hw) end
   plan.bwd_steps = {}
   for i = 1, #cfg.segments do
     local dilated = cfg.dilations[i] > 1
@@ -410,7 +414,7 @@ function M.add_backward(plan, index, cfg, hw, bspace, atomic, wgmma)
     plan.bwd_steps[i] = { dkdv_kernel = add_variant(plan, index, v),
                           dq_kernel = add_variant(plan, index, q), dsplit = dk.dsplit,
                           branch = i - 1, head0 = head0, nheads = nheads }
-    if atomic and dka.dsplit == 1 then -- at dsplit > 1 the whole-width dK/dV would not fit
+    if atomic and dka and dka.dsplit == 1 then -- at dsplit > 1 whole-width dK/dV would not fit
       local a = {}
       for key, val in pairs(v) do a[key] = val end
       a.block_n, a.block_m, a.warps, a.stages = dka.block_n, dka.block_m, dka.warps, dka.stages

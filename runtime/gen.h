@@ -97,8 +97,9 @@ rda_status rda_gen_plan(rda_gen *g, const rda_config *cfg, const rda_hw *hw, rda
  * dK/dV variant that also adds dQ by fp32 atomics: rda_bwd_run uses it when deterministic = 0
  * (one launch instead of two, not bit-reproducible). */
 /* RDA_PLAN_WGMMA lets the forward and the backward's dK/dV and dQ take the tile spaces' wgmma
- * candidates (sm_90a warpgroup MMA; not the atomic-dQ dK/dV) on an sm_90 target; so does the environment variable RDA_WGMMA=1 (rda_gen_wgmma_env).
- * Off by default until the path has been checked and timed on an H100. */
+ * candidates (sm_90a warpgroup MMA; not the atomic-dQ dK/dV) on an sm_90 target; so does the
+ * environment variable RDA_WGMMA=1 (rda_gen_wgmma_env). Off by default until the path has been
+ * checked and timed on an H100. */
 enum { RDA_PLAN_BACKWARD = 1u, RDA_PLAN_BACKWARD_ATOMIC = 2u, RDA_PLAN_WGMMA = 4u };
 
 /* 1 when RDA_WGMMA is "1", 0 when unset, empty or "0"; anything else is an error (-1, err). */

@@ -162,16 +162,16 @@ struct DkdvTraits {
   static constexpr int NCG = MT <= WARPS ? WARPS / MT : 1;
   static constexpr int DQC = D / NCG;
   /* wgmma path: a warpgroup (4 warps) per 64 key rows, S^T = K Q^T and dP^T = V dO^T with
-   * N = block_m; tiles in 128-byte swizzle atoms (tile::smem_off). */
+   * N = block_m = 64; tiles in 128-byte swizzle atoms (tile::smem_off). */
   static constexpr bool WG = Cfg::wgmma;
   static constexpr int GROUP_KEYS = WG ? 64 : 16; /* key rows skipped or masked together */
 
   static_assert(D == 32 || D == 64 || D == 96 || D == 128 || D == 256, "unsupported head_dim");
   static_assert(BN == 16 * WARPS, "each warp owns 16 key rows");
-  static_assert(!WG || ((D == 64 || D == 128) && (BM == 64 || BM == 128) && WARPS % 4 == 0 &&
+  static_assert(!WG || ((D == 64 || D == 128) && BM == 64 && (WARPS == 4 || WARPS == 8) &&
                         DSPLIT == 1 && !ATOMIC),
-                "wgmma: head_dim and block_m in {64, 128}, whole warpgroups, no dsplit or "
-                "dq_atomic");
+                "wgmma: head_dim 64 or 128, block_m 64, one or two warpgroups, no dsplit or "
+                "dq_atomic (gen/plan.lua check_bwd_space says why)");
   static_assert(BM % 16 == 0 && BM >= 16, "block_m must be a multiple of 16");
   static_assert(STAGES >= 2, "the Q/dO pipeline needs at least 2 stages");
   static_assert(DSPLIT >= 1 && D % (16 * DSPLIT) == 0, "dsplit must split D into 16-col parts");
@@ -610,8 +610,8 @@ __device__ __forceinline__ void bwd_prep_kernel(const rda_bwd_prep_params &p) {
  * block_n (= 16 * warps keys), block_m (queries per step), warps, stages, dsplit, dq_atomic
  * (also add this block's dQ contribution by fp32 atomics; then no dq launch is needed),
  * kv_table (blockIdx.y an entry of p.kvt: K/V from, dK/dV into, a ring round's class blocks),
- * wgmma (sm_90a warpgroup MMA, one warpgroup per 64 key rows: head_dim and block_m in {64, 128},
- * warps a multiple of 4, dsplit 1, no dq_atomic; K, V, Q, dO in 128-byte swizzle atoms, skips
+ * wgmma (sm_90a warpgroup MMA, one warpgroup per 64 key rows: head_dim 64 or 128, block_m 64,
+ * warps 4 or 8, dsplit 1, no dq_atomic; K, V, Q, dO in 128-byte swizzle atoms, skips
  * and masks per warpgroup). Dynamic shared memory: DkdvTraits<Cfg>::SMEM_BYTES = 2 block_n row
  * tiles (K, V) + stages x (2 block_m row tiles + 8 block_m bytes, wgmma: rounded up to 1024)
  * [+ 2 block_n block_m bytes with dq_atomic].

@@ -144,7 +144,8 @@ __device__ __forceinline__ void wgmma_kmajor_product(float (&acc)[N / 8][4], uin
 /* X (64 x BN, fp32 in the accumulator layout, which per warp is the A fragment layout) rounded
  * to the storage dtype: the register A operand of wgmma_rs_issue. */
 template <int Dtype, int BN>
-__device__ __forceinline__ void pack_a_rows(uint32_t (&xa)[BN / 16][4], const float (&x)[BN / 8][4]) {
+__device__ __forceinline__ void pack_a_rows(uint32_t (&xa)[BN / 16][4],
+                                            const float (&x)[BN / 8][4]) {
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk) pack_a<Dtype>(xa[kk], x[2 * kk], x[2 * kk + 1]);
 }
@@ -153,8 +154,8 @@ __device__ __forceinline__ void pack_a_rows(uint32_t (&xa)[BN / 16][4], const fl
  * a tile of BN rows. Issue only, as wgmma_kmajor_product: the caller fences X and acc, and
  * commits and waits. */
 template <int Dtype, int N, int BN>
-__device__ __forceinline__ void wgmma_rs_issue(float (&acc)[N / 8][4], const uint32_t (&xa)[BN / 16][4],
-                                               uint32_t b) {
+__device__ __forceinline__ void wgmma_rs_issue(float (&acc)[N / 8][4],
+                                               const uint32_t (&xa)[BN / 16][4], uint32_t b) {
 #pragma unroll
   for (int kk = 0; kk < BN / 16; ++kk)
     wgmma_rs<N, Dtype, true>(acc, xa[kk], mnmajor_desc<BN>(b, kk), true);
@@ -163,8 +164,8 @@ __device__ __forceinline__ void wgmma_rs_issue(float (&acc)[N / 8][4], const uin
 /* acc (64 x N) += X B, one product (pack_a_rows, wgmma_rs_issue), fenced, committed and waited
  * for: acc is final on return. */
 template <int Dtype, int N, int BN>
-__device__ __forceinline__ void wgmma_rs_product(float (&acc)[N / 8][4], const float (&x)[BN / 8][4],
-                                                 uint32_t b) {
+__device__ __forceinline__ void wgmma_rs_product(float (&acc)[N / 8][4],
+                                                 const float (&x)[BN / 8][4], uint32_t b) {
   uint32_t xa[BN / 16][4];
   pack_a_rows<Dtype, BN>(xa, x);
   wgmma_fence_operands(xa);

@@ -448,9 +448,10 @@ static void test_bwd_matches_reference_bf16_d32_tiny(void **state) {
   run_case("tiny_segments", &b);
 }
 
-/* The dQ wgmma path (sm_90a; RDA_PLAN_WGMMA), d = 128: two warpgroups per block, several query
- * tiles of a dense and of a dilated grid with ragged last tiles (a warpgroup with no rows), a
- * partial second segment, GQA with the "mod" offsets, strided layouts and dLSE. */
+/* The dK/dV and dQ wgmma paths (sm_90a; RDA_PLAN_WGMMA), d = 128: two warpgroups per block,
+ * several query and key tiles of a dense and of a dilated grid with ragged last tiles (a
+ * warpgroup with no rows), a partial second segment, GQA with the "mod" offsets, strided
+ * layouts and dLSE. */
 static void test_bwd_wgmma_matches_reference_gqa_bf16_d128_multi_tile_dilated(void **state) {
   (void)state;
   const bwd_case c = {.heads = 4,

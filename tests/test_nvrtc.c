@@ -352,9 +352,9 @@ static void test_nvrtc_matrix_every_planned_variant_compiles_without_spills(void
           for (int i = 0; i < plans[nplans].nvariants; ++i) {
             const rda_variant *v = &plans[nplans].variants[i];
             const int is_wg = strstr(v->name, "_wg") != NULL;
-            const int is_bwd = (strcmp(v->kind, "bwd_dq") == 0 ||
-                                strcmp(v->kind, "bwd_dkdv") == 0) &&
-                               strstr(v->name, "_qa") == NULL;
+            const int is_bwd =
+                (strcmp(v->kind, "bwd_dq") == 0 || strcmp(v->kind, "bwd_dkdv") == 0) &&
+                strstr(v->name, "_qa") == NULL;
             wg += is_wg;
             bwd += is_bwd;
             bwd_wg += is_bwd && is_wg;

@@ -418,6 +418,24 @@ T.test("backward: atomic-dQ variants only when asked, and never with dsplit > 1"
   end
 end)
 
+T.test("backward: wgmma-only dK/dV tiles leave the atomic mode without its variant", function()
+  local space = {
+    [64] = { dkdv = { { block_n = 64, block_m = 64, warps = 4, stages = 2, dsplit = 1,
+                        wgmma = true } },
+             dq = { { block_m = 64, block_n = 64, warps = 4, stages = 2 } } },
+  }
+  assert(plan.check_bwd_space(space))
+  local pl = assert(plan.build(config { head_dim = 64 }, hw.builtin(90), nil, space, true, true))
+  for _, st in ipairs(pl.bwd_steps) do
+    assert(st.dkdv_atomic_kernel == nil, "no mma.sync tile: no atomic variant")
+    assert(pl.variants[st.dkdv_kernel].wgmma, "the wgmma dK/dV still planned")
+  end
+  -- Without wgmma the same space has no dK/dV tile at all: one clear reason.
+  local ok, why = plan.build(config { head_dim = 64 }, hw.builtin(90), nil, space, true, false)
+  assert(not ok)
+  testing.contains(why, "no backward dkdv tile for head_dim = 64")
+end)
+
 T.test("backward: smem follows the documented formulas", function()
   local dk = { block_n = 64, block_m = 32, stages = 2 }
   assert(plan.bwd_smem("dkdv", 128, dk) == 4 * 128 * 64 + 2 * (4 * 128 + 8) * 32, "dkdv")
@@ -480,15 +498,18 @@ T.test("backward: check_bwd_space rejects malformed spaces", function()
   -- dK/dV: head_dim and block_m 64 / 128, whole warpgroups, dsplit 1.
   local wk = { block_n = 64, block_m = 64, warps = 4, wgmma = true }
   assert(plan.check_bwd_space(with(wk)), "a good wgmma dkdv tile")
-  assert(plan.check_bwd_space(with { block_n = 128, block_m = 128, warps = 8, wgmma = true }),
-         "block_m 128")
+  assert(plan.check_bwd_space(with { block_n = 128, block_m = 64, warps = 8, wgmma = true }),
+         "two warpgroups")
   _, why = plan.check_bwd_space(with { wgmma = true })
-  testing.contains(why, "wgmma tile needs head_dim and block_m in {64, 128}")
-  _, why = plan.check_bwd_space(with { block_n = 64, block_m = 32, warps = 4, wgmma = true })
-  testing.contains(why, "wgmma tile needs")
-  _, why = plan.check_bwd_space(with { block_n = 64, block_m = 64, warps = 4, dsplit = 2,
-                                       wgmma = true })
-  testing.contains(why, "dsplit 1")
+  testing.contains(why, "wgmma tile needs head_dim 64 or 128, block_m 64, warps 4 or 8")
+  for _, bad in ipairs { { block_n = 64, block_m = 32, warps = 4 },
+                         { block_n = 128, block_m = 128, warps = 8 },
+                         { block_n = 192, block_m = 64, warps = 12 },
+                         { block_n = 64, block_m = 64, warps = 4, dsplit = 2 } } do
+    bad.wgmma = true
+    _, why = plan.check_bwd_space(with(bad))
+    testing.contains(why, "wgmma tile needs")
+  end
   local d96 = with(wk)
   d96[96], d96[64] = d96[64], nil
   _, why = plan.check_bwd_space(d96)
