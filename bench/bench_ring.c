@@ -7,6 +7,7 @@
 #include "bwd.h"
 #include "fwd.h"
 #include "gen.h"
+#include "kernel_times.h"
 #include "reference.h"
 #include "ring_plan.h"
 #include "ring_virtual.h"
@@ -29,14 +30,112 @@ static int usage(void) {
           "usage: rda_bench_ring CONFIG [--n N] [--ranks P] [--batch B] [--iters K]\n"
           "                      [--backward 0|1] [--layout contiguous|zigzag]\n"
           "                      [--backend cuda|emu] [--trace FILE] [--timeline FILE]\n"
+          "                      [--kernel-times FILE]\n"
           "  --trace     write each rank's host timeline of the last timed forward pass as JSON:\n"
           "              per virtual step [wait began, wait ended, next posted, launched], and\n"
           "              the own rows' launch, the last launch and the device sync, in ms from\n"
           "              the earliest rank's start\n"
           "  --timeline  after the timed passes, one more forward (and backward) pass timed on\n"
           "              the device: when each rank's stream reached each point, in ms after one\n"
-          "              reference event; JSON to FILE, a summary per rank on stdout\n");
+          "              reference event; JSON to FILE, a summary per rank on stdout\n"
+          "  --kernel-times  after the timed passes, one more single-device forward (and\n"
+          "              backward) pass with a timed event pair around every kernel launch: per\n"
+          "              kernel variant its launches and summed device ms on stdout, and one\n"
+          "              JSON line appended to FILE (so several runs can share one file)\n");
   return 2;
+}
+
+/* --kernel-times: where the profiled pass's numbers go. */
+typedef struct kt_job {
+  const char *path, *config, *backend;
+  double fwd_ms, bwd_ms; /* sums over the kernels (out) */
+} kt_job;
+
+/* One pass through kb (a kernel-times wrapper over b) with a timed event pair of b's around
+ * it: the pass's device time and its per-kernel totals (*t malloc'd). */
+static rda_status profile_pass(rda_backend *b, rda_backend *kb, const rda_plan_k *plan,
+                               const rda_fwd_kernels *kk, const rda_fwd_args *a,
+                               const rda_bwd_args *ga, void *const ev[2], rda_kernel_time **t,
+                               int *nt, double *kernels_ms, double *pass_ms, rda_err *err) {
+  rda_kernel_times_reset(kb);
+  rda_status s = b->event_record(b, ev[0], err);
+  if (s == RDA_OK)
+    s = ga == NULL ? rda_fwd_run(kb, plan, kk, a, err) : rda_bwd_run(kb, plan, kk, ga, err);
+  if (s == RDA_OK) s = b->event_record(b, ev[1], err);
+  if (s == RDA_OK) s = b->synchronize(b, err);
+  float ms = 0.0f;
+  if (s == RDA_OK) s = b->event_elapsed_ms(b, ev[0], ev[1], &ms, err);
+  *pass_ms = ms;
+  if (s == RDA_OK) s = rda_kernel_times_collect(kb, t, nt, kernels_ms, err);
+  return s;
+}
+
+static void write_kernels_json(FILE *f, const rda_kernel_time *t, int n) {
+  fprintf(f, "[");
+  for (int i = 0; i < n; ++i)
+    fprintf(f, "%s{\"name\": \"%s\", \"kind\": \"%s\", \"launches\": %lld, \"ms\": %.4f}",
+            i ? ", " : "", t[i].name, t[i].kind, t[i].launches, t[i].ms);
+  fprintf(f, "]");
+}
+
+/* After the timed passes: one forward (and, with ga, backward) pass on b through a
+ * kernel-times wrapper, with the plan's kernels loaded through it; the summary on stdout and
+ * one JSON line appended to job->path. Not one of the timed passes. */
+static rda_status kernel_times(kt_job *job, rda_backend *b, const rda_plan_k *plan,
+                               const rda_fwd_args *a, const rda_bwd_args *ga, const char *device,
+                               rda_err *err) {
+  rda_backend *kb = NULL;
+  rda_fwd_kernels kk = {0};
+  void *ev[2] = {NULL, NULL};
+  rda_kernel_time *tf = NULL, *tb = NULL;
+  int nf = 0, nb = 0;
+  double fwd_pass = 0, bwd_pass = 0;
+  rda_status s = rda_kernel_times_wrap(b, &kb, err);
+  if (s == RDA_OK) s = rda_fwd_load(kb, plan, &kk, err);
+  for (int i = 0; i < 2 && s == RDA_OK; ++i) s = b->event_create_timed(b, &ev[i], err);
+  /* A warm-up pass through the wrapper first (profile_pass drops its records): modules just
+   * loaded may load lazily at their first launch (CUDA's lazy loading), on the host between
+   * that launch's events. */
+  if (s == RDA_OK) s = rda_fwd_run(kb, plan, &kk, a, err);
+  if (s == RDA_OK && ga != NULL) s = rda_bwd_run(kb, plan, &kk, ga, err);
+  if (s == RDA_OK) s = b->synchronize(b, err);
+  if (s == RDA_OK)
+    s = profile_pass(b, kb, plan, &kk, a, NULL, ev, &tf, &nf, &job->fwd_ms, &fwd_pass, err);
+  if (s == RDA_OK && ga != NULL)
+    s = profile_pass(b, kb, plan, &kk, a, ga, ev, &tb, &nb, &job->bwd_ms, &bwd_pass, err);
+  if (s == RDA_OK) {
+    rda_kernel_times_print(stdout, "kernel times fwd", tf, nf, job->fwd_ms, fwd_pass);
+    if (ga != NULL)
+      rda_kernel_times_print(stdout, "kernel times bwd", tb, nb, job->bwd_ms, bwd_pass);
+    rda_err wg_err = {0};
+    FILE *f = fopen(job->path, "a");
+    if (f == NULL) {
+      s = rda_err_set(err, RDA_ERR_IO, "--kernel-times %s: cannot write", job->path);
+    } else {
+      fprintf(f, "{\"bench\": \"kernel_times\", \"config\": \"%s\", \"device\": \"%s\", "
+                 "\"backend\": \"%s\", \"n\": %lld, \"batch\": %lld, \"wgmma_env\": %d, "
+                 "\"fwd_pass_ms\": %.4f, \"fwd_kernels_ms\": %.4f, \"forward\": ",
+              job->config, device, job->backend, a->n, a->batch,
+              rda_gen_wgmma_env(&wg_err) == 1, fwd_pass, job->fwd_ms);
+      write_kernels_json(f, tf, nf);
+      if (ga != NULL)
+        fprintf(f, ", \"bwd_pass_ms\": %.4f, \"bwd_kernels_ms\": %.4f", bwd_pass, job->bwd_ms);
+      fprintf(f, ", \"backward\": ");
+      write_kernels_json(f, tb, nb);
+      fprintf(f, "}\n");
+      if (fclose(f) != 0)
+        s = rda_err_set(err, RDA_ERR_IO, "--kernel-times %s: cannot write", job->path);
+    }
+  }
+  free(tf);
+  free(tb);
+  for (int i = 0; i < 2; ++i)
+    if (ev[i] != NULL) b->event_destroy(b, ev[i]);
+  if (kb != NULL) {
+    rda_fwd_unload(kb, &kk);
+    kb->destroy(kb);
+  }
+  return s;
 }
 
 /* Mean seconds of the single-device forward (and backward) over iters, after a warm-up. */
@@ -44,7 +143,7 @@ static rda_status single_device(const char *backend, rda_gen *g, const rda_confi
                                 long long B, long long N, const uint16_t *q, const uint16_t *k,
                                 const uint16_t *v, const uint16_t *dout, int iters,
                                 double *fwd_s, double *bwd_s, char *device, size_t device_len,
-                                rda_err *err) {
+                                kt_job *kt, rda_err *err) {
   rda_backend *b = NULL;
   rda_plan_k plan;
   memset(&plan, 0, sizeof plan);
@@ -82,6 +181,8 @@ static rda_status single_device(const char *backend, rda_gen *g, const rda_confi
       if (it > 0) *(pass == 0 ? fwd_s : bwd_s) += (now_s() - t0) / iters;
     }
   }
+  if (s == RDA_OK && kt->path != NULL)
+    s = kernel_times(kt, b, &plan, &a, dout != NULL ? &ga : NULL, device, err);
   for (int i = 0; i < 10; ++i)
     if (m[i] != NULL) b->free(b, m[i]);
   if (b != NULL) rda_fwd_unload(b, &kern);
@@ -216,7 +317,7 @@ static void timelines_free(rda_ring_timeline *t, long long ranks) {
 int main(int argc, char **argv) {
   if (argc < 2) return usage();
   const char *config = argv[1], *backend = "cuda", *layout_name = "contiguous", *trace = NULL;
-  const char *timeline = NULL;
+  const char *timeline = NULL, *kernel_times_path = NULL;
   long long n = 262144, ranks = 8, batch = 1, iters = 10, backward = 1;
   for (int i = 2; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--backend") == 0) {
@@ -233,6 +334,10 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[i], "--timeline") == 0) {
       timeline = argv[i + 1];
+      continue;
+    }
+    if (strcmp(argv[i], "--kernel-times") == 0) {
+      kernel_times_path = argv[i + 1];
       continue;
     }
     long long *dst = strcmp(argv[i], "--n") == 0          ? &n
@@ -277,8 +382,9 @@ int main(int argc, char **argv) {
   }
   double single_fwd = 0, single_bwd = 0;
   char device[128] = "";
+  kt_job kt = {.path = kernel_times_path, .config = config, .backend = backend};
   if (single_device(backend, g, &cfg, batch, n, in[0], in[1], in[2], in[3], (int)iters,
-                    &single_fwd, &single_bwd, device, sizeof device, &err) != RDA_OK)
+                    &single_fwd, &single_bwd, device, sizeof device, &kt, &err) != RDA_OK)
     goto done;
   enum { TRACE_STEPS = 4096 };
   if (trace != NULL) traces = calloc((size_t)ranks, sizeof *traces);
@@ -320,10 +426,16 @@ int main(int argc, char **argv) {
          "\"n\": %lld, \"batch\": %lld, \"ranks\": %lld, \"layout\": \"%s\", \"iters\": %lld, "
          "\"fwd_single_ms\": %.4f, \"fwd_ring_ms\": %.4f, \"fwd_ratio\": %.3f, "
          "\"bwd_single_ms\": %.4f, \"bwd_ring_ms\": %.4f, \"bwd_ratio\": %.3f, "
-         "\"passes\": \"%s\", \"bytes_sent_all_ranks\": %llu, \"peak_ring_bytes\": %llu}\n",
+         "\"passes\": \"%s\", \"bytes_sent_all_ranks\": %llu, \"peak_ring_bytes\": %llu",
          config, device, backend, n, batch, ranks, layout_name, iters, single_fwd * 1e3,
          job.fwd_s * 1e3, job.fwd_s / single_fwd, single_bwd * 1e3, job.bwd_s * 1e3,
          backward ? job.bwd_s / single_bwd : 0.0, backward ? "fwd+bwd" : "fwd", sent, peak);
+  /* With --kernel-times: the profiled pass's sums over its kernels (not the timed passes'). */
+  if (kernel_times_path != NULL) {
+    printf(", \"fwd_kernels_ms\": %.4f", kt.fwd_ms);
+    if (backward) printf(", \"bwd_kernels_ms\": %.4f", kt.bwd_ms);
+  }
+  printf("}\n");
   rc = 0;
 done:
   if (rc != 0) fprintf(stderr, "rda_bench_ring: error: %s\n", err.msg);

@@ -17,7 +17,9 @@
 #   CUDAToolkit_ROOT      the CUDA toolkit (default: detected, see find_cuda)
 # Files under $OUT (at most 8 come back from a device call): session.log (everything),
 # results.jsonl (a header, one record per step and test, every benchmark's JSON line), env.txt
-# (device, driver, tools, paths, commit), build.log, ctest.log, ring_sim.txt, ring_timeline.json.
+# (device, driver, tools, paths, commit), build.log, ctest.log, ring_sim.txt, ring_timeline.json,
+# kernel_times.jsonl (per-kernel device times of the d128 backward bench, one line for the
+# mma.sync run and one for the wgmma run: bench/bench_ring.c --kernel-times appends).
 set -uo pipefail
 SELF=$(readlink -f "$0")
 cd "$(dirname "$SELF")/.." || exit 1
@@ -416,11 +418,14 @@ if want_phase bench; then
     bench_json bench_fwd_wgmma 60 170 env RDA_WGMMA=1 "$BUILD/rda_bench_fwd" bench/target_d128.lua \
       --n 65536
     # The issue-4 target's backward on one device (a one-rank ring reports the single-device
-    # passes too), mma.sync and then with the wgmma dQ.
+    # passes too), mma.sync and then with the wgmma dK/dV and dQ; each also times its kernels
+    # (one line each in kernel_times.jsonl, emptied first: a rerun into the same $OUT appends).
+    : >"$OUT/kernel_times.jsonl"
     bench_json bench_bwd_d128 60 170 "$BUILD/rda_bench_ring" bench/target_d128.lua --n 65536 \
-      --ranks 1 --backward 1 --iters 5
+      --ranks 1 --backward 1 --iters 5 --kernel-times "$OUT/kernel_times.jsonl"
     bench_json bench_bwd_d128_wgmma 60 170 env RDA_WGMMA=1 "$BUILD/rda_bench_ring" \
-      bench/target_d128.lua --n 65536 --ranks 1 --backward 1 --iters 5
+      bench/target_d128.lua --n 65536 --ranks 1 --backward 1 --iters 5 \
+      --kernel-times "$OUT/kernel_times.jsonl"
     # PyTorch with the loader path it came with (the toolkit's CUDA libraries must not shadow
     # its wheels').
     bench_json sdpa_baseline 75 110 env PYTHONUNBUFFERED=1 LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" \
