@@ -143,47 +143,40 @@ T.test("emission is deterministic", function()
   assert(emit.cast_source("bf16") == emit.cast_source("bf16"), "cast")
 end)
 
-T.test("the dQ wgmma path is spelled _wg (before a twin's _kt), one block per SM", function()
-  local q = { head_dim = 128, dtype = "bf16", causal = true, dilated = true, block_m = 128,
-              block_n = 64, warps = 8, stages = 2, smem_bytes = 131072 }
-  local base = emit.bwd_dq_source(q)
-  testing.contains(base, "static constexpr bool wgmma = false;")
-  assert(not base:find("__launch_bounds__(256, 1)", 1, true), "mma.sync states no block count")
-  q.wgmma = true
-  assert(emit.bwd_dq_name(q) == "rda_bwd_dq_d128_bf16_causal_dil_bm128_bn64_w8_s2_wg",
-         emit.bwd_dq_name(q))
-  local s = emit.bwd_dq_source(q)
-  testing.contains(s, "static constexpr bool wgmma = true;")
-  testing.contains(s, "__launch_bounds__(256, 1)")
-  q.kv_table = true
-  assert(emit.bwd_dq_name(q) == "rda_bwd_dq_d128_bf16_causal_dil_bm128_bn64_w8_s2_wg_kt",
-         emit.bwd_dq_name(q))
-  q.kv_table, q.wgmma = nil, 1
-  testing.contains(testing.raises(emit.bwd_dq_name, q), "wgmma")
-end)
-
-T.test("the dK/dV wgmma path is spelled _wg (before a twin's _kt), one block per SM", function()
-  local v = { head_dim = 128, dtype = "bf16", causal = true, dilated = true, block_n = 128,
-              block_m = 64, warps = 8, stages = 2, dsplit = 1, smem_bytes = 133120 }
-  local base = emit.bwd_dkdv_source(v)
-  testing.contains(base, "static constexpr bool wgmma = false;")
-  assert(not base:find("__launch_bounds__(256, 1)", 1, true), "mma.sync states no block count")
-  v.wgmma = true
-  assert(emit.bwd_dkdv_name(v) == "rda_bwd_dkdv_d128_bf16_causal_dil_bn128_bm64_w8_s2_x1_wg",
-         emit.bwd_dkdv_name(v))
-  local s = emit.bwd_dkdv_source(v)
-  testing.contains(s, "static constexpr bool wgmma = true;")
-  testing.contains(s, "__launch_bounds__(256, 1)")
-  v.kv_table = true
-  assert(emit.bwd_dkdv_name(v) == "rda_bwd_dkdv_d128_bf16_causal_dil_bn128_bm64_w8_s2_x1_wg_kt",
-         emit.bwd_dkdv_name(v))
-  v.kv_table = nil
+T.test("the backward wgmma paths are spelled _wg (before a twin's _kt), one block per SM",
+       function()
+  local cases = {
+    { name = emit.bwd_dq_name, source = emit.bwd_dq_source,
+      want = "rda_bwd_dq_d128_bf16_causal_dil_bm128_bn64_w8_s2_wg",
+      v = { head_dim = 128, dtype = "bf16", causal = true, dilated = true, block_m = 128,
+            block_n = 64, warps = 8, stages = 2, smem_bytes = 131072 } },
+    { name = emit.bwd_dkdv_name, source = emit.bwd_dkdv_source,
+      want = "rda_bwd_dkdv_d128_bf16_causal_dil_bn128_bm64_w8_s2_x1_wg",
+      v = { head_dim = 128, dtype = "bf16", causal = true, dilated = true, block_n = 128,
+            block_m = 64, warps = 8, stages = 2, dsplit = 1, smem_bytes = 133120 } },
+  }
+  for _, c in ipairs(cases) do
+    local v = c.v
+    local base = c.source(v)
+    testing.contains(base, "static constexpr bool wgmma = false;")
+    assert(not base:find("__launch_bounds__(256, 1)", 1, true), "mma.sync states no block count")
+    v.wgmma = true
+    assert(c.name(v) == c.want, c.name(v))
+    local s = c.source(v)
+    testing.contains(s, "static constexpr bool wgmma = true;")
+    testing.contains(s, "__launch_bounds__(256, 1)")
+    v.kv_table = true
+    assert(c.name(v) == c.want .. "_kt", c.name(v))
+    v.kv_table, v.wgmma = nil, "yes"
+    testing.contains(testing.raises(c.name, v), "wgmma must be a boolean")
+    v.wgmma = true
+  end
+  -- dK/dV: the wgmma path has no dq_atomic and no dsplit.
+  local v = cases[2].v
   v.dq_atomic = true
   testing.contains(testing.raises(emit.bwd_dkdv_name, v), "no dq_atomic")
   v.dq_atomic, v.dsplit = nil, 2
   testing.contains(testing.raises(emit.bwd_dkdv_name, v), "dsplit 1")
-  v.dsplit, v.wgmma = 1, "yes"
-  testing.contains(testing.raises(emit.bwd_dkdv_name, v), "wgmma must be a boolean")
 end)
 
 T.test("bad variants are rejected", function()
