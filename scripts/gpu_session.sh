@@ -358,10 +358,13 @@ if want_phase tests; then
   run_step ctest 330 "$BENCH_RESERVE" "$OUT/ctest.log" \
     ctest --test-dir "$BUILD" -R "^($re)\$" -j "$ntests" -V --stop-time "$stop_at"
   grep -E '^ *[0-9]+/[0-9]+ Test +#|tests passed|tests failed|Errors while running' "$OUT/ctest.log"
-  # The whole forward matrix once more with the sm_90a wgmma path on (its d = 64 and 128 cases
-  # take wgmma tiles; test_fwd's own wgmma cases ran above either way).
-  if [ -n "$GPU_NAME" ] && [ -x "$BUILD/test_fwd" ]; then
-    run_step test_fwd_wgmma 120 "$BENCH_RESERVE" "$OUT/ctest.log" env RDA_WGMMA=1 "$BUILD/test_fwd"
+  # The whole forward and backward matrices once more with the sm_90a wgmma path on (their
+  # d = 64 and 128 cases take wgmma tiles; their own wgmma cases ran above either way).
+  if [ -n "$GPU_NAME" ]; then
+    for t in test_fwd test_bwd; do
+      [ -x "$BUILD/$t" ] && run_step "${t}_wgmma" 120 "$BENCH_RESERVE" "$OUT/ctest.log" \
+        env RDA_WGMMA=1 "$BUILD/$t"
+    done
   fi
   # One record per test: result, time, cmocka's skipped count, the first failure line.
   python3 - "$OUT/ctest.log" $TESTS >>"$RESULTS" <<'EOF' || warn "could not summarize ctest.log"

@@ -42,7 +42,9 @@ int rt_wgmma_runs_on(const rt_backend *be, const char *what);
 
 /* Fails the test `what` unless every variant of `plan` of kind `kind` ("fwd", "bwd_dkdv",
  * "bwd_dq") is a wgmma one ("_wg") exactly when `wgmma`: a wgmma case planned on mma.sync tests
- * nothing. The atomic-dQ dK/dV variants ("_qa"), which have no wgmma path, must never be. */
+ * nothing. The atomic-dQ dK/dV variants ("_qa"), which have no wgmma path, must never be. With
+ * RDA_WGMMA=1 in the environment a case that did not ask (wgmma 0) is not checked: the switch
+ * gives it wgmma variants wherever the tile space has them. */
 void rt_check_wgmma_plan(const rda_plan_k *plan, const char *kind, int wgmma, const char *what);
 
 /* Device memory calls that fail the running test with "<backend> alloc: <error>" etc. */
