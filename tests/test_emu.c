@@ -477,6 +477,127 @@ static void test_emu_wgmma_missing_fence_or_wait_traps(void **state) {
   }
 }
 
+/* wgmma's .sync.aligned rule: every warp of a warpgroup issues the same sequence. A kernel of
+ * three steps (fence, one m64n64k16 from A and B of bf16 1.0, commit, wait; step s's B 2048
+ * bytes further, so each step's descriptor differs), in which warp p.n deviates by p.op:
+ * 0 none, 1 skips step 1, 2 runs the steps from the other instantiation of step (a second
+ * call site, same descriptors), 3 issues a fourth step, 4 lanes 16..31 add a wgmma_fence.
+ * out0: thread t's d (32 floats at 32 t), each 48 when all three steps ran. */
+static char g_src_wgmma_div[] =
+    "#include \"ptx.cuh\"\n"
+    "struct emu_test_params {\n"
+    "  const void *in0, *in1, *in2;\n"
+    "  void *out0, *out1;\n"
+    "  long long n;\n"
+    "  int op;\n"
+    "  int pad;\n"
+    "};\n"
+    "template <bool Alt>\n"
+    "__device__ __noinline__ void step(float (&d)[8][4], uint32_t base, int s, float *note) {\n"
+    "  const uint64_t adesc = rda::smem_desc(base, 128, 256, 0);\n"
+    "  const uint64_t bdesc = rda::smem_desc(base + 2048u * (1u + s), 128, 256, 0);\n"
+    "  rda::wgmma_fence();\n"
+    "  rda::wgmma_ss<64, RDA_DTYPE_BF16, false>(d, adesc, bdesc, true);\n"
+    "  rda::wgmma_commit();\n"
+    "  rda::wgmma_wait<0>();\n"
+    "  if (Alt) *note += 1.0f;\n"
+    "}\n"
+    "extern \"C\" __global__ void emu_wgmma_div(const emu_test_params p) {\n"
+    "  unsigned char *smem = rda::dynamic_smem();\n"
+    "  for (int i = threadIdx.x; i < 5 * 1024; i += blockDim.x)\n"
+    "    reinterpret_cast<uint16_t *>(smem)[i] = 0x3f80;\n"
+    "  rda::fence_proxy_async_smem();\n"
+    "  rda::sync_threads();\n"
+    "  const bool odd = static_cast<long long>(threadIdx.x / 32) == p.n;\n"
+    "  const uint32_t base = rda::smem_addr(smem);\n"
+    "  float d[8][4] = {};\n"
+    "  float note = 0.0f;\n"
+    "  for (int s = 0; s < 3; ++s) {\n"
+    "    if (p.op == 1 && odd && s == 1) continue;\n"
+    "    if (p.op == 2 && odd)\n"
+    "      step<true>(d, base, s, &note);\n"
+    "    else\n"
+    "      step<false>(d, base, s, &note);\n"
+    "  }\n"
+    "  if (p.op == 3 && odd) step<false>(d, base, 3, &note);\n"
+    "  if (p.op == 4 && odd && threadIdx.x % 32 >= 16) rda::wgmma_fence();\n"
+    "  float *out = static_cast<float *>(p.out0) + 32 * threadIdx.x;\n"
+    "  for (int i = 0; i < 8; ++i)\n"
+    "    for (int e = 0; e < 4; ++e) out[4 * i + e] = d[i][e] + note;\n"
+    "}\n"
+    "RDA_EMU_EXPORT(emu_wgmma_div, emu_test_params)\n";
+
+/* Runs the divergence kernel (blocks x threads); returns the launch status, err filled. */
+static rda_status run_wgmma_div(int op, int odd_warp, unsigned blocks, unsigned threads, float *out,
+                                rda_err *err) {
+  emu_test_params p = {.out0 = out, .n = odd_warp, .op = op};
+  memset(err, 0, sizeof *err);
+  return run3("emu_wgmma_div", g_src_wgmma_div, blocks, 1, 1, threads, 1, 1, 5 * 2048, &p, err);
+}
+
+static void expect_divergence(int op, int odd_warp, unsigned threads, const char *const *want) {
+  static float out[256 * 32];
+  rda_err err;
+  const rda_status st = run_wgmma_div(op, odd_warp, 1, threads, out, &err);
+  int ok = st != RDA_OK;
+  for (int i = 0; want[i] != NULL && ok; ++i) ok = strstr(err.msg, want[i]) != NULL;
+  if (!ok) {
+    fprintf(stderr, "wgmma divergence op %d (warp %d): got status %d \"%s\", want", op, odd_warp,
+            (int)st, err.msg);
+    for (int i = 0; want[i] != NULL; ++i) fprintf(stderr, " \"%s\"", want[i]);
+    fputc('\n', stderr);
+    fail();
+  }
+}
+
+/* Convergent warpgroups pass (several blocks, two warpgroups, result exact); each way of
+ * diverging traps with the warpgroup, the instruction and both warps; and a later convergent
+ * launch on the same workers passes again (the per-block state starts fresh). */
+static void test_emu_wgmma_divergent_warps_trap(void **state) {
+  (void)state;
+  static float out[256 * 32];
+  rda_err err;
+  for (int round = 0; round < 2; ++round) {
+    for (size_t i = 0; i < sizeof out / sizeof *out; ++i) out[i] = -1.0f;
+    if (run_wgmma_div(0, -1, 3, 256, out, &err) != RDA_OK) {
+      fprintf(stderr, "convergent wgmma kernel: %s\n", err.msg);
+      fail();
+    }
+    for (size_t i = 0; i < sizeof out / sizeof *out; ++i)
+      if (out[i] != 48.0f) {
+        fprintf(stderr, "convergent wgmma kernel: out[%zu] = %g, want 48\n", i, out[i]);
+        fail();
+      }
+    if (round == 1) break;
+    /* warp 1 skips step 1: at #5 (step 2's mma) it issues step 3's B descriptor (B at 6144
+     * bytes: 0x180) where the warp that came first (any: the scheduler's order) issued step
+     * 2's (4096: 0x100) */
+    const char *const skip[] = {
+        "warps of warpgroup 0 diverge at instruction #5",
+        "issued wgmma.mma_async n64 bf16 accumulate A desc 0x1000080000 B desc 0x1000080100 at",
+        "warp 1 lane 0 wgmma.mma_async n64 bf16 accumulate A desc 0x1000080000 B desc "
+        "0x1000080180 at",
+        "thread (32,0,0)", NULL};
+    expect_divergence(1, 1, 128, skip);
+    /* the same in the second warpgroup */
+    const char *const skip1[] = {"warps of warpgroup 1 diverge at instruction #5",
+                                 "warp 6 lane 0 wgmma.mma_async", NULL};
+    expect_divergence(1, 6, 256, skip1);
+    /* the same op and descriptors from another call site: the first fence differs */
+    const char *const site[] = {"warps of warpgroup 0 diverge at instruction #0",
+                                "issued wgmma.fence at 0x", "warp 2 lane 0 wgmma.fence at 0x",
+                                NULL};
+    expect_divergence(2, 2, 128, site);
+    /* a fourth step in warp 3: 12 against 16 instructions, found at block end */
+    const char *const extra[] = {"warps of warpgroup 0 diverge:", "issued 12 wgmma instructions",
+                                 "warp 3 lane 0 issued 16", "#12 is wgmma.fence", NULL};
+    expect_divergence(3, 3, 128, extra);
+    /* lanes 16..31 of warp 1 add a fence: lanes of one warp diverging are caught too */
+    const char *const lanes[] = {"warps of warpgroup 0 diverge:", "warp 1 lane 16 issued 13", NULL};
+    expect_divergence(4, 1, 128, lanes);
+  }
+}
+
 /* ------------------------------------------------------------------ ldmatrix */
 
 static void test_emu_ldmatrix_x4_and_trans_match_ptx_fragment_model(void **state) {
@@ -1069,8 +1190,7 @@ static void test_emu_cache_reuses_module_and_leaves_no_temp_files(void **state) 
     assert_non_null(d);
     for (struct dirent *e; (e = readdir(d)) != NULL;) {
       const size_t n = strlen(e->d_name);
-      if (n > 4 && strcmp(e->d_name + n - 4, ".rda") == 0)
-        so = rt_path(dir, e->d_name);
+      if (n > 4 && strcmp(e->d_name + n - 4, ".rda") == 0) so = rt_path(dir, e->d_name);
     }
     closedir(d);
   }
@@ -1134,6 +1254,7 @@ int main(void) {
       cmocka_unit_test(test_emu_wgmma_runs_at_the_wait),
       cmocka_unit_test(test_emu_wgmma_rate_and_result),
       cmocka_unit_test(test_emu_wgmma_missing_fence_or_wait_traps),
+      cmocka_unit_test(test_emu_wgmma_divergent_warps_trap),
       cmocka_unit_test(test_emu_ldmatrix_x4_and_trans_match_ptx_fragment_model),
       cmocka_unit_test(test_emu_shfl_xor_every_lane_mask),
       cmocka_unit_test(test_emu_pack_bf16x2_rounds_to_nearest_even),

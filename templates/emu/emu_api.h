@@ -42,6 +42,17 @@ void cp_async_wait(int pending_groups_allowed);
 void *thread_state(size_t bytes, void (*on_exit)(void *state));
 constexpr size_t kThreadStateMax = 16384;
 
+/* Per-block storage for models of warpgroup-wide instructions (wgmma_emu.h's divergence
+ * check): `bytes` (at most kBlockStateMax) bytes shared by every thread of the calling block,
+ * zero-filled at the block's first call; later calls in the block return the same storage and
+ * must pass the same size. on_exit (of the first call; may be null) runs with the storage once,
+ * after the block's last thread has returned (thread_state's on_exit hooks first), in that
+ * thread's context, so it may trap. The storage is dropped at block end (an abandoned block's
+ * too). The fibers of a block run on one OS thread and switch only inside block_barrier and
+ * warp_gather, so no locking is needed between the calls that do not block. */
+void *block_state(size_t bytes, void (*on_exit)(void *state));
+constexpr size_t kBlockStateMax = size_t(1) << 20;
+
 /* Report a device-side failure (like a trap): the launch fails with this message. */
 [[noreturn]] void trap(const char *what);
 

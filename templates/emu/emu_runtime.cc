@@ -235,6 +235,11 @@ struct Worker {
   int barrier_arrived = 0;
   int live = 0;
   size_t smem_bytes = 0;
+  /* block_state's storage: live once a thread of the block asked for it. */
+  std::vector<unsigned char> block_model;
+  size_t block_model_bytes = 0;
+  bool block_model_live = false;
+  void (*block_model_exit)(void *) = nullptr;
   Fiber *cur = nullptr;
   Ctx main;
 
@@ -423,6 +428,10 @@ static void wait_here(Worker *w, Fiber *f) {
   f->cp_groups.clear();
   f->cp_head = f->group_head = 0;
   if (--w->live == 0) {
+    /* The block's last thread: block_state's hook may still trap in this thread's context. */
+    if (w->block_model_live && w->block_model_exit != nullptr)
+      w->block_model_exit(w->block_model.data());
+    w->block_model_live = false;
     w->cur = nullptr;
     jump(&f->ctx, &w->main, true);
     __builtin_unreachable();
@@ -522,6 +531,8 @@ static void run_block(Worker *w, long long b) {
   w->stacks_dirty = false;
   w->barrier_arrived = 0;
   w->live = w->nthreads;
+  w->block_model_live = false; /* also after an abandoned block */
+  w->block_model_exit = nullptr;
   for (int j = 0; j < w->nwarps; ++j) {
     Warp &wp = w->warps[j];
     wp.size = w->nthreads - 32 * j < 32 ? w->nthreads - 32 * j : 32;
@@ -801,6 +812,22 @@ void *thread_state(size_t bytes, void (*on_exit)(void *state)) {
     trap("thread_state: asked for a different size than before in this block");
   }
   return f->model.data();
+}
+
+void *block_state(size_t bytes, void (*on_exit)(void *state)) {
+  detail::Worker *w = detail::tls_worker;
+  (void)detail::current_fiber(); /* aborts outside a launch */
+  if (!w->block_model_live) {
+    if (bytes == 0 || bytes > kBlockStateMax) trap("block_state: size out of range");
+    if (w->block_model.size() < bytes) w->block_model.resize(bytes);
+    std::memset(w->block_model.data(), 0, bytes);
+    w->block_model_bytes = bytes;
+    w->block_model_exit = on_exit;
+    w->block_model_live = true;
+  } else if (bytes != w->block_model_bytes) {
+    trap("block_state: asked for a different size than before in this block");
+  }
+  return w->block_model.data();
 }
 
 [[noreturn]] void trap(const char *what) {

@@ -64,7 +64,33 @@
  * only for a kernel that issues after a wait without touching any accumulator); a thread that
  * exits with operations pending; more than kMaxOps pending or kMaxGroups open groups
  * (emulator limits). Uncommitted operations are not executed by a wait (the docs: wait_group
- * waits for committed groups only). fence_proxy_async is a no-op (the emulator has one proxy). */
+ * waits for committed groups only). fence_proxy_async is a no-op (the emulator has one proxy).
+ *
+ * Convergence (PTX ISA: wgmma.fence, mma_async, commit_group and wait_group are .sync.aligned:
+ * all 128 threads of the warpgroup execute the same instruction, in conditional code only if
+ * the condition is uniform over the warpgroup; otherwise undefined, a hang on an H100). Every
+ * thread numbers its .aligned wgmma instructions (fence, mma_ss, mma_rs, commit, wait; not
+ * fence_proxy_async) and describes each by an Insn: the kind, N and flags (accumulate, bf16,
+ * trans-b), mma_ss's A and B descriptors, mma_rs's B descriptor (A is per warp), the wait
+ * count, and the call site: __builtin_return_address(0) of the non-inlined entry point, an
+ * address in the kernel's code (ptx.cuh's wrappers are inlined or tail-call it), so two call
+ * sites of one op (e.g. a step's Mask = true and Mask = false instantiations) differ. Per
+ * warpgroup, in block_state, a ring of kRing slots {index, thread, Insn}: the first thread to
+ * reach instruction #i writes slot i % kRing, every later thread of the warpgroup (each lane,
+ * so lanes of one warp are checked too) compares and traps on a mismatch ("wgmma: warps of
+ * warpgroup G diverge at instruction #i: ..."); a slot holding a larger index means this
+ * thread is more than kRing instructions behind (unchecked; the scheduler runs a warp up to
+ * its next barrier or warp collective before the next warp, so warps are normally far fewer
+ * than kRing instructions apart). At block end every thread's total count must equal its
+ * warpgroup's (threads that never issued count 0): a warp that skipped all its steps, or
+ * added steps at the end, traps there ("wgmma: warps of warpgroup G diverge: warp A lane a
+ * issued n wgmma instructions, warp B lane b issued m; #k is ..."). Threads that never issue
+ * wgmma cost nothing; a block that does pays one zero-fill of its rings (about 41 KB per
+ * warpgroup). The site comparison assumes
+ * the compiler does not duplicate a call site into two paths that warps of one warpgroup take
+ * differently (a per-warp branch around it): for such a false report, build kernels with
+ * RDA_EMU_CXXFLAGS=-DRDA_EMU_WGMMA_SITES=0 (sites not compared; the rest still is). Without
+ * inlining (-O0) every site is the wrapper's: call sites are then not told apart. */
 #ifndef RDA_WGMMA_EMU_H
 #define RDA_WGMMA_EMU_H
 
@@ -72,7 +98,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "emu_api.h"
+#include "emu_runtime.h" /* emu_api.h, and blockDim for block_state's size */
 
 namespace rda_emu {
 namespace wgmma {
@@ -88,11 +114,123 @@ struct Op {
   bool accumulate, bf16, trans_b, rs;
 };
 
+#ifndef RDA_EMU_WGMMA_SITES
+#define RDA_EMU_WGMMA_SITES 1
+#endif
+
+/* ------------------------------------------------------------------ convergence check */
+
+enum Kind : uint8_t { kFence = 1, kMmaSS, kMmaRS, kCommit, kWait };
+
+/* One .aligned wgmma instruction as the whole warpgroup must issue it. */
+struct Insn {
+  uint64_t adesc, bdesc; /* mma_ss: both; mma_rs: bdesc; else 0 */
+  const void *site;      /* the call site (null when RDA_EMU_WGMMA_SITES is 0) */
+  uint32_t arg;          /* mma: N | accumulate << 16 | bf16 << 17 | trans_b << 18; wait: n */
+  uint8_t kind;
+};
+
+constexpr int kRing = 1024; /* instructions a thread may lag its warpgroup's first and be checked */
+
+struct Slot {
+  uint32_t index1; /* instruction index + 1; 0: empty */
+  uint32_t thread; /* linear thread index in the block of the thread that wrote it */
+  Insn insn;
+};
+
+struct Group {
+  Slot ring[kRing];
+  uint32_t count[128]; /* each thread's total, written when it exits */
+};
+
+/* block_state: this header, then one Group per warpgroup. */
+struct Block {
+  uint32_t nthreads, ngroups;
+};
+
+constexpr size_t kGroupsAt = (sizeof(Block) + alignof(Group) - 1) / alignof(Group) * alignof(Group);
+
+inline Group *group_at(Block *b, uint32_t g) {
+  return reinterpret_cast<Group *>(reinterpret_cast<unsigned char *>(b) + kGroupsAt +
+                                   sizeof(Group) * g);
+}
+
+inline bool same(const Insn &a, const Insn &b) {
+  return a.kind == b.kind && a.arg == b.arg && a.adesc == b.adesc && a.bdesc == b.bdesc &&
+         a.site == b.site;
+}
+
+inline void describe(const Insn &in, char *out, size_t cap) {
+  const char *dt = (in.arg >> 17) & 1u ? "bf16" : "f16";
+  const char *acc = (in.arg >> 16) & 1u ? " accumulate" : "";
+  const char *tb = (in.arg >> 18) & 1u ? " trans-b" : "";
+  const unsigned n = in.arg & 0xffffu;
+  switch (in.kind) {
+    case kFence: snprintf(out, cap, "wgmma.fence"); break;
+    case kCommit: snprintf(out, cap, "wgmma.commit_group"); break;
+    case kWait: snprintf(out, cap, "wgmma.wait_group %u", in.arg); break;
+    case kMmaSS:
+      snprintf(out, cap, "wgmma.mma_async n%u %s%s%s A desc %#llx B desc %#llx", n, dt, acc, tb,
+               static_cast<unsigned long long>(in.adesc),
+               static_cast<unsigned long long>(in.bdesc));
+      break;
+    case kMmaRS:
+      snprintf(out, cap, "wgmma.mma_async n%u %s%s%s A regs B desc %#llx", n, dt, acc, tb,
+               static_cast<unsigned long long>(in.bdesc));
+      break;
+    default: snprintf(out, cap, "nothing (exited)"); break;
+  }
+  if (in.site != nullptr && in.kind != 0) {
+    const size_t len = strlen(out);
+    snprintf(out + len, cap - len, " at %p", in.site);
+  }
+}
+
+/* Block end: every thread of a warpgroup issued as many wgmma instructions. */
+inline void on_block_exit(void *p) {
+  Block *b = static_cast<Block *>(p);
+  for (uint32_t g = 0; g < b->ngroups; ++g) {
+    const Group *gr = group_at(b, g);
+    const uint32_t n = b->nthreads - 128 * g < 128 ? b->nthreads - 128 * g : 128;
+    for (uint32_t t = 1; t < n; ++t) {
+      if (gr->count[t] == gr->count[0]) continue;
+      /* the first instruction the shorter one lacks, if the ring still holds it */
+      const uint32_t lo = gr->count[t] < gr->count[0] ? gr->count[t] : gr->count[0];
+      const Slot &sl = gr->ring[lo % kRing];
+      char what[200] = "";
+      if (sl.index1 == lo + 1) {
+        char d[160];
+        describe(sl.insn, d, sizeof d);
+        snprintf(what, sizeof what, "; #%u is %s", lo, d);
+      }
+      char msg[400];
+      snprintf(msg, sizeof msg,
+               "wgmma: warps of warpgroup %u diverge: warp %u lane %u issued %u wgmma "
+               "instructions, warp %u lane %u issued %u%s (.sync.aligned: every thread of a "
+               "warpgroup issues the same sequence)",
+               g, 4 * g, 0u, gr->count[0], 4 * g + t / 32, t % 32, gr->count[t], what);
+      trap(msg);
+    }
+  }
+}
+
+inline Block *block() {
+  const unsigned *bd = detail::block_dim();
+  const uint32_t nthreads = bd[0] * bd[1] * bd[2], ngroups = (nthreads + 127) / 128;
+  Block *b = static_cast<Block *>(block_state(kGroupsAt + sizeof(Group) * ngroups, on_block_exit));
+  b->nthreads = nthreads;
+  b->ngroups = ngroups;
+  return b;
+}
+
 struct State {
   uint32_t head, tail;   /* ops[head % kMaxOps .. tail % kMaxOps): issued, pending */
   uint32_t ghead, gtail; /* group_end[ghead .. gtail): committed groups, by end index */
   uint32_t group_end[kMaxGroups];
   bool fenced;
+  uint32_t issued; /* .aligned wgmma instructions so far */
+  uint32_t thread; /* linear index in the block */
+  Group *group;    /* this thread's warpgroup's, null until the first instruction */
   Op ops[kMaxOps];
 };
 
@@ -108,10 +246,50 @@ inline void on_thread_exit(void *p) {
              s->tail - s->head, s->gtail - s->ghead);
     trap(msg);
   }
+  if (s->group != nullptr) s->group->count[s->thread % 128] = s->issued;
 }
 
 inline State *state() {
   return static_cast<State *>(thread_state(sizeof(State), on_thread_exit));
+}
+
+/* Numbers the calling thread's next .aligned instruction and checks it against its
+ * warpgroup's ring (see the top comment). */
+inline void note(State *s, const Insn &in) {
+  if (s->group == nullptr) {
+    s->thread = static_cast<uint32_t>(32 * warp() + lane());
+    s->group = group_at(block(), s->thread / 128);
+  }
+  const uint32_t i = s->issued++;
+  Slot &sl = s->group->ring[i % kRing];
+  if (sl.index1 < i + 1) {
+    sl.index1 = i + 1;
+    sl.thread = s->thread;
+    sl.insn = in;
+  } else if (sl.index1 == i + 1 && !same(sl.insn, in)) {
+    char first[160], mine[160], msg[480];
+    describe(sl.insn, first, sizeof first);
+    describe(in, mine, sizeof mine);
+    snprintf(msg, sizeof msg,
+             "wgmma: warps of warpgroup %u diverge at instruction #%u: warp %u lane %u issued "
+             "%s, warp %u lane %u %s",
+             s->thread / 128, i, sl.thread / 32, sl.thread % 32, first, s->thread / 32,
+             s->thread % 32, mine);
+    trap(msg);
+  }
+}
+
+inline Insn insn(uint8_t kind, const void *site) {
+  Insn in;
+  memset(&in, 0, sizeof in);
+  in.kind = kind;
+  in.site = RDA_EMU_WGMMA_SITES ? site : nullptr;
+  return in;
+}
+
+inline uint32_t mma_arg(int n, bool accumulate, bool bf16, bool trans_b) {
+  return static_cast<uint32_t>(n) | (accumulate ? 1u << 16 : 0u) | (bf16 ? 1u << 17 : 0u) |
+         (trans_b ? 1u << 18 : 0u);
 }
 
 inline uint32_t smem_addr(const void *p) {
@@ -282,20 +460,28 @@ inline void execute_op(const Op &op) {
 
 inline void fence_proxy_async() {}
 
-inline void fence() {
-  state()->fenced = true;
+/* The .aligned instructions' entry points are not inlined: their return address is the call
+ * site in the kernel (see the top comment). */
+__attribute__((noinline)) inline void fence() {
+  State *s = state();
+  note(s, insn(kFence, __builtin_return_address(0)));
+  s->fenced = true;
 }
 
-inline void commit() {
+__attribute__((noinline)) inline void commit() {
   State *s = state();
+  note(s, insn(kCommit, __builtin_return_address(0)));
   if (s->gtail - s->ghead >= static_cast<uint32_t>(kMaxGroups))
     trap("wgmma: more than 32 committed groups pending (emulator limit; wait sooner)");
   s->group_end[s->gtail++ % kMaxGroups] = s->tail;
 }
 
-inline void wait(int n) {
+__attribute__((noinline)) inline void wait(int n) {
   if (n < 0) trap("wgmma.wait_group with a negative count");
   State *s = state();
+  Insn in = insn(kWait, __builtin_return_address(0));
+  in.arg = static_cast<uint32_t>(n);
+  note(s, in);
   while (s->gtail - s->ghead > static_cast<uint32_t>(n)) {
     const uint32_t end = s->group_end[s->ghead++ % kMaxGroups];
     for (; s->head != end; ++s->head) execute_op(s->ops[s->head % kMaxOps]);
@@ -322,16 +508,26 @@ inline Op *issue(State *s, float *d, int n, uint64_t adesc, uint64_t bdesc, bool
   return op;
 }
 
-inline void mma_ss(float *d, int n, uint64_t adesc, uint64_t bdesc, bool accumulate, bool bf16,
-                   bool trans_b) {
-  issue(state(), d, n, adesc, bdesc, accumulate, bf16, trans_b, false);
+__attribute__((noinline)) inline void mma_ss(float *d, int n, uint64_t adesc, uint64_t bdesc,
+                                             bool accumulate, bool bf16, bool trans_b) {
+  State *s = state();
+  Insn in = insn(kMmaSS, __builtin_return_address(0));
+  in.adesc = adesc;
+  in.bdesc = bdesc;
+  in.arg = mma_arg(n, accumulate, bf16, trans_b);
+  note(s, in);
+  issue(s, d, n, adesc, bdesc, accumulate, bf16, trans_b, false);
 }
 
 /* The warp's A fragments are gathered once at issue (the registers may change before the op
  * runs); lanes must agree on the operation, as the .aligned instruction requires. */
-inline void mma_rs(float *d, int n, const uint32_t *a, uint64_t bdesc, bool accumulate, bool bf16,
-                   bool trans_b) {
+__attribute__((noinline)) inline void mma_rs(float *d, int n, const uint32_t *a, uint64_t bdesc,
+                                             bool accumulate, bool bf16, bool trans_b) {
   State *s = state();
+  Insn in = insn(kMmaRS, __builtin_return_address(0));
+  in.bdesc = bdesc;
+  in.arg = mma_arg(n, accumulate, bf16, trans_b);
+  note(s, in);
   struct Deposit {
     uint32_t a[4];
     uint64_t bdesc;
@@ -339,8 +535,7 @@ inline void mma_rs(float *d, int n, const uint32_t *a, uint64_t bdesc, bool accu
   } mine;
   memcpy(mine.a, a, sizeof mine.a);
   mine.bdesc = bdesc;
-  mine.shape = static_cast<uint32_t>(n) | (accumulate ? 1u << 16 : 0u) | (bf16 ? 1u << 17 : 0u) |
-               (trans_b ? 1u << 18 : 0u);
+  mine.shape = in.arg;
   const unsigned char *slots = warp_gather(&mine, sizeof mine);
   const int l = lane(), g = l / 4;
   Op *op = issue(s, d, n, 0, bdesc, accumulate, bf16, trans_b, true);
