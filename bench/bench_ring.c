@@ -38,10 +38,11 @@ static int usage(void) {
           "  --timeline  after the timed passes, one more forward (and backward) pass timed on\n"
           "              the device: when each rank's stream reached each point, in ms after one\n"
           "              reference event; JSON to FILE, a summary per rank on stdout\n"
-          "  --kernel-times  after the timed passes, one more single-device forward (and\n"
-          "              backward) pass with a timed event pair around every kernel launch: per\n"
-          "              kernel variant its launches and summed device ms on stdout, and one\n"
-          "              JSON line appended to FILE (so several runs can share one file)\n");
+          "  --kernel-times  after the single-device timed passes (before the ring's), one more\n"
+          "              single-device forward (and backward) pass with a timed event pair\n"
+          "              around every kernel launch: per kernel variant its launches and summed\n"
+          "              device ms on stdout, and one JSON line appended to FILE (so several\n"
+          "              runs can share one file)\n");
   return 2;
 }
 

@@ -1304,5 +1304,6 @@ int main(void) {
       cmocka_unit_test(test_bwd_ranges_wgmma_compact_key_blocks),
       cmocka_unit_test(test_bwd_ranges_atomic_variant),
   };
-  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+  const int failed = cmocka_run_group_tests(tests, group_setup, group_teardown);
+  return failed + rt_wgmma_env_reached("test_bwd");
 }

@@ -535,12 +535,28 @@ static rda_status run_wgmma_div(int op, int odd_warp, unsigned blocks, unsigned 
   return run3("emu_wgmma_div", g_src_wgmma_div, blocks, 1, 1, threads, 1, 1, 5 * 2048, &p, err);
 }
 
+/* Whether the emulated kernels tell wgmma call sites apart: not when built with
+ * RDA_EMU_CXXFLAGS holding -O0 (the ptx.cuh wrappers stay calls) or RDA_EMU_WGMMA_SITES=0 (the
+ * documented way out of a false report); templates/emu/wgmma_emu.h. */
+static int wgmma_sites_on(void) {
+  const char *f = getenv("RDA_EMU_CXXFLAGS");
+  return f == NULL || (strstr(f, "-O0") == NULL && strstr(f, "RDA_EMU_WGMMA_SITES=0") == NULL);
+}
+
+/* Runs op on one block and requires a failed launch whose message holds every want[i]; without
+ * call sites, a want[i] ending in " at" (the site follows) is matched without that ending. */
 static void expect_divergence(int op, int odd_warp, unsigned threads, const char *const *want) {
   static float out[256 * 32];
   rda_err err;
   const rda_status st = run_wgmma_div(op, odd_warp, 1, threads, out, &err);
   int ok = st != RDA_OK;
-  for (int i = 0; want[i] != NULL && ok; ++i) ok = strstr(err.msg, want[i]) != NULL;
+  for (int i = 0; want[i] != NULL && ok; ++i) {
+    char w[256];
+    snprintf(w, sizeof w, "%s", want[i]);
+    const size_t n = strlen(w);
+    if (!wgmma_sites_on() && n > 3 && strcmp(w + n - 3, " at") == 0) w[n - 3] = '\0';
+    ok = strstr(err.msg, w) != NULL;
+  }
   if (!ok) {
     fprintf(stderr, "wgmma divergence op %d (warp %d): got status %d \"%s\", want", op, odd_warp,
             (int)st, err.msg);
@@ -587,7 +603,7 @@ static void test_emu_wgmma_divergent_warps_trap(void **state) {
     const char *const site[] = {"warps of warpgroup 0 diverge at instruction #0",
                                 "issued wgmma.fence at 0x", "warp 2 lane 0 wgmma.fence at 0x",
                                 NULL};
-    expect_divergence(2, 2, 128, site);
+    if (wgmma_sites_on()) expect_divergence(2, 2, 128, site);
     /* a fourth step in warp 3: 12 against 16 instructions, found at block end */
     const char *const extra[] = {"warps of warpgroup 0 diverge:", "issued 12 wgmma instructions",
                                  "warp 3 lane 0 issued 16", "#12 is wgmma.fence", NULL};

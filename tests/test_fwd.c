@@ -592,5 +592,6 @@ int main(void) {
       cmocka_unit_test(test_fwd_wgmma_matches_reference_causal_fp16_d64_block_offsets),
       cmocka_unit_test(test_fwd_rejects_misaligned_tensors),
   };
-  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+  const int failed = cmocka_run_group_tests(tests, group_setup, group_teardown);
+  return failed + rt_wgmma_env_reached("test_fwd");
 }

@@ -84,19 +84,32 @@ int rt_wgmma_runs_on(const rt_backend *be, const char *what) {
   return 0;
 }
 
+static int g_wgmma_plans; /* plans rt_check_wgmma_plan saw with wgmma variants */
+
 void rt_check_wgmma_plan(const rda_plan_k *plan, const char *kind, int wgmma, const char *what) {
   rda_err err = {0};
   const int env = rda_gen_wgmma_env(&err);
   if (env < 0) fail_msg("%s: %s", what, err.msg);
-  /* RDA_WGMMA=1 (scripts/gpu_session.sh reruns test_fwd and test_bwd so, to take the path
-   * wherever it applies): a case that did not ask may get wgmma variants too. */
-  if (env == 1 && !wgmma) return;
+  int any = 0;
+  for (int i = 0; i < plan->nvariants; ++i)
+    any |= strcmp(plan->variants[i].kind, kind) == 0 && strstr(plan->variants[i].name, "_wg");
+  /* RDA_WGMMA=1 (CTest's test_fwd_wgmma and test_bwd_wgmma, gpu_session.sh): a case that did
+   * not ask gets wgmma variants wherever the tile space has them, then all of the kind's. */
+  const int want_all = wgmma || (env == 1 && any);
   for (int i = 0; i < plan->nvariants; ++i) {
     const char *name = plan->variants[i].name;
-    const int want = wgmma != 0 && strstr(name, "_qa") == NULL;
+    const int want = want_all && strstr(name, "_qa") == NULL;
     if (strcmp(plan->variants[i].kind, kind) == 0 && (strstr(name, "_wg") != NULL) != want)
       fail_msg("%s: planned %s", what, name);
   }
+  g_wgmma_plans += any;
+}
+
+int rt_wgmma_env_reached(const char *suite) {
+  rda_err err = {0};
+  if (rda_gen_wgmma_env(&err) != 1 || g_wgmma_plans > 0) return 0;
+  fprintf(stderr, "%s: RDA_WGMMA=1, yet no case planned a wgmma variant\n", suite);
+  return 1;
 }
 
 void *rt_dev_alloc(rda_backend *b, size_t bytes) {

@@ -43,9 +43,14 @@ int rt_wgmma_runs_on(const rt_backend *be, const char *what);
 /* Fails the test `what` unless every variant of `plan` of kind `kind` ("fwd", "bwd_dkdv",
  * "bwd_dq") is a wgmma one ("_wg") exactly when `wgmma`: a wgmma case planned on mma.sync tests
  * nothing. The atomic-dQ dK/dV variants ("_qa"), which have no wgmma path, must never be. With
- * RDA_WGMMA=1 in the environment a case that did not ask (wgmma 0) is not checked: the switch
- * gives it wgmma variants wherever the tile space has them. */
+ * RDA_WGMMA=1 in the environment a case that did not ask (wgmma 0) gets wgmma variants wherever
+ * the tile space has them: then all of the kind's must be (the "_qa" ones still never). */
 void rt_check_wgmma_plan(const rda_plan_k *plan, const char *kind, int wgmma, const char *what);
+
+/* After a suite whose cases went through rt_check_wgmma_plan: with RDA_WGMMA=1, 1 (and a line
+ * on stderr naming `suite`) when none of them planned a wgmma variant, so a rerun meant to take
+ * the wgmma path cannot pass without it; else 0. */
+int rt_wgmma_env_reached(const char *suite);
 
 /* Device memory calls that fail the running test with "<backend> alloc: <error>" etc. */
 void *rt_dev_alloc(rda_backend *b, size_t bytes);
