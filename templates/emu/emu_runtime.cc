@@ -175,6 +175,26 @@ struct CpCopy {
   bool valid;
 };
 
+/* The storage of thread_state (one per fiber) and block_state (one per worker's block):
+ * zero-filled and live from the first request in a block, the same size on every later one,
+ * its exit hook run once by finish(). */
+struct ModelStore {
+  std::vector<unsigned char> data;
+  size_t bytes = 0;
+  bool live = false;
+  void (*exit)(void *) = nullptr;
+
+  void *get(size_t n, size_t max, void (*on_exit)(void *), const char *who);
+  void finish() {
+    if (live && exit != nullptr) exit(data.data());
+    reset();
+  }
+  void reset() {
+    live = false;
+    exit = nullptr;
+  }
+};
+
 struct Fiber {
   Ctx ctx;
   unsigned char *stack_lo = nullptr; /* lowest usable byte; the stack grows down from +size */
@@ -186,11 +206,7 @@ struct Fiber {
   size_t cp_head = 0;
   std::vector<size_t> cp_groups;
   size_t group_head = 0;
-  /* thread_state's storage: live once the thread asked for it in this block. */
-  std::vector<unsigned char> model;
-  size_t model_bytes = 0;
-  bool model_live = false;
-  void (*model_exit)(void *) = nullptr;
+  ModelStore model; /* thread_state's */
 };
 
 /* A warp's collective slots, double-buffered by generation parity: collective n + 1 cannot be
@@ -235,11 +251,7 @@ struct Worker {
   int barrier_arrived = 0;
   int live = 0;
   size_t smem_bytes = 0;
-  /* block_state's storage: live once a thread of the block asked for it. */
-  std::vector<unsigned char> block_model;
-  size_t block_model_bytes = 0;
-  bool block_model_live = false;
-  void (*block_model_exit)(void *) = nullptr;
+  ModelStore block_model; /* block_state's */
   Fiber *cur = nullptr;
   Ctx main;
 
@@ -413,7 +425,7 @@ static void wait_here(Worker *w, Fiber *f) {
   Worker *w = tls_worker;
   try {
     w->launch->body(w->launch->params);
-    if (f->model_live && f->model_exit != nullptr) f->model_exit(f->model.data());
+    f->model.finish();
   } catch (const std::exception &e) {
     fail(w->launch, "block (%u,%u,%u) thread (%u,%u,%u): C++ exception: %s", w->block_idx.x,
          w->block_idx.y, w->block_idx.z, f->tid.x, f->tid.y, f->tid.z, e.what());
@@ -429,9 +441,7 @@ static void wait_here(Worker *w, Fiber *f) {
   f->cp_head = f->group_head = 0;
   if (--w->live == 0) {
     /* The block's last thread: block_state's hook may still trap in this thread's context. */
-    if (w->block_model_live && w->block_model_exit != nullptr)
-      w->block_model_exit(w->block_model.data());
-    w->block_model_live = false;
+    w->block_model.finish();
     w->cur = nullptr;
     jump(&f->ctx, &w->main, true);
     __builtin_unreachable();
@@ -531,8 +541,7 @@ static void run_block(Worker *w, long long b) {
   w->stacks_dirty = false;
   w->barrier_arrived = 0;
   w->live = w->nthreads;
-  w->block_model_live = false; /* also after an abandoned block */
-  w->block_model_exit = nullptr;
+  w->block_model.reset(); /* also after an abandoned block */
   for (int j = 0; j < w->nwarps; ++j) {
     Warp &wp = w->warps[j];
     wp.size = w->nthreads - 32 * j < 32 ? w->nthreads - 32 * j : 32;
@@ -553,8 +562,7 @@ static void run_block(Worker *w, long long b) {
     f.cp.clear();
     f.cp_groups.clear();
     f.cp_head = f.group_head = 0;
-    f.model_live = false;
-    f.model_exit = nullptr;
+    f.model.reset();
     fiber_init(&f);
   }
   Fiber *first = &w->fibers[0];
@@ -799,35 +807,32 @@ void cp_async_wait(int pending_groups_allowed) {
   }
 }
 
-void *thread_state(size_t bytes, void (*on_exit)(void *state)) {
-  detail::Fiber *f = detail::current_fiber();
-  if (!f->model_live) {
-    if (bytes == 0 || bytes > kThreadStateMax) trap("thread_state: size out of range");
-    if (f->model.size() < bytes) f->model.resize(bytes);
-    std::memset(f->model.data(), 0, bytes);
-    f->model_bytes = bytes;
-    f->model_exit = on_exit;
-    f->model_live = true;
-  } else if (bytes != f->model_bytes) {
-    trap("thread_state: asked for a different size than before in this block");
+void *detail::ModelStore::get(size_t n, size_t max, void (*on_exit)(void *), const char *who) {
+  char msg[96];
+  if (!live) {
+    if (n == 0 || n > max) {
+      snprintf(msg, sizeof msg, "%s: size out of range", who);
+      trap(msg);
+    }
+    if (data.size() < n) data.resize(n);
+    std::memset(data.data(), 0, n);
+    bytes = n;
+    exit = on_exit;
+    live = true;
+  } else if (n != bytes) {
+    snprintf(msg, sizeof msg, "%s: asked for a different size than before in this block", who);
+    trap(msg);
   }
-  return f->model.data();
+  return data.data();
+}
+
+void *thread_state(size_t bytes, void (*on_exit)(void *state)) {
+  return detail::current_fiber()->model.get(bytes, kThreadStateMax, on_exit, "thread_state");
 }
 
 void *block_state(size_t bytes, void (*on_exit)(void *state)) {
-  detail::Worker *w = detail::tls_worker;
   (void)detail::current_fiber(); /* aborts outside a launch */
-  if (!w->block_model_live) {
-    if (bytes == 0 || bytes > kBlockStateMax) trap("block_state: size out of range");
-    if (w->block_model.size() < bytes) w->block_model.resize(bytes);
-    std::memset(w->block_model.data(), 0, bytes);
-    w->block_model_bytes = bytes;
-    w->block_model_exit = on_exit;
-    w->block_model_live = true;
-  } else if (bytes != w->block_model_bytes) {
-    trap("block_state: asked for a different size than before in this block");
-  }
-  return w->block_model.data();
+  return detail::tls_worker->block_model.get(bytes, kBlockStateMax, on_exit, "block_state");
 }
 
 [[noreturn]] void trap(const char *what) {
