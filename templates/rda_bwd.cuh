@@ -729,7 +729,7 @@ __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
       const bool need_mask = q0 + T::BM > gr.nq || kg0 + T::GROUP_KEYS > gr.nk ||
                              (Cfg::causal && kgq + T::GROUP_KEYS - 1 > q0);
       if constexpr (T::WG) {
-        const uint32_t gofs = (16 * warp / 64) * 64 * 128; /* the group's first key row */
+        const uint32_t gofs = tile::wgmma_group_offset(warp); /* the group's first key row */
         const uint32_t skg = smem_addr(sk) + gofs, svg = smem_addr(sv) + gofs;
         if (need_mask) {
           bwd_detail::dkdv_step_wg<Cfg, true>(skg, svg, st, sl2, q0, kw0, gr.nq, gr.nk, gr.kq, dk,
@@ -913,7 +913,7 @@ __device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
     const int st = it % T::STAGES;
     const bool need_mask = n0 + T::BN > gr.nk || (Cfg::causal && n0 + gr.kq + T::BN - 1 > grow0);
     if constexpr (T::WG) {
-      const uint32_t gofs = (16 * warp / 64) * 64 * 128; /* the group's first row */
+      const uint32_t gofs = tile::wgmma_group_offset(warp); /* the group's first row */
       const uint32_t sqg = smem_addr(sq) + gofs, sdog = smem_addr(sdo) + gofs;
       const uint32_t skt = smem_addr(sk + st * T::KV_BYTES);
       const uint32_t svt = smem_addr(sv + st * T::KV_BYTES);

@@ -527,7 +527,7 @@ __device__ __forceinline__ void fwd_kernel(const rda_fwd_params &p) {
     const unsigned char *svt = sv + st * T::KV_BYTES;
     const bool need_mask = n0 + T::BN > nk || (Cfg::causal && n0 + T::BN - 1 > grel);
     if constexpr (T::WG) {
-      const uint32_t sqg = smem_addr(sq) + (16 * warp / 64) * 64 * 128;
+      const uint32_t sqg = smem_addr(sq) + tile::wgmma_group_offset(warp);
       if (need_mask) {
         fwd_detail::tile_step_wg<Cfg, true>(sqg, smem_addr(skt), smem_addr(svt), qneg, sl2, n0,
                                             nk, wrel, acc, m, l);

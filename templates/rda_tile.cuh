@@ -128,6 +128,12 @@ __device__ __forceinline__ uint64_t mnmajor_desc(uint32_t tile, int kk) {
   return smem_desc(tile + kk * 2048, ROWS * 128, 1024, 1);
 }
 
+/* Byte offset of the first row of warp `warp`'s warpgroup (64 rows each) in a tile laid out by
+ * smem_off<., ., true>: smem_off(64 * (warp / 4), 0), where that group's A operand starts. */
+__device__ __forceinline__ uint32_t wgmma_group_offset(int warp) {
+  return static_cast<uint32_t>(warp / 4) * 64 * 128;
+}
+
 /* The wgmma path's two kinds of product, for one warpgroup (64 rows of A and of the result). */
 
 /* acc (64 x N) = A B^T over KS k-steps of 16, A and B K-major at shared addresses a and b of
