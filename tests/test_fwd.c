@@ -454,19 +454,22 @@ static void test_fwd_matches_reference_single_row_sequence(void **state) {
 }
 
 /* The d = 128 bf16 block_m = 128 variants (the performance target's): several query tiles of a
- * dense and of a dilated grid, ragged last tiles, a partial second segment, GQA. */
+ * dense and of a dilated grid, ragged last tiles, a partial second segment, GQA. Then the same
+ * on the wgmma path (sm_90a; RDA_PLAN_WGMMA): two warpgroups per block. */
 static void test_fwd_matches_reference_gqa_bf16_d128_multi_tile_grids(void **state) {
   (void)state;
-  const fwd_case c = {.heads = 2,
-                      .kv_heads = 1,
-                      .head_dim = 128,
-                      .dtype = RDA_DTYPE_BF16,
-                      .causal = 0,
-                      .offsets = RDA_OFFSETS_MOD,
-                      BR2(384, 1, 400, 2),
-                      .batch = 1,
-                      .n = 400};
+  fwd_case c = {.heads = 2,
+                .kv_heads = 1,
+                .head_dim = 128,
+                .dtype = RDA_DTYPE_BF16,
+                .causal = 0,
+                .offsets = RDA_OFFSETS_MOD,
+                BR2(384, 1, 400, 2),
+                .batch = 1,
+                .n = 400};
   run_case(__func__, &c);
+  c.wgmma = 1;
+  run_case("wgmma_gqa_bf16_d128_multi_tile_grids", &c);
 }
 
 /* Causal with three query tiles of one segment (heaviest tile first) and two diagonal key tiles
@@ -482,23 +485,6 @@ static void test_fwd_matches_reference_causal_bf16_d128_multi_tile_diagonal(void
                       BR1(320, 1),
                       .batch = 2,
                       .n = 320};
-  run_case(__func__, &c);
-}
-
-/* The wgmma path (sm_90a; RDA_PLAN_WGMMA), d = 128: two warpgroups per block, several query
- * tiles of a dense and of a dilated grid, ragged last tiles, a partial second segment, GQA. */
-static void test_fwd_wgmma_matches_reference_gqa_bf16_d128_multi_tile_grids(void **state) {
-  (void)state;
-  const fwd_case c = {.heads = 2,
-                      .kv_heads = 1,
-                      .head_dim = 128,
-                      .dtype = RDA_DTYPE_BF16,
-                      .causal = 0,
-                      .offsets = RDA_OFFSETS_MOD,
-                      BR2(384, 1, 400, 2),
-                      .batch = 1,
-                      .n = 400,
-                      .wgmma = 1};
   run_case(__func__, &c);
 }
 
@@ -588,7 +574,6 @@ int main(void) {
       cmocka_unit_test(test_fwd_matches_reference_single_row_sequence),
       cmocka_unit_test(test_fwd_matches_reference_gqa_bf16_d128_multi_tile_grids),
       cmocka_unit_test(test_fwd_matches_reference_causal_bf16_d128_multi_tile_diagonal),
-      cmocka_unit_test(test_fwd_wgmma_matches_reference_gqa_bf16_d128_multi_tile_grids),
       cmocka_unit_test(test_fwd_wgmma_matches_reference_causal_fp16_d64_block_offsets),
       cmocka_unit_test(test_fwd_rejects_misaligned_tensors),
   };
