@@ -351,11 +351,11 @@ T.test("backward: wgmma dK/dV and dq tiles serve sm_90 alone, and only when aske
           end
         end
         if want then
-          for _, st in ipairs(pl.bwd_steps) do
+          local plain = assert(plan.build(c, p, nil, space, true, false))
+          for i, st in ipairs(pl.bwd_steps) do
             local a = st.dkdv_atomic_kernel and pl.variants[st.dkdv_atomic_kernel]
             if a then
-              local plain = assert(plan.build(c, p, nil, space, true, false))
-              local pa = plain.variants[plain.bwd_steps[1].dkdv_atomic_kernel]
+              local pa = plain.variants[plain.bwd_steps[i].dkdv_atomic_kernel]
               assert(a.block_n == pa.block_n and a.block_m == pa.block_m and a.warps == pa.warps
                      and a.threads == 32 * a.warps, a.name .. " tile as without wgmma")
             end
