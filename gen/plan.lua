@@ -1,9 +1,11 @@
 -- plan.lua — from a validated config and a hardware profile to the kernels a forward pass needs:
 -- one fwd variant per distinct (head_dim, dtype, causal, dilated, tile), the init and cast
 -- kernels, the ring's row pack/add kernels, and one launch step per branch. Every variant fits
--- the target's resources.
+-- the target's resources. With tuning databases (gen/tuning.lua), each attention kernel of each
+-- branch takes the first tile its key's entry ranks that is a fitting, allowed candidate now.
 
 local emit = require "gen.emit"
+local tuning = require "gen.tuning"
 
 local M = {}
 
@@ -181,9 +183,14 @@ local function check_cfg(cfg)
   assert(type(cfg.causal) == "boolean", "config causal must be a boolean")
 end
 
+-- Appends v unless a variant of its name is there; returns its index. Branches that share a
+-- variant share its tile: it counts as tuned when any of them took it from tuning.
 local function add_variant(plan, index, v)
   local at = index[v.name]
-  if at then return at end
+  if at then
+    if v.tuned then plan.variants[at].tuned = true end
+    return at
+  end
   plan.variants[#plan.variants + 1] = v
   index[v.name] = #plan.variants
   return #plan.variants
@@ -196,20 +203,28 @@ end
 -- and why it cannot fit.
 -- With `bspace` (a backward tile space), the backward kernels too (and with `atomic` their
 -- atomic-dQ variants): see M.add_backward.
-function M.build(cfg, hw, space, bspace, atomic, wgmma)
+-- With `tun` = { dbs = { database, ... } (gen/tuning.lua, first wins), target = "sm_90" or
+-- "emu-sm_90", force = { kind, branch (0-based), tile } or nil }, the tiles come from tuning
+-- where it has one (M.tile_for). Every fwd, bwd_dkdv and bwd_dq variant carries `tile` (its
+-- tile's name) and `tuned` (true, or nil); neither changes its name or source.
+function M.build(cfg, hw, space, bspace, atomic, wgmma, tun)
   check_cfg(cfg)
   assert(type(hw) == "table" and positive_int(hw.smem_per_block), "hw must be a profile")
   space = space or STAND_IN
+  if tun then
+    local ok, why = M.check_tuning(tun, cfg, bspace ~= nil)
+    if not ok then return nil, why end
+  end
   local plan, index = { variants = {}, steps = {} }, {}
   for i = 1, #cfg.segments do
-    local w, r = cfg.segments[i], cfg.dilations[i]
-    local tile, why = M.choose_tile(space, cfg.head_dim, w, r, hw, wgmma)
-    if not tile then return nil, why end
+    local r = cfg.dilations[i]
+    local tile, tuned = M.tile_for("fwd", cfg, i - 1, hw, space, wgmma, tun)
+    if not tile then return nil, tuned end
     local v = {
       kind = "fwd", head_dim = cfg.head_dim, dtype = cfg.dtype, causal = cfg.causal,
       dilated = r > 1, block_m = tile.block_m, block_n = tile.block_n, warps = tile.warps,
       stages = tile.stages, threads = 32 * tile.warps, smem_bytes = M.fwd_smem(cfg.head_dim, tile),
-      wgmma = tile.wgmma or nil,
+      wgmma = tile.wgmma or nil, tile = tile_name(tile), tuned = tuned or nil,
     }
     v.name = emit.fwd_name(v)
     v.source = emit.fwd_source(v)
@@ -240,7 +255,7 @@ function M.build(cfg, hw, space, bspace, atomic, wgmma)
             threads = emit.SMALL_THREADS, block_m = 0, block_n = 0, smem_bytes = 0 }
   plan.ring_add_kernel = add_variant(plan, index, small)
   if bspace then
-    local ok, why = M.add_backward(plan, index, cfg, hw, bspace, atomic, wgmma)
+    local ok, why = M.add_backward(plan, index, cfg, hw, bspace, atomic, wgmma, tun)
     if not ok then return nil, why end
   end
   return plan
@@ -373,32 +388,40 @@ local function choose_bwd_tile(space, kind, head_dim, hw, wgmma)
 end
 
 -- Adds the backward kernels to a forward plan: one dkdv and one dq variant per distinct
--- (causal, dilated) branch kind, the prep kernel, and plan.bwd_steps = { {dkdv_kernel,
--- dq_kernel, dsplit, branch, head0, nheads, dkdv_ring_kernel, dq_ring_kernel (their kv-table
--- twins, or nil: as the forward's ring_kernel)} } (one per branch, in branch order) and
--- plan.bwd_prep_kernel. With `atomic`, each step also gets dkdv_atomic_kernel: the dkdv
--- variant that adds dQ by atomics (for the non-deterministic mode), when the tile has dsplit 1
--- and fits (else the step has none). With `wgmma` on an sm_90 target, dkdv and dq tiles marked
--- wgmma are candidates too (those variants then get the "_wg" path; the atomic variant stays on
--- mma.sync). Returns true, or nil and why no tile fits.
-function M.add_backward(plan, index, cfg, hw, bspace, atomic, wgmma)
-  local dk, why = choose_bwd_tile(bspace, "dkdv", cfg.head_dim, hw, wgmma)
-  if not dk then return nil, why end
-  local dq
-  dq, why = choose_bwd_tile(bspace, "dq", cfg.head_dim, hw, wgmma)
-  if not dq then return nil, why end
-  -- The atomic dQ stages dS^T for mma.sync fragments: it has no wgmma path, and takes the tile
-  -- the space gives without wgmma (none fitting: no atomic variant, as at dsplit > 1).
-  local dka = dk
-  if atomic and dk.wgmma then dka = choose_bwd_tile(bspace, "dkdv", cfg.head_dim, hw) end
+-- (dilated, tile) of the branches (each branch's tiles from M.tile_for: tuning's, else the
+-- first that fits), the prep kernel, and plan.bwd_steps = { {dkdv_kernel, dq_kernel, dsplit,
+-- branch, head0, nheads, dkdv_ring_kernel, dq_ring_kernel (their kv-table twins, or nil: as the
+-- forward's ring_kernel)} } (one per branch, in branch order) and plan.bwd_prep_kernel. With
+-- `atomic`, each step also gets dkdv_atomic_kernel: the dkdv variant that adds dQ by atomics
+-- (for the non-deterministic mode), on the space's first mma.sync tile that fits, whatever the
+-- step's own tile, when that tile has dsplit 1 (else the step has none; rda_bwd_step launches
+-- it with dsplit 1). With `wgmma` on an sm_90 target, dkdv and dq tiles marked wgmma are
+-- candidates too (those variants then get the "_wg" path; the atomic variant stays on
+-- mma.sync). `tun` as M.build's. Returns true, or nil and why no tile fits.
+function M.add_backward(plan, index, cfg, hw, bspace, atomic, wgmma, tun)
+  local dks, dqs = {}, {} -- per branch: { tile, tuned }
+  for i = 1, #cfg.segments do
+    local tile, tuned = M.tile_for("bwd_dkdv", cfg, i - 1, hw, bspace, wgmma, tun)
+    if not tile then return nil, tuned end
+    dks[i] = { tile, tuned or nil }
+    tile, tuned = M.tile_for("bwd_dq", cfg, i - 1, hw, bspace, wgmma, tun)
+    if not tile then return nil, tuned end
+    dqs[i] = { tile, tuned or nil }
+  end
+  -- The atomic dQ stages dS^T for mma.sync fragments: it has no wgmma path, and is not tuned:
+  -- it takes the space's first fitting tile without wgmma (none fitting: no atomic variant, as
+  -- at dsplit > 1).
+  local dka = atomic and choose_bwd_tile(bspace, "dkdv", cfg.head_dim, hw) or nil
   plan.bwd_steps = {}
   for i = 1, #cfg.segments do
     local dilated = cfg.dilations[i] > 1
+    local dk, dq = dks[i][1], dqs[i][1]
     local v = {
       kind = "bwd_dkdv", head_dim = cfg.head_dim, dtype = cfg.dtype, causal = cfg.causal,
       dilated = dilated, block_n = dk.block_n, block_m = dk.block_m, warps = dk.warps,
       stages = dk.stages, dsplit = dk.dsplit, threads = 32 * dk.warps,
       smem_bytes = M.bwd_smem("dkdv", cfg.head_dim, dk), wgmma = dk.wgmma or nil,
+      tile = bwd_tile_name("dkdv", dk), tuned = dks[i][2],
     }
     v.name = emit.bwd_dkdv_name(v)
     v.source = emit.bwd_dkdv_source(v)
@@ -406,7 +429,7 @@ function M.add_backward(plan, index, cfg, hw, bspace, atomic, wgmma)
       kind = "bwd_dq", head_dim = cfg.head_dim, dtype = cfg.dtype, causal = cfg.causal,
       dilated = dilated, block_m = dq.block_m, block_n = dq.block_n, warps = dq.warps,
       stages = dq.stages, threads = 32 * dq.warps, smem_bytes = M.bwd_smem("dq", cfg.head_dim, dq),
-      wgmma = dq.wgmma or nil,
+      wgmma = dq.wgmma or nil, tile = tile_name(dq), tuned = dqs[i][2],
     }
     q.name = emit.bwd_dq_name(q)
     q.source = emit.bwd_dq_source(q)
@@ -419,6 +442,7 @@ function M.add_backward(plan, index, cfg, hw, bspace, atomic, wgmma)
       for key, val in pairs(v) do a[key] = val end
       a.block_n, a.block_m, a.warps, a.stages = dka.block_n, dka.block_m, dka.warps, dka.stages
       a.threads, a.dq_atomic, a.dsplit, a.wgmma = 32 * dka.warps, true, 1, nil
+      a.tile, a.tuned = bwd_tile_name("dkdv", a), nil
       local mt = a.block_m // 16
       a.smem_bytes = M.bwd_smem("dkdv", cfg.head_dim, a)
       if a.warps % mt == 0 and cfg.head_dim % (16 * (a.warps // mt)) == 0
@@ -448,6 +472,174 @@ function M.add_backward(plan, index, cfg, hw, bspace, atomic, wgmma)
                  block_m = 0, block_n = 0, smem_bytes = 0 }
   plan.bwd_prep_kernel = add_variant(plan, index, prep)
   return true
+end
+
+
+-- ---------------------------------------------------------------- tuning
+
+local SPACE_KIND <const> = { bwd_dkdv = "dkdv", bwd_dq = "dq" }
+local MAX_CANDIDATES <const> = 16 -- RDA_TUNE_MAX_CANDIDATES (runtime/gen.h)
+M.MAX_CANDIDATES = MAX_CANDIDATES
+
+-- The name of tile c of tuning kind `kind` ("fwd", "bwd_dkdv", "bwd_dq"), as the tuning
+-- databases name it.
+function M.tile_name(kind, c)
+  if kind == "bwd_dkdv" then return bwd_tile_name("dkdv", c) end
+  return tile_name(c)
+end
+
+-- The space's tiles of `kind` for head_dim (space: a forward space for "fwd", else a
+-- backward one), or nil and the message the default rule gives.
+local function tiles_of(kind, space, head_dim)
+  if kind == "fwd" then
+    if not space[head_dim] then
+      return nil, string.format("the tile space has no candidates for head_dim = %d", head_dim)
+    end
+    return space[head_dim]
+  end
+  if not space[head_dim] then
+    return nil, string.format("the backward tile space has no candidates for head_dim = %d",
+                              head_dim)
+  end
+  return space[head_dim][SPACE_KIND[kind]]
+end
+
+-- Whether tile c of `kind` is a fitting, allowed candidate on hw, by the rules of choose_tile
+-- and choose_bwd_tile; else why not.
+function M.usable(kind, head_dim, c, hw, wgmma)
+  if c.wgmma and not (wgmma and hw.arch == WGMMA_ARCH) then
+    return false, "a wgmma tile, taken only on sm_90 with wgmma on"
+  end
+  if kind == "fwd" then
+    local ok, why = M.fits(head_dim, c, hw)
+    if not ok then return false, why end
+    return true
+  end
+  local smem = M.bwd_smem(SPACE_KIND[kind], head_dim, c)
+  if smem > hw.smem_per_block then
+    return false, string.format("it needs %d bytes of shared memory, %d available per block",
+                                smem, hw.smem_per_block)
+  end
+  local max_threads = math.min(MAX_THREADS_PER_BLOCK, hw.max_threads_per_sm)
+  if 32 * c.warps > max_threads then
+    return false, string.format("it needs %d threads, at most %d per block", 32 * c.warps,
+                                max_threads)
+  end
+  return true
+end
+
+-- The tuning key (gen/tuning.lua) of `kind` for branch b (0-based) of cfg on `target`.
+function M.tuning_key(cfg, b, kind, target)
+  local w, r = cfg.segments[b + 1], cfg.dilations[b + 1]
+  return tuning.key(target, kind, cfg.head_dim, cfg.dtype, cfg.causal, r > 1, tuning.rows(w, r))
+end
+
+-- Checks M.build's `tun` against cfg (backward: whether the backward is planned): the force
+-- must name a planned kind and an existing branch. Returns true, or nil and why.
+function M.check_tuning(tun, cfg, backward)
+  assert(type(tun) == "table" and type(tun.dbs) == "table" and type(tun.target) == "string",
+         "tuning must be { dbs, target, force }")
+  local f = tun.force
+  if f == nil then return true end
+  assert(type(f) == "table", "tuning force must be a table")
+  if f.kind ~= "fwd" and not SPACE_KIND[f.kind] then
+    return nil, string.format("forced kind %s: must be fwd, bwd_dkdv or bwd_dq", tostring(f.kind))
+  end
+  if SPACE_KIND[f.kind] and not backward then
+    return nil, string.format("forced kind %s: this plan has no backward", f.kind)
+  end
+  if not (math.type(f.branch) == "integer" and f.branch >= 0 and f.branch < #cfg.segments) then
+    return nil, string.format("forced branch %s: the config has branches 0 to %d",
+                              tostring(f.branch), #cfg.segments - 1)
+  end
+  if type(f.tile) ~= "string" then return nil, "the forced tile must be a tile name" end
+  return true
+end
+
+-- The tile of `kind` ("fwd", "bwd_dkdv", "bwd_dq") for branch b (0-based) of cfg on hw, from
+-- `space` (forward or backward, after kind), with `tun` (M.build's, or nil):
+--   1. tun.force for this kind and branch (unless ignore_force): that tile, if it is a
+--      fitting, allowed candidate; else nil and why;
+--   2. else the first tile of the first database entry of the branch's key that ranks a
+--      fitting, allowed candidate of the space (by name);
+--   3. else the default rule: choose_tile (small grids prefer block_m <= 64) for the forward,
+--      the first that fits for the backward.
+-- Returns tile, tuned (true for 1 and 2, nil for 3), or nil and why.
+function M.tile_for(kind, cfg, b, hw, space, wgmma, tun, ignore_force)
+  local d = cfg.head_dim
+  local list, why = tiles_of(kind, space, d)
+  if not list then return nil, why end
+  if tun then
+    local f = not ignore_force and tun.force
+    if f and f.kind == kind and f.branch == b then
+      for _, c in ipairs(list) do
+        if M.tile_name(kind, c) == f.tile then
+          local ok, reason = M.usable(kind, d, c, hw, wgmma)
+          if ok then return c, true end
+          return nil, string.format("%s is not a candidate for %s branch %d here: %s", f.tile,
+                                    kind, b, reason)
+        end
+      end
+      return nil, string.format("%s is not a candidate for %s branch %d here: the tile space "
+                                .. "has no such tile for head_dim = %d", f.tile, kind, b, d)
+    end
+    local line = tuning.key_line(M.tuning_key(cfg, b, kind, tun.target))
+    for _, e in ipairs(tuning.entries(tun.dbs, line)) do
+      for _, ranked in ipairs(e.ranking) do
+        for _, c in ipairs(list) do
+          if M.tile_name(kind, c) == ranked.tile and M.usable(kind, d, c, hw, wgmma) then
+            return c, true
+          end
+        end
+      end
+    end
+  end
+  if kind == "fwd" then
+    return M.choose_tile(space, d, cfg.segments[b + 1], cfg.dilations[b + 1], hw, wgmma)
+  end
+  return choose_bwd_tile(space, SPACE_KIND[kind], d, hw, wgmma)
+end
+
+-- What `rdagen tune` measures for cfg on hw (runtime/gen.h, rda_tune_task): one task per
+-- distinct key, the forward's by branch, then with `bspace` the dK/dV's and the dQ's: { kind,
+-- branch (0-based, the first of the key), key (its line), fields (the key as a table),
+-- candidates (the names of every fitting, allowed tile of the space, in its order), chosen
+-- (the name of what a plan with `tun` takes now, force ignored) }. Returns the list, or nil and
+-- why (no tile fits; more than MAX_CANDIDATES candidates).
+function M.tune_tasks(cfg, hw, space, bspace, wgmma, tun)
+  check_cfg(cfg)
+  assert(type(hw) == "table" and positive_int(hw.smem_per_block), "hw must be a profile")
+  space = space or STAND_IN
+  local target = tun and tun.target or tuning.target(hw)
+  local kinds = bspace and { "fwd", "bwd_dkdv", "bwd_dq" } or { "fwd" }
+  local tasks, seen = {}, {}
+  for _, kind in ipairs(kinds) do
+    local sp = kind == "fwd" and space or bspace
+    for b = 0, #cfg.segments - 1 do
+      local fields = M.tuning_key(cfg, b, kind, target)
+      local line = tuning.key_line(fields)
+      if not seen[line] then
+        seen[line] = true
+        local chosen, why = M.tile_for(kind, cfg, b, hw, sp, wgmma, tun, true)
+        if not chosen then return nil, why end
+        local candidates, named = {}, {}
+        for _, c in ipairs(tiles_of(kind, sp, cfg.head_dim)) do
+          local name = M.tile_name(kind, c)
+          if not named[name] and M.usable(kind, cfg.head_dim, c, hw, wgmma) then
+            named[name] = true
+            candidates[#candidates + 1] = name
+          end
+        end
+        if #candidates > MAX_CANDIDATES then
+          return nil, string.format("%s: %d candidate tiles, more than the %d one task can time",
+                                    line, #candidates, MAX_CANDIDATES)
+        end
+        tasks[#tasks + 1] = { kind = kind, branch = b, key = line, fields = fields,
+                              candidates = candidates, chosen = M.tile_name(kind, chosen) }
+      end
+    end
+  end
+  return tasks
 end
 
 return M

@@ -23,7 +23,7 @@
 
 /* Every Lua test file; test_gen_every_lua_test_is_registered keeps this list complete. */
 static const char *const lua_tests[] = {"test_config.lua", "test_emit.lua", "test_hw.lua",
-                                        "test_plan.lua"};
+                                        "test_plan.lua", "test_tuning.lua"};
 enum { n_lua_tests = sizeof lua_tests / sizeof lua_tests[0] };
 
 static void run_lua_test(void **state, const char *file) {
@@ -46,6 +46,9 @@ static void test_gen_lua_hw(void **state) {
 }
 static void test_gen_lua_plan(void **state) {
   run_lua_test(state, "test_plan.lua");
+}
+static void test_gen_lua_tuning(void **state) {
+  run_lua_test(state, "test_tuning.lua");
 }
 
 static void test_gen_every_lua_test_is_registered(void **state) {
@@ -477,6 +480,7 @@ int main(void) {
       cmocka_unit_test(test_gen_lua_emit),
       cmocka_unit_test(test_gen_lua_hw),
       cmocka_unit_test(test_gen_lua_plan),
+      cmocka_unit_test(test_gen_lua_tuning),
       cmocka_unit_test(test_gen_every_lua_test_is_registered),
       cmocka_unit_test(test_gen_run_script_reports_failure_with_location),
       cmocka_unit_test(test_gen_run_script_rejects_missing_file),
