@@ -36,5 +36,7 @@ rda_status rda_backend_open(const char *which, rda_backend **out, char *why, siz
 
 rda_status rda_backend_hw(rda_backend *b, rda_gen *g, rda_hw *out, rda_err *err) {
   if (strcmp(b->name, "cuda") == 0) return rda_backend_cuda_hw(b, out, err);
-  return rda_gen_hw_builtin(g, b->arch, out, err);
+  RDA_TRY(rda_gen_hw_builtin(g, b->arch, out, err));
+  out->emulated = 1;
+  return RDA_OK;
 }

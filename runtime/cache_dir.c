@@ -29,7 +29,7 @@ rda_status rda_cache_dir_mkdirs(const char *path, rda_err *err) {
   return RDA_OK;
 }
 
-rda_status rda_cache_dir_get(const char *sub, char *out, size_t cap, rda_err *err) {
+rda_status rda_cache_dir_path(const char *sub, char *out, size_t cap, rda_err *err) {
   const char *root = getenv("RDA_CACHE_DIR");
   const char *suffix = "";
   if (root == NULL || root[0] == '\0') {
@@ -48,5 +48,10 @@ rda_status rda_cache_dir_get(const char *sub, char *out, size_t cap, rda_err *er
       snprintf(out, cap, "%s%s%s%s", root, suffix, (sub && sub[0]) ? "/" : "", sub ? sub : "");
   if (len < 0 || (size_t)len >= cap)
     return rda_err_set(err, RDA_ERR_CACHE, "cache folder under '%s': path too long", root);
+  return RDA_OK;
+}
+
+rda_status rda_cache_dir_get(const char *sub, char *out, size_t cap, rda_err *err) {
+  RDA_TRY(rda_cache_dir_path(sub, out, cap, err));
   return rda_cache_dir_mkdirs(out, err);
 }

@@ -13,6 +13,9 @@
  * be found or a folder cannot be created. */
 rda_status rda_cache_dir_get(const char *sub, char *out, size_t cap, rda_err *err);
 
+/* rda_cache_dir_get without creating anything: the path alone. */
+rda_status rda_cache_dir_path(const char *sub, char *out, size_t cap, rda_err *err);
+
 /* mkdir -p: create path and its missing parents. RDA_ERR_CACHE on failure. */
 rda_status rda_cache_dir_mkdirs(const char *path, rda_err *err);
 

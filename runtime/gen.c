@@ -13,7 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rda.h"
 #include "sources.h"
+#include "tuning_db.h"
 
 #ifndef RDA_SOURCE_DIR
 #define RDA_SOURCE_DIR "."
@@ -564,6 +566,18 @@ typedef struct rda_gen_plan_ctx {
   int backward; /* RDA_PLAN_BACKWARD was asked for */
   int atomic;   /* RDA_PLAN_BACKWARD_ATOMIC too */
   int wgmma;    /* RDA_PLAN_WGMMA, or RDA_WGMMA=1 */
+  /* Tuning: the user's database (NULL: none) and its name, a forced tile (or NULL). */
+  const char *user_db, *user_db_name;
+  const rda_gen_force *force;
+  /* rda_gen_tune_tasks: the tasks read back */
+  rda_tune_task *tasks;
+  int ntasks;
+  /* rda_gen_tune_merge: the old database, the outcomes and the new text */
+  const char *old_db, *old_db_name;
+  const rda_tune_outcome *outcomes;
+  int noutcomes;
+  const rda_tune_meta *meta;
+  char *text;
 } rda_gen_plan_ctx;
 
 static void rda_gen_push_list(lua_State *L, const int64_t *v, int n) {
@@ -613,6 +627,8 @@ static void rda_gen_push_hw(lua_State *L, const rda_hw *h) {
 #undef RDA_GEN_SET_INT
   lua_pushboolean(L, h->live);
   lua_setfield(L, -2, "live");
+  lua_pushboolean(L, h->emulated);
+  lua_setfield(L, -2, "emulated");
 }
 
 static void rda_gen_read_variant(lua_State *L, int t, rda_variant *v) {
@@ -626,6 +642,13 @@ static void rda_gen_read_variant(lua_State *L, int t, rda_variant *v) {
   v->block_m = (int)rda_gen_int_field(L, t, "block_m", 0, INT_MAX);
   v->block_n = (int)rda_gen_int_field(L, t, "block_n", 0, INT_MAX);
   v->smem_bytes = (int)rda_gen_int_field(L, t, "smem_bytes", 0, INT_MAX);
+  lua_getfield(L, t, "tile");
+  const char *tile = lua_tostring(L, -1);
+  if (tile != NULL && strlen(tile) >= sizeof v->tile)
+    luaL_error(L, "generator returned an over-long tile name for %s", name);
+  snprintf(v->tile, sizeof v->tile, "%s", tile != NULL ? tile : "");
+  lua_pop(L, 1);
+  v->tuned = rda_gen_bool_field(L, t, "tuned");
   size_t len;
   lua_getfield(L, t, "source");
   const char *src = lua_tolstring(L, -1, &len);
@@ -675,22 +698,57 @@ static void rda_gen_read_bwd(lua_State *L, int t, const rda_config *cfg, rda_pla
   o->has_bwd = 1;
 }
 
-static int rda_gen_p_plan(lua_State *L) {
-  rda_gen_plan_ctx *c = lua_touserdata(L, 1);
-  rda_plan_k *o = c->out;
-  rda_gen_push_bridge(L, "plan");
+/* Pushes bridge.lua's `tuning` argument: { user, user_name, force = {kind, branch, tile} }. */
+static void rda_gen_push_tuning(lua_State *L, const rda_gen_plan_ctx *c) {
+  lua_createtable(L, 0, 3);
+  if (c->user_db != NULL) {
+    lua_pushstring(L, c->user_db);
+    lua_setfield(L, -2, "user");
+  }
+  if (c->user_db_name != NULL && c->user_db_name[0] != '\0') {
+    lua_pushstring(L, c->user_db_name);
+    lua_setfield(L, -2, "user_name");
+  }
+  if (c->force != NULL) {
+    lua_createtable(L, 0, 3);
+    lua_pushstring(L, c->force->kind);
+    lua_setfield(L, -2, "kind");
+    lua_pushinteger(L, c->force->branch);
+    lua_setfield(L, -2, "branch");
+    lua_pushstring(L, c->force->tile);
+    lua_setfield(L, -2, "tile");
+    lua_setfield(L, -2, "force");
+  }
+}
+
+/* Calls bridge.<fn>(cfg, profile, backward, atomic-or-omitted, wgmma, tuning) with the 3-result
+ * convention of gen/bridge.lua: the result, or nil, message and "config" for a tuning database
+ * that does not load or check (RDA_ERR_CONFIG), or nil and message (`fail`). Returns 1 with the
+ * result on the stack, or 0 with c->status set. */
+static int rda_gen_call_planner(lua_State *L, rda_gen_plan_ctx *c, const char *fn, int atomic_arg,
+                                rda_status fail) {
+  rda_gen_push_bridge(L, fn);
   rda_gen_push_config(L, c->cfg);
   rda_gen_push_hw(L, c->hw);
   lua_pushboolean(L, c->backward);
-  lua_pushboolean(L, c->atomic);
+  if (atomic_arg) lua_pushboolean(L, c->atomic);
   lua_pushboolean(L, c->wgmma);
-  lua_call(L, 5, 2);
-  if (lua_isnil(L, -2)) {
-    c->status =
-        rda_gen_fail_line(c->err, RDA_ERR_UNSUPPORTED, luaL_optstring(L, -1, "no plan fits"));
+  rda_gen_push_tuning(L, c);
+  lua_call(L, atomic_arg ? 6 : 5, 3);
+  if (lua_isnil(L, -3)) {
+    const int config = lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "config") == 0;
+    c->status = rda_gen_fail_line(c->err, config ? RDA_ERR_CONFIG : fail,
+                                  luaL_optstring(L, -2, "no plan fits"));
     return 0;
   }
-  lua_pop(L, 1);
+  lua_pop(L, 2);
+  return 1;
+}
+
+static int rda_gen_p_plan(lua_State *L) {
+  rda_gen_plan_ctx *c = lua_touserdata(L, 1);
+  rda_plan_k *o = c->out;
+  if (!rda_gen_call_planner(L, c, "plan", 1, RDA_ERR_UNSUPPORTED)) return 0;
   const int t = lua_gettop(L);
 
   lua_getfield(L, t, "variants");
@@ -770,28 +828,212 @@ rda_status rda_gen_plan(rda_gen *g, const rda_config *cfg, const rda_hw *hw, rda
 
 rda_status rda_gen_plan_ex(rda_gen *g, const rda_config *cfg, const rda_hw *hw, unsigned flags,
                            rda_plan_k *out, rda_err *err) {
-  if (g == NULL || cfg == NULL || hw == NULL || out == NULL)
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_gen_plan: NULL argument");
-  memset(out, 0, sizeof *out);
+  return rda_gen_plan_forced(g, cfg, hw, flags, NULL, out, err);
+}
+
+/* The checks every planning entry point makes, then c filled for the call: flags, RDA_WGMMA,
+ * and the user's tuning database read (*user_db: malloc'd text or NULL, freed by the caller). */
+static rda_status rda_gen_plan_setup(const char *fn, rda_gen *g, const rda_config *cfg,
+                                     const rda_hw *hw, unsigned flags, rda_gen_plan_ctx *c,
+                                     char **user_db, char *user_db_name, size_t name_cap,
+                                     rda_err *err) {
+  *user_db = NULL;
+  if (g == NULL || cfg == NULL || hw == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: NULL argument", fn);
   RDA_TRY(rda_gen_check_config(cfg, err));
   if (hw->smem_per_block < 1 || hw->max_threads_per_sm < 1 || hw->sm_count < 1)
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_gen_plan: incomplete hardware profile");
-  out->cfg = *cfg;
-  out->hw = *hw;
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: incomplete hardware profile", fn);
   const int wgmma_env = rda_gen_wgmma_env(err);
   if (wgmma_env < 0) return RDA_ERR_INVALID_ARGUMENT;
-  rda_gen_plan_ctx c = {cfg,
-                        hw,
-                        out,
-                        err,
-                        RDA_ERR_INTERNAL,
-                        (flags & RDA_PLAN_BACKWARD) != 0,
-                        (flags & RDA_PLAN_BACKWARD_ATOMIC) != 0,
-                        (flags & RDA_PLAN_WGMMA) != 0 || wgmma_env == 1};
+  RDA_TRY(rda_tuning_db_read(user_db, user_db_name, name_cap, err));
+  memset(c, 0, sizeof *c);
+  c->cfg = cfg;
+  c->hw = hw;
+  c->err = err;
+  c->status = RDA_ERR_INTERNAL;
+  c->backward = (flags & RDA_PLAN_BACKWARD) != 0;
+  c->atomic = (flags & RDA_PLAN_BACKWARD_ATOMIC) != 0;
+  c->wgmma = (flags & RDA_PLAN_WGMMA) != 0 || wgmma_env == 1;
+  c->user_db = *user_db;
+  c->user_db_name = user_db_name;
+  return RDA_OK;
+}
+
+rda_status rda_gen_plan_forced(rda_gen *g, const rda_config *cfg, const rda_hw *hw,
+                               unsigned flags, const rda_gen_force *force, rda_plan_k *out,
+                               rda_err *err) {
+  if (out == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_gen_plan: NULL argument");
+  memset(out, 0, sizeof *out);
+  if (force != NULL && (force->kind == NULL || force->tile == NULL || force->branch < 0))
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_gen_plan: incomplete forced tile");
+  rda_gen_plan_ctx c;
+  char *user_db;
+  char user_db_name[4096];
+  RDA_TRY(rda_gen_plan_setup("rda_gen_plan", g, cfg, hw, flags, &c, &user_db, user_db_name,
+                             sizeof user_db_name, err));
+  out->cfg = *cfg;
+  out->hw = *hw;
+  c.out = out;
+  c.force = force;
   rda_status s = rda_gen_protected(g, rda_gen_p_plan, &c, RDA_ERR_INTERNAL, err);
   if (s == RDA_OK) s = c.status;
+  free(user_db);
   if (s != RDA_OK) rda_plan_k_free(out);
   return s;
+}
+
+/* ---- tuning tasks and merging ------------------------------------------------------------ */
+
+static void rda_gen_copy_name(lua_State *L, int t, const char *key, char *dst, size_t cap) {
+  const char *v = rda_gen_str_field(L, t, key);
+  if (strlen(v) >= cap) luaL_error(L, "generator returned an over-long %s: %s", key, v);
+  memcpy(dst, v, strlen(v) + 1);
+}
+
+static int rda_gen_p_tune_tasks(lua_State *L) {
+  rda_gen_plan_ctx *c = lua_touserdata(L, 1);
+  if (!rda_gen_call_planner(L, c, "tune_tasks", 0, RDA_ERR_UNSUPPORTED)) return 0;
+  const int t = lua_gettop(L);
+  const lua_Integer n = luaL_len(L, t);
+  if (n < 1 || n > 3 * RDA_MAX_BRANCHES) return luaL_error(L, "generator returned %I tasks", n);
+  c->tasks = calloc((size_t)n, sizeof *c->tasks);
+  if (c->tasks == NULL) return luaL_error(L, "out of memory for %I tuning tasks", n);
+  c->ntasks = (int)n;
+  for (int i = 0; i < c->ntasks; i++) {
+    rda_tune_task *k = &c->tasks[i];
+    lua_geti(L, t, i + 1);
+    const int e = lua_gettop(L);
+    rda_gen_copy_name(L, e, "kind", k->kind, sizeof k->kind);
+    rda_gen_copy_name(L, e, "key", k->key, sizeof k->key);
+    rda_gen_copy_name(L, e, "chosen", k->chosen, sizeof k->chosen);
+    k->branch = (int)rda_gen_int_field(L, e, "branch", 0, c->cfg->nbranch - 1);
+    lua_getfield(L, e, "candidates");
+    const lua_Integer nc = luaL_len(L, -1);
+    if (nc < 1 || nc > RDA_TUNE_MAX_CANDIDATES)
+      return luaL_error(L, "generator returned %I candidates for %s", nc, k->key);
+    k->ncandidates = (int)nc;
+    for (int j = 0; j < k->ncandidates; j++) {
+      lua_geti(L, -1, j + 1);
+      const char *name = lua_tostring(L, -1);
+      if (name == NULL || strlen(name) >= sizeof k->candidates[j])
+        return luaL_error(L, "generator returned a bad candidate name for %s", k->key);
+      memcpy(k->candidates[j], name, strlen(name) + 1);
+      lua_pop(L, 1);
+    }
+    lua_pop(L, 2);
+  }
+  c->status = RDA_OK;
+  return 0;
+}
+
+rda_status rda_gen_tune_tasks(rda_gen *g, const rda_config *cfg, const rda_hw *hw, unsigned flags,
+                              rda_tune_task **out, int *n, rda_err *err) {
+  if (out == NULL || n == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_gen_tune_tasks: NULL argument");
+  *out = NULL;
+  *n = 0;
+  rda_gen_plan_ctx c;
+  char *user_db;
+  char user_db_name[4096];
+  RDA_TRY(rda_gen_plan_setup("rda_gen_tune_tasks", g, cfg, hw, flags, &c, &user_db,
+                             user_db_name, sizeof user_db_name, err));
+  rda_status s = rda_gen_protected(g, rda_gen_p_tune_tasks, &c, RDA_ERR_INTERNAL, err);
+  if (s == RDA_OK) s = c.status;
+  free(user_db);
+  if (s != RDA_OK) {
+    free(c.tasks);
+    return s;
+  }
+  *out = c.tasks;
+  *n = c.ntasks;
+  return RDA_OK;
+}
+
+static int rda_gen_p_tune_merge(lua_State *L) {
+  rda_gen_plan_ctx *c = lua_touserdata(L, 1);
+  rda_gen_push_bridge(L, "tune_merge");
+  if (c->old_db != NULL)
+    lua_pushstring(L, c->old_db);
+  else
+    lua_pushnil(L);
+  lua_pushstring(L, c->old_db_name != NULL ? c->old_db_name : "tuning database");
+  rda_gen_push_config(L, c->cfg);
+  rda_gen_push_hw(L, c->hw);
+  lua_pushboolean(L, c->backward);
+  lua_pushboolean(L, c->wgmma);
+  lua_createtable(L, c->noutcomes, 0);
+  for (int i = 0; i < c->noutcomes; i++) {
+    const rda_tune_outcome *r = &c->outcomes[i];
+    lua_createtable(L, 0, 2);
+    lua_pushinteger(L, (lua_Integer)r->task + 1);
+    lua_setfield(L, -2, "task");
+    lua_createtable(L, r->nranked, 0);
+    for (int j = 0; j < r->nranked && j < RDA_TUNE_MAX_CANDIDATES; j++) {
+      lua_createtable(L, 0, 2);
+      lua_pushstring(L, r->ranked[j].tile);
+      lua_setfield(L, -2, "tile");
+      lua_pushnumber(L, r->ranked[j].us);
+      lua_setfield(L, -2, "us");
+      lua_seti(L, -2, j + 1);
+    }
+    lua_setfield(L, -2, "ranking");
+    lua_seti(L, -2, i + 1);
+  }
+  lua_createtable(L, 0, 5);
+  lua_pushstring(L, c->meta->device != NULL ? c->meta->device : "");
+  lua_setfield(L, -2, "device");
+  lua_pushstring(L, c->meta->date != NULL ? c->meta->date : "");
+  lua_setfield(L, -2, "date");
+  lua_pushstring(L, RDA_VERSION_STRING);
+  lua_setfield(L, -2, "rda");
+  lua_pushinteger(L, c->meta->n);
+  lua_setfield(L, -2, "n");
+  lua_pushinteger(L, c->meta->batch);
+  lua_setfield(L, -2, "batch");
+  lua_call(L, 8, 3);
+  if (lua_isnil(L, -3)) {
+    const int config = lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "config") == 0;
+    c->status = rda_gen_fail_line(c->err, config ? RDA_ERR_CONFIG : RDA_ERR_INVALID_ARGUMENT,
+                                  luaL_optstring(L, -2, "the outcomes do not merge"));
+    return 0;
+  }
+  size_t len;
+  const char *text = lua_tolstring(L, -3, &len);
+  if (text == NULL) return luaL_error(L, "tune_merge returned no text");
+  c->text = malloc(len + 1);
+  if (c->text == NULL) return luaL_error(L, "out of memory for the tuning database text");
+  memcpy(c->text, text, len + 1);
+  c->status = RDA_OK;
+  return 0;
+}
+
+rda_status rda_gen_tune_merge(rda_gen *g, const rda_config *cfg, const rda_hw *hw, unsigned flags,
+                              const char *old_text, const char *old_name,
+                              const rda_tune_outcome *outcomes, int noutcomes,
+                              const rda_tune_meta *meta, char **text, rda_err *err) {
+  if (text == NULL || meta == NULL || (outcomes == NULL && noutcomes > 0) || noutcomes < 0)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_gen_tune_merge: NULL argument");
+  *text = NULL;
+  rda_gen_plan_ctx c;
+  char *user_db;
+  char user_db_name[4096];
+  RDA_TRY(rda_gen_plan_setup("rda_gen_tune_merge", g, cfg, hw, flags, &c, &user_db,
+                             user_db_name, sizeof user_db_name, err));
+  free(user_db); /* the old text to merge into is the caller's */
+  c.old_db = old_text;
+  c.old_db_name = old_name;
+  c.outcomes = outcomes;
+  c.noutcomes = noutcomes;
+  c.meta = meta;
+  rda_status s = rda_gen_protected(g, rda_gen_p_tune_merge, &c, RDA_ERR_INTERNAL, err);
+  if (s == RDA_OK) s = c.status;
+  if (s != RDA_OK) {
+    free(c.text);
+    return s;
+  }
+  *text = c.text;
+  return RDA_OK;
 }
 
 void rda_plan_k_free(rda_plan_k *p) {

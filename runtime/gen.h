@@ -20,6 +20,9 @@ typedef struct rda_variant {
   int block_m;      /* query rows per block (fwd), 0 otherwise */
   int block_n;      /* key rows per inner step (fwd), 0 otherwise */
   int smem_bytes;   /* dynamic shared memory per block */
+  char tile[48];    /* the tile's name (gen/plan.lua), e.g. "bm128_bn64_w8_s2"; "" for the
+                       small kernels */
+  int tuned;        /* 1 when the tile came from a tuning database entry or a forced tile */
 } rda_variant;
 
 /* One forward launch: branch `branch` over heads [head0, head0 + nheads) with kernel `kernel`. */
@@ -107,6 +110,78 @@ int rda_gen_wgmma_env(rda_err *err);
 rda_status rda_gen_plan_ex(rda_gen *g, const rda_config *cfg, const rda_hw *hw, unsigned flags,
                            rda_plan_k *out, rda_err *err);
 void rda_plan_k_free(rda_plan_k *p); /* frees what rda_gen_plan allocated; accepts NULL */
+
+/* ---- tuning (gen/tuning.lua; runtime/tune.c, `rdagen tune`) ---------------------------------
+ * Every plan takes the tile of each attention kernel (fwd, bwd_dkdv, bwd_dq, per branch) from
+ * the tuning databases when one ranks it: the first tile of the entry's ranking that is a
+ * fitting, allowed candidate of the tile space now. The user's database (runtime/tuning_db.h,
+ * read at every plan) comes before the one shipped in tuning/db.lua; without an entry, the
+ * space's first fitting tile (as before). Entries are keyed by target ("sm_90"; "emu-sm_90"
+ * for plans of the CPU emulator, rda_hw.emulated, so emulator timings never steer a GPU),
+ * kind, head_dim, dtype, causal, dilated and rows: the branch's grid rows ceil(w / r) rounded
+ * up to a power of two (at least 16). A user database that does not load or check is an
+ * RDA_ERR_CONFIG naming the file, for every plan, until it is fixed or removed. */
+
+/* One tile forced on one (kind, branch) of a plan, over whatever the databases say: what the
+ * tuner times. kind: "fwd", "bwd_dkdv" or "bwd_dq"; tile: a name from rda_gen_tune_tasks'
+ * candidates. A tile that is not a fitting, allowed candidate there fails the plan
+ * (RDA_ERR_UNSUPPORTED, naming it). */
+typedef struct rda_gen_force {
+  const char *kind;
+  int branch; /* 0-based */
+  const char *tile;
+} rda_gen_force;
+
+/* rda_gen_plan_ex with `force` (NULL: none). The forced variants have tuned = 1. */
+rda_status rda_gen_plan_forced(rda_gen *g, const rda_config *cfg, const rda_hw *hw,
+                               unsigned flags, const rda_gen_force *force, rda_plan_k *out,
+                               rda_err *err);
+
+enum { RDA_TUNE_MAX_CANDIDATES = 16, RDA_TUNE_NAME = 48 };
+
+/* What there is to tune for a config on hw: one task per distinct key (several branches may
+ * share one; `branch` is the first), forward kernels, then with RDA_PLAN_BACKWARD in flags
+ * the dK/dV and dQ kernels; RDA_PLAN_WGMMA (or RDA_WGMMA=1) admits the wgmma tiles. */
+typedef struct rda_tune_task {
+  char kind[16];   /* "fwd", "bwd_dkdv" or "bwd_dq" */
+  int branch;      /* 0-based */
+  char key[160];   /* one line naming the key, e.g. "sm_90 fwd d128 bf16 causal dense rows2048" */
+  int ncandidates; /* >= 1: every fitting, allowed tile of the space, in the space's order */
+  char candidates[RDA_TUNE_MAX_CANDIDATES][RDA_TUNE_NAME];
+  char chosen[RDA_TUNE_NAME]; /* the tile a plan takes now (databases, else first fitting) */
+} rda_tune_task;
+
+/* *out: malloc'd array of *n tasks (free()). RDA_ERR_UNSUPPORTED when no tile fits (as a plan). */
+rda_status rda_gen_tune_tasks(rda_gen *g, const rda_config *cfg, const rda_hw *hw, unsigned flags,
+                              rda_tune_task **out, int *n, rda_err *err);
+
+/* A task's measured candidates, fastest first (those that failed their check are left out). */
+typedef struct rda_tune_outcome {
+  int task; /* index into rda_gen_tune_tasks' array */
+  int nranked;
+  struct {
+    char tile[RDA_TUNE_NAME];
+    double us; /* median microseconds of one pass at the measured size */
+  } ranked[RDA_TUNE_MAX_CANDIDATES];
+} rda_tune_outcome;
+
+/* Where and how the outcomes were measured, written beside each entry. */
+typedef struct rda_tune_meta {
+  const char *device; /* e.g. "NVIDIA H100 80GB HBM3" or "CPU emulator" */
+  const char *date;   /* UTC, "YYYY-MM-DD" */
+  long long n, batch;
+} rda_tune_meta;
+
+/* The text of a tuning database: the one in old_text (NULL: empty; old_name names it in
+ * messages) with the outcomes' entries replacing those of the same key, entries sorted by key
+ * (deterministic), as gen/tuning.lua writes and reads it. cfg, hw and flags must be those the
+ * tasks were made with. *text: malloc'd (free()). An old_text that does not load or check is
+ * RDA_ERR_CONFIG naming old_name; an outcome naming an unknown task or tile, or ranking
+ * nothing, RDA_ERR_INVALID_ARGUMENT. */
+rda_status rda_gen_tune_merge(rda_gen *g, const rda_config *cfg, const rda_hw *hw, unsigned flags,
+                              const char *old_text, const char *old_name,
+                              const rda_tune_outcome *outcomes, int noutcomes,
+                              const rda_tune_meta *meta, char **text, rda_err *err);
 
 /* Run a trusted Lua script (text only) in the generator's state, with gen/ on the module path:
  * the Lua unit tests under gen/tests/ run this way. A raised error becomes RDA_ERR_INTERNAL

@@ -14,6 +14,8 @@ typedef struct rda_hw {
   int regs_per_block;
   int max_threads_per_sm;
   int live;               /* 1 when read from a device */
+  int emulated;           /* 1 when the CPU emulator plans with it (rda_backend_hw): tuning
+                             entries are then those of target "emu-sm_XX", never a GPU's */
 } rda_hw;
 
 #endif

@@ -1,0 +1,31 @@
+/* tuning_db.h — the user's tuning database on disk: where it is, reading it, and replacing it
+ * atomically. Its format and meaning are gen/tuning.lua's (runtime/gen.h, "tuning"); `rdagen
+ * tune` writes it and every plan reads it. */
+#ifndef RDA_TUNING_DB_H
+#define RDA_TUNING_DB_H
+
+#include <stddef.h>
+
+#include "err.h"
+
+/* The database's path: $RDA_TUNING_DB when set and not empty, else tuning.lua in the cache
+ * root (runtime/cache_dir.h). RDA_ERR_CACHE when neither can be resolved. */
+rda_status rda_tuning_db_path(char *out, size_t cap, rda_err *err);
+
+/* The database's text: *text malloc'd and NUL-terminated (the caller frees it), NULL when the
+ * file does not exist (or, with RDA_TUNING_DB unset, when there is no cache root); name gets
+ * the path either way ("" when none). RDA_ERR_IO naming the path when it exists but cannot be
+ * read, or is larger than 16 MiB. */
+rda_status rda_tuning_db_read(char **text, char *name, size_t name_cap, rda_err *err);
+
+/* The text of the database at `path`, as rda_tuning_db_read: *text NULL when it does not
+ * exist; RDA_ERR_IO when it exists but cannot be read or is over 16 MiB. */
+rda_status rda_tuning_db_read_file(const char *path, char **text, rda_err *err);
+
+/* Replace the file at `path` with text: written to a temporary file in the same folder,
+ * flushed, then renamed over it, so a reader sees the old or the new database, never a part.
+ * Missing parent folders are created (0700). RDA_ERR_IO naming the path on failure (the old
+ * file is then untouched). */
+rda_status rda_tuning_db_write(const char *path, const char *text, rda_err *err);
+
+#endif
