@@ -778,10 +778,141 @@ static void test_cli_ring_cuda_matches_reference_or_fails_cleanly(void **state) 
 }
 // clang-format on
 
+/* --- rdagen tune ----------------------------------------------------------------------------- */
+
+/* `rdagen tune` on the emulator with a private database (RDA_TUNING_DB and --db): it writes the
+ * database, which loads (a plan made with it takes tuned tiles; `rdagen run` works with it);
+ * --dry-run writes nothing. */
+static void test_cli_tune_writes_a_database_that_plans_read(void **state) {
+  fixture *f = *state;
+  char *db = rt_path(f->dir, "tuning.lua"), *dry = rt_path(f->dir, "dry.lua");
+  assert_int_equal(setenv("RDA_TUNING_DB", db, 1), 0);
+  const char *const tune[] = {"tune", f->config, "--n", "96", "--iters=1", "--verify-n", "64",
+                              "--seed", "3", "--backend", "emu", "--db", db, NULL};
+  rt_proc p = run_rdagen(900, tune);
+  if (p.exit_code != 0 || !rt_exists(db) || strstr(p.out, "emu-sm_90") == NULL ||
+      strstr(p.out, "wrote 2 entries") == NULL || p.err[0] != '\0') {
+    show("tune", &p);
+    fail();
+  }
+  rt_proc_free(&p);
+  char *text = rt_read_file(db, NULL);
+  assert_non_null(text);
+  assert_non_null(strstr(text, "emu-sm_90"));
+  free(text);
+
+  /* The database loads: every forward kernel of the config's plan on the emulator is tuned. */
+  rda_gen *g = NULL;
+  rda_err err = {0};
+  rda_config c;
+  rda_hw hw;
+  rda_plan_k plan;
+  assert_int_equal(rda_gen_open(&g, &err), RDA_OK);
+  assert_int_equal(rda_gen_config_string(g, small_config, "small", &c, &err), RDA_OK);
+  assert_int_equal(rda_gen_hw_builtin(g, 90, &hw, &err), RDA_OK);
+  hw.emulated = 1;
+  const rda_status st = rda_gen_plan(g, &c, &hw, &plan, &err);
+  if (st != RDA_OK) fprintf(stderr, "plan with the tuned database: %s\n", err.msg);
+  assert_int_equal(st, RDA_OK);
+  for (int i = 0; i < plan.nsteps; i++)
+    assert_int_equal(plan.variants[plan.steps[i].kernel].tuned, 1);
+  rda_plan_k_free(&plan);
+  rda_gen_close(g);
+  const char *const run[] = {"run", f->config, "--q", f->q,        "--k", f->k, "--v",
+                             f->v,  "--o",     f->o,  "--backend", "emu", NULL};
+  p = run_rdagen(900, run);
+  if (p.exit_code != 0 || !rt_exists(f->o)) {
+    show("run with the tuned database", &p);
+    fail();
+  }
+  rt_proc_free(&p);
+
+  const char *const dry_run[] = {"tune", f->config, "--n", "96", "--iters", "1", "--backend",
+                                 "emu", "--db", dry, "--dry-run", NULL};
+  p = run_rdagen(900, dry_run);
+  if (p.exit_code != 0 || rt_exists(dry) || strstr(p.out, "dry run") == NULL) {
+    show("tune --dry-run", &p);
+    fail();
+  }
+  rt_proc_free(&p);
+  unsetenv("RDA_TUNING_DB");
+  free(db), free(dry);
+}
+
+/* --help names tune; bad usage exits 2; a missing config or a corrupt database exits 1 with
+ * one error line and leaves the database as it was. */
+static void test_cli_tune_bad_input_exits_and_keeps_the_database(void **state) {
+  fixture *f = *state;
+  char *db = rt_path(f->dir, "tuning.lua"), *missing = rt_path(f->dir, "missing.lua");
+  assert_int_equal(setenv("RDA_TUNING_DB", db, 1), 0);
+  const char *C = f->config;
+  static const char *const help[] = {"--help", NULL}, *const tune_help[] = {"tune", "--help", NULL};
+  rt_proc h = run_rdagen(60, help);
+  assert_int_equal(h.exit_code, 0);
+  assert_non_null(strstr(h.out, "tune CONFIG"));
+  rt_proc_free(&h);
+  h = run_rdagen(60, tune_help);
+  assert_int_equal(h.exit_code, 0);
+  assert_non_null(strstr(h.out, "--dry-run"));
+  rt_proc_free(&h);
+  const char *const usage[][MAX_ARGS] = {
+      {"tune", NULL},
+      {"tune", C, "--n", "0", NULL},
+      {"tune", C, "--n", "-5", NULL},
+      {"tune", C, "--n", "12x", NULL},
+      {"tune", C, "--n=", NULL},
+      {"tune", C, "--n", NULL},
+      {"tune", C, "--n", "99999999999999999999", NULL},
+      {"tune", C, "--batch", "0", NULL},
+      {"tune", C, "--iters", "1.5", NULL},
+      {"tune", C, "--verify-n", " 64", NULL},
+      {"tune", C, "--seed", "-1", NULL},
+      {"tune", C, "--backend", "gpu", NULL},
+      {"tune", C, "--dry-run=1", NULL},
+      {"tune", C, "--n", "64", "--n", "64", NULL},
+      {"tune", C, "--frobnicate", NULL},
+      {"tune", C, "-x", NULL},
+      {"tune", C, C, NULL},
+  };
+  for (size_t i = 0; i < sizeof usage / sizeof usage[0]; i++) {
+    rt_proc p = run_rdagen(60, usage[i]);
+    if (p.exit_code != 2 || strncmp(p.err, "rdagen: ", 8) != 0 || rt_exists(db)) {
+      char what[32];
+      snprintf(what, sizeof what, "tune usage case %zu", i);
+      show(what, &p);
+      fail();
+    }
+    rt_proc_free(&p);
+  }
+  const char *const no_config[] = {"tune", missing, "--backend", "emu", NULL};
+  expect_input_error(f, "tune: missing config", no_config, "missing.lua");
+
+  static const char corrupt[] = "return { { target = 'sm_90', kind = 'fwd' } }\n";
+  assert_true(rt_write_file(db, corrupt, strlen(corrupt)));
+  const char *const tune[] = {"tune", C, "--n", "64", "--iters", "1", "--backend", "emu", NULL};
+  rt_proc p = run_rdagen(900, tune);
+  char *kept = rt_read_file(db, NULL);
+  if (p.exit_code != 1 || rt_count_lines(p.err) != 1 ||
+      strncmp(p.err, "rdagen: error: ", 15) != 0 || strstr(p.err, "tuning.lua") == NULL ||
+      kept == NULL || strcmp(kept, corrupt) != 0) {
+    show("tune with a corrupt database", &p);
+    fail();
+  }
+  rt_proc_free(&p);
+  free(kept);
+  unlink(db);
+  unsetenv("RDA_TUNING_DB");
+  free(db), free(missing);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cli_help_and_version_exit_0),
       cmocka_unit_test_setup_teardown(test_cli_bad_usage_exits_2, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cli_tune_bad_input_exits_and_keeps_the_database, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cli_tune_writes_a_database_that_plans_read, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_cli_bad_input_files_exit_1_naming_the_file, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_bad_config_exits_1_naming_it, setup, teardown),

@@ -8,6 +8,7 @@ int rdagen_cmd_emit(int argc, char **argv);  /* tools/cmd_emit.c */
 int rdagen_cmd_demo(int argc, char **argv);  /* tools/cmd_demo.c */
 int rdagen_cmd_cache(int argc, char **argv); /* tools/cmd_cache.c */
 int rdagen_cmd_ring_sim(int argc, char **argv); /* tools/cmd_ring_sim.c */
+int rdagen_cmd_tune(int argc, char **argv); /* tools/cmd_tune.c */
 
 /* Print "rdagen: error: <msg>" on stderr and return 1. */
 int rdagen_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

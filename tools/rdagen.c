@@ -1,6 +1,6 @@
-/* rdagen.c — the command-line tool: `rdagen <command> ...` dispatches to run, emit and demo
- * (tools/cmd_*.c). Exit status: 0 success, 1 bad input (one "rdagen: error: ..." line on
- * stderr), 2 bad usage. */
+/* rdagen.c — the command-line tool: `rdagen <command> ...` dispatches to run, emit, cache,
+ * demo, ring-sim and tune (tools/cmd_*.c). Exit status: 0 success, 1 bad input (one
+ * "rdagen: error: ..." line on stderr), 2 bad usage. */
 #include "commands.h"
 
 #include "rda.h"
@@ -26,6 +26,10 @@ static const char rdagen_usage_text[] =
     "  ring-sim CONFIG --n N --ranks P [--layout contiguous|zigzag] [--link-gbps B]\n"
     "      [--tflops F] [--json]\n"
     "      predict the ring's bytes, memory and time per rank (no kernels run)\n"
+    "  tune CONFIG [--n N] [--batch B] [--backward] [--iters K] [--verify-n N]\n"
+    "      [--backend auto|cuda|emu] [--seed S] [--db FILE] [--dry-run] [--wgmma]\n"
+    "      time every candidate tile of the config's kernels; rank them in the tuning\n"
+    "      database that plans read (rdagen tune --help)\n"
     "\n"
     "options:\n"
     "  --help      this text\n"
@@ -82,5 +86,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "cache") == 0) return rdagen_cmd_cache(argc - 2, argv + 2);
   if (strcmp(cmd, "demo") == 0) return rdagen_cmd_demo(argc - 2, argv + 2);
   if (strcmp(cmd, "ring-sim") == 0) return rdagen_cmd_ring_sim(argc - 2, argv + 2);
-  return rdagen_usage("unknown command '%s' (expected run, emit or demo)", cmd);
+  if (strcmp(cmd, "tune") == 0) return rdagen_cmd_tune(argc - 2, argv + 2);
+  return rdagen_usage("unknown command '%s' (expected run, emit, cache, demo, ring-sim or tune)",
+                      cmd);
 }

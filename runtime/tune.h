@@ -1,0 +1,54 @@
+/* tune.h — the autotuner (`rdagen tune`): for each tuning task of a config (runtime/gen.h), it
+ * plans every candidate tile (rda_gen_plan_forced) on a one-branch copy of the config, checks
+ * the candidate against the float64 reference at a small size, times it at the requested size
+ * on the backend, and merges the ranking into the user's tuning database. */
+#ifndef RDA_TUNE_H
+#define RDA_TUNE_H
+
+#include <stdint.h>
+
+#include "backend.h"
+#include "config.h"
+#include "err.h"
+#include "gen.h"
+#include "hw.h"
+
+typedef struct rda_tune_opts {
+  long long n, batch; /* the timed problem: [batch, n, heads, head_dim] */
+  long long verify_n; /* rows of the reference check (batch 1); 0: min(n, 1024) */
+  int iters;          /* timed passes per candidate (median), after one untimed; 1..100000 */
+  unsigned flags;     /* RDA_PLAN_BACKWARD: tune the dK/dV and dQ kernels too;
+                         RDA_PLAN_WGMMA: admit the wgmma tiles */
+  uint64_t seed;      /* of the random inputs */
+  const char *device; /* written with each entry, e.g. the GPU's name (NULL: hw->name) */
+  /* One line per finished candidate and per task (may be NULL). */
+  void (*log)(void *ud, const char *line);
+  void *log_ud;
+} rda_tune_opts;
+
+/* One task's results, for the caller's report. */
+typedef struct rda_tune_report {
+  rda_tune_task task;
+  rda_tune_outcome outcome; /* ranked candidates, fastest first */
+  int nfailed;
+  char failed[RDA_TUNE_MAX_CANDIDATES][RDA_TUNE_NAME + 160]; /* "tile: why" */
+} rda_tune_report;
+
+/* Tune cfg on backend b (hw its profile) and merge the outcomes into the database text
+ * old_text (NULL: none; old_name for messages): *db_text (malloc'd) is the new text, *reports
+ * (malloc'd, *nreports) what happened per task. Writes nothing to disk. A task none of whose
+ * candidates passes is RDA_ERR_INTERNAL naming it (and every candidate's failure).
+ * Per task, on a one-branch copy of cfg (the task's branch): the inputs are normal(0, 1) draws
+ * of o->seed rounded to the dtype (with the backward, a random dLSE too), the same for every
+ * task; each candidate is planned with its tile forced, loaded (compiled or from the kernel
+ * cache), checked at verify_n rows against the float64 reference (outputs NaN-poisoned first),
+ * timed at (n, batch) (a backward candidate: rda_bwd_run alone, deterministic), and its outputs
+ * there compared with the first passing candidate's under twice the SPEC §5 tolerances. Any
+ * failure of a candidate lands in its report's `failed` and leaves it out of the ranking.
+ * A bad old_text (RDA_ERR_CONFIG) or bad options (RDA_ERR_INVALID_ARGUMENT) fail before any
+ * kernel runs. On failure *db_text and *reports are NULL and *nreports 0. */
+rda_status rda_tune_run(rda_backend *b, rda_gen *g, const rda_hw *hw, const rda_config *cfg,
+                        const rda_tune_opts *o, const char *old_text, const char *old_name,
+                        char **db_text, rda_tune_report **reports, int *nreports, rda_err *err);
+
+#endif

@@ -1,0 +1,273 @@
+/* cmd_tune.c — `rdagen tune`: time every candidate tile of a config's attention kernels on
+ * this machine's backend (runtime/tune.h), print a table per kernel, and merge the rankings
+ * into the user's tuning database, which every later plan reads (runtime/gen.h, "tuning"). */
+#include "backend.h"
+#include "commands.h"
+#include "gen.h"
+#include "tune.h"
+#include "tuning_db.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char tune_usage_text[] =
+    "usage: rdagen tune CONFIG [--n N] [--batch B] [--backward] [--iters K] [--verify-n N]\n"
+    "                   [--backend auto|cuda|emu] [--seed S] [--db FILE] [--dry-run] [--wgmma]\n"
+    "\n"
+    "Times every candidate tile of each attention kernel the config plans (forward; with\n"
+    "--backward also dK/dV and dQ), one task per distinct key (target, kernel, head_dim, dtype,\n"
+    "causal, dilated, grid rows). Each candidate is first checked against the float64\n"
+    "reference (batch 1, --verify-n rows), then timed at [B, N] (median of K passes after one\n"
+    "untimed) and its outputs there compared with the first passing candidate's. The ranking is\n"
+    "merged into the tuning database; every later plan takes its first usable tile.\n"
+    "  --n         rows of the timed problem (default: twice the largest segment, at least\n"
+    "              1024 and at most 65536; 1024 on the emulator)\n"
+    "  --batch     batch of the timed problem (default 1)\n"
+    "  --iters     timed passes per candidate (default 10; 3 on the emulator)\n"
+    "  --verify-n  rows of the reference check, at most N (default min(N, 1024))\n"
+    "  --backward  also tune the backward kernels\n"
+    "  --wgmma     admit the sm_90a wgmma tiles (as RDA_WGMMA=1)\n"
+    "  --backend   auto (default: cuda when a GPU is usable, else emu), cuda or emu; entries\n"
+    "              timed on the emulator are for target emu-sm_90 and steer only its plans\n"
+    "  --seed      of the random inputs (default 1)\n"
+    "  --db        the database to update (default $RDA_TUNING_DB, else tuning.lua in the\n"
+    "              cache folder); the plans made while tuning read it too\n"
+    "  --dry-run   tune and print, but write nothing\n"
+    "Flags may come in any order, as '--flag value' or '--flag=value'.\n";
+
+enum {
+  TUNE_MAX_N = 1 << 24,
+  TUNE_MAX_BATCH = 4096,
+  TUNE_MAX_ITERS = 1000,
+  TUNE_MAX_VERIFY_N = 8192
+};
+
+typedef struct tune_cli {
+  const char *config, *backend, *db;
+  long long n, batch, iters, verify_n;
+  unsigned long long seed;
+  int have_n, have_iters, backward, dry_run, wgmma;
+} tune_cli;
+
+/* A decimal integer in [lo, hi] and nothing else (no sign, space or trailing junk). */
+static int tune_parse_ll(const char *s, long long lo, long long hi, long long *out) {
+  if (s == NULL || *s < '0' || *s > '9') return 0;
+  char *end = NULL;
+  errno = 0;
+  const long long v = strtoll(s, &end, 10);
+  if (errno != 0 || *end != '\0' || v < lo || v > hi) return 0;
+  *out = v;
+  return 1;
+}
+
+/* Returns -1 to go on, else the exit status (0 for --help). */
+static int tune_parse(int argc, char **argv, tune_cli *o) {
+  memset(o, 0, sizeof *o);
+  o->batch = 1;
+  o->seed = 1;
+  static const char *const valued[] = {"n", "batch", "iters", "verify-n", "backend", "seed", "db"};
+  int seen[7] = {0};
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      fputs(tune_usage_text, stdout);
+      return 0;
+    }
+    if (strncmp(a, "--", 2) != 0 || a[2] == '\0') {
+      if (a[0] == '-' && a[1] != '\0') return rdagen_usage("tune: unknown option '%s'", a);
+      if (o->config != NULL)
+        return rdagen_usage("tune: more than one config given ('%s' and '%s')", o->config, a);
+      o->config = a;
+      continue;
+    }
+    const char *name = a + 2;
+    const char *eq = strchr(name, '=');
+    const size_t nlen = eq ? (size_t)(eq - name) : strlen(name);
+    int *flag = NULL;
+    if (nlen == 8 && strncmp(name, "backward", 8) == 0) flag = &o->backward;
+    if (nlen == 7 && strncmp(name, "dry-run", 7) == 0) flag = &o->dry_run;
+    if (nlen == 5 && strncmp(name, "wgmma", 5) == 0) flag = &o->wgmma;
+    if (flag != NULL) {
+      if (eq != NULL) return rdagen_usage("tune: --%.*s takes no value", (int)nlen, name);
+      *flag = 1;
+      continue;
+    }
+    int f = -1;
+    for (int j = 0; j < 7; j++)
+      if (strlen(valued[j]) == nlen && strncmp(valued[j], name, nlen) == 0) f = j;
+    if (f < 0) return rdagen_usage("tune: unknown option '%.*s'", (int)(nlen + 2), a);
+    const char *val;
+    if (eq != NULL) {
+      val = eq + 1;
+    } else {
+      if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)
+        return rdagen_usage("tune: --%s needs a value", valued[f]);
+      val = argv[++i];
+    }
+    if (*val == '\0') return rdagen_usage("tune: --%s needs a value", valued[f]);
+    if (seen[f]++) return rdagen_usage("tune: --%s given twice", valued[f]);
+    long long x = 0;
+    switch (f) {
+      case 0:
+        if (!tune_parse_ll(val, 1, TUNE_MAX_N, &x))
+          return rdagen_usage("tune: --n '%s': expected an integer in 1..%d", val, TUNE_MAX_N);
+        o->n = x, o->have_n = 1;
+        break;
+      case 1:
+        if (!tune_parse_ll(val, 1, TUNE_MAX_BATCH, &x))
+          return rdagen_usage("tune: --batch '%s': expected an integer in 1..%d", val,
+                              TUNE_MAX_BATCH);
+        o->batch = x;
+        break;
+      case 2:
+        if (!tune_parse_ll(val, 1, TUNE_MAX_ITERS, &x))
+          return rdagen_usage("tune: --iters '%s': expected an integer in 1..%d", val,
+                              TUNE_MAX_ITERS);
+        o->iters = x, o->have_iters = 1;
+        break;
+      case 3:
+        if (!tune_parse_ll(val, 1, TUNE_MAX_VERIFY_N, &x))
+          return rdagen_usage("tune: --verify-n '%s': expected an integer in 1..%d", val,
+                              TUNE_MAX_VERIFY_N);
+        o->verify_n = x;
+        break;
+      case 4:
+        if (strcmp(val, "auto") != 0 && strcmp(val, "cuda") != 0 && strcmp(val, "emu") != 0)
+          return rdagen_usage("tune: --backend '%s': expected auto, cuda or emu", val);
+        o->backend = val;
+        break;
+      case 5:
+        if (!tune_parse_ll(val, 0, LLONG_MAX, &x))
+          return rdagen_usage("tune: --seed '%s': expected a non-negative integer", val);
+        o->seed = (unsigned long long)x;
+        break;
+      default: o->db = val; break;
+    }
+  }
+  if (o->config == NULL) return rdagen_usage("tune: no CONFIG given");
+  if (o->backend == NULL) o->backend = "auto";
+  return -1;
+}
+
+static void tune_cli_log(void *ud, const char *line) {
+  (void)ud;
+  printf("%s\n", line);
+  fflush(stdout);
+}
+
+/* The table of one task: every ranked tile with its median and its speed relative to the
+ * tile plans take now (>1: faster), then the failures. */
+static void tune_print_report(const rda_tune_report *r) {
+  const rda_tune_outcome *oc = &r->outcome;
+  double now_us = 0;
+  for (int i = 0; i < oc->nranked; i++)
+    if (strcmp(oc->ranked[i].tile, r->task.chosen) == 0) now_us = oc->ranked[i].us;
+  printf("\n%s\n", r->task.key);
+  printf("  %-30s %12s %10s\n", "tile", "median us", "vs now");
+  for (int i = 0; i < oc->nranked; i++) {
+    const int is_now = strcmp(oc->ranked[i].tile, r->task.chosen) == 0;
+    char rel[32] = "-";
+    if (now_us > 0) snprintf(rel, sizeof rel, "%.2fx", now_us / oc->ranked[i].us);
+    printf("  %-30s %12.1f %10s%s\n", oc->ranked[i].tile, oc->ranked[i].us, rel,
+           is_now ? "  (now)" : "");
+  }
+  for (int i = 0; i < r->nfailed; i++) printf("  FAILED %s\n", r->failed[i]);
+}
+
+int rdagen_cmd_tune(int argc, char **argv) {
+  tune_cli opt;
+  int rc = tune_parse(argc, argv, &opt);
+  if (rc >= 0) return rc;
+
+  rda_err err = {0};
+  char db_path[4096];
+  if (opt.db != NULL) {
+    if (snprintf(db_path, sizeof db_path, "%s", opt.db) >= (int)sizeof db_path)
+      return rdagen_fail("--db: path too long");
+    /* The plans made while tuning (the tile each takes now) read the same database. */
+    if (setenv("RDA_TUNING_DB", opt.db, 1) != 0) return rdagen_fail("--db: cannot set it");
+  } else if (rda_tuning_db_path(db_path, sizeof db_path, &err) != RDA_OK) {
+    return rdagen_fail("%s", err.msg);
+  }
+
+  rda_gen *g = NULL;
+  rda_backend *b = NULL;
+  char *old_text = NULL, *db_text = NULL;
+  rda_tune_report *reports = NULL;
+  int nreports = 0;
+  rda_config cfg;
+  rda_hw hw;
+  char why[1024];
+  rc = 1;
+  if (rda_gen_open(&g, &err) != RDA_OK ||
+      rda_gen_config_file(g, opt.config, &cfg, &err) != RDA_OK ||
+      rda_tuning_db_read_file(db_path, &old_text, &err) != RDA_OK) {
+    rdagen_fail("%s", err.msg);
+    goto done;
+  }
+  if (rda_backend_open(opt.backend, &b, why, sizeof why, &err) != RDA_OK) {
+    rdagen_fail("%s", err.msg);
+    goto done;
+  }
+  if (strcmp(opt.backend, "auto") == 0) fprintf(stderr, "rdagen: backend: %s\n", why);
+  if (rda_backend_hw(b, g, &hw, &err) != RDA_OK) {
+    rdagen_fail("%s", err.msg);
+    goto done;
+  }
+  const int emu = hw.emulated || strcmp(b->name, "emu") == 0;
+  long long n = opt.n;
+  if (!opt.have_n) {
+    long long wmax = 0;
+    for (int i = 0; i < cfg.nbranch; i++)
+      if (cfg.segments[i] > wmax) wmax = cfg.segments[i];
+    n = wmax < 32768 ? 2 * wmax : 65536;
+    if (n < 1024) n = 1024;
+    if (emu) n = 1024; /* the emulator runs kernels on the CPU: keep the timed problem small */
+  }
+  const rda_tune_opts to = {
+      .n = n,
+      .batch = opt.batch,
+      .verify_n = opt.verify_n > n ? n : opt.verify_n,
+      .iters = opt.have_iters ? (int)opt.iters : (emu ? 3 : 10),
+      .flags = (opt.backward ? RDA_PLAN_BACKWARD : 0u) | (opt.wgmma ? RDA_PLAN_WGMMA : 0u),
+      .seed = opt.seed,
+      .device = emu ? "CPU emulator" : hw.name,
+      .log = tune_cli_log,
+      .log_ud = NULL,
+  };
+  printf("tuning %s on %s (%s): N %lld, batch %lld, %d timed passes per tile, checked at N %lld\n",
+         opt.config, hw.name, b->name, to.n, to.batch, to.iters,
+         to.verify_n > 0 ? to.verify_n : (n < 1024 ? n : 1024));
+  fflush(stdout);
+  if (rda_tune_run(b, g, &hw, &cfg, &to, old_text, db_path, &db_text, &reports, &nreports, &err) !=
+      RDA_OK) {
+    rdagen_fail("%s", err.msg);
+    goto done;
+  }
+  for (int i = 0; i < nreports; i++) tune_print_report(&reports[i]);
+  if (emu)
+    printf(
+        "\nnote: timed on the CPU emulator: these entries are for target emu-sm_%d and steer "
+        "only emulator plans, never a GPU's\n",
+        hw.arch);
+  if (opt.dry_run) {
+    printf("\ndry run: %s not written\n", db_path);
+  } else {
+    if (rda_tuning_db_write(db_path, db_text, &err) != RDA_OK) {
+      rdagen_fail("%s", err.msg);
+      goto done;
+    }
+    printf("\nwrote %d %s to %s\n", nreports, nreports == 1 ? "entry" : "entries", db_path);
+  }
+  rc = 0;
+done:
+  free(reports);
+  free(db_text);
+  free(old_text);
+  if (b != NULL) b->destroy(b);
+  rda_gen_close(g);
+  return rc;
+}
