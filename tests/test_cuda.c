@@ -791,10 +791,10 @@ static bool has_manifest(const char *out) {
 static const char *check_entry(const jv *k, const char *out) {
   static const char *const keys[] = {"name",      "arch",        "entry",      "cubin",
                                      "registers", "spill_bytes", "smem_bytes", "compile_s",
-                                     "source_sha256"};
+                                     "source_sha256", "tile",     "tuned"};
   assert_int_equal(k->type, JV_OBJ);
-  assert_int_equal(k->n, 9);
-  for (size_t i = 0; i < 9; ++i)
+  assert_int_equal(k->n, 11);
+  for (size_t i = 0; i < 11; ++i)
     if (jv_get(k, keys[i]) == NULL) fail_msg("manifest entry without \"%s\"", keys[i]);
   const jv *name = jv_get(k, "name"), *arch = jv_get(k, "arch"), *entry = jv_get(k, "entry");
   const jv *cubin = jv_get(k, "cubin");
@@ -812,6 +812,15 @@ static const char *check_entry(const jv *k, const char *out) {
     fail_msg("%s %s spills %g bytes", name->str, arch->str, jv_get(k, "spill_bytes")->num);
   assert_true(jv_get(k, "smem_bytes")->num >= 0);
   assert_true(jv_get(k, "compile_s")->num > 0);
+  /* The attention kernels name their tile; no tuning database is set up here, so none is tuned. */
+  assert_int_equal(jv_get(k, "tile")->type, JV_STR);
+  assert_int_equal(jv_get(k, "tuned")->type, JV_BOOL);
+  assert_false(jv_get(k, "tuned")->num != 0);
+  const bool attention = strstr(name->str, "rda_fwd") == name->str ||
+                         strstr(name->str, "rda_bwd_dkdv") == name->str ||
+                         strstr(name->str, "rda_bwd_dq") == name->str;
+  if (attention != (jv_get(k, "tile")->str[0] != '\0'))
+    fail_msg("%s: tile \"%s\"", name->str, jv_get(k, "tile")->str);
 
   char expect[256];
   snprintf(expect, sizeof expect, "%s.%s.cubin", name->str, arch->str);

@@ -29,7 +29,9 @@ static const char emit_usage_text[] =
     "  <name>.<sm_XX>.cubin    the cubin for each target\n"
     "  <name>.<sm_XX>.ptx      its PTX, with --ptx\n"
     "  manifest.json           {\"kernels\": [{name, arch, entry, cubin, source_sha256,\n"
-    "                          registers, spill_bytes, smem_bytes, compile_s}, ...]}\n"
+    "                          registers, spill_bytes, smem_bytes, compile_s, tile,\n"
+    "                          tuned}, ...]}  (tile: \"\" for the small kernels; tuned: taken\n"
+    "                          from a tuning database, see rdagen tune)\n"
     "DIR can then be named in RDA_KERNEL_PATH (colon-separated folders): librda loads a\n"
     "cubin from it instead of compiling when name, arch and source_sha256 all match.\n"
     "Flags may come in any order, as '--flag value' or '--flag=value'.\n";
@@ -286,6 +288,10 @@ static rda_status emit_manifest(const emit_job *jobs, int njobs, rda_json *j, rd
     rda_json_int(j, (long long)k->cubin.smem_bytes + k->v->smem_bytes);
     rda_json_key(j, "compile_s");
     rda_json_double(j, k->cubin.compile_s);
+    rda_json_key(j, "tile");
+    rda_json_string(j, k->v->tile);
+    rda_json_key(j, "tuned");
+    rda_json_bool(j, k->v->tuned);
     rda_json_object_end(j);
   }
   rda_json_array_end(j);
