@@ -5,8 +5,9 @@
 # everything under $OUT (build/gpu-out when $OUT is unset). Run HERE first: bash
 # scripts/gpu_carry.sh; then in one device call with carry ["carry"]: bash scripts/gpu_session.sh
 #
-# usage: gpu_session.sh [all | build | tests | bench] ...   (default all; tests and bench build
-#        first, incrementally: a warm machine keeps build/gpu between calls)
+# usage: gpu_session.sh [all | build | tests | bench | tune] ...   (default all = build, tests
+#        and bench; tests, bench and tune build first, incrementally: a warm machine keeps
+#        build/gpu between calls). tune is never part of all: it takes a device call of its own.
 # environment:
 #   OUT                   where results go (default build/gpu-out)
 #   GPU_SESSION_BUDGET_S  seconds for the whole script (default 540: a device call stops at 600)
@@ -20,6 +21,9 @@
 # (device, driver, tools, paths, commit), build.log, ctest.log, ring_sim.txt, ring_timeline.json,
 # kernel_times.jsonl (per-kernel device times of the d128 backward bench, one line for the
 # mma.sync run and one for the wgmma run: bench/bench_ring.c --kernel-times appends).
+# The tune phase: tune.log (rdagen tune's tables) and tuning_db.lua (the database it wrote: every
+# candidate tile of the benchmark configs, wgmma ones included, checked against the float64
+# reference on the GPU and timed; commit it as tuning/db.lua once it has been looked at).
 set -uo pipefail
 SELF=$(readlink -f "$0")
 cd "$(dirname "$SELF")/.." || exit 1
@@ -108,14 +112,20 @@ want_phase() {
   for p in "${PHASES[@]}"; do [ "$p" = all ] || [ "$p" = "$1" ] && return 0; done
   return 1
 }
+# A phase that `all` leaves out: only when named.
+want_named() {
+  local p
+  for p in "${PHASES[@]}"; do [ "$p" = "$1" ] && return 0; done
+  return 1
+}
 
 PHASES=("$@")
 [ ${#PHASES[@]} -gt 0 ] || PHASES=(all)
 for p in "${PHASES[@]}"; do
   case $p in
-    all | build | tests | bench) ;;
+    all | build | tests | bench | tune) ;;
     *)
-      echo "usage: gpu_session.sh [all | build | tests | bench] ..." >&2
+      echo "usage: gpu_session.sh [all | build | tests | bench | tune] ..." >&2
       exit 2
       ;;
   esac
@@ -469,6 +479,29 @@ for l in open(sys.argv[1]):
     } >>"$OUT/ring_sim.txt" 2>&1
     tail -n +2 "$OUT/ring_sim.txt" | sed -n '/--tflops/,$p'
     sim_json --tflops "$tflops"
+  fi
+fi
+
+# --- tuning -----------------------------------------------------------------------------------
+
+# Every candidate tile of the benchmark configs' kernels, forward and backward, wgmma tiles
+# included: each checked against the float64 reference on the GPU (so this is also the wgmma
+# kernels' native check), then timed; the rankings go to $OUT/tuning_db.lua.
+if want_named tune; then
+  if [ -z "$GPU_NAME" ]; then
+    note "SKIP tune: no GPU"
+    record_step "tune" 125 0 "skipped: no GPU"
+  else
+    export RDA_TUNING_DB=$OUT/tuning_db.lua
+    rm -f "$RDA_TUNING_DB"
+    : >"$OUT/tune.log"
+    for cfg in bench/target_d128.lua bench/target_ring.lua configs/default.lua; do
+      name=tune_$(basename "$cfg" .lua)
+      run_step "$name" 240 10 "$OUT/tune.log" \
+        "$BUILD/rdagen" tune "$cfg" --backend cuda --backward --wgmma
+      grep -E '^(sm_|  (tile|bm|bn|FAILED))' "$OUT/tune.log" | tail -n 40
+    done
+    unset RDA_TUNING_DB
   fi
 fi
 
