@@ -95,8 +95,9 @@ static int report_nvrtc(const rda_plan_k *p, int arch, int *spills) {
     rda_err err = {0};
     if (rda_nvrtc_compile(v->source, v->name, v->name, arch, 0, &out, &err) != RDA_OK)
       return rdagen_fail("%s", err.msg);
-    printf("%-52s sm_%-3d %5d %6d %7d %7.2f s\n", v->name, arch, out.registers, out.spill_bytes,
-           out.smem_bytes + v->smem_bytes, out.compile_s);
+    printf("%-52s sm_%-3d %5d %6d %7d %7.2f s%s\n", v->name, arch, out.registers,
+           out.spill_bytes, out.smem_bytes + v->smem_bytes, out.compile_s,
+           v->tuned ? "  (tile from tuning)" : "");
     *spills += out.spill_bytes;
     rda_nvrtc_out_free(&out);
   }
