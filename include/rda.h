@@ -125,9 +125,10 @@ typedef enum { RDA_PLAN_FORWARD = 0, RDA_PLAN_WITH_BACKWARD = 1 } rda_plan_flags
 /* A plan for one attention config on ctx. Validates the config (SPEC §3), generates every kernel
  * the passes in `flags` need and compiles it, or loads it from the kernel cache, so that running
  * never compiles. Each kernel's tile is the one the tuning databases rank first for this GPU
- * (`rdagen tune`; the user's database, $RDA_TUNING_DB or tuning.lua in the cache folder, read
- * here, then the one shipped with rda), else the tile space's first that fits. Plans of one
- * config on one context share their kernels. Takes a reference on ctx. *out is NULL on
+ * (`rdagen tune`; the user's database, $RDA_TUNING_DB or tuning.lua in the cache folder, then
+ * the one shipped with rda), else the tile space's first that fits. Plans of one config on one
+ * context share their kernels: the database is read when a context first plans a config, and
+ * a later change to it reaches that config on a new context. Takes a reference on ctx. *out is NULL on
  * failure: RDA_ERR_CONFIG with the key, the value and what is allowed in rda_last_error(ctx)
  * (or naming the user's tuning database when it does not load or check); RDA_ERR_IO when that
  * database cannot be read; RDA_ERR_NVRTC / RDA_ERR_EMULATOR when a kernel does not compile;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -30,7 +31,9 @@ rda_status rda_tuning_db_path(char *out, size_t cap, rda_err *err) {
 
 rda_status rda_tuning_db_read_file(const char *path, char **text, rda_err *err) {
   *text = NULL;
-  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: a FIFO or device named here must fail the regular-file check below, not hang
+   * the open (the flag does nothing to a regular file's reads). */
+  const int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ENOENT) return RDA_OK;
     return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': %s", path, strerror(errno));
@@ -60,6 +63,10 @@ rda_status rda_tuning_db_read_file(const char *path, char **text, rda_err *err) 
       got += (size_t)r;
     }
     buf[got] = '\0';
+    /* The text goes to Lua as a C string: a NUL would silently cut it short. */
+    if (s == RDA_OK && memchr(buf, '\0', got) != NULL)
+      s = rda_err_set(err, RDA_ERR_IO, "tuning database '%s': contains a NUL byte: not a text file",
+                      path);
   }
   close(fd);
   if (s != RDA_OK) {
@@ -74,14 +81,22 @@ rda_status rda_tuning_db_read(char **text, char *name, size_t name_cap, rda_err 
   *text = NULL;
   if (name_cap > 0) name[0] = '\0';
   char path[4096];
+  if (rda_tuning_db_env() != NULL) {
+    RDA_TRY(rda_tuning_db_path(path, sizeof path, err));
+    if (name_cap > 0) snprintf(name, name_cap, "%s", path);
+    return rda_tuning_db_read_file(path, text, err);
+  }
+  /* The default place is a convenience: when it cannot be resolved or opened (no cache root,
+   * a cache root that is a file, no permission), there is no user database. A file there that
+   * opens but does not load or check is still an error, where the plan reads it. */
   rda_err ignored;
-  if (rda_tuning_db_path(path, sizeof path, rda_tuning_db_env() != NULL ? err : &ignored) !=
-      RDA_OK) {
-    if (rda_tuning_db_env() != NULL) return err->status;
-    return RDA_OK; /* no cache root: no user database */
+  if (rda_tuning_db_path(path, sizeof path, &ignored) != RDA_OK) return RDA_OK;
+  if (rda_tuning_db_read_file(path, text, &ignored) != RDA_OK) {
+    *text = NULL;
+    return RDA_OK;
   }
   if (name_cap > 0) snprintf(name, name_cap, "%s", path);
-  return rda_tuning_db_read_file(path, text, err);
+  return RDA_OK;
 }
 
 static rda_status rda_tuning_db_write_all(int fd, const char *text, size_t len) {
@@ -95,35 +110,97 @@ static rda_status rda_tuning_db_write_all(int fd, const char *text, size_t len) 
   return RDA_OK;
 }
 
+/* Creates path's folder when it is missing (a fresh cache root). */
+static rda_status rda_tuning_db_parent(const char *path, rda_err *err) {
+  const char *slash = strrchr(path, '/');
+  if (slash == NULL || slash == path) return RDA_OK;
+  char dir[4096];
+  if (snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path) >= (int)sizeof dir)
+    return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': path too long", path);
+  struct stat st;
+  if (stat(dir, &st) == 0) return RDA_OK;
+  rda_err why;
+  if (rda_cache_dir_mkdirs(dir, &why) != RDA_OK)
+    return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': %s", path, why.msg);
+  return RDA_OK;
+}
+
 rda_status rda_tuning_db_write(const char *path, const char *text, rda_err *err) {
+  /* A database reached through a symbolic link is replaced where it lives, keeping the link. */
+  char target[4096];
+  struct stat lst;
+  if (lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode)) {
+    if (realpath(path, target) == NULL)
+      return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': link target: %s", path,
+                         strerror(errno));
+  } else if (snprintf(target, sizeof target, "%s", path) >= (int)sizeof target) {
+    return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': path too long", path);
+  }
   char tmp[4200];
-  const int len = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+  const int len = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", target, (long)getpid());
   if (len < 0 || (size_t)len >= sizeof tmp)
     return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': path too long", path);
-  const char *slash = strrchr(path, '/');
-  if (slash != NULL && slash != path) { /* a fresh cache root: its folder may not exist yet */
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    struct stat st;
-    if (stat(dir, &st) != 0) RDA_TRY(rda_cache_dir_mkdirs(dir, err));
-  }
+  RDA_TRY(rda_tuning_db_parent(target, err));
+  /* The old file's permissions carry over; a new one gets 0644 less the umask. */
+  struct stat old;
+  const int existed = stat(target, &old) == 0;
   const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0)
     return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': cannot create '%s': %s", path, tmp,
                        strerror(errno));
   const int wrote = rda_tuning_db_write_all(fd, text, strlen(text)) == RDA_OK;
   const int saved = errno;
-  const int synced = wrote && fsync(fd) == 0;
+  const int moded = !wrote || !existed || fchmod(fd, old.st_mode & 07777) == 0;
+  const int synced = wrote && moded && fsync(fd) == 0;
   const int closed = close(fd) == 0;
   if (!wrote || !synced || !closed) {
     unlink(tmp);
     return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': writing '%s': %s", path, tmp,
                        strerror(!wrote ? saved : errno));
   }
-  if (rename(tmp, path) != 0) {
+  if (rename(tmp, target) != 0) {
     const int e = errno;
     unlink(tmp);
     return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': rename: %s", path, strerror(e));
   }
+  /* The rename itself survives a crash once its folder is flushed (best effort). */
+  char dir[4096] = ".";
+  const char *slash = strrchr(target, '/');
+  if (slash == target)
+    snprintf(dir, sizeof dir, "/");
+  else if (slash != NULL)
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - target), target);
+  const int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    (void)fsync(dfd);
+    close(dfd);
+  }
   return RDA_OK;
+}
+
+rda_status rda_tuning_db_lock(const char *path, int *fd, rda_err *err) {
+  *fd = -1;
+  char lock[4200];
+  if (snprintf(lock, sizeof lock, "%s.lock", path) >= (int)sizeof lock)
+    return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': path too long", path);
+  RDA_TRY(rda_tuning_db_parent(lock, err));
+  const int l = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (l < 0)
+    return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': lock '%s': %s", path, lock,
+                       strerror(errno));
+  while (flock(l, LOCK_EX) != 0) {
+    if (errno == EINTR) continue;
+    const int e = errno;
+    close(l);
+    return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': lock '%s': %s", path, lock,
+                       strerror(e));
+  }
+  *fd = l;
+  return RDA_OK;
+}
+
+void rda_tuning_db_unlock(int fd) {
+  if (fd < 0) return;
+  (void)flock(fd, LOCK_UN);
+  close(fd);
 }

@@ -13,19 +13,28 @@
 rda_status rda_tuning_db_path(char *out, size_t cap, rda_err *err);
 
 /* The database's text: *text malloc'd and NUL-terminated (the caller frees it), NULL when the
- * file does not exist (or, with RDA_TUNING_DB unset, when there is no cache root); name gets
- * the path either way ("" when none). RDA_ERR_IO naming the path when it exists but cannot be
- * read, or is larger than 16 MiB. */
+ * file does not exist; name gets the path ("" when none). With RDA_TUNING_DB set: RDA_ERR_IO
+ * naming the path when it exists but cannot be read, is not a regular file, holds a NUL byte
+ * or is larger than 16 MiB. With it unset, any such trouble at the default place (no cache
+ * root, a cache root that is a file, no permission) just means no user database. */
 rda_status rda_tuning_db_read(char **text, char *name, size_t name_cap, rda_err *err);
 
-/* The text of the database at `path`, as rda_tuning_db_read: *text NULL when it does not
- * exist; RDA_ERR_IO when it exists but cannot be read or is over 16 MiB. */
+/* The text of the database at `path`: *text NULL when it does not exist; RDA_ERR_IO when it
+ * exists but cannot be read, is not a regular file (a FIFO fails, never blocks), holds a NUL
+ * byte or is over 16 MiB. */
 rda_status rda_tuning_db_read_file(const char *path, char **text, rda_err *err);
 
 /* Replace the file at `path` with text: written to a temporary file in the same folder,
  * flushed, then renamed over it, so a reader sees the old or the new database, never a part.
- * Missing parent folders are created (0700). RDA_ERR_IO naming the path on failure (the old
- * file is then untouched). */
+ * A symbolic link is followed (the file it names is replaced, the link kept); the old file's
+ * permissions are kept (a new one: 0644 less the umask); missing parent folders are created
+ * (0700). RDA_ERR_IO naming the path on failure (the old file is then untouched). */
 rda_status rda_tuning_db_write(const char *path, const char *text, rda_err *err);
+
+/* Writers take this lock (flock on `path`.lock, created beside it; waits for other holders)
+ * around read, merge and write, so concurrent `rdagen tune` runs keep each other's entries.
+ * Readers (plans) need none: writes are atomic renames. *fd: the lock, for rda_tuning_db_unlock. */
+rda_status rda_tuning_db_lock(const char *path, int *fd, rda_err *err);
+void rda_tuning_db_unlock(int fd); /* accepts -1 */
 
 #endif

@@ -1,0 +1,252 @@
+/* test_tuning_db.c — the user's tuning database file (runtime/tuning_db.h): where it is, what
+ * reading refuses (never hanging on a FIFO, never cutting text at a NUL), the default place
+ * being optional, atomic replacement that keeps links and permissions, and the writers' lock. */
+#include "rda_test.h"
+#include "tuning_db.h"
+
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+typedef struct fixture {
+  char *dir;
+  char *saved_db, *saved_cache; /* the environment as the test found it */
+} fixture;
+
+static char *dup_env(const char *name) {
+  const char *v = getenv(name);
+  return v != NULL ? strdup(v) : NULL;
+}
+
+static void put_env(const char *name, char *v) {
+  if (v != NULL)
+    setenv(name, v, 1);
+  else
+    unsetenv(name);
+  free(v);
+}
+
+static int setup(void **state) {
+  fixture *f = calloc(1, sizeof *f);
+  if (f == NULL || (f->dir = rt_mkdtemp()) == NULL) return -1;
+  f->saved_db = dup_env("RDA_TUNING_DB");
+  f->saved_cache = dup_env("RDA_CACHE_DIR");
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  fixture *f = *state;
+  put_env("RDA_TUNING_DB", f->saved_db);
+  put_env("RDA_CACHE_DIR", f->saved_cache);
+  rt_rmtree(f->dir);
+  free(f->dir);
+  free(f);
+  return 0;
+}
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Reading: a missing file is no database; a FIFO, a folder, a NUL byte or more than 16 MiB are
+ * one RDA_ERR_IO line naming the path, and the FIFO fails at once instead of blocking. */
+static void test_tuning_db_read_file_refuses_what_is_not_a_database(void **state) {
+  fixture *f = *state;
+  rda_err err = {0};
+  char sentinel[] = "sentinel";
+  char *text = sentinel;
+  char *missing = rt_path(f->dir, "missing.lua");
+  assert_int_equal(rda_tuning_db_read_file(missing, &text, &err), RDA_OK);
+  assert_null(text);
+
+  char *good = rt_path(f->dir, "good.lua");
+  assert_true(rt_write_file(good, "return {}\n", 10));
+  assert_int_equal(rda_tuning_db_read_file(good, &text, &err), RDA_OK);
+  assert_string_equal(text, "return {}\n");
+  free(text);
+
+  char *fifo = rt_path(f->dir, "fifo.lua");
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  const double t0 = now_s();
+  err = (rda_err){0};
+  assert_int_equal(rda_tuning_db_read_file(fifo, &text, &err), RDA_ERR_IO);
+  assert_true(now_s() - t0 < 5.0);
+  assert_non_null(strstr(err.msg, "not a regular file"));
+  assert_non_null(strstr(err.msg, fifo));
+  assert_null(text);
+
+  err = (rda_err){0};
+  assert_int_equal(rda_tuning_db_read_file(f->dir, &text, &err), RDA_ERR_IO);
+  assert_null(text);
+
+  char *nul = rt_path(f->dir, "nul.lua");
+  assert_true(rt_write_file(nul, "return {}\0junk", 14));
+  err = (rda_err){0};
+  assert_int_equal(rda_tuning_db_read_file(nul, &text, &err), RDA_ERR_IO);
+  assert_non_null(strstr(err.msg, "NUL"));
+  assert_null(text);
+
+  char *big = rt_path(f->dir, "big.lua");
+  const int fd = open(big, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  assert_true(fd >= 0);
+  assert_int_equal(ftruncate(fd, (16 << 20) + 1), 0);
+  close(fd);
+  err = (rda_err){0};
+  assert_int_equal(rda_tuning_db_read_file(big, &text, &err), RDA_ERR_IO);
+  assert_non_null(strstr(err.msg, "allowed"));
+  assert_null(text);
+  free(missing), free(good), free(fifo), free(nul), free(big);
+}
+
+/* RDA_TUNING_DB names the database, and its troubles are errors; the default place (the cache
+ * root) is optional: a cache root that is a regular file means no database, not an error. */
+static void test_tuning_db_path_and_the_optional_default(void **state) {
+  fixture *f = *state;
+  rda_err err = {0};
+  char path[4096], name[4096];
+  char *text = NULL;
+  char *mine = rt_path(f->dir, "mine.lua");
+  setenv("RDA_TUNING_DB", mine, 1);
+  assert_int_equal(rda_tuning_db_path(path, sizeof path, &err), RDA_OK);
+  assert_string_equal(path, mine);
+  assert_int_equal(rda_tuning_db_read(&text, name, sizeof name, &err), RDA_OK);
+  assert_null(text);
+  assert_string_equal(name, mine);
+  assert_true(rt_write_file(mine, "return {}\n", 10));
+  assert_int_equal(rda_tuning_db_read(&text, name, sizeof name, &err), RDA_OK);
+  assert_string_equal(text, "return {}\n");
+  free(text);
+  text = NULL;
+  setenv("RDA_TUNING_DB", f->dir, 1); /* a folder */
+  err = (rda_err){0};
+  assert_int_equal(rda_tuning_db_read(&text, name, sizeof name, &err), RDA_ERR_IO);
+  assert_null(text);
+
+  unsetenv("RDA_TUNING_DB");
+  char *root = rt_path(f->dir, "cache");
+  setenv("RDA_CACHE_DIR", root, 1);
+  assert_int_equal(rda_tuning_db_path(path, sizeof path, &err), RDA_OK);
+  char *want = rt_path(root, "tuning.lua");
+  assert_string_equal(path, want);
+  assert_false(rt_exists(root)); /* resolving creates nothing */
+  assert_int_equal(rda_tuning_db_read(&text, name, sizeof name, &err), RDA_OK);
+  assert_null(text);
+  assert_true(rt_write_file(root, "a file", 6)); /* the cache root is a file */
+  assert_int_equal(rda_tuning_db_read(&text, name, sizeof name, &err), RDA_OK);
+  assert_null(text);
+  assert_string_equal(name, "");
+  free(mine), free(root), free(want);
+}
+
+/* Writing creates missing folders, replaces the content whole, leaves no temporary file,
+ * keeps the old file's permissions, and through a symbolic link replaces the file it names
+ * while the link stays a link. */
+static void test_tuning_db_write_replaces_atomically_and_keeps_links_and_modes(void **state) {
+  fixture *f = *state;
+  rda_err err = {0};
+  char *sub = rt_path(f->dir, "a/b");
+  char *db = rt_path(sub, "tuning.lua");
+  assert_int_equal(rda_tuning_db_write(db, "return { -- one\n}\n", &err), RDA_OK);
+  size_t len = 0;
+  char *got = rt_read_file(db, &len);
+  assert_string_equal(got, "return { -- one\n}\n");
+  free(got);
+  assert_int_equal(chmod(db, 0640), 0);
+  assert_int_equal(rda_tuning_db_write(db, "return {}\n", &err), RDA_OK);
+  got = rt_read_file(db, &len);
+  assert_string_equal(got, "return {}\n");
+  free(got);
+  struct stat st;
+  assert_int_equal(stat(db, &st), 0);
+  assert_int_equal(st.st_mode & 0777, 0640);
+  int entries = 0;
+  char cmd[8192];
+  snprintf(cmd, sizeof cmd, "ls -A '%s' | wc -l", sub);
+  FILE *ls = popen(cmd, "r");
+  assert_non_null(ls);
+  assert_int_equal(fscanf(ls, "%d", &entries), 1);
+  pclose(ls);
+  assert_int_equal(entries, 1); /* no temporary file left beside it */
+
+  char *link = rt_path(f->dir, "link.lua");
+  assert_int_equal(symlink(db, link), 0);
+  assert_int_equal(rda_tuning_db_write(link, "return { }\n", &err), RDA_OK);
+  assert_int_equal(lstat(link, &st), 0);
+  assert_true(S_ISLNK(st.st_mode));
+  got = rt_read_file(db, &len);
+  assert_string_equal(got, "return { }\n");
+  free(got);
+
+  /* A folder where the file should go: an error naming the path, the folder untouched. */
+  err = (rda_err){0};
+  assert_int_equal(rda_tuning_db_write(sub, "return {}\n", &err), RDA_ERR_IO);
+  assert_non_null(strstr(err.msg, sub));
+  assert_int_equal(stat(db, &st), 0);
+  free(sub), free(db), free(link);
+}
+
+/* The writers' lock excludes another process until it is released. */
+static void test_tuning_db_lock_excludes_another_writer(void **state) {
+  fixture *f = *state;
+  rda_err err = {0};
+  char *db = rt_path(f->dir, "locked/tuning.lua");
+  int fd = -1;
+  assert_int_equal(rda_tuning_db_lock(db, &fd, &err), RDA_OK);
+  assert_true(fd >= 0);
+  int pipefd[2];
+  assert_int_equal(pipe(pipefd), 0);
+  const pid_t child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    close(pipefd[0]);
+    int cfd = -1;
+    rda_err cerr = {0};
+    const double t0 = now_s();
+    const int ok = rda_tuning_db_lock(db, &cfd, &cerr) == RDA_OK;
+    const double waited = now_s() - t0;
+    rda_tuning_db_unlock(cfd);
+    const char c = ok && waited > 0.2 ? 'y' : 'n';
+    if (write(pipefd[1], &c, 1) != 1) _exit(2);
+    _exit(0);
+  }
+  close(pipefd[1]);
+  usleep(400 * 1000);
+  rda_tuning_db_unlock(fd);
+  char c = 0;
+  assert_int_equal(read(pipefd[0], &c, 1), 1);
+  close(pipefd[0]);
+  int status = 0;
+  assert_int_equal(waitpid(child, &status, 0), child);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  assert_int_equal(c, 'y'); /* it waited for the release, then got the lock */
+  rda_tuning_db_unlock(-1);  /* accepted */
+  free(db);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_tuning_db_read_file_refuses_what_is_not_a_database,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_tuning_db_path_and_the_optional_default, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(
+          test_tuning_db_write_replaces_atomically_and_keeps_links_and_modes, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_tuning_db_lock_excludes_another_writer, setup,
+                                      teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
