@@ -40,3 +40,13 @@ int64_t rda_config_offset(const rda_config *c, int branch, int head) {
     default: return head % r;
   }
 }
+
+int rda_config_covers(const rda_config *c, int64_t n, int head, int64_t p) {
+  for (int i = 0; i < c->nbranch; i++) {
+    const int64_t j = rda_config_offset(c, i, head);
+    const int64_t w = c->segments[i] < n ? c->segments[i] : n;
+    const int64_t local = p % w; /* p's place in its segment [a, b), which holds it */
+    if (j >= 0 && local >= j && (local - j) % c->dilations[i] == 0) return 1;
+  }
+  return 0;
+}

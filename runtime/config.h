@@ -31,6 +31,10 @@ const char *rda_offsets_name(int offsets);
  * branch (the "group" rule). */
 int64_t rda_config_offset(const rda_config *c, int branch, int head);
 
+/* 1 when row p (0 <= p < n) of query head `head` lies on some branch's grid (SPEC §1), so its
+ * LSE is finite; 0 when no branch covers it (O exactly 0, LSE exactly -inf). */
+int rda_config_covers(const rda_config *c, int64_t n, int head, int64_t p);
+
 /* Heads [*head0, *head0 + *count) that use branch i. */
 void rda_config_branch_heads(const rda_config *c, int branch, int *head0, int *count);
 

@@ -40,6 +40,7 @@ typedef struct tune_ref {
 /* The first passing candidate's outputs at the timed size (what later ones must agree with). */
 typedef struct tune_first {
   int have;
+  char tile[RDA_TUNE_NAME]; /* which candidate it was */
   float *o, *lse, *dq, *dk, *dv;
 } tune_first;
 
@@ -52,7 +53,7 @@ typedef struct tune_run {
   tune_size ver, big;
   double *qd, *kd, *vd, *dod, *dlsed; /* the verify inputs as the reference reads them */
   tune_ref refs[RDA_MAX_BRANCHES];
-  void *ev0, *ev1;
+  void **evs;   /* iters + 1 timed events: pass i runs between evs[i] and evs[i + 1] */
   float *times; /* iters */
 } tune_run;
 
@@ -165,12 +166,14 @@ static rda_status tune_ref_get(tune_run *r, int br, int bwd, const rda_config *c
   tune_ref *f = &r->refs[br];
   const tune_size *s = &r->ver;
   if (!f->have_fwd) {
+    free(f->o), free(f->lse); /* what an earlier attempt left when it ran out of memory */
     f->o = malloc(s->nq * sizeof *f->o), f->lse = malloc(s->nl * sizeof *f->lse);
     if (!f->o || !f->lse) goto oom;
     rda_ref_forward(c1, 1, s->n, r->qd, r->kd, r->vd, f->o, f->lse);
     f->have_fwd = 1;
   }
   if (bwd && !f->have_bwd) {
+    free(f->dq), free(f->dk), free(f->dv);
     f->dq = malloc(s->nq * sizeof *f->dq), f->dk = malloc(s->nk * sizeof *f->dk);
     f->dv = malloc(s->nk * sizeof *f->dv);
     if (!f->dq || !f->dk || !f->dv) goto oom;
@@ -280,18 +283,32 @@ static int tune_cross_check(const rda_config *c1, const tune_size *s, const tune
   return 1;
 }
 
-/* The first passing candidate's timed-size outputs have no reference to agree with, but must
- * at least be finite (LSE may be -inf on uncovered rows). */
-static int tune_finite(const tune_size *s, int bwd, char *why, size_t cap) {
-  long long bad = 0;
-  for (size_t i = 0; i < s->nq; i++) bad += !isfinite(s->o[i]);
-  for (size_t i = 0; i < s->nl; i++) bad += isnan(s->lse[i]) || (s->lse[i] > 0 && isinf(s->lse[i]));
+/* The first passing candidate's timed-size outputs have no reference to agree with; they must
+ * at least have SPEC §1's shape: every covered row a finite LSE and O, every uncovered row
+ * LSE exactly -inf and O exactly 0 (a kernel that never ran leaves the init's zeros, or the
+ * poison), and finite gradients. */
+static int tune_sane(const rda_config *c1, const tune_size *s, int bwd, char *why, size_t cap) {
+  const long long H = c1->heads, D = c1->head_dim, n = s->n;
+  long long bad = 0, wrong_cover = 0;
+  for (long long b = 0; b < s->batch; b++)
+    for (long long h = 0; h < H; h++)
+      for (long long p = 0; p < n; p++) {
+        const float lse = s->lse[(b * H + h) * n + p];
+        const float *o = s->o + ((b * n + p) * H + h) * D;
+        const int covered = rda_config_covers(c1, n, (int)h, p);
+        int row_bad = covered ? !isfinite(lse) : !(isinf(lse) && lse < 0);
+        for (long long d = 0; d < D; d++) row_bad |= covered ? !isfinite(o[d]) : o[d] != 0.0f;
+        wrong_cover += row_bad;
+      }
   if (bwd) {
     for (size_t i = 0; i < s->nq; i++) bad += !isfinite(s->dq[i]);
     for (size_t i = 0; i < s->nk; i++) bad += !isfinite(s->dk[i]) + !isfinite(s->dv[i]);
   }
-  if (bad == 0) return 1;
-  snprintf(why, cap, "at n=%lld batch %lld: %lld NaN/Inf outputs", s->n, s->batch, bad);
+  if (bad == 0 && wrong_cover == 0) return 1;
+  snprintf(why, cap,
+           "at n=%lld batch %lld: %lld rows whose O and LSE do not match their coverage "
+           "(covered: finite; uncovered: 0 and -inf), %lld NaN/Inf gradients",
+           s->n, s->batch, wrong_cover, bad);
   return 0;
 }
 
@@ -319,7 +336,8 @@ static void tune_first_free(tune_first *f) {
  * its median in microseconds; a failure of any step is returned with its message in err (the
  * caller records it and goes on), *step naming the step. */
 static rda_status tune_candidate(tune_run *r, const rda_tune_task *t, const char *tile,
-                                 tune_first *first, double *us, const char **step, rda_err *err) {
+                                 tune_first *first, double *us, const char **step, int *disagree,
+                                 rda_err *err) {
   rda_backend *b = r->b;
   const int bwd = tune_is_bwd(t);
   const rda_config c1 = tune_branch_config(r->cfg, t->branch);
@@ -387,14 +405,19 @@ static rda_status tune_candidate(tune_run *r, const rda_tune_task *t, const char
       (bwd && (s = rda_bwd_run(b, &plan, &k, &g, err)) != RDA_OK) ||
       (s = b->synchronize(b, err)) != RDA_OK)
     goto done;
+  /* The passes are queued back to back, as a training step queues them, so the host's launch
+   * latency hides behind the device's work instead of being timed with every pass. */
+  for (int i = 0; i < r->o->iters; i++)
+    if ((s = b->event_record(b, r->evs[i], err)) != RDA_OK ||
+        (s = bwd ? rda_bwd_run(b, &plan, &k, &g, err) : rda_fwd_run(b, &plan, &k, &a, err)) !=
+            RDA_OK)
+      goto done;
+  if ((s = b->event_record(b, r->evs[r->o->iters], err)) != RDA_OK ||
+      (s = b->synchronize(b, err)) != RDA_OK)
+    goto done;
   for (int i = 0; i < r->o->iters; i++) {
     float ms = 0;
-    if ((s = b->event_record(b, r->ev0, err)) != RDA_OK ||
-        (s = bwd ? rda_bwd_run(b, &plan, &k, &g, err) : rda_fwd_run(b, &plan, &k, &a, err)) !=
-            RDA_OK ||
-        (s = b->event_record(b, r->ev1, err)) != RDA_OK || (s = b->synchronize(b, err)) != RDA_OK ||
-        (s = b->event_elapsed_ms(b, r->ev0, r->ev1, &ms, err)) != RDA_OK)
-      goto done;
+    if ((s = b->event_elapsed_ms(b, r->evs[i], r->evs[i + 1], &ms, err)) != RDA_OK) goto done;
     r->times[i] = ms;
   }
   qsort(r->times, (size_t)r->o->iters, sizeof *r->times, tune_cmp_float);
@@ -409,12 +432,15 @@ static rda_status tune_candidate(tune_run *r, const rda_tune_task *t, const char
   if ((s = tune_download(b, &r->big, bwd, err)) != RDA_OK) goto done;
   char why[400];
   if (!first->have) {
-    if (!tune_finite(&r->big, bwd, why, sizeof why))
+    if (!tune_sane(&c1, &r->big, bwd, why, sizeof why)) {
       s = rda_err_set(err, RDA_ERR_INTERNAL, "%s", why);
-    else
+    } else {
       s = tune_first_keep(first, &r->big, bwd, err);
+      snprintf(first->tile, sizeof first->tile, "%s", tile);
+    }
   } else if (!tune_cross_check(&c1, &r->big, first, bwd, why, sizeof why)) {
     s = rda_err_set(err, RDA_ERR_INTERNAL, "%s", why);
+    *disagree = 1;
   }
 done:
   if (ws != NULL) b->free(b, ws);
@@ -433,22 +459,44 @@ static void tune_task(tune_run *r, int ti, const rda_tune_task *t, rda_tune_repo
   rep->outcome.task = ti;
   tune_first first = {0};
   tune_log(r->o, "%s: %d candidates (now %s)", t->key, t->ncandidates, t->chosen);
-  for (int c = 0; c < t->ncandidates && c < RDA_TUNE_MAX_CANDIDATES; c++) {
-    const char *tile = t->candidates[c];
+  /* The tile plans take now runs first, so it is the one the others must agree with at the
+   * timed size: the tile users already run, not a tile the space merely lists first. */
+  int order[RDA_TUNE_MAX_CANDIDATES], norder = 0;
+  const int nc = t->ncandidates < RDA_TUNE_MAX_CANDIDATES ? t->ncandidates : RDA_TUNE_MAX_CANDIDATES;
+  for (int c = 0; c < nc; c++)
+    if (strcmp(t->candidates[c], t->chosen) == 0) order[norder++] = c;
+  for (int c = 0; c < nc; c++)
+    if (strcmp(t->candidates[c], t->chosen) != 0) order[norder++] = c;
+  int ndisagree = 0;
+  for (int oi = 0; oi < norder; oi++) {
+    const char *tile = t->candidates[order[oi]];
     rda_err cerr = {0};
     const char *step = "plan";
     double us = 0;
-    if (tune_candidate(r, t, tile, &first, &us, &step, &cerr) == RDA_OK) {
+    int disagree = 0;
+    if (tune_candidate(r, t, tile, &first, &us, &step, &disagree, &cerr) == RDA_OK) {
       const int i = rep->outcome.nranked++;
       snprintf(rep->outcome.ranked[i].tile, sizeof rep->outcome.ranked[i].tile, "%s", tile);
       rep->outcome.ranked[i].us = us;
       tune_log(r->o, "  %s  %-24s %10.1f us", t->key, tile, us);
     } else {
+      ndisagree += disagree;
       char *f = rep->failed[rep->nfailed++];
       const int len = snprintf(f, sizeof rep->failed[0], "%s: %s: %s", tile, step, cerr.msg);
       if (len >= (int)sizeof rep->failed[0]) memcpy(f + sizeof rep->failed[0] - 4, "...", 4);
       tune_log(r->o, "  %s  %-24s FAILED: %s: %s", t->key, tile, step, cerr.msg);
     }
+  }
+  /* Outputs at the timed size have no float64 reference: a disagreement is settled by the
+   * majority, the first tile among them. When as many tiles disagree with it as agree, any of
+   * them may be the wrong one: rank none, so the task fails. */
+  if (ndisagree > 0 && ndisagree >= rep->outcome.nranked) {
+    snprintf(rep->failed[rep->nfailed++], sizeof rep->failed[0],
+             "%d tile(s) agree with %s at n=%lld and %d disagree: cannot tell which are right",
+             rep->outcome.nranked, first.tile, r->big.n, ndisagree);
+    tune_log(r->o, "  %s  FAILED: %d tile(s) agree with %s at the timed size, %d disagree", t->key,
+             rep->outcome.nranked, first.tile, ndisagree);
+    rep->outcome.nranked = 0;
   }
   tune_first_free(&first);
   /* Fastest first; an insertion sort (at most 16 entries) keeps ties in the space's order. */
@@ -470,8 +518,7 @@ static void tune_run_free(tune_run *r) {
   if (r->b != NULL) {
     tune_size_free(r->b, &r->ver);
     tune_size_free(r->b, &r->big);
-    r->b->event_destroy(r->b, r->ev0);
-    r->b->event_destroy(r->b, r->ev1);
+    for (int i = 0; r->evs != NULL && i <= r->o->iters; i++) r->b->event_destroy(r->b, r->evs[i]);
   }
   free(r->qd), free(r->kd), free(r->vd), free(r->dod), free(r->dlsed);
   for (int i = 0; i < RDA_MAX_BRANCHES; i++) {
@@ -479,6 +526,7 @@ static void tune_run_free(tune_run *r) {
     free(f->o), free(f->lse), free(f->dq), free(f->dk), free(f->dv);
   }
   free(r->times);
+  free(r->evs);
 }
 
 static void tune_today(char out[16]) {
@@ -521,10 +569,10 @@ rda_status rda_tune_run(rda_backend *b, rda_gen *g, const rda_hw *hw, const rda_
   memset(&r, 0, sizeof r);
   r.b = b, r.g = g, r.hw = hw, r.cfg = cfg, r.o = o;
   rda_tune_report *reps = calloc((size_t)(ntasks > 0 ? ntasks : 1), sizeof *reps);
-  rda_tune_outcome *outs = calloc((size_t)(ntasks > 0 ? ntasks : 1), sizeof *outs);
   r.times = malloc((size_t)o->iters * sizeof *r.times);
+  r.evs = calloc((size_t)o->iters + 1, sizeof *r.evs);
   rda_status s = RDA_OK;
-  if (reps == NULL || outs == NULL || r.times == NULL) {
+  if (reps == NULL || r.times == NULL || r.evs == NULL) {
     s = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "tuning: out of memory");
     goto done;
   }
@@ -534,10 +582,10 @@ rda_status rda_tune_run(rda_backend *b, rda_gen *g, const rda_hw *hw, const rda_
   rda_rng_seed(&rng, o->seed);
   const long long verify_n = o->verify_n > 0 ? o->verify_n : (o->n < 1024 ? o->n : 1024);
   if ((s = tune_size_make(&r, &r.ver, 1, verify_n, backward, &rng, 1, err)) != RDA_OK ||
-      (s = tune_size_make(&r, &r.big, o->batch, o->n, backward, &rng, 0, err)) != RDA_OK ||
-      (s = b->event_create_timed(b, &r.ev0, err)) != RDA_OK ||
-      (s = b->event_create_timed(b, &r.ev1, err)) != RDA_OK)
+      (s = tune_size_make(&r, &r.big, o->batch, o->n, backward, &rng, 0, err)) != RDA_OK)
     goto done;
+  for (int i = 0; i <= o->iters; i++)
+    if ((s = b->event_create_timed(b, &r.evs[i], err)) != RDA_OK) goto done;
 
   for (int i = 0; i < ntasks; i++) {
     tune_task(&r, i, &tasks[i], &reps[i]);
@@ -551,15 +599,12 @@ rda_status rda_tune_run(rda_backend *b, rda_gen *g, const rda_hw *hw, const rda_
                       all);
       goto done;
     }
-    outs[i] = reps[i].outcome;
   }
 
-  s = rda_gen_tune_merge(g, cfg, hw, o->flags, old_text, old_name, outs, ntasks, &meta, db_text,
-                         err);
+  s = rda_tune_merge(g, hw, cfg, o, reps, ntasks, old_text, old_name, db_text, err);
 done:
   tune_run_free(&r);
   free(tasks);
-  free(outs);
   if (s == RDA_OK) {
     *reports = reps;
     *nreports = ntasks;
@@ -567,5 +612,25 @@ done:
     free(reps);
     *db_text = NULL;
   }
+  return s;
+}
+
+rda_status rda_tune_merge(rda_gen *g, const rda_hw *hw, const rda_config *cfg,
+                          const rda_tune_opts *o, const rda_tune_report *reports, int nreports,
+                          const char *old_text, const char *old_name, char **db_text,
+                          rda_err *err) {
+  if (db_text != NULL) *db_text = NULL;
+  if (g == NULL || hw == NULL || cfg == NULL || o == NULL || db_text == NULL || nreports < 0 ||
+      (reports == NULL && nreports > 0))
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_tune_merge: NULL argument");
+  char date[16];
+  tune_today(date);
+  const rda_tune_meta meta = {o->device != NULL ? o->device : hw->name, date, o->n, o->batch};
+  rda_tune_outcome *outs = calloc((size_t)(nreports > 0 ? nreports : 1), sizeof *outs);
+  if (outs == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "tuning: out of memory");
+  for (int i = 0; i < nreports; i++) outs[i] = reports[i].outcome;
+  const rda_status s = rda_gen_tune_merge(g, cfg, hw, o->flags, old_text, old_name, outs, nreports,
+                                          &meta, db_text, err);
+  free(outs);
   return s;
 }

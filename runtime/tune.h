@@ -16,7 +16,8 @@
 typedef struct rda_tune_opts {
   long long n, batch; /* the timed problem: [batch, n, heads, head_dim] */
   long long verify_n; /* rows of the reference check (batch 1); 0: min(n, 1024) */
-  int iters;          /* timed passes per candidate (median), after one untimed; 1..100000 */
+  int iters;          /* timed passes per candidate, queued back to back after one untimed
+                         (median of their times); 1..100000 */
   unsigned flags;     /* RDA_PLAN_BACKWARD: tune the dK/dV and dQ kernels too;
                          RDA_PLAN_WGMMA: admit the wgmma tiles */
   uint64_t seed;      /* of the random inputs */
@@ -31,7 +32,8 @@ typedef struct rda_tune_report {
   rda_tune_task task;
   rda_tune_outcome outcome; /* ranked candidates, fastest first */
   int nfailed;
-  char failed[RDA_TUNE_MAX_CANDIDATES][RDA_TUNE_NAME + 160]; /* "tile: why" */
+  char failed[RDA_TUNE_MAX_CANDIDATES + 1][RDA_TUNE_NAME + 160]; /* "tile: why", and
+                                    why the task ranks none when its tiles disagree */
 } rda_tune_report;
 
 /* Tune cfg on backend b (hw its profile) and merge the outcomes into the database text
@@ -43,12 +45,25 @@ typedef struct rda_tune_report {
  * task; each candidate is planned with its tile forced, loaded (compiled or from the kernel
  * cache), checked at verify_n rows against the float64 reference (outputs NaN-poisoned first),
  * timed at (n, batch) (a backward candidate: rda_bwd_run alone, deterministic), and its outputs
- * there compared with the first passing candidate's under twice the SPEC §5 tolerances. Any
- * failure of a candidate lands in its report's `failed` and leaves it out of the ranking.
+ * there compared with the first passing candidate's under twice the SPEC §5 tolerances. The
+ * tile plans take now (task.chosen) runs first, so it is that first one. Any failure of a
+ * candidate lands in its report's `failed` and leaves it out of the ranking; when at least as
+ * many tiles disagree with the first at the timed size as agree with it, the task ranks none
+ * (which one is right is unknown there) and fails.
+ * With offsets = "group" the copy runs all heads on the task's branch (offset 0): the same
+ * kernels on more heads than the full config gives that branch.
  * A bad old_text (RDA_ERR_CONFIG) or bad options (RDA_ERR_INVALID_ARGUMENT) fail before any
  * kernel runs. On failure *db_text and *reports are NULL and *nreports 0. */
 rda_status rda_tune_run(rda_backend *b, rda_gen *g, const rda_hw *hw, const rda_config *cfg,
                         const rda_tune_opts *o, const char *old_text, const char *old_name,
                         char **db_text, rda_tune_report **reports, int *nreports, rda_err *err);
+
+/* The reports of rda_tune_run (same g, hw, cfg and o) merged into old_text instead: what a
+ * writer does under rda_tuning_db_lock with the database as it is by then, so entries another
+ * run wrote meanwhile are kept. *db_text malloc'd; errors as rda_gen_tune_merge's. */
+rda_status rda_tune_merge(rda_gen *g, const rda_hw *hw, const rda_config *cfg,
+                          const rda_tune_opts *o, const rda_tune_report *reports, int nreports,
+                          const char *old_text, const char *old_name, char **db_text,
+                          rda_err *err);
 
 #endif

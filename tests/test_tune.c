@@ -33,6 +33,8 @@ typedef struct tune_fixture {
 
 static tune_fixture F;
 
+static char *saved_tuning_db; /* RDA_TUNING_DB as CTest set it, put back at the end */
+
 static int group_setup(void **state) {
   (void)state;
   rda_err err = {0};
@@ -43,12 +45,18 @@ static int group_setup(void **state) {
   }
   if ((F.dir = rt_mkdtemp()) == NULL) return -1;
   F.db = rt_path(F.dir, "tuning.lua");
+  const char *v = getenv("RDA_TUNING_DB");
+  saved_tuning_db = v != NULL ? strdup(v) : NULL;
   return setenv("RDA_TUNING_DB", F.db, 1) == 0 ? 0 : -1;
 }
 
 static int group_teardown(void **state) {
   (void)state;
-  unsetenv("RDA_TUNING_DB");
+  if (saved_tuning_db != NULL)
+    setenv("RDA_TUNING_DB", saved_tuning_db, 1);
+  else
+    unsetenv("RDA_TUNING_DB");
+  free(saved_tuning_db);
   if (F.b != NULL) F.b->destroy(F.b);
   rda_gen_close(F.g);
   rt_rmtree(F.dir);
@@ -76,6 +84,10 @@ static rda_config config_of(const char *chunk) {
 static const char kFwdConfig[] =
     "return { heads = 2, kv_heads = 1, head_dim = 32, dtype = 'bf16',"
     " segments = { 64 }, dilations = { 1 }, causal = true }";
+/* Three forward candidates (head_dim 64 without wgmma), for the majority rule. */
+static const char kFwd3Config[] =
+    "return { heads = 2, kv_heads = 1, head_dim = 64, dtype = 'bf16',"
+    " segments = { 256 }, dilations = { 2 }, causal = false }";
 static const char kBwdConfig[] =
     "return { heads = 2, head_dim = 32, dtype = 'fp16',"
     " segments = { 48 }, dilations = { 2 } }";
@@ -368,9 +380,11 @@ static void test_tune_corrupt_database_is_a_config_error(void **state) {
 
 /* The emulator backend with a saboteur: the module of the `victim` tile either fails to load
  * (SAB_LOAD), or is never launched (SAB_SKIP, its outputs stay as poisoned/initialized), or is
- * launched only for its first `keep` launches (SAB_LATER: right at the verify size, wrong at
- * the timed one). victim "*" sabotages every tile of `kind`. */
-enum { SAB_LOAD, SAB_SKIP, SAB_LATER };
+ * launched only for its first `keep` launches (SAB_LATER: right at the verify size, NaN at the
+ * timed one), or after its first `keep` launches runs with its softmax scale off by half
+ * (SAB_SCALE, forward only: right at the verify size, finite but wrong at the timed one).
+ * victim "*" sabotages every tile of `kind`. */
+enum { SAB_LOAD, SAB_SKIP, SAB_LATER, SAB_SCALE };
 typedef struct saboteur {
   rda_backend b; /* the emulator's table with load and launch replaced; first member */
   rda_backend *inner;
@@ -398,9 +412,28 @@ static rda_status sab_launch(rda_backend *b, rda_module *m, const unsigned grid[
                              unsigned threads, unsigned smem, const void *params, size_t bytes,
                              rda_err *err) {
   saboteur *s = (saboteur *)(void *)b;
-  for (int i = 0; i < s->nmods; i++)
-    if (s->mods[i] == m && (s->mode == SAB_SKIP || s->launches++ >= s->keep)) return RDA_OK;
+  for (int i = 0; i < s->nmods; i++) {
+    if (s->mods[i] != m) continue;
+    if (s->mode == SAB_SKIP) return RDA_OK;
+    if (s->launches++ < s->keep) break;
+    if (s->mode == SAB_LATER) return RDA_OK;
+    if (s->mode == SAB_SCALE && bytes == sizeof(rda_fwd_params)) {
+      rda_fwd_params wrong;
+      memcpy(&wrong, params, sizeof wrong);
+      wrong.scale_log2 *= 1.5f;
+      return s->inner->launch(s->inner, m, grid, threads, smem, &wrong, sizeof wrong, err);
+    }
+  }
   return s->inner->launch(s->inner, m, grid, threads, smem, params, bytes, err);
+}
+
+/* A module the backend frees may come back at the same address for the next candidate: forget
+ * it, so only the victim's own modules are ever sabotaged. */
+static void sab_unload(rda_backend *b, rda_module *m) {
+  saboteur *s = (saboteur *)(void *)b;
+  for (int i = 0; i < s->nmods; i++)
+    if (s->mods[i] == m) s->mods[i--] = s->mods[--s->nmods];
+  s->inner->unload(s->inner, m);
 }
 
 static void sab_init(saboteur *s, const char *kind, const char *victim, int mode) {
@@ -409,24 +442,34 @@ static void sab_init(saboteur *s, const char *kind, const char *victim, int mode
   s->inner = F.b;
   s->b.load = sab_load;
   s->b.launch = sab_launch;
+  s->b.unload = sab_unload;
   s->kind = kind, s->victim = victim, s->mode = mode;
 }
 
-/* Tune kFwdConfig (or with backward kBwdConfig) on a saboteur; the victim fails and is left
- * out, with a "tile: step: why" line naming `why`; the others are ranked. */
-static void expect_victim_fails(const char *kind, int mode, int victim_index, int keep,
-                                const char *why) {
+/* The victim of a task: its current tile (which the tuner runs first) or the first other. */
+static const char *victim_of(const rda_tune_task *t, int chosen) {
+  for (int c = 0; c < t->ncandidates; c++)
+    if ((strcmp(t->candidates[c], t->chosen) == 0) == (chosen != 0)) return t->candidates[c];
+  fail_msg("task %s has no %s candidate", t->key, chosen ? "chosen" : "other");
+  return NULL;
+}
+
+/* Tune `chunk` (backward kinds: with the backward) on a saboteur; the victim (the task's chosen
+ * tile, or another) fails and is left out, with a "tile: step: why" line naming `why`; the
+ * others are ranked. */
+static void expect_victim_fails(const char *chunk, const char *kind, int mode, int chosen,
+                                int keep, const char *why) {
   const int bwd = strcmp(kind, "fwd") != 0;
-  const rda_config cfg = config_of(bwd ? kBwdConfig : kFwdConfig);
+  const rda_config cfg = config_of(chunk);
   const unsigned flags = bwd ? RDA_PLAN_BACKWARD : 0u;
   rda_tune_task *t = NULL;
   int nt = 0;
   tasks_of(&cfg, flags, &t, &nt);
   int ti = 0;
   while (ti < nt && strcmp(t[ti].kind, kind) != 0) ti++;
-  assert_true(ti < nt && t[ti].ncandidates > victim_index);
+  assert_true(ti < nt && t[ti].ncandidates > 1);
   saboteur s;
-  sab_init(&s, kind, t[ti].candidates[victim_index], mode);
+  sab_init(&s, kind, victim_of(&t[ti], chosen), mode);
   s.keep = keep;
   const rda_tune_opts o = small_opts(flags);
   char *text = NULL;
@@ -456,28 +499,66 @@ static void expect_victim_fails(const char *kind, int mode, int victim_index, in
   free(t), free(reps), free(text);
 }
 
+/* The victim (chosen or not) is right at the verify size and wrong at the timed one in a way
+ * the tiles' majority cannot settle: the tune fails, saying so, and ranks nothing. */
+static void expect_disagreement_fails(const char *chunk, int mode, int chosen) {
+  const rda_config cfg = config_of(chunk);
+  rda_tune_task *t = NULL;
+  int nt = 0;
+  tasks_of(&cfg, 0, &t, &nt);
+  saboteur s;
+  sab_init(&s, "fwd", victim_of(&t[0], chosen), mode);
+  s.keep = 1;
+  const rda_tune_opts o = small_opts(0);
+  char *text = NULL;
+  rda_tune_report *reps = NULL;
+  int n = 0;
+  rda_err err = {0};
+  assert_int_equal(tune(&s.b, &cfg, &o, NULL, &text, &reps, &n, &err), RDA_ERR_INTERNAL);
+  if (strstr(err.msg, "cannot tell which are right") == NULL || strstr(err.msg, t[0].key) == NULL) {
+    fprintf(stderr, "message: %s\n", err.msg);
+    fail();
+  }
+  assert_null(text), assert_null(reps), assert_int_equal(n, 0);
+  free(t);
+}
+
 static void test_tune_candidate_failing_to_load_is_reported_and_left_out(void **state) {
   (void)state;
-  expect_victim_fails("fwd", SAB_LOAD, 0, 0, "load: injected load failure");
+  expect_victim_fails(kFwdConfig, "fwd", SAB_LOAD, 0, 0, "load: injected load failure");
 }
 
 /* A kernel that never runs leaves the poisoned NaN outputs: the reference check fails it. */
 static void test_tune_candidate_with_wrong_results_is_reported_and_left_out(void **state) {
   (void)state;
-  expect_victim_fails("fwd", SAB_SKIP, 1, 0, "verify: wrong at n=96");
+  expect_victim_fails(kFwdConfig, "fwd", SAB_SKIP, 0, 0, "verify: wrong at n=96");
   /* Not dQ's default tile: the dK/dV candidates are checked with it. */
-  expect_victim_fails("bwd_dq", SAB_SKIP, 1, 0, "verify: wrong at n=96: dQ");
+  expect_victim_fails(kBwdConfig, "bwd_dq", SAB_SKIP, 0, 0, "verify: wrong at n=96: dQ");
 }
 
-/* Right at the verify size (its first launch runs), wrong at the timed one: the cross-check
- * against the first passing candidate fails it. */
+/* Right at the verify size (its first launch runs), wrong at the timed one. Among three tiles,
+ * one that disagrees with the other two is left out. The tile plans take now runs first and
+ * has nothing to agree with, but its timed-size outputs must match SPEC §1's coverage: with its
+ * launches skipped, the dilated branch's covered rows keep the init's 0 and -inf. The next tile
+ * then is the one the others must agree with, and they are ranked. */
 static void test_tune_candidate_wrong_only_at_the_timed_size_fails_the_cross_check(void **state) {
   (void)state;
-  expect_victim_fails("fwd", SAB_LATER, 1, 1, "cross-check: at n=160 batch 2 disagrees");
-  /* The first candidate has nothing to agree with, but its timed-size outputs must be finite:
-   * the one-branch plan's kernel writes every output itself (no init), so the skipped launches
-   * leave the NaN poison. */
-  expect_victim_fails("fwd", SAB_LATER, 0, 1, "cross-check: at n=160 batch 2: ");
+  expect_victim_fails(kFwd3Config, "fwd", SAB_LATER, 0, 1,
+                      "cross-check: at n=160 batch 2 disagrees");
+  expect_victim_fails(kFwd3Config, "fwd", SAB_SCALE, 0, 1,
+                      "cross-check: at n=160 batch 2 disagrees");
+  expect_victim_fails(kFwd3Config, "fwd", SAB_LATER, 1, 1, "cross-check: at n=160 batch 2: ");
+}
+
+/* The tile that runs first (the one plans take now) finite but wrong at the timed size: both
+ * others disagree with it, and no majority says which side is right, so nothing is ranked
+ * (before, the two right tiles were thrown out and the wrong one ranked alone). With two
+ * candidates, any disagreement is such a tie. */
+static void test_tune_disagreement_without_a_majority_fails_the_task(void **state) {
+  (void)state;
+  expect_disagreement_fails(kFwd3Config, SAB_SCALE, 1);
+  expect_disagreement_fails(kFwdConfig, SAB_SCALE, 0);
+  expect_disagreement_fails(kFwdConfig, SAB_SCALE, 1);
 }
 
 /* No candidate passes: RDA_ERR_INTERNAL naming the task's key and every failure. */
@@ -532,6 +613,7 @@ int main(void) {
                              no_db),
       cmocka_unit_test_setup(test_tune_candidate_wrong_only_at_the_timed_size_fails_the_cross_check,
                              no_db),
+      cmocka_unit_test_setup(test_tune_disagreement_without_a_majority_fails_the_task, no_db),
       cmocka_unit_test_setup(test_tune_no_candidate_passing_is_an_error, no_db),
       cmocka_unit_test_setup(test_tune_rejects_bad_options, no_db),
   };

@@ -256,7 +256,22 @@ int rdagen_cmd_tune(int argc, char **argv) {
   if (opt.dry_run) {
     printf("\ndry run: %s not written\n", db_path);
   } else {
-    if (rda_tuning_db_write(db_path, db_text, &err) != RDA_OK) {
+    /* Another run may have written the database while this one timed: merge into the file as
+     * it is now, under the writers' lock, so its entries stay. */
+    int lock = -1;
+    char *now_text = NULL, *merged = NULL;
+    const rda_status ws =
+        rda_tuning_db_lock(db_path, &lock, &err) == RDA_OK &&
+                rda_tuning_db_read_file(db_path, &now_text, &err) == RDA_OK &&
+                rda_tune_merge(g, &hw, &cfg, &to, reports, nreports, now_text, db_path, &merged,
+                               &err) == RDA_OK &&
+                rda_tuning_db_write(db_path, merged, &err) == RDA_OK
+            ? RDA_OK
+            : err.status;
+    rda_tuning_db_unlock(lock);
+    free(now_text);
+    free(merged);
+    if (ws != RDA_OK) {
       rdagen_fail("%s", err.msg);
       goto done;
     }
