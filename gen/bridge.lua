@@ -57,9 +57,10 @@ function M.plan(cfg, profile, backward, atomic, wgmma, tun)
   return p
 end
 
--- The tuning tasks of a config on a profile (plan.tune_tasks: { kind, branch, key, candidates,
--- chosen }, in order: fwd by branch, then with `backward` bwd_dkdv and bwd_dq by branch, one
--- per distinct key). `tun` as M.plan's (its force is ignored). Errors as M.plan's.
+-- The tuning tasks of a config on a profile (plan.tune_tasks: { kind, branch, key (its line,
+-- wgmma state included), fields, candidates, chosen }, in order: fwd by branch, then with
+-- `backward` bwd_dkdv and bwd_dq by branch, one per distinct key). `tun` as M.plan's (its
+-- force is ignored). Errors as M.plan's.
 function M.tune_tasks(cfg, profile, backward, wgmma, tun)
   hw.check(profile)
   local space, origin, bspace = spaces(backward)
@@ -75,9 +76,10 @@ end
 -- The text of the tuning database old_text (nil: empty; old_name names it, default "tuning
 -- database") with `results` ({ { task = <1-based index into M.tune_tasks' list for the same
 -- cfg, profile, backward and wgmma>, ranking = { { tile, us }, ... } } }) as entries measured
--- as `meta` ({ device, date, rda, n, batch }), replacing those of the same keys: sorted by key,
--- deterministic. Returns the text; or nil, a message and "config" when old_text does not load
--- or check; or nil and a message for a bad result.
+-- as `meta` ({ device, date, rda, n, batch }), replacing those of the same keys (the key has
+-- the tasks' wgmma state: a tune without wgmma leaves a wgmma entry alone), each with its
+-- task's candidates: sorted by key, deterministic. Returns the text; or nil, a message and
+-- "config" when old_text does not load or check; or nil and a message for a bad result.
 function M.tune_merge(old_text, old_name, cfg, profile, backward, wgmma, results, meta)
   hw.check(profile)
   old_name = old_name or "tuning database"

@@ -2,7 +2,8 @@
 -- one fwd variant per distinct (head_dim, dtype, causal, dilated, tile), the init and cast
 -- kernels, the ring's row pack/add kernels, and one launch step per branch. Every variant fits
 -- the target's resources. With tuning databases (gen/tuning.lua), each attention kernel of each
--- branch takes the first tile its key's entry ranks that is a fitting, allowed candidate now.
+-- branch takes the first tile its key's entry ranks that is a fitting, allowed candidate now,
+-- from an entry that tried every such candidate (M.tile_for).
 
 local emit = require "gen.emit"
 local tuning = require "gen.tuning"
@@ -41,7 +42,7 @@ end
 -- The wgmma path (templates/rda_fwd.cuh, rda_bwd.cuh): sm_90a only, whole warpgroups, wgmma
 -- shapes N = 64 or 128 for every product: the head dim, and the rows of a step (block_n of the
 -- forward and dQ, block_m of dK/dV).
-local WGMMA_ARCH <const> = 90
+local admitted = tuning.wgmma_admitted -- (hw, wgmma): wgmma on and an sm_90 target
 local function wgmma_shape_ok(head_dim, steps, warps)
   return (head_dim == 64 or head_dim == 128) and (steps == 64 or steps == 128) and warps % 4 == 0
 end
@@ -146,7 +147,7 @@ function M.choose_tile(space, head_dim, w, r, hw, wgmma)
   local first, why, least
   for _, c in ipairs(list) do
     local ok, reason = M.fits(head_dim, c, hw)
-    if c.wgmma and not (wgmma and hw.arch == WGMMA_ARCH) then
+    if c.wgmma and not admitted(hw, wgmma) then
       ok, reason = false, nil -- not a candidate here, whatever its size
     end
     if ok then
@@ -378,7 +379,7 @@ local function choose_bwd_tile(space, kind, head_dim, hw, wgmma)
   local max_threads = math.min(MAX_THREADS_PER_BLOCK, hw.max_threads_per_sm)
   for _, c in ipairs(e[kind]) do
     if M.bwd_smem(kind, head_dim, c) <= hw.smem_per_block and 32 * c.warps <= max_threads
-       and (not c.wgmma or (wgmma and hw.arch == WGMMA_ARCH)) then
+       and (not c.wgmma or admitted(hw, wgmma)) then
       return c
     end
   end
@@ -507,7 +508,7 @@ end
 -- Whether tile c of `kind` is a fitting, allowed candidate on hw, by the rules of choose_tile
 -- and choose_bwd_tile; else why not.
 function M.usable(kind, head_dim, c, hw, wgmma)
-  if c.wgmma and not (wgmma and hw.arch == WGMMA_ARCH) then
+  if c.wgmma and not admitted(hw, wgmma) then
     return false, "a wgmma tile, taken only on sm_90 with wgmma on"
   end
   if kind == "fwd" then
@@ -528,10 +529,38 @@ function M.usable(kind, head_dim, c, hw, wgmma)
   return true
 end
 
--- The tuning key (gen/tuning.lua) of `kind` for branch b (0-based) of cfg on `target`.
-function M.tuning_key(cfg, b, kind, target)
+-- The names of the tiles of `list` (the space's tiles of `kind` for head_dim) that are fitting,
+-- allowed candidates on hw now, in the list's order, each once: what a tune tries, and what a
+-- tuning entry must have tried to be used.
+function M.candidate_names(kind, list, head_dim, hw, wgmma)
+  local names, named = {}, {}
+  for _, c in ipairs(list) do
+    local name = M.tile_name(kind, c)
+    if not named[name] and M.usable(kind, head_dim, c, hw, wgmma) then
+      named[name] = true
+      names[#names + 1] = name
+    end
+  end
+  return names
+end
+
+-- The tuning key (gen/tuning.lua) of `kind` for branch b (0-based) of cfg on `target`, with
+-- `wgmma` whether the wgmma tiles are admitted (tuning.wgmma_admitted, not the bare switch;
+-- nil: false).
+function M.tuning_key(cfg, b, kind, target, wgmma)
   local w, r = cfg.segments[b + 1], cfg.dilations[b + 1]
-  return tuning.key(target, kind, cfg.head_dim, cfg.dtype, cfg.causal, r > 1, tuning.rows(w, r))
+  return tuning.key(target, kind, cfg.head_dim, cfg.dtype, cfg.causal, r > 1, tuning.rows(w, r),
+                    wgmma == true)
+end
+
+-- Whether tuning entry e tried every name of `names` (a list).
+local function tried_all(e, names)
+  local tried = {}
+  for _, name in ipairs(e.candidates) do tried[name] = true end
+  for _, name in ipairs(names) do
+    if not tried[name] then return false end
+  end
+  return true
 end
 
 -- Checks M.build's `tun` against cfg (backward: whether the backward is planned): the force
@@ -560,8 +589,10 @@ end
 -- `space` (forward or backward, after kind), with `tun` (M.build's, or nil):
 --   1. tun.force for this kind and branch (unless ignore_force): that tile, if it is a
 --      fitting, allowed candidate; else nil and why;
---   2. else the first tile of the first database entry of the branch's key that ranks a
---      fitting, allowed candidate of the space (by name);
+--   2. else the first ranked tile, by name, that is a fitting, allowed candidate of the space
+--      now, of the first database entry of the branch's key (its wgmma state: admitted here
+--      or not) that has one and is not stale: an entry is stale, and skipped, when a fitting,
+--      allowed candidate now is not among its candidates (the space gained it after the tune);
 --   3. else the default rule: choose_tile (small grids prefer block_m <= 64) for the forward,
 --      the first that fits for the backward.
 -- Returns tile, tuned (true for 1 and 2, nil for 3), or nil and why.
@@ -583,12 +614,16 @@ function M.tile_for(kind, cfg, b, hw, space, wgmma, tun, ignore_force)
       return nil, string.format("%s is not a candidate for %s branch %d here: the tile space "
                                 .. "has no such tile for head_dim = %d", f.tile, kind, b, d)
     end
-    local line = tuning.key_line(M.tuning_key(cfg, b, kind, tun.target))
-    for _, e in ipairs(tuning.entries(tun.dbs, line)) do
-      for _, ranked in ipairs(e.ranking) do
-        for _, c in ipairs(list) do
-          if M.tile_name(kind, c) == ranked.tile and M.usable(kind, d, c, hw, wgmma) then
-            return c, true
+    local line = tuning.key_line(M.tuning_key(cfg, b, kind, tun.target, admitted(hw, wgmma)))
+    local entries = tuning.entries(tun.dbs, line)
+    local now = #entries > 0 and M.candidate_names(kind, list, d, hw, wgmma)
+    for _, e in ipairs(entries) do
+      if tried_all(e, now) then
+        for _, ranked in ipairs(e.ranking) do
+          for _, c in ipairs(list) do
+            if M.tile_name(kind, c) == ranked.tile and M.usable(kind, d, c, hw, wgmma) then
+              return c, true
+            end
           end
         end
       end
@@ -602,10 +637,11 @@ end
 
 -- What `rdagen tune` measures for cfg on hw (runtime/gen.h, rda_tune_task): one task per
 -- distinct key, the forward's by branch, then with `bspace` the dK/dV's and the dQ's: { kind,
--- branch (0-based, the first of the key), key (its line), fields (the key as a table),
--- candidates (the names of every fitting, allowed tile of the space, in its order), chosen
--- (the name of what a plan with `tun` takes now, force ignored) }. Returns the list, or nil and
--- why (no tile fits; more than MAX_CANDIDATES candidates).
+-- branch (0-based, the first of the key), key (its line), fields (the key as a table; its
+-- wgmma: whether wgmma tiles are admitted), candidates (M.candidate_names: every fitting,
+-- allowed tile of the space, in its order), chosen (the name of what a plan with `tun` takes
+-- now, force ignored) }. Returns the list, or nil and why (no tile fits; more than
+-- MAX_CANDIDATES candidates).
 function M.tune_tasks(cfg, hw, space, bspace, wgmma, tun)
   check_cfg(cfg)
   assert(type(hw) == "table" and positive_int(hw.smem_per_block), "hw must be a profile")
@@ -616,20 +652,14 @@ function M.tune_tasks(cfg, hw, space, bspace, wgmma, tun)
   for _, kind in ipairs(kinds) do
     local sp = kind == "fwd" and space or bspace
     for b = 0, #cfg.segments - 1 do
-      local fields = M.tuning_key(cfg, b, kind, target)
+      local fields = M.tuning_key(cfg, b, kind, target, admitted(hw, wgmma))
       local line = tuning.key_line(fields)
       if not seen[line] then
         seen[line] = true
         local chosen, why = M.tile_for(kind, cfg, b, hw, sp, wgmma, tun, true)
         if not chosen then return nil, why end
-        local candidates, named = {}, {}
-        for _, c in ipairs(tiles_of(kind, sp, cfg.head_dim)) do
-          local name = M.tile_name(kind, c)
-          if not named[name] and M.usable(kind, cfg.head_dim, c, hw, wgmma) then
-            named[name] = true
-            candidates[#candidates + 1] = name
-          end
-        end
+        local candidates = M.candidate_names(kind, tiles_of(kind, sp, cfg.head_dim), cfg.head_dim,
+                                             hw, wgmma)
         if #candidates > MAX_CANDIDATES then
           return nil, string.format("%s: %d candidate tiles, more than the %d one task can time",
                                     line, #candidates, MAX_CANDIDATES)

@@ -1,17 +1,23 @@
 -- tuning.lua — the tuning databases (runtime/gen.h, "tuning"): per key, a ranking of tiles
 -- measured by `rdagen tune`, fastest first. Keys, the database text (read, checked, written),
--- lookup, and the merge of new measurements. The planner (gen/plan.lua) takes a key's first
--- ranked tile that is a fitting, allowed candidate of its tile space now.
+-- lookup, and the merge of new measurements. The planner (gen/plan.lua) uses an entry only
+-- when it tried every tile that is a fitting, allowed candidate of the space now (else the
+-- entry is stale: the space or the rules changed since), and then takes its first ranked tile
+-- that is such a candidate.
 --
 -- The text is a Lua chunk returning a list of entries:
 --   { target = "sm_90", kind = "fwd", head_dim = 128, dtype = "bf16", causal = true,
---     dilated = false, rows = 2048,
+--     dilated = false, rows = 2048, wgmma = false,
+--     candidates = { "bm128_bn64_w8_s2", "bm64_bn64_w4_s2", "bm64_bn32_w4_s2" },
 --     ranking = { { tile = "bm128_bn64_w8_s2", us = 812.5 }, ... },   -- fastest first
 --     measured = { device = "...", date = "YYYY-MM-DD", rda = "...", n = 32768, batch = 1 } }
 -- target "sm_<arch>", or "emu-sm_<arch>" for plans of the CPU emulator; kind "fwd", "bwd_dkdv"
 -- or "bwd_dq"; rows the branch's grid rows ceil(w / r) rounded up to a power of two, at least
--- 16. measured is optional, and so is each of its fields. At most one entry per key; any other
--- key anywhere is an error (a typo must not silently void an entry).
+-- 16; wgmma whether the wgmma tiles were admitted (wgmma on and an sm_90 target: always false
+-- elsewhere), so a tune without them never steers a plan with them, nor replaces their entry;
+-- candidates every tile the tuner tried, in its order, failed ones included (the ranking's
+-- tiles are among them). measured is optional, and so is each of its fields. At most one
+-- entry per key; any other key anywhere is an error (a typo must not silently void an entry).
 
 local native = require "rda.native"
 
@@ -56,22 +62,31 @@ function M.target(hw)
   return string.format("%ssm_%d", hw.emulated and "emu-" or "", hw.arch)
 end
 
--- A key as a table with the fields of an entry.
-function M.key(target, kind, head_dim, dtype, causal, dilated, rows)
+-- A key as a table with the fields of an entry. wgmma: whether the wgmma tiles are admitted
+-- (M.wgmma_admitted), a boolean.
+function M.key(target, kind, head_dim, dtype, causal, dilated, rows, wgmma)
   return { target = target, kind = kind, head_dim = head_dim, dtype = dtype, causal = causal,
-           dilated = dilated, rows = rows }
+           dilated = dilated, rows = rows, wgmma = wgmma }
+end
+
+-- Whether a plan on hw with the wgmma switch `wgmma` (nil: off) admits the wgmma tiles: only
+-- on sm_90 (gen/plan.lua's rule). Always a boolean, as a key's wgmma is.
+local WGMMA_ARCH <const> = 90
+M.WGMMA_ARCH = WGMMA_ARCH
+function M.wgmma_admitted(hw, wgmma)
+  return wgmma and hw.arch == WGMMA_ARCH or false
 end
 
 -- One line naming a key (an entry has the key's fields), e.g.
--- "sm_90 fwd d128 bf16 causal dense rows2048".
+-- "sm_90 fwd d128 bf16 causal dense rows2048 mma" ("... wgmma" with the wgmma tiles).
 function M.key_line(k)
-  return string.format("%s %s d%d %s %s %s rows%d", k.target, k.kind, k.head_dim, k.dtype,
+  return string.format("%s %s d%d %s %s %s rows%d %s", k.target, k.kind, k.head_dim, k.dtype,
                        k.causal and "causal" or "noncausal", k.dilated and "dilated" or "dense",
-                       k.rows)
+                       k.rows, k.wgmma and "wgmma" or "mma")
 end
 
 -- Entries in key order: target, kind (fwd, bwd_dkdv, bwd_dq), head_dim, dtype, causal,
--- dilated (false first), rows.
+-- dilated (false first), rows, wgmma (false first).
 local function key_less(a, b)
   if a.target ~= b.target then return a.target < b.target end
   if a.kind ~= b.kind then return KIND_ORDER[a.kind] < KIND_ORDER[b.kind] end
@@ -79,7 +94,9 @@ local function key_less(a, b)
   if a.dtype ~= b.dtype then return a.dtype < b.dtype end
   if a.causal ~= b.causal then return b.causal end
   if a.dilated ~= b.dilated then return b.dilated end
-  return a.rows < b.rows
+  if a.rows ~= b.rows then return a.rows < b.rows end
+  if a.wgmma ~= b.wgmma then return b.wgmma end
+  return false
 end
 
 -- ---------------------------------------------------------------- checking
@@ -147,8 +164,8 @@ local function printable(s)
 end
 
 local ENTRY_KEYS <const> = { target = true, kind = true, head_dim = true, dtype = true,
-                             causal = true, dilated = true, rows = true, ranking = true,
-                             measured = true }
+                             causal = true, dilated = true, rows = true, wgmma = true,
+                             candidates = true, ranking = true, measured = true }
 local RANK_KEYS <const> = { tile = true, us = true }
 local MEASURED_KEYS <const> = { device = true, date = true, rda = true, n = true, batch = true }
 local MEASURED_ORDER <const> = { "device", "date", "rda", "n", "batch" }
@@ -203,7 +220,8 @@ local function check_entry(e)
   local extra = unknown_keys(e, ENTRY_KEYS)
   if #extra > 0 then
     return string.format("unknown key %s (known: target, kind, head_dim, dtype, causal, "
-                         .. "dilated, rows, ranking, measured)", show(extra[1]))
+                         .. "dilated, rows, wgmma, candidates, ranking, measured)",
+                         show(extra[1]))
   end
   local t = e.target
   if type(t) ~= "string"
@@ -229,6 +247,37 @@ local function check_entry(e)
   if not (positive_int(r) and r >= MIN_ROWS and r & (r - 1) == 0) then
     return field_error("rows", r, "must be a power of two, at least 16")
   end
+  if type(e.wgmma) ~= "boolean" then
+    -- nil: most likely an entry from before rda recorded wgmma and candidates.
+    return field_error("wgmma", e.wgmma, "must be a boolean (whether wgmma tiles were admitted)"
+                                         .. (e.wgmma == nil and "; an entry of an older rda: "
+                                             .. "remove the database and tune again" or ""))
+  end
+  if e.wgmma and t:match("%d+$") ~= tostring(WGMMA_ARCH) then
+    return field_error("wgmma", e.wgmma, string.format("wgmma tiles are admitted only on "
+                                                       .. "sm_%d, not %s", WGMMA_ARCH, t))
+  end
+  local cands = e.candidates
+  if type(cands) ~= "table" then
+    return field_error("candidates", cands, "must be the list of tile names the tuner tried")
+  end
+  local clist, nc = is_list(cands)
+  if not clist then return "candidates: must be a list (keys 1..n only)" end
+  if nc == 0 then return "candidates: must not be empty" end
+  local tried = {}
+  for i = 1, nc do
+    local x, at = cands[i], string.format("candidates[%d]", i)
+    local ok, why = M.tile_name_ok(e.kind, x)
+    if not ok then return field_error(at, x, why) end
+    if tried[x] then
+      return field_error(at, x, string.format("repeats candidates[%d]", tried[x]))
+    end
+    -- A tile name ends in "_wg" exactly when it is a wgmma tile (gen/plan.lua's names).
+    if not e.wgmma and x:sub(-3) == "_wg" then
+      return field_error(at, x, "is a wgmma tile, in an entry without wgmma (wgmma = false)")
+    end
+    tried[x] = i
+  end
   local rk = e.ranking
   if type(rk) ~= "table" then return field_error("ranking", rk, "must be a list of tiles") end
   local list, n = is_list(rk)
@@ -250,6 +299,9 @@ local function check_entry(e)
       return field_error(at .. ".tile", x.tile, string.format("repeats ranking[%d]", seen[x.tile]))
     end
     seen[x.tile] = i
+    if not tried[x.tile] then
+      return field_error(at .. ".tile", x.tile, "is not one of the entry's candidates")
+    end
     if not finite_positive(x.us) then
       return field_error(at .. ".us", x.us, "must be a positive finite number of microseconds")
     end
@@ -373,14 +425,19 @@ M.HEADER = [[
 -- user's ($RDA_TUNING_DB, else tuning.lua in the cache root) first, then the one shipped in
 -- rda's tuning/db.lua. Entries come only from measurements by `rdagen tune` on their target
 -- (a GPU for sm_<arch>, the CPU emulator for emu-sm_<arch>): never invented, never hand-edited.
--- A list of entries, one per key (target, kind, head_dim, dtype, causal, dilated, rows):
---   target    "sm_<arch>", or "emu-sm_<arch>" for the CPU emulator's plans
---   kind      "fwd", "bwd_dkdv" or "bwd_dq"
+-- A list of entries, one per key (target, kind, head_dim, dtype, causal, dilated, rows,
+-- wgmma):
+--   target      "sm_<arch>", or "emu-sm_<arch>" for the CPU emulator's plans
+--   kind        "fwd", "bwd_dkdv" or "bwd_dq"
 --   head_dim, dtype ("bf16" | "fp16"), causal, dilated (r > 1)
---   rows      the branch's grid rows ceil(w / r), rounded up to a power of two, at least 16
---   ranking   { { tile = <gen/plan.lua tile name>, us = <median microseconds> }, ... }, fastest
---             first; a plan takes the first tile that fits and is allowed on its target now
---   measured  { device, date ("YYYY-MM-DD"), rda (version), n, batch (the timed size) }
+--   rows        the branch's grid rows ceil(w / r), rounded up to a power of two, at least 16
+--   wgmma       whether the wgmma tiles were admitted (wgmma on, e.g. RDA_WGMMA=1, and an
+--               sm_90 target; else false): a plan reads only the entry of its own wgmma state
+--   candidates  { <gen/plan.lua tile name>, ... }: every tile the tuner tried, failed ones too
+--   ranking     { { tile = <a candidate>, us = <median microseconds> }, ... }, fastest first
+--   measured    { device, date ("YYYY-MM-DD"), rda (version), n, batch (the timed size) }
+-- A plan skips an entry whose candidates miss a tile that fits and is allowed there now (the
+-- space gained it after the tune); else it takes the first ranked tile that fits and is allowed.
 ]]
 
 -- us exactly, as short as round-trips: integers as they are, floats by %.15g .. %.17g.
@@ -397,6 +454,21 @@ local function quote(s)
   return string.format("%q", s)
 end
 
+-- The candidates line(s) of an entry: the quoted names, wrapped before column 100.
+local function candidates_text(names)
+  local lines, line, on_line = {}, "    candidates = {", 0
+  for i, name in ipairs(names) do
+    local item = " " .. quote(name) .. (i < #names and "," or " },")
+    if on_line > 0 and #line + #item > 99 then
+      lines[#lines + 1] = line
+      line, on_line = "     ", 0
+    end
+    line, on_line = line .. item, on_line + 1
+  end
+  lines[#lines + 1] = line
+  return table.concat(lines, "\n") .. "\n"
+end
+
 -- The text of a database holding `entries` (checked), sorted by key, deterministic.
 function M.serialize(entries)
   local sorted = {}
@@ -405,10 +477,12 @@ function M.serialize(entries)
   local out = { M.HEADER, "return {\n" }
   for _, e in ipairs(sorted) do
     out[#out + 1] = string.format("  { target = %s, kind = %s, head_dim = %d, dtype = %s, "
-                                  .. "causal = %s,\n    dilated = %s, rows = %d,\n"
-                                  .. "    ranking = {\n", quote(e.target), quote(e.kind),
-                                  e.head_dim, quote(e.dtype), tostring(e.causal),
-                                  tostring(e.dilated), e.rows)
+                                  .. "causal = %s,\n    dilated = %s, rows = %d, wgmma = %s,\n",
+                                  quote(e.target), quote(e.kind), e.head_dim, quote(e.dtype),
+                                  tostring(e.causal), tostring(e.dilated), e.rows,
+                                  tostring(e.wgmma))
+    out[#out + 1] = candidates_text(e.candidates)
+    out[#out + 1] = "    ranking = {\n"
     for _, x in ipairs(e.ranking) do
       out[#out + 1] = string.format("      { tile = %s, us = %s },\n", quote(x.tile),
                                     number_text(x.us))
@@ -433,10 +507,12 @@ function M.serialize(entries)
 end
 
 -- The text of database `old` (checked) with new entries for `tasks` (plan.tune_tasks: each
--- with `fields`, its key table, and `candidates`) from `results` ({ { task = <1-based>,
--- ranking = { { tile, us }, ... } } }, any order) measured as `meta` ({ device, date, rda, n,
--- batch }): each replaces the entry of its key, the rest stay. Returns the text, or nil and
--- one line naming the bad result.
+-- with `fields`, its key table (wgmma included), and `candidates`) from `results` ({ { task =
+-- <1-based>, ranking = { { tile, us }, ... } } }, any order) measured as `meta` ({ device,
+-- date, rda, n, batch }): each new entry's candidates are its task's, all of them (a candidate
+-- that failed is tried too, though not ranked); it replaces the entry of its key (the same
+-- wgmma state: a tune without wgmma leaves the wgmma entry alone), the rest stay. Returns the
+-- text, or nil and one line naming the bad result.
 function M.merge(old, tasks, results, meta)
   assert(type(old) == "table" and type(tasks) == "table", "merge(old, tasks, results, meta)")
   if type(results) ~= "table" or not is_list(results) then
@@ -483,6 +559,7 @@ function M.merge(old, tasks, results, meta)
     for _, x in ipairs(ranking) do x.at = nil end
     local e = {}
     for k, v in pairs(task.fields) do e[k] = v end
+    e.candidates = table.move(task.candidates, 1, #task.candidates, 1, {})
     e.ranking = ranking
     if meta then -- an empty string is an unknown field (C passes "" for NULL)
       e.measured = {}

@@ -118,8 +118,10 @@ void rda_plan_k_free(rda_plan_k *p); /* frees what rda_gen_plan allocated; accep
  * read at every plan) comes before the one shipped in tuning/db.lua; without an entry, the
  * space's first fitting tile (as before). Entries are keyed by target ("sm_90"; "emu-sm_90"
  * for plans of the CPU emulator, rda_hw.emulated, so emulator timings never steer a GPU),
- * kind, head_dim, dtype, causal, dilated and rows: the branch's grid rows ceil(w / r) rounded
- * up to a power of two (at least 16). A user database that does not load or check is an
+ * kind, head_dim, dtype, causal, dilated, rows (the branch's grid rows ceil(w / r) rounded up
+ * to a power of two, at least 16) and wgmma (whether wgmma tiles were admitted: a plan reads
+ * only entries of its own state). An entry lists every tile it tried; a plan skips it when the
+ * space now has a fitting, allowed tile it never measured. A user database that does not load or check is an
  * RDA_ERR_CONFIG naming the file, for every plan, until it is fixed or removed. */
 
 /* One tile forced on one (kind, branch) of a plan, over whatever the databases say: what the
@@ -145,7 +147,8 @@ enum { RDA_TUNE_MAX_CANDIDATES = 16, RDA_TUNE_NAME = 48 };
 typedef struct rda_tune_task {
   char kind[16];   /* "fwd", "bwd_dkdv" or "bwd_dq" */
   int branch;      /* 0-based */
-  char key[160];   /* one line naming the key, e.g. "sm_90 fwd d128 bf16 causal dense rows2048" */
+  char key[160];   /* one line naming the key, e.g.
+                      "sm_90 fwd d128 bf16 causal dense rows2048 mma" */
   int ncandidates; /* >= 1: every fitting, allowed tile of the space, in the space's order */
   char candidates[RDA_TUNE_MAX_CANDIDATES][RDA_TUNE_NAME];
   char chosen[RDA_TUNE_NAME]; /* the tile a plan takes now (databases, else first fitting) */

@@ -1,7 +1,8 @@
 -- test_tuning.lua — the tuning databases (gen/tuning.lua) and their use by the planner and the
 -- bridge: keys and rows buckets, the checker (one line per bad field), the sandbox of a user's
--- database, lookup (rank order, fit, wgmma, target, user before shipped, per branch), forced
--- tiles, the tuner's task list, and the merge (round trip, replace by key, deterministic).
+-- database, lookup (rank order, fit, wgmma, target, user before shipped, per branch, stale
+-- entries), forced tiles, the tuner's task list, and the merge (round trip, replace by key,
+-- wgmma and non-wgmma entries side by side, deterministic).
 
 local testing = require "gen.testing"
 local tuning = require "gen.tuning"
@@ -48,13 +49,30 @@ end
 
 local H90 = assert(hw.builtin(90))
 
--- An entry for the key of branch 0 of config() on sm_90, ranking `tiles` (names) with rising
--- times; `over` changes fields.
+-- Every tile of the fixture spaces per kind, in space order.
+local ALL = { fwd = { NAME.W, NAME.A, NAME.B, NAME.C, NAME.BIG },
+              bwd_dkdv = { BNAME.KW, BNAME.K1, BNAME.K2, BNAME.KX2 },
+              bwd_dq = { BNAME.Q1, BNAME.Q2 } }
+
+-- An entry for the key of branch 0 of config() on sm_90 without wgmma, ranking `tiles`
+-- (names) with rising times; `over` changes fields. Unless `over` gives them, its candidates
+-- are every fixture tile of its kind (the wgmma ones only in a wgmma entry), then any ranked
+-- name not among them: a tune that tried everything the fixture spaces hold.
 local function entry(tiles, over)
   local e = { target = "sm_90", kind = "fwd", head_dim = 128, dtype = "bf16", causal = true,
-              dilated = false, rows = 2048, ranking = {} }
+              dilated = false, rows = 2048, wgmma = false, ranking = {} }
   for i, t in ipairs(tiles) do e.ranking[i] = { tile = t, us = 100 * i + math.random() } end
   for k, v in pairs(over or {}) do e[k] = v end
+  if e.candidates == nil then
+    local cands, has = {}, {}
+    for _, name in ipairs(ALL[e.kind] or {}) do
+      if e.wgmma or name:sub(-3) ~= "_wg" then cands[#cands + 1], has[name] = name, true end
+    end
+    for _, t in ipairs(tiles) do
+      if not has[t] then cands[#cands + 1], has[t] = t, true end
+    end
+    e.candidates = cands
+  end
   return e
 end
 
@@ -138,15 +156,31 @@ T.test("target: sm_XX, emu-sm_XX for the emulator's profile", function()
   testing.contains(testing.raises(tuning.target, p), "emulated must be a boolean")
 end)
 
-T.test("key lines name every field of the key", function()
-  assert(tuning.key_line(tuning.key("sm_90", "fwd", 128, "bf16", true, false, 2048))
-         == "sm_90 fwd d128 bf16 causal dense rows2048")
-  assert(tuning.key_line(tuning.key("emu-sm_90", "bwd_dq", 64, "fp16", false, true, 16))
-         == "emu-sm_90 bwd_dq d64 fp16 noncausal dilated rows16")
-  local k = plan.tuning_key(config { segments = { 2048, 8193 }, dilations = { 1, 4 } }, 1,
-                            "bwd_dkdv", "sm_80")
-  assert(tuning.key_line(k) == "sm_80 bwd_dkdv d128 bf16 causal dilated rows4096",
+T.test("key lines name every field of the key, the wgmma state last", function()
+  assert(tuning.key_line(tuning.key("sm_90", "fwd", 128, "bf16", true, false, 2048, false))
+         == "sm_90 fwd d128 bf16 causal dense rows2048 mma")
+  assert(tuning.key_line(tuning.key("sm_90", "fwd", 128, "bf16", true, false, 2048, true))
+         == "sm_90 fwd d128 bf16 causal dense rows2048 wgmma")
+  assert(tuning.key_line(tuning.key("emu-sm_90", "bwd_dq", 64, "fp16", false, true, 16, false))
+         == "emu-sm_90 bwd_dq d64 fp16 noncausal dilated rows16 mma")
+  local c = config { segments = { 2048, 8193 }, dilations = { 1, 4 } }
+  local k = plan.tuning_key(c, 1, "bwd_dkdv", "sm_80")
+  assert(tuning.key_line(k) == "sm_80 bwd_dkdv d128 bf16 causal dilated rows4096 mma",
          tuning.key_line(k))
+  assert(k.wgmma == false, "no wgmma state given: false")
+  k = plan.tuning_key(c, 0, "fwd", "sm_90", true)
+  assert(k.wgmma == true and tuning.key_line(k):sub(-6) == " wgmma", tuning.key_line(k))
+  -- The longest key the checker admits fits rda_tune_task.key (160 bytes with its NUL).
+  local long = tuning.key_line(tuning.key("emu-sm_999", "bwd_dkdv", math.maxinteger, "bf16",
+                                          false, true, 1 << 62, true))
+  assert(#long < 160, long)
+  -- Admitted: wgmma on and sm_90 (GPU or emulator), a boolean always.
+  local h80, emu = assert(hw.builtin(80)), assert(hw.builtin(90))
+  emu.emulated = true
+  assert(tuning.wgmma_admitted(H90, true) == true and tuning.wgmma_admitted(emu, true) == true)
+  for _, x in ipairs { { H90, false }, { H90, nil }, { h80, true }, { h80, nil } } do
+    assert(tuning.wgmma_admitted(x[1], x[2]) == false, tostring(x[2]))
+  end
 end)
 
 -- ---------------------------------------------------------------- checking
@@ -157,9 +191,14 @@ T.test("check: a good database passes, and indexes its entries by key", function
                    device = "NVIDIA H100 80GB HBM3", date = "2026-11-23", rda = "0.1.0",
                    n = 32768, batch = 1 } }),
                  entry({ NAME.C }, { target = "emu-sm_90", rows = 1 << 62, measured = {} }) }
+  list[4] = entry({ NAME.W, NAME.A }, { wgmma = true })
+  list[5] = entry({ NAME.W }, { target = "emu-sm_90", wgmma = true })
+  list[6] = entry({ NAME.C }, { candidates = { "bm16_bn16_w1_s2", NAME.C } }) -- not in a space
+  list[6].rows = 16
   local d = db(list)
-  assert(d.entries == list and d.by_key["sm_90 fwd d128 bf16 causal dense rows2048"] == list[1])
-  assert(d.by_key["sm_90 bwd_dkdv d128 bf16 causal dense rows2048"] == list[2])
+  assert(d.entries == list and d.by_key["sm_90 fwd d128 bf16 causal dense rows2048 mma"] == list[1])
+  assert(d.by_key["sm_90 bwd_dkdv d128 bf16 causal dense rows2048 mma"] == list[2])
+  assert(d.by_key["sm_90 fwd d128 bf16 causal dense rows2048 wgmma"] == list[4])
   local e = assert(tuning.check({}, "empty.lua"))
   assert(#e.entries == 0 and next(e.by_key) == nil)
 end)
@@ -212,10 +251,34 @@ T.test("check: each malformed field is one line naming the entry, field and valu
     { { measured = { device = 5 } }, "measured.device = 5" },
     { { measured = { rda = "0.1\n2" } }, "measured.rda = \"0.1\\n2\"" },
     { { measured = { device = string.rep("x", 201) } }, "measured.device" },
+    { { wgmma = 1 }, "wgmma = 1: must be a boolean" },
+    { { wgmma = "false" }, "wgmma = \"false\": must be a boolean" },
+    { { wgmma = true, target = "sm_80" }, "wgmma = true: wgmma tiles are admitted only on sm_90, "
+      .. "not sm_80" },
+    { { wgmma = true, target = "emu-sm_86" }, "only on sm_90, not emu-sm_86" },
+    { { candidates = {} }, "candidates: must not be empty" },
+    { { candidates = NAME.A }, "candidates = \"bm128_bn64_w8_s2\": must be the list" },
+    { { candidates = { [2] = NAME.A } }, "candidates: must be a list (keys 1..n only)" },
+    { { candidates = { NAME.A, x = NAME.B } }, "candidates: must be a list" },
+    { { candidates = { NAME.A, NAME.B, NAME.A } },
+      "candidates[3] = \"bm128_bn64_w8_s2\": repeats candidates[1]" },
+    { { candidates = { NAME.A, "bm128_bn64" } }, "candidates[2] = \"bm128_bn64\": is not a fwd" },
+    { { candidates = { NAME.A, 7 } }, "candidates[2] = 7: must be a tile name" },
+    { { candidates = { NAME.A, BNAME.K1 } }, "candidates[2] = \"bn64_bm32_w4_s2_x1\"" },
+    { { candidates = { NAME.A, NAME.W } },
+      "candidates[2] = \"bm128_bn128_w8_s2_wg\": is a wgmma tile, in an entry without wgmma" },
+    { { candidates = { NAME.B, NAME.C } },
+      "ranking[1].tile = \"bm128_bn64_w8_s2\": is not one of the entry's candidates" },
+    { { wgmma = "nil" }, "wgmma = nil: must be a boolean (whether wgmma tiles were admitted); "
+      .. "an entry of an older rda: remove the database and tune again" },
+    { { candidates = "nil" }, "candidates = nil: must be the list of tile names the tuner tried" },
   }
   for _, c in ipairs(cases) do
     local bad = entry { NAME.A }
     for k, v in pairs(c[1]) do bad[k] = v end
+    for k, v in pairs(c[1]) do
+      if v == "nil" then bad[k] = nil end -- a missing field
+    end
     local d, why = tuning.check({ entry({ NAME.A }, { rows = 16 }), bad }, "bad.lua")
     assert(d == nil, "accepted: " .. c[2])
     testing.contains(why, "bad.lua: entry 2: ")
@@ -229,11 +292,16 @@ T.test("check: a repeated key names both entries; the list itself is checked", f
   local d, why = tuning.check(list, "dup.lua")
   assert(not d)
   testing.contains(why, "dup.lua: entry 3: the same key as entry 1 "
-                        .. "(sm_90 fwd d128 bf16 causal dense rows2048)")
-  -- The same fields but another target, kind or dilation is another key.
+                        .. "(sm_90 fwd d128 bf16 causal dense rows2048 mma)")
+  -- The same fields but another target, kind, dilation or wgmma state is another key.
   assert(tuning.check({ entry { NAME.A }, entry({ NAME.A }, { target = "emu-sm_90" }),
                         entry({ NAME.A }, { kind = "bwd_dq" }),
-                        entry({ NAME.A }, { dilated = true }) }, "ok.lua"))
+                        entry({ NAME.A }, { dilated = true }),
+                        entry({ NAME.A }, { wgmma = true }) }, "ok.lua"))
+  _, why = tuning.check({ entry({ NAME.W }, { wgmma = true }), entry { NAME.A },
+                          entry({ NAME.A }, { wgmma = true }) }, "dup.lua")
+  testing.contains(why, "dup.lua: entry 3: the same key as entry 1 "
+                        .. "(sm_90 fwd d128 bf16 causal dense rows2048 wgmma)")
   _, why = tuning.check(nil, "x.lua")
   testing.contains(why, "x.lua: the tuning database must return a list of entries, not nothing")
   _, why = tuning.check({ entry { NAME.A }, x = 1 }, "x.lua")
@@ -305,13 +373,20 @@ T.test("lookup: ranked tiles that do not fit or are not allowed are skipped", fu
     return v.tile, v.tuned
   end
   assert(tile_of { entry { NAME.BIG, NAME.C, NAME.B } } == NAME.C, "BIG does not fit sm_90")
-  assert(tile_of { entry { NAME.W, NAME.C } } == NAME.C, "wgmma off")
-  assert(tile_of({ entry { NAME.W, NAME.C } }, H90, true) == NAME.W, "wgmma on, sm_90")
+  assert(tile_of({ entry({ NAME.W, NAME.C }, { wgmma = true }) }, H90, true) == NAME.W,
+         "wgmma on, sm_90")
+  -- A smaller sm_90 part (a custom profile): W no longer fits, the wgmma entry's next tile.
+  local small = assert(hw.builtin(90))
+  small.smem_per_block = plan.fwd_smem(128, W) - 1
+  assert(tile_of({ entry({ NAME.W, NAME.C }, { wgmma = true }) }, small, true) == NAME.C)
+  -- wgmma on but sm_80: wgmma is not admitted there, so the plan reads the entry without it.
   local h80 = assert(hw.builtin(80))
-  assert(tile_of({ entry({ NAME.W, NAME.C }, { target = "sm_80" }) }, h80, true, "sm_80")
-         == NAME.C, "wgmma on, but sm_80")
+  assert(tile_of({ entry({ NAME.C }, { target = "sm_80" }) }, h80, true, "sm_80") == NAME.C,
+         "wgmma on, but sm_80")
   -- No usable tile at all (or names no longer in the space): the default rule, not tuned.
-  local t, tuned = tile_of { entry { NAME.BIG, NAME.W, "bm16_bn16_w1_s2" } }
+  local t, tuned = tile_of { entry { NAME.BIG, "bm16_bn16_w1_s2" } }
+  assert(t == NAME.A and tuned == nil, t)
+  t, tuned = tile_of({ entry({ NAME.W, NAME.BIG }, { wgmma = true }) }, small, true)
   assert(t == NAME.A and tuned == nil, t)
   -- A space without the head_dim is still the planner's error.
   local pl, why = plan.build(config { head_dim = 64 }, H90, FWD, nil, nil, nil,
@@ -331,7 +406,7 @@ T.test("lookup: an entry steers only its own key", function()
   assert(tile_of({ entry { NAME.C } }, "emu-sm_90") == NAME.A, "a GPU's for the emulator")
   for _, over in ipairs { { rows = 4096 }, { rows = 1024 }, { dtype = "fp16" }, { causal = false },
                           { dilated = true }, { head_dim = 64 }, { kind = "bwd_dq" },
-                          { target = "sm_80" } } do
+                          { target = "sm_80" }, { wgmma = true } } do
     assert(tile_of { entry({ NAME.B }, over) } == NAME.A, next(over))
   end
   -- A small grid (64 rows) prefers block_m <= 64 by default; an entry overrides that.
@@ -413,12 +488,20 @@ T.test("lookup: each backward branch takes its own dK/dV and dQ tiles, and its d
     assert(plain.variants[s.dkdv_kernel].tile == BNAME.K1 and s.dsplit == 1)
     assert(plain.variants[s.dq_kernel].tile == BNAME.Q1)
   end
-  -- wgmma dK/dV ranked first: only with wgmma on.
-  local wk = { entry({ BNAME.KW, BNAME.K2 }, { kind = "bwd_dkdv" }) }
-  pl = assert(plan.build(config(), H90, FWD, BWD, false, false, tun { wk }))
-  assert(pl.variants[pl.bwd_steps[1].dkdv_kernel].tile == BNAME.K2)
-  pl = assert(plan.build(config(), H90, FWD, BWD, false, true, tun { wk }))
-  assert(pl.variants[pl.bwd_steps[1].dkdv_kernel].tile == BNAME.KW)
+  -- A wgmma dK/dV entry steers only plans with wgmma on; one without, only plans without.
+  local function dkdv_of(entries, wgmma)
+    local p = assert(plan.build(config(), H90, FWD, BWD, false, wgmma, tun { entries }))
+    local v = p.variants[p.bwd_steps[1].dkdv_kernel]
+    return v.tile, v.tuned
+  end
+  local wk = entry({ BNAME.K2, BNAME.KW }, { kind = "bwd_dkdv", wgmma = true })
+  local mk = entry({ BNAME.KX2 }, { kind = "bwd_dkdv" })
+  local t, tuned = dkdv_of({ wk }, false)
+  assert(t == BNAME.K1 and tuned == nil, "the wgmma entry, for a plan without: " .. t)
+  assert(dkdv_of({ wk }, true) == BNAME.K2)
+  t, tuned = dkdv_of({ mk }, true)
+  assert(t == BNAME.KW and tuned == nil, "the entry without wgmma, for a plan with: " .. t)
+  assert(dkdv_of({ mk, wk }, false) == BNAME.KX2 and dkdv_of({ mk, wk }, true) == BNAME.K2)
 end)
 
 T.test("lookup: the backward's ring twins carry their base's tile", function()
@@ -504,71 +587,119 @@ T.test("tune_tasks: one task per distinct key, in kind then branch order", funct
   t.force = { kind = "fwd", branch = 0, tile = NAME.B } -- ignored by the tasks
   local tasks = assert(plan.tune_tasks(c, H90, FWD, BWD, false, t))
   local want = {
-    { "fwd", 0, "sm_90 fwd d128 bf16 causal dense rows2048", NAME.C },
-    { "fwd", 2, "sm_90 fwd d128 bf16 causal dilated rows2048", NAME.A },
-    { "fwd", 3, "sm_90 fwd d128 bf16 causal dense rows64", NAME.B },
-    { "bwd_dkdv", 0, "sm_90 bwd_dkdv d128 bf16 causal dense rows2048", BNAME.K1 },
-    { "bwd_dkdv", 2, "sm_90 bwd_dkdv d128 bf16 causal dilated rows2048", BNAME.K1 },
-    { "bwd_dkdv", 3, "sm_90 bwd_dkdv d128 bf16 causal dense rows64", BNAME.K2 },
-    { "bwd_dq", 0, "sm_90 bwd_dq d128 bf16 causal dense rows2048", BNAME.Q1 },
-    { "bwd_dq", 2, "sm_90 bwd_dq d128 bf16 causal dilated rows2048", BNAME.Q1 },
-    { "bwd_dq", 3, "sm_90 bwd_dq d128 bf16 causal dense rows64", BNAME.Q1 },
+    { "fwd", 0, "sm_90 fwd d128 bf16 causal dense rows2048 mma", NAME.C },
+    { "fwd", 2, "sm_90 fwd d128 bf16 causal dilated rows2048 mma", NAME.A },
+    { "fwd", 3, "sm_90 fwd d128 bf16 causal dense rows64 mma", NAME.B },
+    { "bwd_dkdv", 0, "sm_90 bwd_dkdv d128 bf16 causal dense rows2048 mma", BNAME.K1 },
+    { "bwd_dkdv", 2, "sm_90 bwd_dkdv d128 bf16 causal dilated rows2048 mma", BNAME.K1 },
+    { "bwd_dkdv", 3, "sm_90 bwd_dkdv d128 bf16 causal dense rows64 mma", BNAME.K2 },
+    { "bwd_dq", 0, "sm_90 bwd_dq d128 bf16 causal dense rows2048 mma", BNAME.Q1 },
+    { "bwd_dq", 2, "sm_90 bwd_dq d128 bf16 causal dilated rows2048 mma", BNAME.Q1 },
+    { "bwd_dq", 3, "sm_90 bwd_dq d128 bf16 causal dense rows64 mma", BNAME.Q1 },
   }
   assert(#tasks == #want, "tasks: " .. #tasks)
   for i, w in ipairs(want) do
     local k = tasks[i]
     assert(k.kind == w[1] and k.branch == w[2] and k.key == w[3] and k.chosen == w[4],
            string.format("task %d: %s %d %s %s", i, k.kind, k.branch, k.key, k.chosen))
-    assert(#k.key < 160 and tuning.key_line(k.fields) == k.key)
+    assert(#k.key < 160 and tuning.key_line(k.fields) == k.key and k.fields.wgmma == false)
   end
   -- Candidates: every fitting, allowed tile, in the space's order.
   assert(deep_equal(tasks[1].candidates, { NAME.A, NAME.B, NAME.C }), "fwd, wgmma off")
   assert(deep_equal(tasks[4].candidates, { BNAME.K1, BNAME.K2, BNAME.KX2 }), "dkdv")
   assert(deep_equal(tasks[7].candidates, { BNAME.Q1, BNAME.Q2 }), "dq")
-  tasks = assert(plan.tune_tasks(c, H90, FWD, nil, true, nil))
-  assert(#tasks == 3 and deep_equal(tasks[1].candidates, { NAME.W, NAME.A, NAME.B, NAME.C }))
-  assert(tasks[1].chosen == NAME.W and tasks[1].key:sub(1, 6) == "sm_90 ")
+  -- wgmma on, sm_90: the wgmma tiles are candidates, and the key says so; the entries above
+  -- (without wgmma) choose nothing here.
+  tasks = assert(plan.tune_tasks(c, H90, FWD, BWD, true, t))
+  assert(#tasks == 9 and deep_equal(tasks[1].candidates, { NAME.W, NAME.A, NAME.B, NAME.C }))
+  assert(tasks[1].chosen == NAME.W and tasks[1].fields.wgmma == true)
+  assert(tasks[1].key == "sm_90 fwd d128 bf16 causal dense rows2048 wgmma", tasks[1].key)
+  assert(deep_equal(tasks[4].candidates, { BNAME.KW, BNAME.K1, BNAME.K2, BNAME.KX2 }))
+  assert(tasks[6].chosen == BNAME.KW, "the rows64 dK/dV entry has no wgmma: " .. tasks[6].chosen)
+  -- wgmma on, but sm_80: not admitted, so the key is the one without it.
+  local h80 = assert(hw.builtin(80))
+  tasks = assert(plan.tune_tasks(c, h80, FWD, nil, true))
+  assert(tasks[1].key == "sm_80 fwd d128 bf16 causal dense rows2048 mma", tasks[1].key)
+  assert(tasks[1].fields.wgmma == false and tasks[1].candidates[1] == NAME.A)
   local emu = assert(hw.builtin(90))
   emu.emulated = true
   tasks = assert(plan.tune_tasks(c, emu, FWD))
-  assert(tasks[1].key == "emu-sm_90 fwd d128 bf16 causal dense rows2048", tasks[1].key)
+  assert(tasks[1].key == "emu-sm_90 fwd d128 bf16 causal dense rows2048 mma", tasks[1].key)
 end)
 
-T.test("tune_tasks: the chosen tile is what the plan takes", function()
-  for _ = 1, 10 do
+T.test("tune_tasks: the chosen tile is what the plan takes, stale entries skipped", function()
+  -- The tiles a tune tries on H90 with the fixture spaces, per kind and wgmma state.
+  local usable = { [false] = { fwd = { NAME.A, NAME.B, NAME.C },
+                               bwd_dkdv = { BNAME.K1, BNAME.K2, BNAME.KX2 },
+                               bwd_dq = { BNAME.Q1, BNAME.Q2 } },
+                   [true] = { fwd = { NAME.W, NAME.A, NAME.B, NAME.C },
+                              bwd_dkdv = { BNAME.KW, BNAME.K1, BNAME.K2, BNAME.KX2 },
+                              bwd_dq = { BNAME.Q1, BNAME.Q2 } } }
+  for _ = 1, 12 do
     local n = math.random(1, 4)
     local segs, dils = {}, {}
     for i = 1, n do segs[i], dils[i] = math.random(1, 1 << 16), math.random(1, 8) end
     local c = config { segments = segs, dilations = dils }
+    -- Entries for both wgmma states; some stale (a candidate of now missing), some with a
+    -- candidate that no longer exists.
     local entries, keys = {}, {}
     for b = 0, n - 1 do
       for _, kind in ipairs(tuning.KINDS) do
-        local k = plan.tuning_key(c, b, kind, "sm_90")
-        local line = tuning.key_line(k)
-        if not keys[line] and math.random() < 0.6 then
-          keys[line] = true
-          local names = kind == "fwd" and { NAME.A, NAME.B, NAME.C }
-                        or kind == "bwd_dq" and { BNAME.Q1, BNAME.Q2 }
-                        or { BNAME.K1, BNAME.K2, BNAME.KX2 }
-          k.ranking = {}
-          for i, name in ipairs(shuffle(names)) do k.ranking[i] = { tile = name, us = i } end
-          entries[#entries + 1] = k
+        for _, wg in ipairs { false, true } do
+          local k = plan.tuning_key(c, b, kind, "sm_90", wg)
+          local line = tuning.key_line(k)
+          if not keys[line] and math.random() < 0.7 then
+            local names = shuffle { table.unpack(usable[wg][kind]) }
+            local stale = math.random() < 0.3
+            if stale then table.remove(names, math.random(#names)) end
+            if math.random() < 0.3 then
+              names[#names + 1] = kind == "bwd_dkdv" and "bn16_bm16_w1_s2_x1" or "bm16_bn16_w1_s2"
+            end
+            k.candidates, k.ranking = names, {}
+            for i, name in ipairs(shuffle { table.unpack(names) }) do
+              k.ranking[i] = { tile = name, us = i }
+            end
+            keys[line] = { entry = k, stale = stale }
+            entries[#entries + 1] = k
+          end
         end
       end
     end
-    local t = tun { entries }
-    local pl = assert(plan.build(c, H90, FWD, BWD, false, false, t))
-    local tasks = assert(plan.tune_tasks(c, H90, FWD, BWD, false, t))
-    local by_key = {}
-    for _, k in ipairs(tasks) do by_key[k.key] = k end
-    for b = 0, n - 1 do
-      local st = pl.bwd_steps[b + 1]
-      local picks = { fwd = fwd_variant(pl, b + 1), bwd_dkdv = pl.variants[st.dkdv_kernel],
-                      bwd_dq = pl.variants[st.dq_kernel] }
-      for kind, v in pairs(picks) do
-        local k = assert(by_key[tuning.key_line(plan.tuning_key(c, b, kind, "sm_90"))])
-        assert(k.chosen == v.tile, string.format("%s: task %s, plan %s", k.key, k.chosen, v.tile))
-        assert(k.branch <= b, "a task names the first branch of its key")
+    for _, wgmma in ipairs { false, true } do
+      local t = tun { entries }
+      local pl = assert(plan.build(c, H90, FWD, BWD, false, wgmma, t))
+      local plain = assert(plan.build(c, H90, FWD, BWD, false, wgmma))
+      local tasks = assert(plan.tune_tasks(c, H90, FWD, BWD, wgmma, t))
+      local by_key = {}
+      for _, k in ipairs(tasks) do by_key[k.key] = k end
+      for b = 0, n - 1 do
+        local function picks(p)
+          local st = p.bwd_steps[b + 1]
+          return { fwd = fwd_variant(p, b + 1), bwd_dkdv = p.variants[st.dkdv_kernel],
+                   bwd_dq = p.variants[st.dq_kernel] }
+        end
+        local got, default = picks(pl), picks(plain)
+        for kind, v in pairs(got) do
+          local line = tuning.key_line(plan.tuning_key(c, b, kind, "sm_90", wgmma))
+          local k = assert(by_key[line], line)
+          assert(k.chosen == v.tile, string.format("%s: task %s, plan %s", k.key, k.chosen, v.tile))
+          assert(k.branch <= b, "a task names the first branch of its key")
+          -- The model: a fresh entry's first ranked tile that exists (all of its candidates
+          -- fit H90), else the plan without databases.
+          local x, want, tuned = keys[line], default[kind].tile, nil
+          if x and not x.stale then
+            for _, r in ipairs(x.entry.ranking) do
+              if r.tile:sub(1, 4) ~= "bm16" and r.tile:sub(1, 4) ~= "bn16" then
+                want, tuned = r.tile, true
+                break
+              end
+            end
+          end
+          -- (A variant shared with a tuned branch is tuned too: only a tuned pick is certain.)
+          assert(v.tile == want and (v.tuned == true or not tuned),
+                 string.format("%s (%s): plan %s, want %s", line, x and (x.stale and "stale"
+                               or "fresh") or "none", v.tile, want))
+        end
       end
     end
   end
@@ -615,6 +746,8 @@ T.test("tune_merge: the text loads back to the measured rankings, fastest first"
   for _, res in ipairs(results) do
     local e = assert(d.by_key[tasks[res.task].key], tasks[res.task].key)
     assert(deep_equal(e.measured, META), "measured")
+    assert(e.wgmma == false and deep_equal(e.candidates, tasks[res.task].candidates),
+           "the task's candidates, all of them, in order")
     assert(#e.ranking == #res.ranking)
     local times = {}
     for _, x in ipairs(res.ranking) do times[x.tile] = x.us end
@@ -658,14 +791,17 @@ T.test("tune_merge: replaces the entries of its keys and keeps the others", func
   assert(deep_equal(d.by_key[tuning.key_line(other)], other), "the other entry, unchanged")
   local e = d.by_key[tasks[1].key]
   assert(e.ranking[1].tile == cands[#cands] and e.ranking[#cands].tile == cands[1], "re-ranked")
+  assert(deep_equal(e.candidates, cands))
   assert(d.entries[1].target == "sm_80", "sorted by key: sm_80 before sm_90")
-  -- Equal times keep the order given.
+  -- Equal times keep the order given; candidates that were not ranked (they failed) are still
+  -- the entry's candidates.
   text = assert(bridge.tune_merge(nil, nil, c, H90, false, false,
                                   { { task = 1, ranking = { { tile = cands[2], us = 5 },
                                                             { tile = cands[1], us = 5 } } } },
                                   META))
   e = assert(tuning.load_user(text, "x")).by_key[tasks[1].key]
-  assert(e.ranking[1].tile == cands[2] and e.ranking[2].tile == cands[1])
+  assert(e.ranking[1].tile == cands[2] and e.ranking[2].tile == cands[1] and #e.ranking == 2)
+  assert(#cands > 2 and deep_equal(e.candidates, cands), "failed candidates are kept")
 end)
 
 T.test("tune_merge: bad results are one line each; a bad old database is a config error", function()
@@ -721,22 +857,177 @@ T.test("tune_merge: bad results are one line each; a bad old database is a confi
   assert(assert(tuning.load_user(text, "x")).entries[1].measured == nil)
 end)
 
+-- ---------------------------------------------------------------- what an entry tried
+
+-- A merged database (tuning.load_user of tuning.merge's text) for `tasks` (plan.tune_tasks),
+-- each ranking its candidates in the order `order(candidates)` gives, into `old` (a database
+-- or nil).
+local function merged(tasks, order, old)
+  local results = {}
+  for i, k in ipairs(tasks) do
+    local rk = {}
+    for j, name in ipairs(order(k.candidates)) do rk[j] = { tile = name, us = 10 * j } end
+    results[i] = { task = i, ranking = rk }
+  end
+  local text = assert(tuning.merge(old or { entries = {} }, tasks, results, META))
+  return assert(tuning.load_user(text, "merged.lua")), text
+end
+
+local function reversed(list)
+  local out = {}
+  for i = #list, 1, -1 do out[#out + 1] = list[i] end
+  return out
+end
+
+T.test("wgmma: a tune without wgmma neither steers a wgmma plan nor replaces its entry", function()
+  local c = config()
+  local function pick(d, wgmma)
+    local v = fwd_variant(assert(plan.build(c, H90, FWD, nil, nil, wgmma,
+                                            { dbs = { d }, target = "sm_90" })))
+    return v.tile, v.tuned
+  end
+  local before = pick(assert(tuning.check({}, "none")), true)
+  assert(before == NAME.W, "untuned, a wgmma plan takes the wgmma tile: " .. before)
+  -- Tune without wgmma (RDA_WGMMA unset): the key says so; the candidates are the mma.sync
+  -- tiles; the ranking puts C first.
+  local tasks = assert(plan.tune_tasks(c, H90, FWD, nil, false, nil))
+  assert(tasks[1].key == "sm_90 fwd d128 bf16 causal dense rows2048 mma")
+  local d1, text1 = merged(tasks, reversed)
+  local e1 = d1.entries[1]
+  assert(#d1.entries == 1 and e1.wgmma == false and e1.ranking[1].tile == NAME.C)
+  assert(deep_equal(e1.candidates, { NAME.A, NAME.B, NAME.C }))
+  testing.contains(text1, "rows = 2048, wgmma = false,")
+  -- The reviewer's case: a wgmma plan still takes the wgmma tile, untuned.
+  local t, tuned = pick(d1, true)
+  assert(t == NAME.W and tuned == nil, "a wgmma plan after a tune without wgmma: " .. t)
+  t, tuned = pick(d1, false)
+  assert(t == NAME.C and tuned, "the plan without wgmma follows the tune: " .. t)
+  -- The same through tune_tasks: what it says plans take.
+  local now = assert(plan.tune_tasks(c, H90, FWD, nil, true, { dbs = { d1 }, target = "sm_90" }))
+  assert(now[1].chosen == NAME.W and now[1].key:sub(-6) == " wgmma")
+  -- Tune with wgmma on: its own entry, beside the first; B ranked first.
+  local wtasks = assert(plan.tune_tasks(c, H90, FWD, nil, true, nil))
+  assert(deep_equal(wtasks[1].candidates, { NAME.W, NAME.A, NAME.B, NAME.C }))
+  local d2 = merged(wtasks, function(cands)
+    return { cands[3], cands[1], cands[4], cands[2] } -- B, W, C, A
+  end, d1)
+  assert(#d2.entries == 2, "both entries")
+  assert(deep_equal(d2.entries[1], e1), "the entry without wgmma, unchanged (and sorted first)")
+  local e2 = d2.entries[2]
+  assert(e2.wgmma == true and e2.ranking[1].tile == NAME.B and #e2.candidates == 4)
+  t, tuned = pick(d2, true)
+  assert(t == NAME.B and tuned, "the wgmma entry steers the wgmma plan: " .. t)
+  t, tuned = pick(d2, false)
+  assert(t == NAME.C and tuned, "the other entry steers the plan without wgmma: " .. t)
+  -- A second tune without wgmma replaces only its own entry.
+  local d3 = merged(tasks, function(cands) return cands end, d2)
+  assert(#d3.entries == 2 and deep_equal(d3.entries[2], e2), "the wgmma entry survives")
+  assert(d3.entries[1].ranking[1].tile == NAME.A)
+  assert(pick(d3, false) == NAME.A and pick(d3, true) == NAME.B)
+end)
+
+T.test("wgmma: the same through the bridge, on the shipped spaces", function()
+  local c = config()
+  local plain = fwd_variant(assert(bridge.plan(c, H90, false, false, true)))
+  assert(plain.tile:sub(-3) == "_wg", "the shipped d128 space leads with wgmma tiles")
+  local tasks = assert(bridge.tune_tasks(c, H90, false, false))
+  local results = { { task = 1, ranking = {} } }
+  for j, name in ipairs(reversed(tasks[1].candidates)) do
+    results[1].ranking[j] = { tile = name, us = j }
+  end
+  local text = assert(bridge.tune_merge(nil, nil, c, H90, false, false, results, META))
+  local user = { user = text, user_name = "u.lua" }
+  local v = fwd_variant(assert(bridge.plan(c, H90, false, false, true, user)))
+  assert(v.tile == plain.tile and v.tuned == nil, "wgmma plan after an mma tune: " .. v.tile)
+  v = fwd_variant(assert(bridge.plan(c, H90, false, false, false, user)))
+  assert(v.tile == results[1].ranking[1].tile and v.tuned, v.tile)
+  -- Now with wgmma: a second entry; each plan reads its own.
+  local wtasks = assert(bridge.tune_tasks(c, H90, false, true, user))
+  assert(wtasks[1].chosen == plain.tile and wtasks[1].key:sub(-6) == " wgmma")
+  local wc = wtasks[1].candidates
+  local wresults = { { task = 1, ranking = { { tile = wc[#wc], us = 1 },
+                                             { tile = wc[1], us = 2 } } } }
+  local text2 = assert(bridge.tune_merge(text, "u.lua", c, H90, false, true, wresults, META))
+  local d = assert(tuning.load_user(text2, "u.lua"))
+  assert(#d.entries == 2 and not d.entries[1].wgmma and d.entries[2].wgmma)
+  assert(deep_equal(d.entries[2].candidates, wc), "every candidate tried, failed ones too")
+  user.user = text2
+  v = fwd_variant(assert(bridge.plan(c, H90, false, false, true, user)))
+  assert(v.tile == wc[#wc] and v.tuned, v.tile)
+  v = fwd_variant(assert(bridge.plan(c, H90, false, false, false, user)))
+  assert(v.tile == results[1].ranking[1].tile and v.tuned, v.tile)
+end)
+
+T.test("stale: an entry that did not try a tile the space now has is skipped", function()
+  local c = config()
+  local function pick(space, dbs, wgmma)
+    local t = { dbs = dbs, target = "sm_90" }
+    local v = fwd_variant(assert(plan.build(c, H90, space, nil, nil, wgmma, t)))
+    local tasks = assert(plan.tune_tasks(c, H90, space, nil, wgmma, t))
+    assert(tasks[1].chosen == v.tile, "tune_tasks says what the plan takes")
+    return v.tile, v.tuned
+  end
+  -- Tuned when the space held A and B only: B first.
+  local old_space = { [128] = { A, B } }
+  local d = merged(assert(plan.tune_tasks(c, H90, old_space)), reversed)
+  assert(deep_equal(d.entries[1].candidates, { NAME.A, NAME.B }))
+  local t, tuned = pick(old_space, { d })
+  assert(t == NAME.B and tuned)
+  -- The space gained C: the entry never measured it, so it is skipped: the default rule.
+  t, tuned = pick({ [128] = { A, B, C } }, { d })
+  assert(t == NAME.A and tuned == nil, "stale entry used: " .. t)
+  t, tuned = pick({ [128] = { C, A, B } }, { d })
+  assert(t == NAME.C and tuned == nil, t)
+  -- ... and the next database's entry, when it tried everything, serves instead.
+  local shipped = db { entry({ NAME.C, NAME.A }, { candidates = { NAME.C, NAME.B, NAME.A } }) }
+  t, tuned = pick({ [128] = { A, B, C } }, { d, shipped })
+  assert(t == NAME.C and tuned, t)
+  -- Not stale: the new tile does not fit, is a wgmma tile with wgmma off, or a tile went away.
+  assert(pick({ [128] = { A, B, BIG } }, { d }) == NAME.B, "BIG does not fit")
+  assert(pick({ [128] = { W, A, B } }, { d }) == NAME.B, "W is not a candidate without wgmma")
+  assert(pick({ [128] = { B } }, { d }) == NAME.B, "A removed")
+  -- With wgmma on, W is a candidate: an entry of the wgmma state that did not try it is stale.
+  local wd = db { entry({ NAME.B }, { wgmma = true, candidates = { NAME.A, NAME.B } }) }
+  t, tuned = pick({ [128] = { A, B } }, { wd }, true)
+  assert(t == NAME.B and tuned)
+  t, tuned = pick({ [128] = { W, A, B } }, { wd }, true)
+  assert(t == NAME.W and tuned == nil, t)
+  -- The backward the same way: a dK/dV space that gained K2.
+  local bc = config()
+  local old_b = { [128] = { dkdv = { K1, KX2 }, dq = { Q1, Q2 } } }
+  local bd = merged(assert(plan.tune_tasks(bc, H90, FWD, old_b)), reversed)
+  local function dkdv(bspace)
+    local p = assert(plan.build(bc, H90, FWD, bspace, false, false,
+                                { dbs = { bd }, target = "sm_90" }))
+    local v = p.variants[p.bwd_steps[1].dkdv_kernel]
+    return v.tile, v.tuned
+  end
+  t, tuned = dkdv(old_b)
+  assert(t == BNAME.KX2 and tuned, t)
+  t, tuned = dkdv { [128] = { dkdv = { K1, KX2, K2 }, dq = { Q1, Q2 } } }
+  assert(t == BNAME.K1 and tuned == nil, t)
+  local p = assert(plan.build(bc, H90, FWD, { [128] = { dkdv = { K1, KX2, K2 }, dq = { Q1, Q2 } } },
+                              false, false, { dbs = { bd }, target = "sm_90" }))
+  local q = p.variants[p.bwd_steps[1].dq_kernel]
+  assert(q.tile == BNAME.Q2 and q.tuned, "the dQ entry is still fresh: " .. q.tile)
+end)
+
 T.test("serialize: round-trips every field exactly, floats included", function()
-  local entries = {}
-  for i = 1, 30 do
-    local e = entry({}, {
-      target = ({ "sm_80", "sm_90", "emu-sm_90", "emu-sm_86" })[math.random(4)],
-      kind = tuning.KINDS[math.random(3)], head_dim = ({ 32, 64, 128 })[math.random(3)],
-      dtype = math.random() < 0.5 and "bf16" or "fp16", causal = math.random() < 0.5,
-      dilated = math.random() < 0.5, rows = 1 << (i + 3),
-    })
-    local us = 0
+  -- Up to 16 candidates with long names (the line wraps), a random few ranked.
+  local function fill(e)
+    e.candidates, e.ranking = {}, {}
     for j = 1, math.random(1, 16) do
+      local wg = e.wgmma and j % 2 == 0 and "_wg" or ""
+      e.candidates[j] = e.kind == "bwd_dkdv"
+                        and string.format("bn%d_bm%d_w%d_s2_x1%s", 16 * j, 160 + 16 * j, 10 + j, wg)
+                        or string.format("bm%d_bn%d_w%d_s2%s", 160 + 16 * j, 16 * j, 10 + j, wg)
+    end
+    shuffle(e.candidates)
+    local us = 0
+    for j = 1, math.random(1, #e.candidates) do
       us = us + (math.random() < 0.2 and 0 or math.random() * 10 ^ math.random(-6, 9))
       if us == 0 then us = 2 ^ -30 end
-      local name = e.kind == "bwd_dkdv" and string.format("bn%d_bm32_w4_s2_x1", 16 * j)
-                   or string.format("bm64_bn%d_w4_s2%s", 16 * j, j % 2 == 0 and "_wg" or "")
-      e.ranking[j] = { tile = name, us = j == 3 and math.floor(us) + 1 or us }
+      e.ranking[j] = { tile = e.candidates[j], us = j == 3 and math.floor(us) + 1 or us }
       us = e.ranking[j].us
     end
     if math.random() < 0.7 then
@@ -744,8 +1035,28 @@ T.test("serialize: round-trips every field exactly, floats included", function()
                      n = math.random(1, 1 << 40), batch = math.random(1, 64) }
       if math.random() < 0.3 then e.measured.rda = nil end
     end
+    return e
+  end
+  -- Base entries without wgmma; those of an sm_90 target get a twin with wgmma.
+  local entries, twins = {}, 0
+  for i = 1, 24 do
+    local e = fill(entry({}, {
+      target = ({ "sm_80", "sm_90", "emu-sm_90", "emu-sm_86" })[math.random(4)],
+      kind = tuning.KINDS[math.random(3)], head_dim = ({ 32, 64, 128 })[math.random(3)],
+      dtype = math.random() < 0.5 and "bf16" or "fp16", causal = math.random() < 0.5,
+      dilated = math.random() < 0.5, rows = 1 << (i + 3),
+    }))
     if i == 1 then e.measured = {} end
-    entries[i] = e
+    entries[#entries + 1] = e
+    if e.target:sub(-5) == "sm_90" then
+      local twin = {}
+      for _, k in ipairs { "target", "kind", "head_dim", "dtype", "causal", "dilated", "rows" } do
+        twin[k] = e[k]
+      end
+      twin.wgmma = true
+      entries[#entries + 1] = fill(twin)
+      twins = twins + 1
+    end
   end
   assert(tuning.check(entries, "gen"))
   local text = tuning.serialize(entries)
@@ -760,6 +1071,21 @@ T.test("serialize: round-trips every field exactly, floats included", function()
   end
   assert(tuning.serialize(shuffle(d.entries)) == text, "deterministic")
   assert(text:sub(1, #tuning.HEADER) == tuning.HEADER)
+  -- The candidates wrap before column 100 (measured's device may be long: it is not wrapped).
+  for line in text:gmatch("[^\n]+") do
+    assert(#line < 100 or line:find("^    measured = "), "a long line: " .. line)
+  end
+  testing.contains(text, ",\n      \"") -- some candidates line was wrapped
+  -- Each entry and its twin of the other wgmma state are side by side, without wgmma first.
+  local pairs_seen, sorted = 0, assert(tuning.load_user(text, "rt.lua")).entries -- file order
+  for i = 2, #sorted do
+    local a, b = sorted[i - 1], sorted[i]
+    if tuning.key_line(a):gsub(" %a+$", "") == tuning.key_line(b):gsub(" %a+$", "") then
+      assert(not a.wgmma and b.wgmma, tuning.key_line(a))
+      pairs_seen = pairs_seen + 1
+    end
+  end
+  assert(pairs_seen == twins, string.format("%d pairs, %d twins", pairs_seen, twins))
 end)
 
 T.test("bridge.plan: the user's database, its errors, the force, the emulator's target", function()
@@ -768,7 +1094,7 @@ T.test("bridge.plan: the user's database, its errors, the force, the emulator's 
   local cands = tasks[1].candidates
   assert(#cands >= 2, "the shipped space has at least two fitting d128 tiles on sm_90")
   local last = cands[#cands]
-  local text = tuning.serialize { entry { last } }
+  local text = tuning.serialize { entry({ last }, { candidates = cands }) }
   local pl = assert(bridge.plan(c, H90, false, false, false, { user = text, user_name = "u.lua" }))
   assert(fwd_variant(pl).tile == last and fwd_variant(pl).tuned)
   local plain = assert(bridge.plan(c, H90, false, false, false))
