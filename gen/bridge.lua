@@ -58,7 +58,7 @@ function M.plan(cfg, profile, backward, atomic, wgmma, tun)
 end
 
 -- The tuning tasks of a config on a profile (plan.tune_tasks: { kind, branch, key (its line,
--- wgmma state included), fields, candidates, chosen }, in order: fwd by branch, then with
+-- wgmma state included), fields, candidates, chosen, tuned }, in order: fwd by branch, then with
 -- `backward` bwd_dkdv and bwd_dq by branch, one per distinct key). `tun` as M.plan's (its
 -- force is ignored). Errors as M.plan's.
 function M.tune_tasks(cfg, profile, backward, wgmma, tun)

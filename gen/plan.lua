@@ -640,7 +640,7 @@ end
 -- branch (0-based, the first of the key), key (its line), fields (the key as a table; its
 -- wgmma: whether wgmma tiles are admitted), candidates (M.candidate_names: every fitting,
 -- allowed tile of the space, in its order), chosen (the name of what a plan with `tun` takes
--- now, force ignored) }. Returns the list, or nil and why (no tile fits; more than
+-- now, force ignored), tuned (true when chosen came from a database entry, else nil) }. Returns the list, or nil and why (no tile fits; more than
 -- MAX_CANDIDATES candidates).
 function M.tune_tasks(cfg, hw, space, bspace, wgmma, tun)
   check_cfg(cfg)
@@ -656,8 +656,8 @@ function M.tune_tasks(cfg, hw, space, bspace, wgmma, tun)
       local line = tuning.key_line(fields)
       if not seen[line] then
         seen[line] = true
-        local chosen, why = M.tile_for(kind, cfg, b, hw, sp, wgmma, tun, true)
-        if not chosen then return nil, why end
+        local chosen, tuned = M.tile_for(kind, cfg, b, hw, sp, wgmma, tun, true)
+        if not chosen then return nil, tuned end
         local candidates = M.candidate_names(kind, tiles_of(kind, sp, cfg.head_dim), cfg.head_dim,
                                              hw, wgmma)
         if #candidates > MAX_CANDIDATES then
@@ -665,7 +665,8 @@ function M.tune_tasks(cfg, hw, space, bspace, wgmma, tun)
                                     line, #candidates, MAX_CANDIDATES)
         end
         tasks[#tasks + 1] = { kind = kind, branch = b, key = line, fields = fields,
-                              candidates = candidates, chosen = M.tile_name(kind, chosen) }
+                              candidates = candidates, chosen = M.tile_name(kind, chosen),
+                              tuned = tuned or nil }
       end
     end
   end

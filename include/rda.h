@@ -119,8 +119,17 @@ typedef struct rda_attn_config {
 /* ---- plans -------------------------------------------------------------------------------- */
 
 /* What a plan is for (bits, OR-ed): the forward pass always; the backward pass too with
- * RDA_PLAN_WITH_BACKWARD (its kernels are compiled at creation as well). */
-typedef enum { RDA_PLAN_FORWARD = 0, RDA_PLAN_WITH_BACKWARD = 1 } rda_plan_flags;
+ * RDA_PLAN_WITH_BACKWARD (its kernels are compiled at creation as well). RDA_PLAN_AUTOTUNE:
+ * when a kernel of the plan has no usable entry in the tuning databases for this device, tune
+ * it first, as `rdagen tune` does (every candidate tile checked against the float64 reference,
+ * then timed at N = twice the longest segment within [1024, 65536], batch 1), and record the
+ * rankings in the user's tuning database, which later plans and other processes read. Plan
+ * creation then takes seconds to minutes, once per device, config shape and rda version. */
+typedef enum {
+  RDA_PLAN_FORWARD = 0,
+  RDA_PLAN_WITH_BACKWARD = 1,
+  RDA_PLAN_AUTOTUNE = 2
+} rda_plan_flags;
 
 /* A plan for one attention config on ctx. Validates the config (SPEC §3), generates every kernel
  * the passes in `flags` need and compiles it, or loads it from the kernel cache, so that running

@@ -20,6 +20,8 @@
 #include "err.h"
 #include "fwd.h"
 #include "gen.h"
+#include "tune.h"
+#include "tuning_db.h"
 
 _Static_assert(RDA_CONFIG_MAX_BRANCHES == RDA_MAX_BRANCHES, "rda.h and config.h disagree");
 _Static_assert((int)RDA_BF16 == RDA_DTYPE_BF16 && (int)RDA_FP16 == RDA_DTYPE_FP16,
@@ -179,10 +181,12 @@ static rda_status rda_api_plan_args(rda_plan **out, rda_ctx *ctx, const void *sr
                          "%s: ctx is not a live rda_ctx (wrong magic, or destroyed)", fn);
   if (src == NULL)
     return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn, src_name);
-  if ((flags & ~(unsigned)RDA_PLAN_WITH_BACKWARD) != 0)
+  const unsigned known = (unsigned)RDA_PLAN_WITH_BACKWARD | (unsigned)RDA_PLAN_AUTOTUNE;
+  if ((flags & ~known) != 0)
     return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
-                         "%s: flags = 0x%x: only RDA_PLAN_WITH_BACKWARD (0x%x) is defined", fn,
-                         flags, (unsigned)RDA_PLAN_WITH_BACKWARD);
+                         "%s: flags = 0x%x: only RDA_PLAN_WITH_BACKWARD (0x%x) and "
+                         "RDA_PLAN_AUTOTUNE (0x%x) are defined",
+                         fn, flags, (unsigned)RDA_PLAN_WITH_BACKWARD, (unsigned)RDA_PLAN_AUTOTUNE);
   return RDA_OK;
 }
 
@@ -227,6 +231,30 @@ static void rda_api_trim_cores(rda_ctx *ctx) {
   }
 }
 
+/* RDA_PLAN_AUTOTUNE: tune the config's kernels that no database entry gives a tile for yet,
+ * and save the rankings in the user's database, so the plan that follows takes them. */
+static rda_status rda_api_autotune(rda_ctx *ctx, const rda_config *cfg, unsigned gen_flags,
+                                   rda_err *err) {
+  char path[4096];
+  RDA_TRY(rda_tuning_db_path(path, sizeof path, err));
+  const rda_tune_opts o = {.n = rda_tune_default_n(cfg, &ctx->hw),
+                           .batch = 1,
+                           .iters = rda_tune_default_iters(&ctx->hw),
+                           .flags = gen_flags,
+                           .seed = 1,
+                           .untuned_only = 1};
+  char *text = NULL;
+  rda_tune_report *reps = NULL;
+  int n = 0;
+  rda_status s = rda_tune_run(ctx->b, ctx->gen, &ctx->hw, cfg, &o, NULL, NULL, &text, &reps, &n,
+                              err);
+  if (s == RDA_OK && n > 0)
+    s = rda_tune_save(ctx->gen, &ctx->hw, cfg, &o, reps, n, path, err);
+  free(text);
+  free(reps);
+  return s;
+}
+
 /* The plan of a validated config: a core the context has for it, else plan and load the
  * kernels into a new one (text, when not NULL, is remembered as a key). Called with ctx->lock
  * held; *out is set only on success. */
@@ -243,7 +271,8 @@ static rda_status rda_api_plan_build(rda_ctx *ctx, const rda_config *cfg, const 
     return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "rda_plan_create: out of memory");
   }
   const unsigned gen_flags = (flags & RDA_PLAN_WITH_BACKWARD) ? RDA_PLAN_BACKWARD : 0u;
-  rda_status s = rda_gen_plan_ex(ctx->gen, cfg, &ctx->hw, gen_flags, &c->pk, err);
+  rda_status s = (flags & RDA_PLAN_AUTOTUNE) ? rda_api_autotune(ctx, cfg, gen_flags, err) : RDA_OK;
+  if (s == RDA_OK) s = rda_gen_plan_ex(ctx->gen, cfg, &ctx->hw, gen_flags, &c->pk, err);
   if (s == RDA_OK) {
     s = rda_fwd_load(ctx->b, &c->pk, &c->kernels, err);
     if (s != RDA_OK) rda_plan_k_free(&c->pk);

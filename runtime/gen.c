@@ -908,6 +908,7 @@ static int rda_gen_p_tune_tasks(lua_State *L) {
     rda_gen_copy_name(L, e, "key", k->key, sizeof k->key);
     rda_gen_copy_name(L, e, "chosen", k->chosen, sizeof k->chosen);
     k->branch = (int)rda_gen_int_field(L, e, "branch", 0, c->cfg->nbranch - 1);
+    k->tuned = rda_gen_bool_field(L, e, "tuned");
     lua_getfield(L, e, "candidates");
     const lua_Integer nc = luaL_len(L, -1);
     if (nc < 1 || nc > RDA_TUNE_MAX_CANDIDATES)

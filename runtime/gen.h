@@ -152,6 +152,7 @@ typedef struct rda_tune_task {
   int ncandidates; /* >= 1: every fitting, allowed tile of the space, in the space's order */
   char candidates[RDA_TUNE_MAX_CANDIDATES][RDA_TUNE_NAME];
   char chosen[RDA_TUNE_NAME]; /* the tile a plan takes now (databases, else first fitting) */
+  int tuned;                  /* 1 when chosen came from a database entry */
 } rda_tune_task;
 
 /* *out: malloc'd array of *n tasks (free()). RDA_ERR_UNSUPPORTED when no tile fits (as a plan). */

@@ -9,6 +9,7 @@
 #include "fwd.h"
 #include "reference.h"
 #include "rng.h"
+#include "tuning_db.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -529,6 +530,25 @@ static void tune_run_free(tune_run *r) {
   free(r->evs);
 }
 
+/* Where the entries were measured: the caller's name, else the GPU's, or the emulator. */
+static const char *tune_device(const rda_tune_opts *o, const rda_hw *hw) {
+  if (o->device != NULL) return o->device;
+  return hw->emulated ? "CPU emulator" : hw->name;
+}
+
+long long rda_tune_default_n(const rda_config *cfg, const rda_hw *hw) {
+  if (hw->emulated) return 1024; /* kernels run on the CPU there: keep the problem small */
+  long long wmax = 0;
+  for (int i = 0; i < cfg->nbranch; i++)
+    if (cfg->segments[i] > wmax) wmax = cfg->segments[i];
+  const long long n = wmax < 32768 ? 2 * wmax : 65536;
+  return n < 1024 ? 1024 : n;
+}
+
+int rda_tune_default_iters(const rda_hw *hw) {
+  return hw->emulated ? 3 : 10;
+}
+
 static void tune_today(char out[16]) {
   const time_t now = time(NULL);
   struct tm tm;
@@ -554,7 +574,7 @@ rda_status rda_tune_run(rda_backend *b, rda_gen *g, const rda_hw *hw, const rda_
   /* A database to merge into that does not load fails now, not after the timing. */
   char date[16];
   tune_today(date);
-  const rda_tune_meta meta = {o->device != NULL ? o->device : hw->name, date, o->n, o->batch};
+  const rda_tune_meta meta = {tune_device(o, hw), date, o->n, o->batch};
   if (old_text != NULL) {
     RDA_TRY(
         rda_gen_tune_merge(g, cfg, hw, o->flags, old_text, old_name, NULL, 0, &meta, db_text, err));
@@ -572,12 +592,15 @@ rda_status rda_tune_run(rda_backend *b, rda_gen *g, const rda_hw *hw, const rda_
   r.times = malloc((size_t)o->iters * sizeof *r.times);
   r.evs = calloc((size_t)o->iters + 1, sizeof *r.evs);
   rda_status s = RDA_OK;
+  int nreps = 0;
   if (reps == NULL || r.times == NULL || r.evs == NULL) {
     s = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "tuning: out of memory");
     goto done;
   }
-  int backward = 0;
-  for (int i = 0; i < ntasks; i++) backward |= tune_is_bwd(&tasks[i]);
+  int backward = 0, nrun = 0;
+  for (int i = 0; i < ntasks; i++)
+    if (!(o->untuned_only && tasks[i].tuned)) backward |= tune_is_bwd(&tasks[i]), nrun++;
+  if (nrun == 0) goto merge; /* nothing left to tune: no inputs, no reference */
   rda_rng rng;
   rda_rng_seed(&rng, o->seed);
   const long long verify_n = o->verify_n > 0 ? o->verify_n : (o->n < 1024 ? o->n : 1024);
@@ -588,26 +611,28 @@ rda_status rda_tune_run(rda_backend *b, rda_gen *g, const rda_hw *hw, const rda_
     if ((s = b->event_create_timed(b, &r.evs[i], err)) != RDA_OK) goto done;
 
   for (int i = 0; i < ntasks; i++) {
-    tune_task(&r, i, &tasks[i], &reps[i]);
-    if (reps[i].outcome.nranked == 0) {
+    if (o->untuned_only && tasks[i].tuned) continue;
+    rda_tune_report *rep = &reps[nreps++];
+    tune_task(&r, i, &tasks[i], rep);
+    if (rep->outcome.nranked == 0) {
       char all[800] = "";
       size_t len = 0;
-      for (int f = 0; f < reps[i].nfailed && len < sizeof all; f++)
-        len +=
-            (size_t)snprintf(all + len, sizeof all - len, "%s%s", f ? "; " : "", reps[i].failed[f]);
+      for (int f = 0; f < rep->nfailed && len < sizeof all; f++)
+        len += (size_t)snprintf(all + len, sizeof all - len, "%s%s", f ? "; " : "", rep->failed[f]);
       s = rda_err_set(err, RDA_ERR_INTERNAL, "tuning %s: no candidate passed (%s)", tasks[i].key,
                       all);
       goto done;
     }
   }
 
-  s = rda_tune_merge(g, hw, cfg, o, reps, ntasks, old_text, old_name, db_text, err);
+merge:
+  s = rda_tune_merge(g, hw, cfg, o, reps, nreps, old_text, old_name, db_text, err);
 done:
   tune_run_free(&r);
   free(tasks);
   if (s == RDA_OK) {
     *reports = reps;
-    *nreports = ntasks;
+    *nreports = nreps;
   } else {
     free(reps);
     *db_text = NULL;
@@ -625,12 +650,28 @@ rda_status rda_tune_merge(rda_gen *g, const rda_hw *hw, const rda_config *cfg,
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_tune_merge: NULL argument");
   char date[16];
   tune_today(date);
-  const rda_tune_meta meta = {o->device != NULL ? o->device : hw->name, date, o->n, o->batch};
+  const rda_tune_meta meta = {tune_device(o, hw), date, o->n, o->batch};
   rda_tune_outcome *outs = calloc((size_t)(nreports > 0 ? nreports : 1), sizeof *outs);
   if (outs == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "tuning: out of memory");
   for (int i = 0; i < nreports; i++) outs[i] = reports[i].outcome;
   const rda_status s = rda_gen_tune_merge(g, cfg, hw, o->flags, old_text, old_name, outs, nreports,
                                           &meta, db_text, err);
   free(outs);
+  return s;
+}
+
+rda_status rda_tune_save(rda_gen *g, const rda_hw *hw, const rda_config *cfg,
+                         const rda_tune_opts *o, const rda_tune_report *reports, int nreports,
+                         const char *path, rda_err *err) {
+  int lock = -1;
+  char *now_text = NULL, *merged = NULL;
+  rda_status s = rda_tuning_db_lock(path, &lock, err);
+  if (s == RDA_OK) s = rda_tuning_db_read_file(path, &now_text, err);
+  if (s == RDA_OK)
+    s = rda_tune_merge(g, hw, cfg, o, reports, nreports, now_text, path, &merged, err);
+  if (s == RDA_OK) s = rda_tuning_db_write(path, merged, err);
+  rda_tuning_db_unlock(lock);
+  free(now_text);
+  free(merged);
   return s;
 }

@@ -21,7 +21,8 @@ typedef struct rda_tune_opts {
   unsigned flags;     /* RDA_PLAN_BACKWARD: tune the dK/dV and dQ kernels too;
                          RDA_PLAN_WGMMA: admit the wgmma tiles */
   uint64_t seed;      /* of the random inputs */
-  const char *device; /* written with each entry, e.g. the GPU's name (NULL: hw->name) */
+  const char *device; /* written with each entry (NULL: the GPU's name, or "CPU emulator") */
+  int untuned_only;   /* tune only the tasks whose tile no database entry gives now */
   /* One line per finished candidate and per task (may be NULL). */
   void (*log)(void *ud, const char *line);
   void *log_ud;
@@ -65,5 +66,18 @@ rda_status rda_tune_merge(rda_gen *g, const rda_hw *hw, const rda_config *cfg,
                           const rda_tune_opts *o, const rda_tune_report *reports, int nreports,
                           const char *old_text, const char *old_name, char **db_text,
                           rda_err *err);
+
+/* The timed size and passes rdagen tune and RDA_PLAN_AUTOTUNE use unless told: N twice the
+ * longest segment within [1024, 65536] (1024 on the emulator), 10 passes (3 on the emulator). */
+long long rda_tune_default_n(const rda_config *cfg, const rda_hw *hw);
+int rda_tune_default_iters(const rda_hw *hw);
+
+/* Merge reports into the database file at `path` and replace it (rda_tuning_db_write), under
+ * the writers' lock and with the file as it is by then, so entries another run wrote while
+ * this one timed are kept. Errors as rda_tuning_db_* and rda_tune_merge's; the file is left as
+ * it was on any failure. */
+rda_status rda_tune_save(rda_gen *g, const rda_hw *hw, const rda_config *cfg,
+                         const rda_tune_opts *o, const rda_tune_report *reports, int nreports,
+                         const char *path, rda_err *err);
 
 #endif

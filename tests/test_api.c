@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cmocka.h> /* after the standard headers it needs */
 /* clang-format on */
@@ -930,6 +931,72 @@ static void test_plan_create_rejects_unknown_flags(void **state) {
   assert_error_names(g_ctx, "flags = 0x4");
 }
 
+/* RDA_PLAN_AUTOTUNE on the emulator, with a private tuning database: the first plan tunes
+ * the kernels no entry covers and records them; the plan computes SPEC §1; asking for the
+ * backward too tunes only its kernels; once everything has an entry, a plan on a new context
+ * tunes nothing and leaves the database as it is. */
+static void test_plan_autotune_tunes_once_and_records_it(void **state) {
+  (void)state;
+  char *dir = rt_mkdtemp();
+  char *db = rt_path(dir, "tuning.lua");
+  const char *was = getenv("RDA_TUNING_DB");
+  char *saved = was != NULL ? strdup(was) : NULL;
+  assert_int_equal(setenv("RDA_TUNING_DB", db, 1), 0);
+  rda_attn_config c = base_config();
+  c.nbranch = 1; /* one task per kind: the emulator runs every candidate */
+
+  rda_ctx *ctx = NULL;
+  rda_plan *p = NULL;
+  assert_int_equal(rda_ctx_create_emulator(&ctx), RDA_OK);
+  if (rda_plan_create(&p, ctx, &c, RDA_PLAN_AUTOTUNE) != RDA_OK)
+    fail_msg("autotune: %s", rda_last_error(ctx));
+  size_t len = 0;
+  char *first = rt_read_file(db, &len);
+  assert_non_null(first);
+  assert_non_null(strstr(first, "target = \"emu-sm_90\", kind = \"fwd\""));
+  assert_null(strstr(first, "kind = \"bwd_dkdv\""));
+  run_and_check("autotuned forward", p, kB, kN, 0, RDA_BF16, 1, NULL);
+  rda_plan_destroy(p);
+  rda_ctx_destroy(ctx);
+
+  assert_int_equal(rda_ctx_create_emulator(&ctx), RDA_OK);
+  if (rda_plan_create(&p, ctx, &c, RDA_PLAN_AUTOTUNE | RDA_PLAN_WITH_BACKWARD) != RDA_OK)
+    fail_msg("autotune with backward: %s", rda_last_error(ctx));
+  rda_plan_destroy(p);
+  rda_ctx_destroy(ctx);
+  char *second = rt_read_file(db, &len);
+  assert_non_null(second);
+  assert_non_null(strstr(second, "kind = \"bwd_dkdv\""));
+  assert_non_null(strstr(second, "kind = \"bwd_dq\""));
+  /* The forward's entry stayed as the first run wrote it. */
+  const char *fwd = strstr(first, "  { target = \"emu-sm_90\", kind = \"fwd\"");
+  assert_non_null(fwd);
+  const char *fwd_end = strstr(fwd, "\n  },\n");
+  assert_non_null(fwd_end);
+  char *entry = strndup(fwd, (size_t)(fwd_end - fwd));
+  assert_non_null(strstr(second, entry));
+  free(entry);
+
+  struct stat before, after;
+  assert_int_equal(stat(db, &before), 0);
+  assert_int_equal(rda_ctx_create_emulator(&ctx), RDA_OK);
+  if (rda_plan_create(&p, ctx, &c, RDA_PLAN_AUTOTUNE | RDA_PLAN_WITH_BACKWARD) != RDA_OK)
+    fail_msg("autotune, all tuned: %s", rda_last_error(ctx));
+  rda_plan_destroy(p);
+  rda_ctx_destroy(ctx);
+  assert_int_equal(stat(db, &after), 0);
+  assert_true(before.st_ino == after.st_ino && before.st_mtim.tv_sec == after.st_mtim.tv_sec &&
+              before.st_mtim.tv_nsec == after.st_mtim.tv_nsec);
+
+  if (saved != NULL)
+    setenv("RDA_TUNING_DB", saved, 1);
+  else
+    unsetenv("RDA_TUNING_DB");
+  free(saved), free(first), free(second), free(db);
+  rt_rmtree(dir);
+  free(dir);
+}
+
 /* ------------------------------------------------------------------ lifetimes and threads */
 
 /* ctx create, plans (kernels from the cache), destroy in both orders: nothing may leak (the
@@ -1095,6 +1162,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_forward_on_cuda_streams_matches_reference),
       cmocka_unit_test(test_backward_matches_reference_bf16_causal_gqa),
       cmocka_unit_test(test_plan_create_rejects_unknown_flags),
+      cmocka_unit_test(test_plan_autotune_tunes_once_and_records_it),
       cmocka_unit_test(test_create_destroy_loop_is_clean),
       cmocka_unit_test(test_plans_share_kernels_and_idle_ones_are_bounded),
       cmocka_unit_test(test_plan_outlives_destroyed_context),

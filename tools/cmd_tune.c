@@ -217,24 +217,16 @@ int rdagen_cmd_tune(int argc, char **argv) {
     rdagen_fail("%s", err.msg);
     goto done;
   }
-  const int emu = hw.emulated || strcmp(b->name, "emu") == 0;
-  long long n = opt.n;
-  if (!opt.have_n) {
-    long long wmax = 0;
-    for (int i = 0; i < cfg.nbranch; i++)
-      if (cfg.segments[i] > wmax) wmax = cfg.segments[i];
-    n = wmax < 32768 ? 2 * wmax : 65536;
-    if (n < 1024) n = 1024;
-    if (emu) n = 1024; /* the emulator runs kernels on the CPU: keep the timed problem small */
-  }
+  const int emu = hw.emulated;
+  const long long n = opt.have_n ? opt.n : rda_tune_default_n(&cfg, &hw);
   const rda_tune_opts to = {
       .n = n,
       .batch = opt.batch,
       .verify_n = opt.verify_n > n ? n : opt.verify_n,
-      .iters = opt.have_iters ? (int)opt.iters : (emu ? 3 : 10),
+      .iters = opt.have_iters ? (int)opt.iters : rda_tune_default_iters(&hw),
       .flags = (opt.backward ? RDA_PLAN_BACKWARD : 0u) | (opt.wgmma ? RDA_PLAN_WGMMA : 0u),
       .seed = opt.seed,
-      .device = emu ? "CPU emulator" : hw.name,
+      .device = NULL,
       .log = tune_cli_log,
       .log_ud = NULL,
   };
@@ -256,22 +248,8 @@ int rdagen_cmd_tune(int argc, char **argv) {
   if (opt.dry_run) {
     printf("\ndry run: %s not written\n", db_path);
   } else {
-    /* Another run may have written the database while this one timed: merge into the file as
-     * it is now, under the writers' lock, so its entries stay. */
-    int lock = -1;
-    char *now_text = NULL, *merged = NULL;
-    const rda_status ws =
-        rda_tuning_db_lock(db_path, &lock, &err) == RDA_OK &&
-                rda_tuning_db_read_file(db_path, &now_text, &err) == RDA_OK &&
-                rda_tune_merge(g, &hw, &cfg, &to, reports, nreports, now_text, db_path, &merged,
-                               &err) == RDA_OK &&
-                rda_tuning_db_write(db_path, merged, &err) == RDA_OK
-            ? RDA_OK
-            : err.status;
-    rda_tuning_db_unlock(lock);
-    free(now_text);
-    free(merged);
-    if (ws != RDA_OK) {
+    /* Another run may have written the database while this one timed: its entries stay. */
+    if (rda_tune_save(g, &hw, &cfg, &to, reports, nreports, db_path, &err) != RDA_OK) {
       rdagen_fail("%s", err.msg);
       goto done;
     }
