@@ -699,6 +699,10 @@ T.test("tune_tasks: the chosen tile is what the plan takes, stale entries skippe
           assert(v.tile == want and (v.tuned == true or not tuned),
                  string.format("%s (%s): plan %s, want %s", line, x and (x.stale and "stale"
                                or "fresh") or "none", v.tile, want))
+          -- The task says whether its tile came from an entry (what RDA_PLAN_AUTOTUNE skips).
+          assert((k.tuned == true) == (tuned == true) and (k.tuned == true or k.tuned == nil),
+                 string.format("%s: task tuned %s, model %s", line, tostring(k.tuned),
+                               tostring(tuned)))
         end
       end
     end
