@@ -124,7 +124,8 @@ typedef struct rda_attn_config {
  * it first, as `rdagen tune` does (every candidate tile checked against the float64 reference,
  * then timed at N = twice the longest segment within [1024, 65536], batch 1), and record the
  * rankings in the user's tuning database, which later plans and other processes read. Plan
- * creation then takes seconds to minutes, once per device, config shape and rda version. */
+ * creation then takes seconds to minutes, once per device, config shape and rda version; it
+ * fails (RDA_ERR_CACHE or RDA_ERR_IO, naming the path) when that database cannot be written. */
 typedef enum {
   RDA_PLAN_FORWARD = 0,
   RDA_PLAN_WITH_BACKWARD = 1,

@@ -313,6 +313,11 @@ static int tune_sane(const rda_config *c1, const tune_size *s, int bwd, char *wh
   return 0;
 }
 
+static void tune_first_free(tune_first *f) {
+  free(f->o), free(f->lse), free(f->dq), free(f->dk), free(f->dv);
+  memset(f, 0, sizeof *f);
+}
+
 /* Keep s's timed-size outputs as the ones later candidates must agree with. */
 static rda_status tune_first_keep(tune_first *f, const tune_size *s, int bwd, rda_err *err) {
   float **dst[5] = {&f->o, &f->lse, &f->dq, &f->dk, &f->dv};
@@ -320,18 +325,16 @@ static rda_status tune_first_keep(tune_first *f, const tune_size *s, int bwd, rd
   const size_t n[5] = {s->nq, s->nl, s->nq, s->nk, s->nk};
   for (int i = 0; i < (bwd ? 5 : 2); i++) {
     *dst[i] = malloc(n[i] * sizeof(float));
-    if (*dst[i] == NULL)
+    if (*dst[i] == NULL) {
+      tune_first_free(f); /* the next passing candidate tries again from nothing */
       return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "tuning: out of memory for the cross-check");
+    }
     memcpy(*dst[i], src[i], n[i] * sizeof(float));
   }
   f->have = 1;
   return RDA_OK;
 }
 
-static void tune_first_free(tune_first *f) {
-  free(f->o), free(f->lse), free(f->dq), free(f->dk), free(f->dv);
-  memset(f, 0, sizeof *f);
-}
 
 /* Plan, load, verify, time and cross-check one candidate tile of task t. On success *us is
  * its median in microseconds; a failure of any step is returned with its message in err (the
@@ -403,11 +406,11 @@ static rda_status tune_candidate(tune_run *r, const rda_tune_task *t, const char
   tune_args(&c1, &r->big, ws, &a, &g);
   if ((s = tune_poison(b, &r->big, bwd, err)) != RDA_OK ||
       (s = rda_fwd_run(b, &plan, &k, &a, err)) != RDA_OK ||
-      (bwd && (s = rda_bwd_run(b, &plan, &k, &g, err)) != RDA_OK) ||
-      (s = b->synchronize(b, err)) != RDA_OK)
+      (bwd && (s = rda_bwd_run(b, &plan, &k, &g, err)) != RDA_OK))
     goto done;
-  /* The passes are queued back to back, as a training step queues them, so the host's launch
-   * latency hides behind the device's work instead of being timed with every pass. */
+  /* The passes are queued back to back behind the untimed one, as a training step queues
+   * them, so the host's launch latency hides behind the device's work instead of being timed
+   * with every pass (the first one included: the device is still busy when it is queued). */
   for (int i = 0; i < r->o->iters; i++)
     if ((s = b->event_record(b, r->evs[i], err)) != RDA_OK ||
         (s = bwd ? rda_bwd_run(b, &plan, &k, &g, err) : rda_fwd_run(b, &plan, &k, &a, err)) !=
@@ -432,13 +435,13 @@ static rda_status tune_candidate(tune_run *r, const rda_tune_task *t, const char
   *step = "cross-check";
   if ((s = tune_download(b, &r->big, bwd, err)) != RDA_OK) goto done;
   char why[400];
-  if (!first->have) {
-    if (!tune_sane(&c1, &r->big, bwd, why, sizeof why)) {
-      s = rda_err_set(err, RDA_ERR_INTERNAL, "%s", why);
-    } else {
-      s = tune_first_keep(first, &r->big, bwd, err);
-      snprintf(first->tile, sizeof first->tile, "%s", tile);
-    }
+  /* Outputs of the wrong shape (NaN, a covered row left empty) are plainly this tile's fault;
+   * only a sane tile whose values differ is a disagreement the majority must settle. */
+  if (!tune_sane(&c1, &r->big, bwd, why, sizeof why)) {
+    s = rda_err_set(err, RDA_ERR_INTERNAL, "%s", why);
+  } else if (!first->have) {
+    s = tune_first_keep(first, &r->big, bwd, err);
+    snprintf(first->tile, sizeof first->tile, "%s", tile);
   } else if (!tune_cross_check(&c1, &r->big, first, bwd, why, sizeof why)) {
     s = rda_err_set(err, RDA_ERR_INTERNAL, "%s", why);
     *disagree = 1;
@@ -493,10 +496,11 @@ static void tune_task(tune_run *r, int ti, const rda_tune_task *t, rda_tune_repo
    * them may be the wrong one: rank none, so the task fails. */
   if (ndisagree > 0 && ndisagree >= rep->outcome.nranked) {
     snprintf(rep->failed[rep->nfailed++], sizeof rep->failed[0],
-             "%d tile(s) agree with %s at n=%lld and %d disagree: cannot tell which are right",
-             rep->outcome.nranked, first.tile, r->big.n, ndisagree);
-    tune_log(r->o, "  %s  FAILED: %d tile(s) agree with %s at the timed size, %d disagree", t->key,
-             rep->outcome.nranked, first.tile, ndisagree);
+             "at n=%lld, %d other tile(s) agree with %s and %d disagree: cannot tell which are "
+             "right",
+             r->big.n, rep->outcome.nranked - 1, first.tile, ndisagree);
+    tune_log(r->o, "  %s  FAILED: at the timed size %d other tile(s) agree with %s, %d disagree",
+             t->key, rep->outcome.nranked - 1, first.tile, ndisagree);
     rep->outcome.nranked = 0;
   }
   tune_first_free(&first);

@@ -86,17 +86,15 @@ rda_status rda_tuning_db_read(char **text, char *name, size_t name_cap, rda_err 
     if (name_cap > 0) snprintf(name, name_cap, "%s", path);
     return rda_tuning_db_read_file(path, text, err);
   }
-  /* The default place is a convenience: when it cannot be resolved or opened (no cache root,
-   * a cache root that is a file, no permission), there is no user database. A file there that
-   * opens but does not load or check is still an error, where the plan reads it. */
+  /* The default place is a convenience: when it cannot be reached (no cache root, a cache
+   * root that is a file, nothing there), there is no user database. A file that is there but
+   * cannot be read, or does not load or check, is an error as anywhere else. */
   rda_err ignored;
   if (rda_tuning_db_path(path, sizeof path, &ignored) != RDA_OK) return RDA_OK;
-  if (rda_tuning_db_read_file(path, text, &ignored) != RDA_OK) {
-    *text = NULL;
-    return RDA_OK;
-  }
+  struct stat st;
+  if (stat(path, &st) != 0 && (errno == ENOENT || errno == ENOTDIR)) return RDA_OK;
   if (name_cap > 0) snprintf(name, name_cap, "%s", path);
-  return RDA_OK;
+  return rda_tuning_db_read_file(path, text, err);
 }
 
 static rda_status rda_tuning_db_write_all(int fd, const char *text, size_t len) {
@@ -125,17 +123,44 @@ static rda_status rda_tuning_db_parent(const char *path, rda_err *err) {
   return RDA_OK;
 }
 
+/* The file `path` names, its symbolic links followed (relative ones against their own folder;
+ * a dangling one to where it points, which writing creates): where a database is replaced and
+ * locked, however it is reached. */
+static rda_status rda_tuning_db_target(const char *path, char *out, size_t cap, rda_err *err) {
+  char cur[4096], link[4096];
+  if (snprintf(cur, sizeof cur, "%s", path) >= (int)sizeof cur)
+    return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': path too long", path);
+  for (int hops = 0; hops < 16; hops++) {
+    struct stat st;
+    if (lstat(cur, &st) != 0 || !S_ISLNK(st.st_mode)) {
+      if (snprintf(out, cap, "%s", cur) >= (int)cap)
+        return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': path too long", path);
+      return RDA_OK;
+    }
+    const ssize_t n = readlink(cur, link, sizeof link - 1);
+    if (n < 0)
+      return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': readlink: %s", path,
+                         strerror(errno));
+    link[n] = '\0';
+    const char *slash = strrchr(cur, '/');
+    char next[4096];
+    int len;
+    if (link[0] == '/' || slash == NULL)
+      len = snprintf(next, sizeof next, "%s", link);
+    else
+      len = snprintf(next, sizeof next, "%.*s/%s", (int)(slash - cur), cur, link);
+    if (len < 0 || (size_t)len >= sizeof next)
+      return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': path too long", path);
+    memcpy(cur, next, (size_t)len + 1);
+  }
+  return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': too many levels of symbolic links",
+                     path);
+}
+
 rda_status rda_tuning_db_write(const char *path, const char *text, rda_err *err) {
   /* A database reached through a symbolic link is replaced where it lives, keeping the link. */
   char target[4096];
-  struct stat lst;
-  if (lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode)) {
-    if (realpath(path, target) == NULL)
-      return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': link target: %s", path,
-                         strerror(errno));
-  } else if (snprintf(target, sizeof target, "%s", path) >= (int)sizeof target) {
-    return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': path too long", path);
-  }
+  RDA_TRY(rda_tuning_db_target(path, target, sizeof target, err));
   char tmp[4200];
   const int len = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", target, (long)getpid());
   if (len < 0 || (size_t)len >= sizeof tmp)
@@ -144,7 +169,10 @@ rda_status rda_tuning_db_write(const char *path, const char *text, rda_err *err)
   /* The old file's permissions carry over; a new one gets 0644 less the umask. */
   struct stat old;
   const int existed = stat(target, &old) == 0;
-  const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  /* Created no wider than the file it replaces, so a private database is never readable by
+   * others, not even for a moment. */
+  const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                      existed ? (old.st_mode & 0777) : 0644);
   if (fd < 0)
     return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': cannot create '%s': %s", path, tmp,
                        strerror(errno));
@@ -180,8 +208,9 @@ rda_status rda_tuning_db_write(const char *path, const char *text, rda_err *err)
 
 rda_status rda_tuning_db_lock(const char *path, int *fd, rda_err *err) {
   *fd = -1;
-  char lock[4200];
-  if (snprintf(lock, sizeof lock, "%s.lock", path) >= (int)sizeof lock)
+  char target[4096], lock[4200];
+  RDA_TRY(rda_tuning_db_target(path, target, sizeof target, err));
+  if (snprintf(lock, sizeof lock, "%s.lock", target) >= (int)sizeof lock)
     return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': path too long", path);
   RDA_TRY(rda_tuning_db_parent(lock, err));
   const int l = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);

@@ -15,8 +15,8 @@ rda_status rda_tuning_db_path(char *out, size_t cap, rda_err *err);
 /* The database's text: *text malloc'd and NUL-terminated (the caller frees it), NULL when the
  * file does not exist; name gets the path ("" when none). With RDA_TUNING_DB set: RDA_ERR_IO
  * naming the path when it exists but cannot be read, is not a regular file, holds a NUL byte
- * or is larger than 16 MiB. With it unset, any such trouble at the default place (no cache
- * root, a cache root that is a file, no permission) just means no user database. */
+ * or is larger than 16 MiB. With it unset, a default place that cannot be reached (no cache
+ * root, a cache root that is a file) means no user database; a file there is read as above. */
 rda_status rda_tuning_db_read(char **text, char *name, size_t name_cap, rda_err *err);
 
 /* The text of the database at `path`: *text NULL when it does not exist; RDA_ERR_IO when it
@@ -26,12 +26,14 @@ rda_status rda_tuning_db_read_file(const char *path, char **text, rda_err *err);
 
 /* Replace the file at `path` with text: written to a temporary file in the same folder,
  * flushed, then renamed over it, so a reader sees the old or the new database, never a part.
- * A symbolic link is followed (the file it names is replaced, the link kept); the old file's
+ * Symbolic links are followed (the file they name is replaced, or created when a link
+ * dangles; the links are kept); the old file's
  * permissions are kept (a new one: 0644 less the umask); missing parent folders are created
  * (0700). RDA_ERR_IO naming the path on failure (the old file is then untouched). */
 rda_status rda_tuning_db_write(const char *path, const char *text, rda_err *err);
 
-/* Writers take this lock (flock on `path`.lock, created beside it; waits for other holders)
+/* Writers take this lock (flock on <the file path names>.lock, created beside it, so a link and
+ * its target share one; waits for other holders)
  * around read, merge and write, so concurrent `rdagen tune` runs keep each other's entries.
  * Readers (plans) need none: writes are atomic renames. *fd: the lock, for rda_tuning_db_unlock. */
 rda_status rda_tuning_db_lock(const char *path, int *fd, rda_err *err);

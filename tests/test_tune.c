@@ -537,17 +537,24 @@ static void test_tune_candidate_with_wrong_results_is_reported_and_left_out(void
 }
 
 /* Right at the verify size (its first launch runs), wrong at the timed one. Among three tiles,
- * one that disagrees with the other two is left out. The tile plans take now runs first and
+ * one with broken outputs (its skipped launches leave the init's zeros on covered rows) or one
+ * that disagrees with the other two is left out. The tile plans take now runs first and
  * has nothing to agree with, but its timed-size outputs must match SPEC §1's coverage: with its
  * launches skipped, the dilated branch's covered rows keep the init's 0 and -inf. The next tile
  * then is the one the others must agree with, and they are ranked. */
 static void test_tune_candidate_wrong_only_at_the_timed_size_fails_the_cross_check(void **state) {
   (void)state;
-  expect_victim_fails(kFwd3Config, "fwd", SAB_LATER, 0, 1,
-                      "cross-check: at n=160 batch 2 disagrees");
+  expect_victim_fails(kFwd3Config, "fwd", SAB_LATER, 0, 1, "cross-check: at n=160 batch 2: ");
   expect_victim_fails(kFwd3Config, "fwd", SAB_SCALE, 0, 1,
                       "cross-check: at n=160 batch 2 disagrees");
   expect_victim_fails(kFwd3Config, "fwd", SAB_LATER, 1, 1, "cross-check: at n=160 batch 2: ");
+}
+
+/* A tile whose timed-size outputs are plainly broken (NaN) is its own fault, not a
+ * disagreement to settle: with two candidates it is left out and the other ranked. */
+static void test_tune_broken_tile_is_no_disagreement(void **state) {
+  (void)state;
+  expect_victim_fails(kFwdConfig, "fwd", SAB_LATER, 0, 1, "cross-check: at n=160 batch 2: ");
 }
 
 /* The tile that runs first (the one plans take now) finite but wrong at the timed size: both
@@ -559,6 +566,34 @@ static void test_tune_disagreement_without_a_majority_fails_the_task(void **stat
   expect_disagreement_fails(kFwd3Config, SAB_SCALE, 1);
   expect_disagreement_fails(kFwdConfig, SAB_SCALE, 0);
   expect_disagreement_fails(kFwdConfig, SAB_SCALE, 1);
+}
+
+/* rda_tune_save merges into the file as it is when it saves: an entry another run wrote
+ * while this one timed is kept beside this run's. */
+static void test_tune_save_keeps_what_another_run_wrote_meanwhile(void **state) {
+  (void)state;
+  const rda_config cfg = config_of(kFwdConfig), other = config_of(kFwd3Config);
+  const rda_tune_opts o = small_opts(0);
+  char *text = NULL;
+  rda_tune_report *reps = NULL;
+  int n = 0;
+  rda_err err = {0};
+  assert_int_equal(tune(F.b, &cfg, &o, NULL, &text, &reps, &n, &err), RDA_OK);
+  /* Meanwhile, another run: a hand ranking of another config lands in the file. */
+  char *hand = hand_ranked_db(&other, 0, NULL);
+  write_db(hand);
+  assert_int_equal(rda_tune_save(F.g, &F.hw, &cfg, &o, reps, n, F.db, &err), RDA_OK);
+  size_t len = 0;
+  char *saved = rt_read_file(F.db, &len);
+  assert_non_null(saved);
+  assert_non_null(strstr(saved, "head_dim = 64")); /* the other run's entry */
+  assert_non_null(strstr(saved, "head_dim = 32")); /* this run's */
+  char tile[64];
+  int tuned = 0;
+  plan_tile(&cfg, 0, "fwd", 0, tile, sizeof tile, &tuned);
+  assert_string_equal(tile, reps[0].outcome.ranked[0].tile);
+  assert_int_equal(tuned, 1);
+  free(text), free(reps), free(hand), free(saved);
 }
 
 /* No candidate passes: RDA_ERR_INTERNAL naming the task's key and every failure. */
@@ -613,7 +648,9 @@ int main(void) {
                              no_db),
       cmocka_unit_test_setup(test_tune_candidate_wrong_only_at_the_timed_size_fails_the_cross_check,
                              no_db),
+      cmocka_unit_test_setup(test_tune_broken_tile_is_no_disagreement, no_db),
       cmocka_unit_test_setup(test_tune_disagreement_without_a_majority_fails_the_task, no_db),
+      cmocka_unit_test_setup(test_tune_save_keeps_what_another_run_wrote_meanwhile, no_db),
       cmocka_unit_test_setup(test_tune_no_candidate_passing_is_an_error, no_db),
       cmocka_unit_test_setup(test_tune_rejects_bad_options, no_db),
   };

@@ -145,7 +145,16 @@ static void test_tuning_db_path_and_the_optional_default(void **state) {
   assert_false(rt_exists(root)); /* resolving creates nothing */
   assert_int_equal(rda_tuning_db_read(&text, name, sizeof name, &err), RDA_OK);
   assert_null(text);
+  /* A database there that cannot be read is an error as anywhere else. */
+  assert_int_equal(mkdir(root, 0700), 0);
+  assert_true(rt_write_file(want, "return {}\0", 10));
+  err = (rda_err){0};
+  assert_int_equal(rda_tuning_db_read(&text, name, sizeof name, &err), RDA_ERR_IO);
+  assert_null(text);
+  assert_non_null(strstr(err.msg, want));
+  rt_rmtree(root);
   assert_true(rt_write_file(root, "a file", 6)); /* the cache root is a file */
+  err = (rda_err){0};
   assert_int_equal(rda_tuning_db_read(&text, name, sizeof name, &err), RDA_OK);
   assert_null(text);
   assert_string_equal(name, "");
@@ -191,6 +200,20 @@ static void test_tuning_db_write_replaces_atomically_and_keeps_links_and_modes(v
   assert_string_equal(got, "return { }\n");
   free(got);
 
+  /* Dangling links, absolute and relative: the file they point to is created, links kept. */
+  char *abs_target = rt_path(f->dir, "a/new-abs.lua"), *abs_link = rt_path(f->dir, "abs.lua");
+  char *rel_link = rt_path(f->dir, "a/rel.lua"), *rel_target = rt_path(f->dir, "a/new-rel.lua");
+  assert_int_equal(symlink(abs_target, abs_link), 0);
+  assert_int_equal(symlink("new-rel.lua", rel_link), 0); /* relative to its own folder */
+  assert_int_equal(rda_tuning_db_write(abs_link, "return {}\n", &err), RDA_OK);
+  assert_int_equal(rda_tuning_db_write(rel_link, "return {}\n", &err), RDA_OK);
+  assert_true(rt_exists(abs_target) && rt_exists(rel_target));
+  assert_int_equal(lstat(abs_link, &st), 0);
+  assert_true(S_ISLNK(st.st_mode));
+  assert_int_equal(lstat(rel_link, &st), 0);
+  assert_true(S_ISLNK(st.st_mode));
+  free(abs_target), free(abs_link), free(rel_link), free(rel_target);
+
   /* A folder where the file should go: an error naming the path, the folder untouched. */
   err = (rda_err){0};
   assert_int_equal(rda_tuning_db_write(sub, "return {}\n", &err), RDA_ERR_IO);
@@ -234,7 +257,17 @@ static void test_tuning_db_lock_excludes_another_writer(void **state) {
   assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   assert_int_equal(c, 'y'); /* it waited for the release, then got the lock */
   rda_tuning_db_unlock(-1);  /* accepted */
-  free(db);
+
+  /* A link and its target share one lock: it is taken beside the file the link names. */
+  char *link = rt_path(f->dir, "link.lua"), *lock = rt_path(f->dir, "locked/tuning.lua.lock");
+  char *link_lock = rt_path(f->dir, "link.lua.lock");
+  assert_int_equal(symlink(db, link), 0);
+  assert_int_equal(unlink(lock), 0);
+  assert_int_equal(rda_tuning_db_lock(link, &fd, &err), RDA_OK);
+  assert_true(rt_exists(lock));
+  assert_false(rt_exists(link_lock));
+  rda_tuning_db_unlock(fd);
+  free(db), free(link), free(lock), free(link_lock);
 }
 
 int main(void) {
