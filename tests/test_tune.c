@@ -206,6 +206,15 @@ static rda_status tune(rda_backend *b, const rda_config *cfg, const rda_tune_opt
   return rda_tune_run(b, F.g, &F.hw, cfg, o, old, "old.lua", text, reps, nreps, err);
 }
 
+/* tune() that must succeed (its message printed when it does not). */
+static void tune_ok(rda_backend *b, const rda_config *cfg, const rda_tune_opts *o, const char *old,
+                    char **text, rda_tune_report **reps, int *nreps) {
+  rda_err err = {0};
+  const rda_status s = tune(b, cfg, o, old, text, reps, nreps, &err);
+  if (s != RDA_OK) fprintf(stderr, "tune: %s\n", err.msg);
+  assert_int_equal(s, RDA_OK);
+}
+
 /* ------------------------------------------------------------------ real tunes */
 
 static void log_line(void *ud, const char *line) {
@@ -235,10 +244,7 @@ static void test_tune_forward_ranks_every_candidate_and_steers_the_plan(void **s
   char *text = NULL;
   rda_tune_report *reps = NULL;
   int n = 0;
-  rda_err err = {0};
-  const rda_status s = tune(F.b, &cfg, &o, old, &text, &reps, &n, &err);
-  if (s != RDA_OK) fprintf(stderr, "tune: %s\n", err.msg);
-  assert_int_equal(s, RDA_OK);
+  tune_ok(F.b, &cfg, &o, old, &text, &reps, &n);
   assert_int_equal(n, 1);
   assert_string_equal(reps[0].task.kind, "fwd");
   assert_true(reps[0].task.ncandidates >= 2);
@@ -269,10 +275,7 @@ static void test_tune_backward_ranks_dkdv_and_dq(void **state) {
   char *text = NULL;
   rda_tune_report *reps = NULL;
   int n = 0;
-  rda_err err = {0};
-  const rda_status s = tune(F.b, &cfg, &o, NULL, &text, &reps, &n, &err);
-  if (s != RDA_OK) fprintf(stderr, "tune: %s\n", err.msg);
-  assert_int_equal(s, RDA_OK);
+  tune_ok(F.b, &cfg, &o, NULL, &text, &reps, &n);
   assert_int_equal(n, 3);
   assert_string_equal(reps[0].task.kind, "fwd");
   assert_string_equal(reps[1].task.kind, "bwd_dkdv");
@@ -475,10 +478,7 @@ static void expect_victim_fails(const char *chunk, const char *kind, int mode, i
   char *text = NULL;
   rda_tune_report *reps = NULL;
   int n = 0;
-  rda_err err = {0};
-  const rda_status st = tune(&s.b, &cfg, &o, NULL, &text, &reps, &n, &err);
-  if (st != RDA_OK) fprintf(stderr, "tune: %s\n", err.msg);
-  assert_int_equal(st, RDA_OK);
+  tune_ok(&s.b, &cfg, &o, NULL, &text, &reps, &n);
   assert_int_equal(n, nt);
   for (int i = 0; i < n; i++) check_report(&reps[i], i == ti ? 1 : 0);
   const rda_tune_report *r = &reps[ti];
