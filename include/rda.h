@@ -120,12 +120,16 @@ typedef struct rda_attn_config {
 
 /* What a plan is for (bits, OR-ed): the forward pass always; the backward pass too with
  * RDA_PLAN_WITH_BACKWARD (its kernels are compiled at creation as well). RDA_PLAN_AUTOTUNE:
- * when a kernel of the plan has no usable entry in the tuning databases for this device, tune
- * it first, as `rdagen tune` does (every candidate tile checked against the float64 reference,
- * then timed at N = twice the longest segment within [1024, 65536], batch 1), and record the
- * rankings in the user's tuning database, which later plans and other processes read. Plan
- * creation then takes seconds to minutes, once per device, config shape and rda version; it
- * fails (RDA_ERR_CACHE or RDA_ERR_IO, naming the path) when that database cannot be written. */
+ * when a kernel of the plan has no usable entry in the tuning databases for the context's
+ * target (sm_XX, so an entry made on one sm_90 GPU serves another; emu-sm_90 on the emulator),
+ * tune it first, as `rdagen tune` does (every candidate tile checked against the float64
+ * reference, then timed at N = twice the longest segment within [1024, 65536], 1024 on the
+ * emulator, batch 1), and record the rankings in the user's tuning database, which later plans
+ * and other processes read. Plan creation then takes seconds to minutes and host and device
+ * memory for that problem, once per target, config shape and rda version; other calls on the
+ * context wait for it, and so do other tuners of the same database (they then find the
+ * entries). It fails when a kernel has no candidate that passes, when memory runs out, and
+ * (RDA_ERR_CACHE or RDA_ERR_IO, naming the path) when the database cannot be written. */
 typedef enum {
   RDA_PLAN_FORWARD = 0,
   RDA_PLAN_WITH_BACKWARD = 1,

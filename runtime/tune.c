@@ -664,18 +664,25 @@ rda_status rda_tune_merge(rda_gen *g, const rda_hw *hw, const rda_config *cfg,
   return s;
 }
 
+rda_status rda_tune_save_locked(rda_gen *g, const rda_hw *hw, const rda_config *cfg,
+                                const rda_tune_opts *o, const rda_tune_report *reports,
+                                int nreports, const char *path, rda_err *err) {
+  char *now_text = NULL, *merged = NULL;
+  rda_status s = rda_tuning_db_read_file(path, &now_text, err);
+  if (s == RDA_OK)
+    s = rda_tune_merge(g, hw, cfg, o, reports, nreports, now_text, path, &merged, err);
+  if (s == RDA_OK) s = rda_tuning_db_write(path, merged, err);
+  free(now_text);
+  free(merged);
+  return s;
+}
+
 rda_status rda_tune_save(rda_gen *g, const rda_hw *hw, const rda_config *cfg,
                          const rda_tune_opts *o, const rda_tune_report *reports, int nreports,
                          const char *path, rda_err *err) {
   int lock = -1;
-  char *now_text = NULL, *merged = NULL;
   rda_status s = rda_tuning_db_lock(path, &lock, err);
-  if (s == RDA_OK) s = rda_tuning_db_read_file(path, &now_text, err);
-  if (s == RDA_OK)
-    s = rda_tune_merge(g, hw, cfg, o, reports, nreports, now_text, path, &merged, err);
-  if (s == RDA_OK) s = rda_tuning_db_write(path, merged, err);
+  if (s == RDA_OK) s = rda_tune_save_locked(g, hw, cfg, o, reports, nreports, path, err);
   rda_tuning_db_unlock(lock);
-  free(now_text);
-  free(merged);
   return s;
 }

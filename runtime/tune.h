@@ -79,5 +79,12 @@ int rda_tune_default_iters(const rda_hw *hw);
 rda_status rda_tune_save(rda_gen *g, const rda_hw *hw, const rda_config *cfg,
                          const rda_tune_opts *o, const rda_tune_report *reports, int nreports,
                          const char *path, rda_err *err);
+/* rda_tune_save for a caller that holds rda_tuning_db_lock(path) already: tuners that hold it
+ * from before they list their tasks until they have saved run one at a time, so a second one
+ * finds the first one's entries (and tunes nothing twice) and neither skews the other's
+ * timings. */
+rda_status rda_tune_save_locked(rda_gen *g, const rda_hw *hw, const rda_config *cfg,
+                                const rda_tune_opts *o, const rda_tune_report *reports,
+                                int nreports, const char *path, rda_err *err);
 
 #endif

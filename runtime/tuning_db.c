@@ -89,7 +89,7 @@ rda_status rda_tuning_db_read(char **text, char *name, size_t name_cap, rda_err 
   /* The default place is a convenience: when it cannot be reached (no cache root, a cache
    * root that is a file, nothing there), there is no user database. A file that is there but
    * cannot be read, or does not load or check, is an error as anywhere else. */
-  rda_err ignored;
+  rda_err ignored = {0};
   if (rda_tuning_db_path(path, sizeof path, &ignored) != RDA_OK) return RDA_OK;
   struct stat st;
   if (stat(path, &st) != 0 && (errno == ENOENT || errno == ENOTDIR)) return RDA_OK;
@@ -117,7 +117,7 @@ static rda_status rda_tuning_db_parent(const char *path, rda_err *err) {
     return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': path too long", path);
   struct stat st;
   if (stat(dir, &st) == 0) return RDA_OK;
-  rda_err why;
+  rda_err why = {0};
   if (rda_cache_dir_mkdirs(dir, &why) != RDA_OK)
     return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': %s", path, why.msg);
   return RDA_OK;
@@ -130,9 +130,11 @@ static rda_status rda_tuning_db_target(const char *path, char *out, size_t cap, 
   char cur[4096], link[4096];
   if (snprintf(cur, sizeof cur, "%s", path) >= (int)sizeof cur)
     return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': path too long", path);
-  for (int hops = 0; hops < 16; hops++) {
+  for (int hops = 0; hops < 40; hops++) { /* the kernel's MAXSYMLINKS */
     struct stat st;
     if (lstat(cur, &st) != 0 || !S_ISLNK(st.st_mode)) {
+      if (lstat(cur, &st) == 0 && S_ISDIR(st.st_mode))
+        return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': a folder, not a file", path);
       if (snprintf(out, cap, "%s", cur) >= (int)cap)
         return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': path too long", path);
       return RDA_OK;

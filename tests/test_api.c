@@ -2,6 +2,7 @@
  * of the boundary checks (NULLs, wrong handles, bad configs, shapes, dtypes, strides, alignment,
  * workspace), forward results against the float64 reference, and clean create/destroy loops. */
 #include "api.h"
+#include "api_internal.h" /* the autotune test reads a plan's tiles */
 #include "backend.h"
 #include "rda.h"
 #include "rda_test.h"
@@ -931,17 +932,51 @@ static void test_plan_create_rejects_unknown_flags(void **state) {
   assert_error_names(g_ctx, "flags = 0x4");
 }
 
+/* RDA_PLAN_AUTOTUNE's private tuning database, and RDA_TUNING_DB as the test found it (put
+ * back even when the test fails). */
+static char *g_tune_dir, *g_tune_db, *g_tune_saved;
+
+static int autotune_setup(void **state) {
+  (void)state;
+  const char *was = getenv("RDA_TUNING_DB");
+  g_tune_saved = was != NULL ? strdup(was) : NULL;
+  if ((g_tune_dir = rt_mkdtemp()) == NULL) return -1;
+  g_tune_db = rt_path(g_tune_dir, "tuning.lua");
+  return setenv("RDA_TUNING_DB", g_tune_db, 1);
+}
+
+static int autotune_teardown(void **state) {
+  (void)state;
+  if (g_tune_saved != NULL)
+    setenv("RDA_TUNING_DB", g_tune_saved, 1);
+  else
+    unsetenv("RDA_TUNING_DB");
+  rt_rmtree(g_tune_dir);
+  free(g_tune_saved), free(g_tune_db), free(g_tune_dir);
+  g_tune_saved = g_tune_db = g_tune_dir = NULL;
+  return 0;
+}
+
+/* Every attention kernel of plan p of kind `kind` ("fwd", "bwd_dkdv", "bwd_dq") took its tile
+ * from the tuning database; returns how many there are. */
+static int tuned_kernels(const rda_plan *p, const char *kind) {
+  int count = 0;
+  for (int i = 0; i < p->core->pk.nvariants; i++) {
+    const rda_variant *v = &p->core->pk.variants[i];
+    if (strcmp(v->kind, kind) != 0) continue;
+    if (!v->tuned) fail_msg("%s (tile %s) did not take its tile from tuning", v->name, v->tile);
+    count++;
+  }
+  return count;
+}
+
 /* RDA_PLAN_AUTOTUNE on the emulator, with a private tuning database: the first plan tunes
- * the kernels no entry covers and records them; the plan computes SPEC §1; asking for the
- * backward too tunes only its kernels; once everything has an entry, a plan on a new context
- * tunes nothing and leaves the database as it is. */
+ * the kernels no entry covers, records them and takes their tiles; the plan computes SPEC §1;
+ * asking for the backward too tunes only its kernels; once everything has an entry, a plan on
+ * a new context tunes nothing and leaves the database as it is. */
 static void test_plan_autotune_tunes_once_and_records_it(void **state) {
   (void)state;
-  char *dir = rt_mkdtemp();
-  char *db = rt_path(dir, "tuning.lua");
-  const char *was = getenv("RDA_TUNING_DB");
-  char *saved = was != NULL ? strdup(was) : NULL;
-  assert_int_equal(setenv("RDA_TUNING_DB", db, 1), 0);
+  const char *db = g_tune_db;
   rda_attn_config c = base_config();
   c.nbranch = 1; /* one task per kind: the emulator runs every candidate */
 
@@ -950,6 +985,7 @@ static void test_plan_autotune_tunes_once_and_records_it(void **state) {
   assert_int_equal(rda_ctx_create_emulator(&ctx), RDA_OK);
   if (rda_plan_create(&p, ctx, &c, RDA_PLAN_AUTOTUNE) != RDA_OK)
     fail_msg("autotune: %s", rda_last_error(ctx));
+  assert_int_equal(tuned_kernels(p, "fwd"), 1);
   size_t len = 0;
   char *first = rt_read_file(db, &len);
   assert_non_null(first);
@@ -962,13 +998,16 @@ static void test_plan_autotune_tunes_once_and_records_it(void **state) {
   assert_int_equal(rda_ctx_create_emulator(&ctx), RDA_OK);
   if (rda_plan_create(&p, ctx, &c, RDA_PLAN_AUTOTUNE | RDA_PLAN_WITH_BACKWARD) != RDA_OK)
     fail_msg("autotune with backward: %s", rda_last_error(ctx));
+  assert_int_equal(tuned_kernels(p, "fwd"), 1);
+  assert_int_equal(tuned_kernels(p, "bwd_dkdv"), 1);
+  assert_int_equal(tuned_kernels(p, "bwd_dq"), 1);
   rda_plan_destroy(p);
   rda_ctx_destroy(ctx);
   char *second = rt_read_file(db, &len);
   assert_non_null(second);
   assert_non_null(strstr(second, "kind = \"bwd_dkdv\""));
   assert_non_null(strstr(second, "kind = \"bwd_dq\""));
-  /* The forward's entry stayed as the first run wrote it. */
+  /* The forward's entry stayed as the first run wrote it (a second timing would differ). */
   const char *fwd = strstr(first, "  { target = \"emu-sm_90\", kind = \"fwd\"");
   assert_non_null(fwd);
   const char *fwd_end = strstr(fwd, "\n  },\n");
@@ -987,14 +1026,7 @@ static void test_plan_autotune_tunes_once_and_records_it(void **state) {
   assert_int_equal(stat(db, &after), 0);
   assert_true(before.st_ino == after.st_ino && before.st_mtim.tv_sec == after.st_mtim.tv_sec &&
               before.st_mtim.tv_nsec == after.st_mtim.tv_nsec);
-
-  if (saved != NULL)
-    setenv("RDA_TUNING_DB", saved, 1);
-  else
-    unsetenv("RDA_TUNING_DB");
-  free(saved), free(first), free(second), free(db);
-  rt_rmtree(dir);
-  free(dir);
+  free(first), free(second);
 }
 
 /* ------------------------------------------------------------------ lifetimes and threads */
@@ -1162,7 +1194,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_forward_on_cuda_streams_matches_reference),
       cmocka_unit_test(test_backward_matches_reference_bf16_causal_gqa),
       cmocka_unit_test(test_plan_create_rejects_unknown_flags),
-      cmocka_unit_test(test_plan_autotune_tunes_once_and_records_it),
+      cmocka_unit_test_setup_teardown(test_plan_autotune_tunes_once_and_records_it,
+                                      autotune_setup, autotune_teardown),
       cmocka_unit_test(test_create_destroy_loop_is_clean),
       cmocka_unit_test(test_plans_share_kernels_and_idle_ones_are_bounded),
       cmocka_unit_test(test_plan_outlives_destroyed_context),

@@ -214,6 +214,33 @@ static void test_tuning_db_write_replaces_atomically_and_keeps_links_and_modes(v
   assert_true(S_ISLNK(st.st_mode));
   free(abs_target), free(abs_link), free(rel_link), free(rel_target);
 
+  /* A chain of 20 links (the kernel follows up to 40) is followed to its end. */
+  char prev[4096];
+  snprintf(prev, sizeof prev, "%s", db);
+  for (int i = 0; i < 20; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "chain%02d.lua", i);
+    char *next = rt_path(f->dir, name);
+    assert_int_equal(symlink(prev, next), 0);
+    snprintf(prev, sizeof prev, "%s", next);
+    free(next);
+  }
+  assert_int_equal(rda_tuning_db_write(prev, "return {  }\n", &err), RDA_OK);
+  got = rt_read_file(db, &len);
+  assert_string_equal(got, "return {  }\n");
+  free(got);
+
+  /* A link to a folder: refused before anything is created beside the folder. */
+  char *dirlink = rt_path(f->dir, "dirlink.lua"), *stray = rt_path(f->dir, "a/b.lock");
+  assert_int_equal(symlink(sub, dirlink), 0);
+  int fd = -1;
+  err = (rda_err){0};
+  assert_int_equal(rda_tuning_db_lock(dirlink, &fd, &err), RDA_ERR_IO);
+  assert_non_null(strstr(err.msg, "a folder"));
+  assert_int_equal(fd, -1);
+  assert_false(rt_exists(stray));
+  free(dirlink), free(stray);
+
   /* A folder where the file should go: an error naming the path, the folder untouched. */
   err = (rda_err){0};
   assert_int_equal(rda_tuning_db_write(sub, "return {}\n", &err), RDA_ERR_IO);

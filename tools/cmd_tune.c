@@ -36,6 +36,7 @@ static const char tune_usage_text[] =
     "  --db        the database to update (default $RDA_TUNING_DB, else tuning.lua in the\n"
     "              cache folder); the plans made while tuning read it too\n"
     "  --dry-run   tune and print, but write nothing\n"
+    "Runs using one database take turns (a lock beside it): a second one waits for the first.\n"
     "Flags may come in any order, as '--flag value' or '--flag=value'.\n";
 
 enum {
@@ -197,13 +198,16 @@ int rdagen_cmd_tune(int argc, char **argv) {
   rda_backend *b = NULL;
   char *old_text = NULL, *db_text = NULL;
   rda_tune_report *reports = NULL;
-  int nreports = 0;
+  int nreports = 0, lock = -1;
   rda_config cfg;
   rda_hw hw;
   char why[1024];
   rc = 1;
+  /* One tune at a time per database, from before the tasks are listed to the write: a second
+   * run waits, so neither skews the other's timings and each merges into the other's result. */
   if (rda_gen_open(&g, &err) != RDA_OK ||
       rda_gen_config_file(g, opt.config, &cfg, &err) != RDA_OK ||
+      rda_tuning_db_lock(db_path, &lock, &err) != RDA_OK ||
       rda_tuning_db_read_file(db_path, &old_text, &err) != RDA_OK) {
     rdagen_fail("%s", err.msg);
     goto done;
@@ -248,8 +252,7 @@ int rdagen_cmd_tune(int argc, char **argv) {
   if (opt.dry_run) {
     printf("\ndry run: %s not written\n", db_path);
   } else {
-    /* Another run may have written the database while this one timed: its entries stay. */
-    if (rda_tune_save(g, &hw, &cfg, &to, reports, nreports, db_path, &err) != RDA_OK) {
+    if (rda_tune_save_locked(g, &hw, &cfg, &to, reports, nreports, db_path, &err) != RDA_OK) {
       rdagen_fail("%s", err.msg);
       goto done;
     }
@@ -257,6 +260,7 @@ int rdagen_cmd_tune(int argc, char **argv) {
   }
   rc = 0;
 done:
+  rda_tuning_db_unlock(lock);
   free(reports);
   free(db_text);
   free(old_text);
