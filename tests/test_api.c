@@ -938,8 +938,7 @@ static char *g_tune_dir, *g_tune_db, *g_tune_saved;
 
 static int autotune_setup(void **state) {
   (void)state;
-  const char *was = getenv("RDA_TUNING_DB");
-  g_tune_saved = was != NULL ? strdup(was) : NULL;
+  g_tune_saved = rt_env_save("RDA_TUNING_DB");
   if ((g_tune_dir = rt_mkdtemp()) == NULL) return -1;
   g_tune_db = rt_path(g_tune_dir, "tuning.lua");
   return setenv("RDA_TUNING_DB", g_tune_db, 1);
@@ -947,12 +946,9 @@ static int autotune_setup(void **state) {
 
 static int autotune_teardown(void **state) {
   (void)state;
-  if (g_tune_saved != NULL)
-    setenv("RDA_TUNING_DB", g_tune_saved, 1);
-  else
-    unsetenv("RDA_TUNING_DB");
+  rt_env_restore("RDA_TUNING_DB", g_tune_saved);
   rt_rmtree(g_tune_dir);
-  free(g_tune_saved), free(g_tune_db), free(g_tune_dir);
+  free(g_tune_db), free(g_tune_dir);
   g_tune_saved = g_tune_db = g_tune_dir = NULL;
   return 0;
 }

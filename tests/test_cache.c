@@ -43,29 +43,16 @@ typedef struct cache_fixture {
   char *saved_log;  /* $RDA_LOG before the test */
 } cache_fixture;
 
-static char *dup_env(const char *name) {
-  const char *v = getenv(name);
-  return v != NULL ? strdup(v) : NULL;
-}
-
-static void restore_env(const char *name, char *value) {
-  if (value != NULL)
-    setenv(name, value, 1);
-  else
-    unsetenv(name);
-  free(value);
-}
-
 static int cache_setup(void **state) {
   cache_fixture *f = calloc(1, sizeof *f);
   if (f == NULL) return -1;
   f->root = rt_mkdtemp();
   if (f->root == NULL) return -1;
   chmod(f->root, 0700);
-  f->saved_dir = dup_env("RDA_CACHE_DIR");
-  f->saved_home = dup_env("RDA_HOME");
-  f->saved_max = dup_env("RDA_CACHE_MAX_BYTES");
-  f->saved_log = dup_env("RDA_LOG");
+  f->saved_dir = rt_env_save("RDA_CACHE_DIR");
+  f->saved_home = rt_env_save("RDA_HOME");
+  f->saved_max = rt_env_save("RDA_CACHE_MAX_BYTES");
+  f->saved_log = rt_env_save("RDA_LOG");
   setenv("RDA_CACHE_DIR", f->root, 1);
   unsetenv("RDA_CACHE_MAX_BYTES");
   rda_cache_memory_clear();
@@ -78,10 +65,10 @@ static int cache_teardown(void **state) {
   chmod(f->root, 0700);
   rt_rmtree(f->root);
   free(f->root);
-  restore_env("RDA_CACHE_DIR", f->saved_dir);
-  restore_env("RDA_HOME", f->saved_home);
-  restore_env("RDA_CACHE_MAX_BYTES", f->saved_max);
-  restore_env("RDA_LOG", f->saved_log);
+  rt_env_restore("RDA_CACHE_DIR", f->saved_dir);
+  rt_env_restore("RDA_HOME", f->saved_home);
+  rt_env_restore("RDA_CACHE_MAX_BYTES", f->saved_max);
+  rt_env_restore("RDA_LOG", f->saved_log);
   rda_cache_memory_clear();
   free(f);
   return 0;

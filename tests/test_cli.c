@@ -780,28 +780,13 @@ static void test_cli_ring_cuda_matches_reference_or_fails_cleanly(void **state) 
 
 /* --- rdagen tune ----------------------------------------------------------------------------- */
 
-/* RDA_TUNING_DB as the test found it (CTest points it at a file that never exists), put back
- * after a test that set its own, so later tests never see that test's database. */
-static char *tuning_db_save(void) {
-  const char *v = getenv("RDA_TUNING_DB");
-  return v != NULL ? strdup(v) : NULL;
-}
-static void tuning_db_restore(char *saved) {
-  if (saved != NULL) {
-    setenv("RDA_TUNING_DB", saved, 1);
-    free(saved);
-  } else {
-    unsetenv("RDA_TUNING_DB");
-  }
-}
-
 /* `rdagen tune` on the emulator with a private database (RDA_TUNING_DB and --db): it writes the
  * database, which loads (a plan made with it takes tuned tiles; `rdagen run` works with it);
  * --dry-run writes nothing. */
 static void test_cli_tune_writes_a_database_that_plans_read(void **state) {
   fixture *f = *state;
   char *db = rt_path(f->dir, "tuning.lua"), *dry = rt_path(f->dir, "dry.lua");
-  char *saved = tuning_db_save();
+  char *saved = rt_env_save("RDA_TUNING_DB"); /* put back after: CTest's never-existing file */
   assert_int_equal(setenv("RDA_TUNING_DB", db, 1), 0);
   const char *const tune[] = {"tune", f->config, "--n", "96", "--iters=1", "--verify-n", "64",
                               "--seed", "3", "--backend", "emu", "--db", db, NULL};
@@ -851,7 +836,7 @@ static void test_cli_tune_writes_a_database_that_plans_read(void **state) {
     fail();
   }
   rt_proc_free(&p);
-  tuning_db_restore(saved);
+  rt_env_restore("RDA_TUNING_DB", saved);
   free(db), free(dry);
 }
 
@@ -860,7 +845,7 @@ static void test_cli_tune_writes_a_database_that_plans_read(void **state) {
 static void test_cli_tune_bad_input_exits_and_keeps_the_database(void **state) {
   fixture *f = *state;
   char *db = rt_path(f->dir, "tuning.lua"), *missing = rt_path(f->dir, "missing.lua");
-  char *saved = tuning_db_save();
+  char *saved = rt_env_save("RDA_TUNING_DB"); /* put back after: CTest's never-existing file */
   assert_int_equal(setenv("RDA_TUNING_DB", db, 1), 0);
   const char *C = f->config;
   static const char *const help[] = {"--help", NULL}, *const tune_help[] = {"tune", "--help", NULL};
@@ -918,7 +903,7 @@ static void test_cli_tune_bad_input_exits_and_keeps_the_database(void **state) {
   rt_proc_free(&p);
   free(kept);
   unlink(db);
-  tuning_db_restore(saved);
+  rt_env_restore("RDA_TUNING_DB", saved);
   free(db), free(missing);
 }
 

@@ -45,18 +45,13 @@ static int group_setup(void **state) {
   }
   if ((F.dir = rt_mkdtemp()) == NULL) return -1;
   F.db = rt_path(F.dir, "tuning.lua");
-  const char *v = getenv("RDA_TUNING_DB");
-  saved_tuning_db = v != NULL ? strdup(v) : NULL;
+  saved_tuning_db = rt_env_save("RDA_TUNING_DB");
   return setenv("RDA_TUNING_DB", F.db, 1) == 0 ? 0 : -1;
 }
 
 static int group_teardown(void **state) {
   (void)state;
-  if (saved_tuning_db != NULL)
-    setenv("RDA_TUNING_DB", saved_tuning_db, 1);
-  else
-    unsetenv("RDA_TUNING_DB");
-  free(saved_tuning_db);
+  rt_env_restore("RDA_TUNING_DB", saved_tuning_db);
   if (F.b != NULL) F.b->destroy(F.b);
   rda_gen_close(F.g);
   rt_rmtree(F.dir);

@@ -548,6 +548,19 @@ int rt_count_entries(const char *dir) {
   return n;
 }
 
+char *rt_env_save(const char *name) {
+  const char *v = getenv(name);
+  return v != NULL ? strdup(v) : NULL;
+}
+
+void rt_env_restore(const char *name, char *saved) {
+  if (saved != NULL)
+    setenv(name, saved, 1);
+  else
+    unsetenv(name);
+  free(saved);
+}
+
 bool rt_write_npy(const char *path, const char *descr, int fortran, int ndim,
                   const long long *shape, const double *x) {
   int size, big = 0, isint = 0, half = 0;

@@ -142,6 +142,13 @@ bool rt_exists(const char *path);
 /* Entries in a folder other than . and .. (-1 if unreadable). */
 int rt_count_entries(const char *dir);
 
+/* --- the environment ------------------------------------------------------------------------ */
+
+/* A malloc'd copy of environment variable `name`, or NULL when unset: for rt_env_restore. */
+char *rt_env_save(const char *name);
+/* Put `name` back as rt_env_save found it (unset when saved is NULL) and free saved. */
+void rt_env_restore(const char *name, char *saved);
+
 /* Write x (count = product of shape) as a version-1 .npy with dtype descr: "<f2", "<f4", "<f8"
  * (values rounded to it), or for negative tests ">f4" (big-endian), "<i4" (truncated to int),
  * with fortran_order as given. */
