@@ -35,6 +35,18 @@ local function spaces(backward)
   return space, origin, bspace
 end
 
+-- What M.plan and M.tune_tasks start from: the checked profile, the tile spaces and the
+-- tuning (tuning.for_plan). Returns space, origin, bspace, tuning; or nil, a message and, for
+-- a tuning database that does not load or check, "config".
+local function prepare(profile, backward, tun)
+  hw.check(profile)
+  local space, origin, bspace = spaces(backward)
+  if not space then return nil, origin end
+  local t, why, class = tuning.for_plan(profile, tun, native.source, native.home())
+  if not t then return nil, why, nil, nil, class end
+  return space, origin, bspace, t
+end
+
 -- Validated config + profile -> plan (see gen/plan.lua), with the tile space from
 -- tuning/fwd_space.lua when it exists; with `backward`, also the backward kernels (tiles
 -- from tuning/bwd_space.lua); with `atomic` too, the atomic-dQ variants of the dK/dV kernels;
@@ -45,13 +57,9 @@ end
 -- Returns the plan; or nil, a message and "config" for a tuning database that does not load
 -- or check; or nil and a message when no tile fits or the forced tile is not a candidate.
 function M.plan(cfg, profile, backward, atomic, wgmma, tun)
-  hw.check(profile)
-  local space, origin, bspace = spaces(backward)
-  if not space then return nil, origin end
-  local t, why, class = tuning.for_plan(profile, tun, native.source, native.home())
-  if not t then return nil, why, class end
-  local p
-  p, why = plan.build(cfg, profile, space, bspace, backward and atomic, wgmma, t)
+  local space, origin, bspace, t, class = prepare(profile, backward, tun)
+  if not space then return nil, origin, class end
+  local p, why = plan.build(cfg, profile, space, bspace, backward and atomic, wgmma, t)
   if not p then return nil, why end
   p.space = origin
   return p
@@ -62,13 +70,9 @@ end
 -- `backward` bwd_dkdv and bwd_dq by branch, one per distinct key). `tun` as M.plan's (its
 -- force is ignored). Errors as M.plan's.
 function M.tune_tasks(cfg, profile, backward, wgmma, tun)
-  hw.check(profile)
-  local space, origin, bspace = spaces(backward)
-  if not space then return nil, origin end
-  local t, why, class = tuning.for_plan(profile, tun, native.source, native.home())
-  if not t then return nil, why, class end
-  local tasks
-  tasks, why = plan.tune_tasks(cfg, profile, space, bspace, wgmma, t)
+  local space, origin, bspace, t, class = prepare(profile, backward, tun)
+  if not space then return nil, origin, class end
+  local tasks, why = plan.tune_tasks(cfg, profile, space, bspace, wgmma, t)
   if not tasks then return nil, why end
   return tasks
 end

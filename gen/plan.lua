@@ -376,12 +376,8 @@ local function choose_bwd_tile(space, kind, head_dim, hw, wgmma)
     return nil, string.format("the backward tile space has no candidates for head_dim = %d",
                               head_dim)
   end
-  local max_threads = math.min(MAX_THREADS_PER_BLOCK, hw.max_threads_per_sm)
   for _, c in ipairs(e[kind]) do
-    if M.bwd_smem(kind, head_dim, c) <= hw.smem_per_block and 32 * c.warps <= max_threads
-       and (not c.wgmma or admitted(hw, wgmma)) then
-      return c
-    end
+    if M.usable("bwd_" .. kind, head_dim, c, hw, wgmma) then return c end
   end
   return nil, string.format("no backward %s tile for head_dim = %d fits %s (%d bytes of shared "
                             .. "memory per block)", kind, head_dim, hw.name or "?",
@@ -505,8 +501,8 @@ local function tiles_of(kind, space, head_dim)
   return space[head_dim][SPACE_KIND[kind]]
 end
 
--- Whether tile c of `kind` is a fitting, allowed candidate on hw, by the rules of choose_tile
--- and choose_bwd_tile; else why not.
+-- Whether tile c of `kind` is a fitting, allowed candidate on hw (choose_bwd_tile's rule, and
+-- choose_tile's); else why not.
 function M.usable(kind, head_dim, c, hw, wgmma)
   if c.wgmma and not admitted(hw, wgmma) then
     return false, "a wgmma tile, taken only on sm_90 with wgmma on"

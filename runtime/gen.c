@@ -721,6 +721,18 @@ static void rda_gen_push_tuning(lua_State *L, const rda_gen_plan_ctx *c) {
   }
 }
 
+/* The three results of a bridge call on top of the stack (gen/bridge.lua): 1 when the first is
+ * not nil; else 0 with c->status set from the message, RDA_ERR_CONFIG when the third is
+ * "config" (a tuning database that does not load or check), `fail` otherwise. */
+static int rda_gen_bridge_ok(lua_State *L, rda_gen_plan_ctx *c, rda_status fail,
+                             const char *fallback) {
+  if (!lua_isnil(L, -3)) return 1;
+  const int config = lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "config") == 0;
+  c->status =
+      rda_gen_fail_line(c->err, config ? RDA_ERR_CONFIG : fail, luaL_optstring(L, -2, fallback));
+  return 0;
+}
+
 /* Calls bridge.<fn>(cfg, profile, backward, atomic-or-omitted, wgmma, tuning) with the 3-result
  * convention of gen/bridge.lua: the result, or nil, message and "config" for a tuning database
  * that does not load or check (RDA_ERR_CONFIG), or nil and message (`fail`). Returns 1 with the
@@ -735,12 +747,7 @@ static int rda_gen_call_planner(lua_State *L, rda_gen_plan_ctx *c, const char *f
   lua_pushboolean(L, c->wgmma);
   rda_gen_push_tuning(L, c);
   lua_call(L, atomic_arg ? 6 : 5, 3);
-  if (lua_isnil(L, -3)) {
-    const int config = lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "config") == 0;
-    c->status = rda_gen_fail_line(c->err, config ? RDA_ERR_CONFIG : fail,
-                                  luaL_optstring(L, -2, "no plan fits"));
-    return 0;
-  }
+  if (!rda_gen_bridge_ok(L, c, fail, "no plan fits")) return 0;
   lua_pop(L, 2);
   return 1;
 }
@@ -832,12 +839,13 @@ rda_status rda_gen_plan_ex(rda_gen *g, const rda_config *cfg, const rda_hw *hw, 
 }
 
 /* The checks every planning entry point makes, then c filled for the call: flags, RDA_WGMMA,
- * and the user's tuning database read (*user_db: malloc'd text or NULL, freed by the caller). */
+ * and, when user_db is not NULL, the user's tuning database read (*user_db: malloc'd text or
+ * NULL, freed by the caller; tune_merge plans nothing from it and passes NULL). */
 static rda_status rda_gen_plan_setup(const char *fn, rda_gen *g, const rda_config *cfg,
                                      const rda_hw *hw, unsigned flags, rda_gen_plan_ctx *c,
                                      char **user_db, char *user_db_name, size_t name_cap,
                                      rda_err *err) {
-  *user_db = NULL;
+  if (user_db != NULL) *user_db = NULL;
   if (g == NULL || cfg == NULL || hw == NULL)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: NULL argument", fn);
   RDA_TRY(rda_gen_check_config(cfg, err));
@@ -845,7 +853,7 @@ static rda_status rda_gen_plan_setup(const char *fn, rda_gen *g, const rda_confi
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: incomplete hardware profile", fn);
   const int wgmma_env = rda_gen_wgmma_env(err);
   if (wgmma_env < 0) return RDA_ERR_INVALID_ARGUMENT;
-  RDA_TRY(rda_tuning_db_read(user_db, user_db_name, name_cap, err));
+  if (user_db != NULL) RDA_TRY(rda_tuning_db_read(user_db, user_db_name, name_cap, err));
   memset(c, 0, sizeof *c);
   c->cfg = cfg;
   c->hw = hw;
@@ -854,8 +862,10 @@ static rda_status rda_gen_plan_setup(const char *fn, rda_gen *g, const rda_confi
   c->backward = (flags & RDA_PLAN_BACKWARD) != 0;
   c->atomic = (flags & RDA_PLAN_BACKWARD_ATOMIC) != 0;
   c->wgmma = (flags & RDA_PLAN_WGMMA) != 0 || wgmma_env == 1;
-  c->user_db = *user_db;
-  c->user_db_name = user_db_name;
+  if (user_db != NULL) {
+    c->user_db = *user_db;
+    c->user_db_name = user_db_name;
+  }
   return RDA_OK;
 }
 
@@ -993,12 +1003,7 @@ static int rda_gen_p_tune_merge(lua_State *L) {
   lua_pushinteger(L, c->meta->batch);
   lua_setfield(L, -2, "batch");
   lua_call(L, 8, 3);
-  if (lua_isnil(L, -3)) {
-    const int config = lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "config") == 0;
-    c->status = rda_gen_fail_line(c->err, config ? RDA_ERR_CONFIG : RDA_ERR_INVALID_ARGUMENT,
-                                  luaL_optstring(L, -2, "the outcomes do not merge"));
-    return 0;
-  }
+  if (!rda_gen_bridge_ok(L, c, RDA_ERR_INVALID_ARGUMENT, "the outcomes do not merge")) return 0;
   size_t len;
   const char *text = lua_tolstring(L, -3, &len);
   if (text == NULL) return luaL_error(L, "tune_merge returned no text");
@@ -1017,12 +1022,8 @@ rda_status rda_gen_tune_merge(rda_gen *g, const rda_config *cfg, const rda_hw *h
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_gen_tune_merge: NULL argument");
   *text = NULL;
   rda_gen_plan_ctx c;
-  char *user_db;
-  char user_db_name[4096];
-  RDA_TRY(rda_gen_plan_setup("rda_gen_tune_merge", g, cfg, hw, flags, &c, &user_db,
-                             user_db_name, sizeof user_db_name, err));
-  free(user_db); /* the old text to merge into is the caller's */
-  c.old_db = old_text;
+  RDA_TRY(rda_gen_plan_setup("rda_gen_tune_merge", g, cfg, hw, flags, &c, NULL, NULL, 0, err));
+  c.old_db = old_text; /* the database to merge into is the caller's, not the user's file */
   c.old_db_name = old_name;
   c.outcomes = outcomes;
   c.noutcomes = noutcomes;

@@ -576,12 +576,8 @@ rda_status rda_tune_run(rda_backend *b, rda_gen *g, const rda_hw *hw, const rda_
                        o->n, o->batch, o->verify_n, o->iters, TUNE_MAX_ITERS);
 
   /* A database to merge into that does not load fails now, not after the timing. */
-  char date[16];
-  tune_today(date);
-  const rda_tune_meta meta = {tune_device(o, hw), date, o->n, o->batch};
   if (old_text != NULL) {
-    RDA_TRY(
-        rda_gen_tune_merge(g, cfg, hw, o->flags, old_text, old_name, NULL, 0, &meta, db_text, err));
+    RDA_TRY(rda_tune_merge(g, hw, cfg, o, NULL, 0, old_text, old_name, db_text, err));
     free(*db_text);
     *db_text = NULL;
   }
