@@ -248,13 +248,13 @@ static rda_status rda_api_autotune(rda_ctx *ctx, const rda_config *cfg, unsigned
   int n = 0;
   /* Held from before the tasks are listed (which reads the database) until the rankings are
    * saved: another plan or process tuning with this database waits, then finds the entries. */
-  int lock = -1;
+  rda_tuning_lock lock = RDA_TUNING_LOCK_INIT;
   rda_status s = rda_tuning_db_lock(path, &lock, err);
   if (s == RDA_OK)
     s = rda_tune_run(ctx->b, ctx->gen, &ctx->hw, cfg, &o, NULL, NULL, &text, &reps, &n, err);
   if (s == RDA_OK && n > 0)
     s = rda_tune_save_locked(ctx->gen, &ctx->hw, cfg, &o, reps, n, path, err);
-  rda_tuning_db_unlock(lock);
+  rda_tuning_db_unlock(&lock);
   free(text);
   free(reps);
   return s;

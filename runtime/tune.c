@@ -676,9 +676,9 @@ rda_status rda_tune_save_locked(rda_gen *g, const rda_hw *hw, const rda_config *
 rda_status rda_tune_save(rda_gen *g, const rda_hw *hw, const rda_config *cfg,
                          const rda_tune_opts *o, const rda_tune_report *reports, int nreports,
                          const char *path, rda_err *err) {
-  int lock = -1;
+  rda_tuning_lock lock = RDA_TUNING_LOCK_INIT;
   rda_status s = rda_tuning_db_lock(path, &lock, err);
   if (s == RDA_OK) s = rda_tune_save_locked(g, hw, cfg, o, reports, nreports, path, err);
-  rda_tuning_db_unlock(lock);
+  rda_tuning_db_unlock(&lock);
   return s;
 }

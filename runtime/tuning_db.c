@@ -208,30 +208,48 @@ rda_status rda_tuning_db_write(const char *path, const char *text, rda_err *err)
   return RDA_OK;
 }
 
-rda_status rda_tuning_db_lock(const char *path, int *fd, rda_err *err) {
-  *fd = -1;
-  char target[4096], lock[4200];
+rda_status rda_tuning_db_lock(const char *path, rda_tuning_lock *lk, rda_err *err) {
+  lk->fd = -1;
+  lk->path[0] = '\0';
+  char target[4096];
   RDA_TRY(rda_tuning_db_target(path, target, sizeof target, err));
+  char lock[sizeof lk->path];
   if (snprintf(lock, sizeof lock, "%s.lock", target) >= (int)sizeof lock)
     return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': path too long", path);
   RDA_TRY(rda_tuning_db_parent(lock, err));
-  const int l = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (l < 0)
-    return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': lock '%s': %s", path, lock,
-                       strerror(errno));
-  while (flock(l, LOCK_EX) != 0) {
-    if (errno == EINTR) continue;
-    const int e = errno;
+  for (;;) {
+    const int l = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (l < 0)
+      return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': lock '%s': %s", path, lock,
+                         strerror(errno));
+    int got;
+    while ((got = flock(l, LOCK_EX)) != 0 && errno == EINTR) {
+    }
+    if (got != 0) {
+      const int e = errno;
+      close(l);
+      return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': lock '%s': %s", path, lock,
+                         strerror(e));
+    }
+    /* The holder before removed the file as it let go: a lock on that removed file excludes
+     * no one who opens the name now, so take the lock again on whatever is there. */
+    struct stat held, named;
+    if (fstat(l, &held) == 0 && stat(lock, &named) == 0 && held.st_dev == named.st_dev &&
+        held.st_ino == named.st_ino) {
+      lk->fd = l;
+      memcpy(lk->path, lock, sizeof lock);
+      return RDA_OK;
+    }
     close(l);
-    return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': lock '%s': %s", path, lock,
-                       strerror(e));
   }
-  *fd = l;
-  return RDA_OK;
 }
 
-void rda_tuning_db_unlock(int fd) {
-  if (fd < 0) return;
-  (void)flock(fd, LOCK_UN);
-  close(fd);
+void rda_tuning_db_unlock(rda_tuning_lock *lk) {
+  if (lk == NULL || lk->fd < 0) return;
+  /* Removed while still held, so the name never outlives the lock (nothing is left beside the
+   * database); a waiter on the removed file sees that and locks afresh. */
+  (void)unlink(lk->path);
+  (void)flock(lk->fd, LOCK_UN);
+  close(lk->fd);
+  lk->fd = -1;
 }

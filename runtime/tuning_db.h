@@ -32,11 +32,16 @@ rda_status rda_tuning_db_read_file(const char *path, char **text, rda_err *err);
  * (0700). RDA_ERR_IO naming the path on failure (the old file is then untouched). */
 rda_status rda_tuning_db_write(const char *path, const char *text, rda_err *err);
 
-/* Writers take this lock (flock on <the file path names>.lock, created beside it, so a link and
- * its target share one; waits for other holders)
- * around read, merge and write, so concurrent `rdagen tune` runs keep each other's entries.
- * Readers (plans) need none: writes are atomic renames. *fd: the lock, for rda_tuning_db_unlock. */
-rda_status rda_tuning_db_lock(const char *path, int *fd, rda_err *err);
-void rda_tuning_db_unlock(int fd); /* accepts -1 */
+/* Writers take this lock (flock on <the file path names>.lock, made beside it while held and
+ * removed when let go, so a link and its target share one and nothing stays behind; waits for
+ * other holders) around read, merge and write, so concurrent `rdagen tune` runs keep each
+ * other's entries. Readers (plans) need none: writes are atomic renames. */
+typedef struct rda_tuning_lock {
+  int fd;         /* -1: not held */
+  char path[4200];
+} rda_tuning_lock;
+#define RDA_TUNING_LOCK_INIT {-1, ""}
+rda_status rda_tuning_db_lock(const char *path, rda_tuning_lock *lk, rda_err *err);
+void rda_tuning_db_unlock(rda_tuning_lock *lk); /* accepts NULL and a lock not held */
 
 #endif

@@ -504,7 +504,6 @@ if want_named tune; then
         "$BUILD/rdagen" tune "$cfg" --backend cuda --backward --wgmma
       grep -E '^(sm_|  (tile|bm|bn|FAILED))' "$OUT/tune.log" | tail -n 40
     done
-    rm -f "$RDA_TUNING_DB.lock" # the tuners' lock: nothing to bring back
     unset RDA_TUNING_DB
   fi
 fi

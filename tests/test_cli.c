@@ -790,9 +790,10 @@ static void test_cli_tune_writes_a_database_that_plans_read(void **state) {
   assert_int_equal(setenv("RDA_TUNING_DB", db, 1), 0);
   const char *const tune[] = {"tune", f->config, "--n", "96", "--iters=1", "--verify-n", "64",
                               "--seed", "3", "--backend", "emu", "--db", db, NULL};
+  char *lock = rt_path(f->dir, "tuning.lua.lock");
   rt_proc p = run_rdagen(900, tune);
   if (p.exit_code != 0 || !rt_exists(db) || strstr(p.out, "emu-sm_90") == NULL ||
-      strstr(p.out, "wrote 2 entries") == NULL || p.err[0] != '\0') {
+      strstr(p.out, "wrote 2 entries") == NULL || p.err[0] != '\0' || rt_exists(lock)) {
     show("tune", &p);
     fail();
   }
@@ -837,7 +838,7 @@ static void test_cli_tune_writes_a_database_that_plans_read(void **state) {
   }
   rt_proc_free(&p);
   rt_env_restore("RDA_TUNING_DB", saved);
-  free(db), free(dry);
+  free(db), free(dry), free(lock);
 }
 
 /* --help names tune; bad usage exits 2; a missing config or a corrupt database exits 1 with
@@ -892,11 +893,13 @@ static void test_cli_tune_bad_input_exits_and_keeps_the_database(void **state) {
   static const char corrupt[] = "return { { target = 'sm_90', kind = 'fwd' } }\n";
   assert_true(rt_write_file(db, corrupt, strlen(corrupt)));
   const char *const tune[] = {"tune", C, "--n", "64", "--iters", "1", "--backend", "emu", NULL};
+  const int entries = rt_count_entries(f->dir);
   rt_proc p = run_rdagen(900, tune);
   char *kept = rt_read_file(db, NULL);
+  /* Nothing left behind either: the writers' lock beside the database is gone. */
   if (p.exit_code != 1 || rt_count_lines(p.err) != 1 ||
       strncmp(p.err, "rdagen: error: ", 15) != 0 || strstr(p.err, "tuning.lua") == NULL ||
-      kept == NULL || strcmp(kept, corrupt) != 0) {
+      kept == NULL || strcmp(kept, corrupt) != 0 || rt_count_entries(f->dir) != entries) {
     show("tune with a corrupt database", &p);
     fail();
   }

@@ -213,11 +213,11 @@ static void test_tuning_db_write_replaces_atomically_and_keeps_links_and_modes(v
   /* A link to a folder: refused before anything is created beside the folder. */
   char *dirlink = rt_path(f->dir, "dirlink.lua"), *stray = rt_path(f->dir, "a/b.lock");
   assert_int_equal(symlink(sub, dirlink), 0);
-  int fd = -1;
+  rda_tuning_lock refused = RDA_TUNING_LOCK_INIT;
   err = (rda_err){0};
-  assert_int_equal(rda_tuning_db_lock(dirlink, &fd, &err), RDA_ERR_IO);
+  assert_int_equal(rda_tuning_db_lock(dirlink, &refused, &err), RDA_ERR_IO);
   assert_non_null(strstr(err.msg, "a folder"));
-  assert_int_equal(fd, -1);
+  assert_int_equal(refused.fd, -1);
   assert_false(rt_exists(stray));
   free(dirlink), free(stray);
 
@@ -229,33 +229,41 @@ static void test_tuning_db_write_replaces_atomically_and_keeps_links_and_modes(v
   free(sub), free(db), free(link);
 }
 
-/* The writers' lock excludes another process until it is released. */
+/* The writers' lock excludes another process until it is released, and its file is gone once
+ * the last holder lets go. */
 static void test_tuning_db_lock_excludes_another_writer(void **state) {
   fixture *f = *state;
   rda_err err = {0};
   char *db = rt_path(f->dir, "locked/tuning.lua");
-  int fd = -1;
-  assert_int_equal(rda_tuning_db_lock(db, &fd, &err), RDA_OK);
-  assert_true(fd >= 0);
+  char *lock = rt_path(f->dir, "locked/tuning.lua.lock");
+  rda_tuning_lock lk = RDA_TUNING_LOCK_INIT;
+  assert_int_equal(rda_tuning_db_lock(db, &lk, &err), RDA_OK);
+  assert_true(lk.fd >= 0);
+  assert_true(rt_exists(lock));
   int pipefd[2];
   assert_int_equal(pipe(pipefd), 0);
   const pid_t child = fork();
   assert_true(child >= 0);
   if (child == 0) {
     close(pipefd[0]);
-    int cfd = -1;
+    rda_tuning_lock clk = RDA_TUNING_LOCK_INIT;
     rda_err cerr = {0};
     const double t0 = now_s();
-    const int ok = rda_tuning_db_lock(db, &cfd, &cerr) == RDA_OK;
+    const int ok = rda_tuning_db_lock(db, &clk, &cerr) == RDA_OK;
     const double waited = now_s() - t0;
-    rda_tuning_db_unlock(cfd);
-    const char c = ok && waited > 0.2 ? 'y' : 'n';
+    /* Its lock is on the file that is there now, not the one the parent removed. */
+    struct stat held, named;
+    const int same = ok && fstat(clk.fd, &held) == 0 && stat(clk.path, &named) == 0 &&
+                     held.st_ino == named.st_ino;
+    rda_tuning_db_unlock(&clk);
+    const char c = ok && same && waited > 0.2 ? 'y' : 'n';
     if (write(pipefd[1], &c, 1) != 1) _exit(2);
     _exit(0);
   }
   close(pipefd[1]);
   usleep(400 * 1000);
-  rda_tuning_db_unlock(fd);
+  rda_tuning_db_unlock(&lk);
+  assert_int_equal(lk.fd, -1);
   char c = 0;
   assert_int_equal(read(pipefd[0], &c, 1), 1);
   close(pipefd[0]);
@@ -263,17 +271,18 @@ static void test_tuning_db_lock_excludes_another_writer(void **state) {
   assert_int_equal(waitpid(child, &status, 0), child);
   assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   assert_int_equal(c, 'y'); /* it waited for the release, then got the lock */
-  rda_tuning_db_unlock(-1);  /* accepted */
+  assert_false(rt_exists(lock)); /* nothing left beside the database */
+  rda_tuning_db_unlock(&lk);    /* a lock not held: accepted */
+  rda_tuning_db_unlock(NULL);
 
   /* A link and its target share one lock: it is taken beside the file the link names. */
-  char *link = rt_path(f->dir, "link.lua"), *lock = rt_path(f->dir, "locked/tuning.lua.lock");
-  char *link_lock = rt_path(f->dir, "link.lua.lock");
+  char *link = rt_path(f->dir, "link.lua"), *link_lock = rt_path(f->dir, "link.lua.lock");
   assert_int_equal(symlink(db, link), 0);
-  assert_int_equal(unlink(lock), 0);
-  assert_int_equal(rda_tuning_db_lock(link, &fd, &err), RDA_OK);
+  assert_int_equal(rda_tuning_db_lock(link, &lk, &err), RDA_OK);
   assert_true(rt_exists(lock));
   assert_false(rt_exists(link_lock));
-  rda_tuning_db_unlock(fd);
+  rda_tuning_db_unlock(&lk);
+  assert_false(rt_exists(lock));
   free(db), free(link), free(lock), free(link_lock);
 }
 

@@ -198,7 +198,8 @@ int rdagen_cmd_tune(int argc, char **argv) {
   rda_backend *b = NULL;
   char *old_text = NULL, *db_text = NULL;
   rda_tune_report *reports = NULL;
-  int nreports = 0, lock = -1;
+  int nreports = 0;
+  rda_tuning_lock lock = RDA_TUNING_LOCK_INIT;
   rda_config cfg;
   rda_hw hw;
   char why[1024];
@@ -260,7 +261,7 @@ int rdagen_cmd_tune(int argc, char **argv) {
   }
   rc = 0;
 done:
-  rda_tuning_db_unlock(lock);
+  rda_tuning_db_unlock(&lock);
   free(reports);
   free(db_text);
   free(old_text);
