@@ -17,17 +17,20 @@ local function check_fwd(v)
          "variant causal and dilated must be booleans")
   assert(v.kv_table == nil or type(v.kv_table) == "boolean", "variant kv_table must be a boolean")
   assert(v.wgmma == nil or type(v.wgmma) == "boolean", "variant wgmma must be a boolean")
+  assert(v.overlap == nil or type(v.overlap) == "boolean", "variant overlap must be a boolean")
+  assert(not v.overlap or (v.wgmma and v.stages >= 3), "an overlap variant is wgmma with stages >= 3")
 end
 
 -- The deterministic name: every specialization in a fixed order. kv_table (optional, default
 -- false): the twin that reads a ring round's received blocks through rda_kv_table ("_kt").
--- wgmma (optional, default false): the sm_90a warpgroup-MMA path ("_wg").
+-- wgmma (optional, default false): the sm_90a warpgroup-MMA path ("_wg"); overlap (optional,
+-- wgmma only): each tile's softmax runs beside the previous tile's P V product ("_wgo").
 function M.fwd_name(v)
   check_fwd(v)
   return string.format("rda_fwd_d%d_%s_%s_%s_bm%d_bn%d_w%d_s%d%s%s", v.head_dim, v.dtype,
                        v.causal and "causal" or "full", v.dilated and "dil" or "dense",
-                       v.block_m, v.block_n, v.warps, v.stages, v.wgmma and "_wg" or "",
-                       v.kv_table and "_kt" or "")
+                       v.block_m, v.block_n, v.warps, v.stages,
+                       v.overlap and "_wgo" or v.wgmma and "_wg" or "", v.kv_table and "_kt" or "")
 end
 
 function M.init_name() return "rda_init" end
@@ -109,6 +112,8 @@ function M.fwd_source(v)
                           "keys from a ring round's blocks through rda_kv_table" }
   fields[#fields + 1] = { "bool", "wgmma", tostring(v.wgmma == true),
                           "sm_90a warpgroup MMA, one warpgroup per 64 query rows" }
+  fields[#fields + 1] = { "bool", "overlap", tostring(v.overlap == true),
+                          "wgmma: a tile's softmax beside the previous tile's P V" }
   -- The twin states one block per SM: left to itself, ptxas held sm_80's d = 96 twin to 168
   -- registers (three blocks per SM) and spilled, where its base variant takes 205. So does the
   -- wgmma path: its S and O accumulators alone take 128 registers per thread at d = 128.

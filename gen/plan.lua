@@ -36,7 +36,7 @@ local function positive_int(x) return math.type(x) == "integer" and x > 0 end
 
 local function tile_name(c)
   return string.format("bm%d_bn%d_w%d_s%d%s", c.block_m, c.block_n, c.warps, c.stages,
-                       c.wgmma and "_wg" or "")
+                       c.overlap and "_wgo" or c.wgmma and "_wg" or "")
 end
 
 -- The wgmma path (templates/rda_fwd.cuh, rda_bwd.cuh): sm_90a only, whole warpgroups, wgmma
@@ -75,6 +75,15 @@ function M.check_space(space)
       if c.wgmma and not wgmma_shape_ok(d, c.block_n, c.warps) then
         return nil, string.format("[%d][%d] %s: a wgmma tile needs head_dim and block_n in "
                                   .. "{64, 128} and warps a multiple of 4", d, i, tile_name(c))
+      end
+      if c.overlap ~= nil and type(c.overlap) ~= "boolean" then
+        return nil, string.format("[%d][%d] %s: overlap must be a boolean", d, i, tile_name(c))
+      end
+      -- overlap keeps a tile's V stage until the next tile's step: one stage more than it loads
+      -- ahead, so at least 3.
+      if c.overlap and not (c.wgmma and c.stages >= 3) then
+        return nil, string.format("[%d][%d] %s: an overlap tile needs wgmma = true and stages "
+                                  .. ">= 3", d, i, tile_name(c))
       end
     end
   end
@@ -225,7 +234,8 @@ function M.build(cfg, hw, space, bspace, atomic, wgmma, tun)
       kind = "fwd", head_dim = cfg.head_dim, dtype = cfg.dtype, causal = cfg.causal,
       dilated = r > 1, block_m = tile.block_m, block_n = tile.block_n, warps = tile.warps,
       stages = tile.stages, threads = 32 * tile.warps, smem_bytes = M.fwd_smem(cfg.head_dim, tile),
-      wgmma = tile.wgmma or nil, tile = tile_name(tile), tuned = tuned or nil,
+      wgmma = tile.wgmma or nil, overlap = tile.overlap or nil, tile = tile_name(tile),
+      tuned = tuned or nil,
     }
     v.name = emit.fwd_name(v)
     v.source = emit.fwd_source(v)

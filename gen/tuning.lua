@@ -130,7 +130,8 @@ function M.tile_name_ok(kind, name)
     local bm, bn, w, s, r = name:match("^bm(%d+)_bn(%d+)_w(%d+)_s(%d+)(.*)$")
     nums, rest = { bm, bn, w, s }, r
   end
-  local ok = rest == "" or rest == "_wg"
+  -- "_wgo": a forward wgmma tile with overlap (gen/plan.lua).
+  local ok = rest == "" or rest == "_wg" or (rest == "_wgo" and kind == "fwd")
   for i = 1, (kind == "bwd_dkdv" and 5 or 4) do ok = ok and tile_number(nums[i]) end
   if not ok then
     return false, kind == "bwd_dkdv" and "is not a dK/dV tile name like \"bn64_bm32_w4_s2_x1\""
@@ -272,8 +273,8 @@ local function check_entry(e)
     if tried[x] then
       return field_error(at, x, string.format("repeats candidates[%d]", tried[x]))
     end
-    -- A tile name ends in "_wg" exactly when it is a wgmma tile (gen/plan.lua's names).
-    if not e.wgmma and x:sub(-3) == "_wg" then
+    -- A tile name ends in "_wg" (or "_wgo") exactly when it is a wgmma tile (gen/plan.lua).
+    if not e.wgmma and (x:sub(-3) == "_wg" or x:sub(-4) == "_wgo") then
       return field_error(at, x, "is a wgmma tile, in an entry without wgmma (wgmma = false)")
     end
     tried[x] = i

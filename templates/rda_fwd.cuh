@@ -42,6 +42,11 @@ struct Traits {
   /* wgmma path: a warpgroup (4 warps) per 64 query rows; tiles in 128-byte swizzle atoms. */
   static constexpr bool WG = Cfg::wgmma;
   static constexpr int GROUP_ROWS = WG ? 64 : 16; /* query rows skipped or masked together */
+  /* Cfg::overlap (wgmma only): a warpgroup issues O += P V of tile j-1 behind S = Q K^T of
+   * tile j and computes tile j's softmax while the tensor cores run it. Tile j-1's V stage is
+   * then read until tile j's step ends, so only stages - 2 tiles load ahead, not stages - 1. */
+  static constexpr bool OVL = Cfg::overlap;
+  static constexpr int AHEAD = OVL ? STAGES - 2 : STAGES - 1; /* K/V tiles loaded ahead */
   /* mma.sync path: Q fragments stay in registers up to d = 128 (reloaded per k-step at 256). */
   static constexpr bool Q_IN_REGS = !WG && D <= 128;
   /* The epilogue stages the fp32 O tile plus two floats per row over the whole buffer. */
@@ -54,6 +59,7 @@ struct Traits {
   static_assert(EPI_BYTES <= SMEM_BYTES, "epilogue staging does not fit: raise stages or block_n");
   static_assert(!WG || ((D == 64 || D == 128) && (BN == 64 || BN == 128) && WARPS % 4 == 0),
                 "wgmma: head_dim and block_n in {64, 128}, whole warpgroups");
+  static_assert(!OVL || (WG && STAGES >= 3), "overlap: a wgmma tile with at least 3 stages");
 
   /* Byte offset of (row, chunk) in a tile of ROWS rows, in this path's layout (rda_tile.cuh). */
   template <int ROWS>
@@ -119,14 +125,14 @@ struct Block {
 };
 
 /* Masks S (keys past the grid end, and, causal, keys after the query row), then the online
- * softmax in the log2 domain: S becomes P, the row maxima m and sums l advance, acc is rescaled.
+ * softmax in the log2 domain: S becomes P and the row maxima m and sums l advance; corr gets
+ * the factor the accumulator of each of the thread's two rows must be scaled by (rescale).
  * Each thread holds rows wrow0 + g and wrow0 + g + 8 (g = lane / 4) of the accumulator layout;
  * a row is spread over the 4 lanes of a quad. */
 template <class Cfg, bool Mask, int NT>
-__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float sl2, int n0, int ng,
-                                               int wrow0, float (*acc)[4], float m[2],
-                                               float l[2]) {
-  constexpr int DT = Traits<Cfg>::DT;
+__device__ __forceinline__ void softmax_scores(float (&s)[NT][4], float sl2, int n0, int ng,
+                                               int wrow0, float m[2], float l[2],
+                                               float corr[2]) {
   const int lane = lane_id();
   const int g = lane >> 2;
   const int c2 = 2 * (lane & 3);
@@ -151,14 +157,9 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float sl2, int
     mx = fmax2(mx, shfl_xor(mx, 2));
     const float mnew = fmax2(m[hf], mx == neg_inf() ? neg_inf() : mx * sl2);
     const float muse = mnew == neg_inf() ? 0.f : mnew;
-    const float corr = ex2(m[hf] - muse);
+    corr[hf] = ex2(m[hf] - muse);
     m[hf] = mnew;
-    l[hf] *= corr;
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt) {
-      acc[dt][2 * hf] *= corr;
-      acc[dt][2 * hf + 1] *= corr;
-    }
+    l[hf] *= corr[hf];
     float sum = 0.f;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -174,6 +175,28 @@ __device__ __forceinline__ void online_softmax(float (&s)[NT][4], float sl2, int
     }
     l[hf] += sum;
   }
+}
+
+/* acc's two rows of this thread scaled by corr (softmax_scores). */
+template <int DT>
+__device__ __forceinline__ void rescale(float (*acc)[4], const float corr[2]) {
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt) {
+    acc[dt][0] *= corr[0];
+    acc[dt][1] *= corr[0];
+    acc[dt][2] *= corr[1];
+    acc[dt][3] *= corr[1];
+  }
+}
+
+/* softmax_scores, then acc rescaled: the whole online-softmax step of a tile. */
+template <class Cfg, bool Mask, int NT>
+__device__ __forceinline__ void online_softmax(float (&s)[NT][4], float sl2, int n0, int ng,
+                                               int wrow0, float (*acc)[4], float m[2],
+                                               float l[2]) {
+  float corr[2];
+  softmax_scores<Cfg, Mask>(s, sl2, n0, ng, wrow0, m, l, corr);
+  rescale<Traits<Cfg>::DT>(acc, corr);
 }
 
 /* One K/V tile: S = Q K^T for this warp's 16 rows, online softmax, O += P V. */
@@ -265,6 +288,116 @@ __device__ __forceinline__ void tile_step_wg(uint32_t sq, uint32_t sk, uint32_t 
   online_softmax<Cfg, Mask>(s, sl2, n0, ng, wrow0, o, m, l);
 
   tile::wgmma_rs_product<Cfg::dtype, T::D, T::BN>(o, s, sv); /* O += P V */
+}
+
+/* The P V product of a warpgroup's previous tile (wgmma path with overlap): P packed to the
+ * storage dtype as the register A operand, and the shared address of that tile's V stage. */
+template <class Cfg>
+struct PendingPV {
+  uint32_t p[Cfg::block_n / 16][4];
+  uint32_t sv;
+  bool live; /* uniform over the warpgroup */
+};
+
+/* Issues O += P V of the pending tile (no wait). */
+template <class Cfg>
+__device__ __forceinline__ void issue_pending_pv(float (&o)[Traits<Cfg>::DT][4],
+                                                 const PendingPV<Cfg> &pv) {
+  using T = Traits<Cfg>;
+  tile::wgmma_rs_issue<Cfg::dtype, T::D, T::BN>(o, pv.p, pv.sv);
+  wgmma_commit();
+}
+
+/* Completes the pending P V product, if any: on return o is final and pv is empty. Every tile
+ * of a warpgroup ends in a step or in this, before its V stage is loaded over. */
+template <class Cfg>
+__device__ __forceinline__ void flush_pending_pv(float (&o)[Traits<Cfg>::DT][4],
+                                                 PendingPV<Cfg> &pv) {
+  if (!pv.live) return;
+  wgmma_fence_operands(pv.p);
+  wgmma_fence_operands(o);
+  wgmma_fence();
+  issue_pending_pv<Cfg>(o, pv);
+  wgmma_wait<0>();
+  wgmma_fence_operands(o);
+  wgmma_fence_operands(pv.p);
+  pv.live = false;
+}
+
+/* One K/V tile on the wgmma path with overlap (FlashAttention-3's intra-warpgroup pipelining).
+ * With a pending product (Pending): S = Q K^T of this tile and then O += P V of the previous
+ * one are issued as two groups; the softmax of this tile runs once S has landed, while the
+ * P V product is still on the tensor cores; then O, final, is rescaled. Without (the
+ * warpgroup's first tile): S alone. Either way this tile's P becomes the pending product, and
+ * nothing is in flight on return. The registers of the in-flight P are not written until it
+ * is waited for (the hardware reads them asynchronously), so this tile's P is packed only
+ * after that wait. Pending is a template parameter, not a branch inside: ptxas serializes
+ * every wgmma of a kernel whose products are in flight across a branch it cannot prove
+ * uniform (advisory C7520). */
+template <class Cfg, bool Mask, bool Pending>
+__device__ __forceinline__ void tile_step_wg_overlap(uint32_t sq, uint32_t sk, uint32_t sv,
+                                                     bool qneg, float sl2, int n0, int ng,
+                                                     int wrow0, float (&o)[Traits<Cfg>::DT][4],
+                                                     float m[2], float l[2],
+                                                     PendingPV<Cfg> &pv) {
+  using T = Traits<Cfg>;
+  float s[T::NT][4];
+
+  wgmma_fence_operands(o);
+  wgmma_fence_operands(pv.p);
+  wgmma_fence();
+  tile::wgmma_kmajor_product<Cfg::dtype, T::BN, T::KS, T::BM, T::BN>(s, sq, sk);
+  wgmma_commit();
+  if constexpr (Pending) {
+    issue_pending_pv<Cfg>(o, pv);
+    wgmma_wait<1>(); /* S has landed; P V may still run */
+  } else {
+    wgmma_wait<0>();
+  }
+  wgmma_fence_operands(s);
+  if (qneg) { /* a negative scale: softmax below runs on -S with |scale| */
+#pragma unroll
+    for (int nt = 0; nt < T::NT; ++nt) {
+      s[nt][0] = -s[nt][0];
+      s[nt][1] = -s[nt][1];
+      s[nt][2] = -s[nt][2];
+      s[nt][3] = -s[nt][3];
+    }
+  }
+  float corr[2];
+  softmax_scores<Cfg, Mask>(s, sl2, n0, ng, wrow0, m, l, corr);
+
+  if constexpr (Pending) {
+    wgmma_wait<0>();
+    wgmma_fence_operands(o);
+    wgmma_fence_operands(pv.p);
+  }
+  rescale<T::DT>(o, corr);
+  tile::pack_a_rows<Cfg::dtype, T::BN>(pv.p, s);
+  pv.sv = sv;
+  pv.live = true;
+}
+
+/* tile_step_wg_overlap with Mask and Pending as runtime flags (each combination a complete
+ * step, so no wgmma is in flight across these branches). */
+template <class Cfg>
+__device__ __forceinline__ void tile_step_wg_overlap_any(bool mask, uint32_t sq, uint32_t sk,
+                                                         uint32_t sv, bool qneg, float sl2, int n0,
+                                                         int ng, int wrow0,
+                                                         float (&o)[Traits<Cfg>::DT][4],
+                                                         float m[2], float l[2],
+                                                         PendingPV<Cfg> &pv) {
+  if (pv.live) {
+    if (mask)
+      tile_step_wg_overlap<Cfg, true, true>(sq, sk, sv, qneg, sl2, n0, ng, wrow0, o, m, l, pv);
+    else
+      tile_step_wg_overlap<Cfg, false, true>(sq, sk, sv, qneg, sl2, n0, ng, wrow0, o, m, l, pv);
+  } else {
+    if (mask)
+      tile_step_wg_overlap<Cfg, true, false>(sq, sk, sv, qneg, sl2, n0, ng, wrow0, o, m, l, pv);
+    else
+      tile_step_wg_overlap<Cfg, false, false>(sq, sk, sv, qneg, sl2, n0, ng, wrow0, o, m, l, pv);
+  }
 }
 
 /* Write the block's rows: o = acc / l and lse, or their log-sum-exp merge with what o and lse
@@ -371,7 +504,8 @@ __device__ __forceinline__ void epilogue(const rda_fwd_params &p, const Block &b
 
 /* The forward kernel for one branch (w, r) of the params; see rda_params.h for the grid.
  * Cfg: head_dim, dtype, causal, dilated, block_m (= 16 * warps), block_n, warps, stages,
- * kv_table (keys and values from a ring round's blocks through p.kvt, rda_params.h).
+ * kv_table (keys and values from a ring round's blocks through p.kvt, rda_params.h), wgmma,
+ * overlap (wgmma: each tile's softmax beside the previous tile's P V product).
  * Dynamic shared memory: Traits<Cfg>::SMEM_BYTES = 2 * head_dim * (block_m + 2 * stages *
  * block_n): the Q tile, then `stages` K tiles, then `stages` V tiles, all XOR-swizzled.
  * Alignment (the launcher must check; the GPU faults otherwise): q, k, v 16-byte aligned with
@@ -451,10 +585,10 @@ __device__ __forceinline__ void fwd_kernel(const rda_fwd_params &p) {
   const int n_end = Cfg::causal ? (nk < q_end - kt0 ? nk : q_end - kt0) : nk;
   const int ntiles = n_end > 0 ? (n_end + T::BN - 1) / T::BN : 0;
 
-  /* Prologue: Q with K/V tile 0 in group 0, tiles 1 .. stages-2 in their own groups. */
+  /* Prologue: Q with K/V tile 0 in group 0, tiles 1 .. AHEAD-1 in their own groups. */
   fwd_detail::load_tile<T, T::BM>(sq, qg, q_rs, t0, qt1, tid);
 #pragma unroll
-  for (int s = 0; s < T::STAGES - 1; ++s) {
+  for (int s = 0; s < T::AHEAD; ++s) {
     if (s < ntiles) {
       fwd_detail::load_tile<T, T::BN>(sk + s * T::KV_BYTES, kg, k_rs, s * T::BN, nk, tid);
       fwd_detail::load_tile<T, T::BN>(sv + s * T::KV_BYTES, vg, v_rs, s * T::BN, nk, tid);
@@ -493,9 +627,10 @@ __device__ __forceinline__ void fwd_kernel(const rda_fwd_params &p) {
   if constexpr (T::WG) {
     tile::require_atom_alignment(smem);
   }
+  fwd_detail::PendingPV<Cfg> pv = {}; /* overlap: the warpgroup's P V product not yet issued */
 
   for (int it = 0; it < ntiles; ++it) {
-    cp_async_wait<T::STAGES - 2>();
+    cp_async_wait<T::AHEAD - 1>();
     if constexpr (T::WG) fence_proxy_async_smem(); /* wgmma reads through the async proxy */
     sync_threads(); /* tile `it` landed; every warp is done with tile it-1's stage */
     if constexpr (T::Q_IN_REGS) {
@@ -510,7 +645,7 @@ __device__ __forceinline__ void fwd_kernel(const rda_fwd_params &p) {
         }
       }
     }
-    const int nxt = it + T::STAGES - 1;
+    const int nxt = it + T::AHEAD;
     if (nxt < ntiles) {
       const int st = nxt % T::STAGES;
       fwd_detail::load_tile<T, T::BN>(sk + st * T::KV_BYTES, kg, k_rs, nxt * T::BN, nk, tid);
@@ -521,12 +656,20 @@ __device__ __forceinline__ void fwd_kernel(const rda_fwd_params &p) {
     const int n0 = it * T::BN;
     /* Group-uniform skips: rows all past the grid end, or (causal) keys all in the future. */
     if (!group_live) continue;
-    if (Cfg::causal && n0 > grel + T::GROUP_ROWS - 1) continue;
+    if (Cfg::causal && n0 > grel + T::GROUP_ROWS - 1) {
+      /* So are all later tiles: finish the last one's P V before its stage is loaded over. */
+      if constexpr (T::OVL) fwd_detail::flush_pending_pv<Cfg>(acc, pv);
+      continue;
+    }
     const int st = it % T::STAGES;
     const unsigned char *skt = sk + st * T::KV_BYTES;
     const unsigned char *svt = sv + st * T::KV_BYTES;
     const bool need_mask = n0 + T::BN > nk || (Cfg::causal && n0 + T::BN - 1 > grel);
-    if constexpr (T::WG) {
+    if constexpr (T::OVL) {
+      const uint32_t sqg = smem_addr(sq) + tile::wgmma_group_offset(warp);
+      fwd_detail::tile_step_wg_overlap_any<Cfg>(need_mask, sqg, smem_addr(skt), smem_addr(svt),
+                                                qneg, sl2, n0, nk, wrel, acc, m, l, pv);
+    } else if constexpr (T::WG) {
       const uint32_t sqg = smem_addr(sq) + tile::wgmma_group_offset(warp);
       if (need_mask) {
         fwd_detail::tile_step_wg<Cfg, true>(sqg, smem_addr(skt), smem_addr(svt), qneg, sl2, n0,
@@ -543,6 +686,7 @@ __device__ __forceinline__ void fwd_kernel(const rda_fwd_params &p) {
                                         acc, m, l);
     }
   }
+  if constexpr (T::OVL) fwd_detail::flush_pending_pv<Cfg>(acc, pv);
 
   fwd_detail::epilogue<Cfg>(p, bk, smem, acc, m, l);
 }

@@ -52,6 +52,7 @@ typedef struct fwd_case {
   int layout;
   int check_cast; /* also round O with the cast kernel and compare bit for bit */
   int wgmma;      /* plan with RDA_PLAN_WGMMA: every forward variant must be a wgmma one */
+  const char *tile; /* NULL, or the tile branch 0's forward kernel is planned with */
 } fwd_case;
 
 /* Element strides (batch, n, head) of a [B, N, heads, d] tensor in a layout; pad is extra
@@ -131,10 +132,16 @@ static void run_case_on(rt_backend *be, const char *what, const fwd_case *fc) {
   rda_plan_k plan;
   memset(&plan, 0, sizeof plan);
   if (fc->wgmma && !rt_wgmma_runs_on(be, what)) return;
-  if (rda_gen_plan_ex(g_rt.gen, &cfg, &be->hw, fc->wgmma ? RDA_PLAN_WGMMA : 0u, &plan, &err) !=
-      RDA_OK)
+  const rda_gen_force force = {.kind = "fwd", .branch = 0, .tile = fc->tile};
+  if (rda_gen_plan_forced(g_rt.gen, &cfg, &be->hw, fc->wgmma ? RDA_PLAN_WGMMA : 0u,
+                          fc->tile ? &force : NULL, &plan, &err) != RDA_OK)
     fail_msg("%s: plan: %s", what, err.msg);
   rt_check_wgmma_plan(&plan, "fwd", fc->wgmma, what);
+  if (fc->tile != NULL) { /* the forced tile must be what branch 0 runs, or the case tests nothing */
+    const rda_variant *v0 = &plan.variants[plan.steps[0].kernel];
+    if (strcmp(v0->tile, fc->tile) != 0)
+      fail_msg("%s: branch 0 runs %s, not tile %s", what, v0->name, fc->tile);
+  }
   rda_fwd_kernels kern = {0, NULL};
   const double t_load = rt_now_s();
   if (rda_fwd_load(b, &plan, &kern, &err) != RDA_OK) fail_msg("%s: load: %s", what, err.msg);
@@ -508,6 +515,47 @@ static void test_fwd_wgmma_matches_reference_causal_fp16_d64_block_offsets(void 
   run_case(__func__, &c);
 }
 
+/* The wgmma path with overlap (each key tile's softmax beside the previous tile's P V product,
+ * three K/V stages), both of its tiles at d = 128: four key tiles per segment with a ragged
+ * last one, a last query tile whose second warpgroup has no rows, GQA, a dilated second
+ * branch on the plain path beside it (merged by LSE). */
+static void test_fwd_wgmma_overlap_matches_reference_gqa_bf16_d128(void **state) {
+  (void)state;
+  fwd_case c = {.heads = 2,
+                .kv_heads = 1,
+                .head_dim = 128,
+                .dtype = RDA_DTYPE_BF16,
+                .causal = 0,
+                .offsets = RDA_OFFSETS_MOD,
+                BR2(400, 1, 400, 2),
+                .batch = 1,
+                .n = 400,
+                .wgmma = 1,
+                .tile = "bm128_bn128_w8_s3_wgo"};
+  run_case(__func__, &c);
+  c.tile = "bm64_bn128_w4_s3_wgo";
+  c.causal = 1;
+  run_case("wgmma_overlap_causal_bm64_gqa_bf16_d128", &c);
+}
+
+/* The same at d = 64, fp16, causal, with a custom scale, block offsets and batch 2: the diagonal key tiles masked per row while the previous P V is in flight. */
+static void test_fwd_wgmma_overlap_matches_reference_causal_fp16_d64(void **state) {
+  (void)state;
+  const fwd_case c = {.heads = 4,
+                      .kv_heads = 2,
+                      .head_dim = 64,
+                      .dtype = RDA_DTYPE_FP16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_BLOCK,
+                      BR2(320, 1, 128, 2),
+                      .batch = 2,
+                      .n = 320,
+                      .scale = 0.3,
+                      .wgmma = 1,
+                      .tile = "bm128_bn128_w8_s3_wgo"};
+  run_case(__func__, &c);
+}
+
 /* The kernels move 16-byte vectors; a misaligned pointer or stride is refused before launch
  * (a GPU would fault on it), naming the tensor. */
 static void test_fwd_rejects_misaligned_tensors(void **state) {
@@ -575,6 +623,8 @@ int main(void) {
       cmocka_unit_test(test_fwd_matches_reference_gqa_bf16_d128_multi_tile_grids),
       cmocka_unit_test(test_fwd_matches_reference_causal_bf16_d128_multi_tile_diagonal),
       cmocka_unit_test(test_fwd_wgmma_matches_reference_causal_fp16_d64_block_offsets),
+      cmocka_unit_test(test_fwd_wgmma_overlap_matches_reference_gqa_bf16_d128),
+      cmocka_unit_test(test_fwd_wgmma_overlap_matches_reference_causal_fp16_d64),
       cmocka_unit_test(test_fwd_rejects_misaligned_tensors),
   };
   const int failed = cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -28,6 +28,7 @@ struct rda_fwd_d128_bf16_causal_dil_bm128_bn64_w8_s2_cfg {
   static constexpr int smem_bytes = 98304;   /* dynamic shared memory the launch gives */
   static constexpr bool kv_table = false;    /* keys from a ring round's blocks through rda_kv_table */
   static constexpr bool wgmma = false;       /* sm_90a warpgroup MMA, one warpgroup per 64 query rows */
+  static constexpr bool overlap = false;     /* wgmma: a tile's softmax beside the previous tile's P V */
 };
 extern "C" __global__ void __launch_bounds__(256)
 rda_fwd_d128_bf16_causal_dil_bm128_bn64_w8_s2(const rda_fwd_params p) {
@@ -177,6 +178,25 @@ T.test("the backward wgmma paths are spelled _wg (before a twin's _kt), one bloc
   testing.contains(testing.raises(emit.bwd_dkdv_name, v), "no dq_atomic")
   v.dq_atomic, v.dsplit = nil, 2
   testing.contains(testing.raises(emit.bwd_dkdv_name, v), "dsplit 1")
+end)
+
+T.test("the overlapped wgmma forward has its own name and field", function()
+  local v = { head_dim = 128, dtype = "bf16", causal = true, dilated = false, block_m = 128,
+              block_n = 128, warps = 8, stages = 3, smem_bytes = 229376, wgmma = true }
+  testing.contains(emit.fwd_source(v), "static constexpr bool overlap = false;")
+  v.overlap = true
+  assert(emit.fwd_name(v) == "rda_fwd_d128_bf16_causal_dense_bm128_bn128_w8_s3_wgo", emit.fwd_name(v))
+  local s = emit.fwd_source(v)
+  testing.contains(s, "static constexpr bool overlap = true;")
+  testing.contains(s, "static constexpr bool wgmma = true;")
+  v.kv_table = true
+  assert(emit.fwd_name(v) == "rda_fwd_d128_bf16_causal_dense_bm128_bn128_w8_s3_wgo_kt")
+  v.kv_table, v.stages = nil, 2
+  testing.contains(testing.raises(emit.fwd_name, v), "wgmma with stages >= 3")
+  v.stages, v.wgmma = 3, nil
+  testing.contains(testing.raises(emit.fwd_name, v), "wgmma with stages >= 3")
+  v.wgmma, v.overlap = true, 1
+  testing.contains(testing.raises(emit.fwd_name, v), "overlap must be a boolean")
 end)
 
 T.test("bad variants are rejected", function()

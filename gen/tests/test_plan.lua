@@ -263,6 +263,21 @@ T.test("check_space rejects malformed spaces", function()
   _, why = plan.check_space { [64] = { { block_m = 64, block_n = 64, warps = 4, stages = 2,
                                          wgmma = 1 } } }
   testing.contains(why, "boolean")
+  -- overlap: a boolean, on wgmma tiles of at least 3 stages (a tile's V stays in use for one
+  -- more step than the tiles loaded ahead).
+  local function ov(over)
+    local t = { block_m = 64, block_n = 64, warps = 4, stages = 3, wgmma = true, overlap = true }
+    for k, v in pairs(over) do t[k] = v end
+    return { [64] = { t } }
+  end
+  assert(plan.check_space(ov {}), "a good overlap tile")
+  _, why = plan.check_space(ov { overlap = "yes" })
+  testing.contains(why, "overlap must be a boolean")
+  _, why = plan.check_space(ov { stages = 2 })
+  testing.contains(why, "bm64_bn64_w4_s2_wgo: an overlap tile needs wgmma = true and stages >= 3")
+  _, why = plan.check_space(ov { wgmma = false })
+  testing.contains(why, "an overlap tile needs wgmma = true")
+  assert(plan.check_space(ov { overlap = false, stages = 2 }), "overlap = false: a plain tile")
 end)
 
 T.test("load_space uses the stand-in when there is no tuning file", function()

@@ -267,6 +267,11 @@ T.test("check: each malformed field is one line naming the entry, field and valu
     { { candidates = { NAME.A, BNAME.K1 } }, "candidates[2] = \"bn64_bm32_w4_s2_x1\"" },
     { { candidates = { NAME.A, NAME.W } },
       "candidates[2] = \"bm128_bn128_w8_s2_wg\": is a wgmma tile, in an entry without wgmma" },
+    { { candidates = { NAME.A, "bm128_bn128_w8_s3_wgo" } },
+      "candidates[2] = \"bm128_bn128_w8_s3_wgo\": is a wgmma tile, in an entry without wgmma" },
+    { { kind = "bwd_dq", candidates = { NAME.A, "bm64_bn64_w4_s3_wgo" } },
+      "candidates[2] = \"bm64_bn64_w4_s3_wgo\": is not a bwd_dq tile name" },
+    { { candidates = { NAME.A, "bm128_bn128_w8_s3_wgx" } }, "is not a fwd tile name" },
     { { candidates = { NAME.B, NAME.C } },
       "ranking[1].tile = \"bm128_bn64_w8_s2\": is not one of the entry's candidates" },
     { { wgmma = "nil" }, "wgmma = nil: must be a boolean (whether wgmma tiles were admitted); "
@@ -285,6 +290,13 @@ T.test("check: each malformed field is one line naming the entry, field and valu
     testing.contains(why, c[2])
     assert(not why:find("\n"), "one line: " .. why)
   end
+end)
+
+T.test("check: an overlapped wgmma forward tile (\"_wgo\") ranks in a wgmma entry", function()
+  local e = entry({ "bm128_bn128_w8_s3_wgo", NAME.W }, { wgmma = true })
+  assert(tuning.check({ e }, "wgo.lua"), "a _wgo tile in a wgmma entry")
+  assert(tuning.tile_name_ok("fwd", "bm64_bn128_w4_s3_wgo"))
+  assert(not tuning.tile_name_ok("bwd_dkdv", "bn64_bm64_w4_s3_x1_wgo"), "no dK/dV overlap tiles")
 end)
 
 T.test("check: a repeated key names both entries; the list itself is checked", function()

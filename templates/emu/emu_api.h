@@ -27,7 +27,9 @@ unsigned char *dynamic_smem();
 size_t dynamic_smem_bytes();
 
 /* cp.async: copies are queued per thread and performed only when a cp_async_wait makes them
- * complete, so a read of shared memory before the wait sees stale data, as it may on hardware.
+ * complete; at issue the destination is filled with a NaN pattern (0xff bytes). So a read of
+ * shared memory before the wait, and a load issued over data still being read (a stage some
+ * wgmma in flight reads), both give wrong results, as they may on hardware.
  * valid = false zero-fills the 16 bytes (src-size 0). */
 void cp_async_16(void *smem_dst, const void *gmem_src, bool valid);
 void cp_async_commit();

@@ -774,6 +774,10 @@ void cp_async_16(void *smem_dst, const void *gmem_src, bool valid) {
              smem_dst, w->smem_bytes, static_cast<void *>(w->smem));
     trap(msg);
   }
+  /* Until the wait, the destination's contents are undefined on hardware (the copy may land at
+   * any time): a poison pattern (0xffff: NaN in bf16 and fp16) makes a read of it, or an
+   * in-flight wgmma operand there, show up as a wrong result. */
+  std::memset(smem_dst, 0xff, 16);
   f->cp.push_back(detail::CpCopy{smem_dst, gmem_src, valid});
 }
 
