@@ -3,6 +3,7 @@
  * The header is parsed as the Python dict literal it is; every rejection names the file. */
 #include "npy.h"
 
+#include "out_files.h"
 #include "reference.h"
 
 #include <errno.h>
@@ -418,23 +419,42 @@ static void rda_npy_sync_folder(char *file) {
   }
 }
 
-rda_status rda_npy_write_f32(const char *path, int ndim, const long long *shape, const float *data,
-                             rda_err *err) {
+/* The element count of a shape to write, checked. */
+static rda_status rda_npy_write_count(const char *path, int ndim, const long long *shape,
+                                      size_t *count, rda_err *err) {
   if (ndim < 0 || ndim > RDA_NPY_MAX_DIMS)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: cannot write %d dimensions", path, ndim);
-  size_t count = 1;
+  *count = 1;
   for (int i = 0; i < ndim; i++) {
-    if (shape[i] < 0 || (shape[i] != 0 && count > SIZE_MAX / 4 / (size_t)shape[i]))
+    if (shape[i] < 0 || (shape[i] != 0 && *count > SIZE_MAX / 4 / (size_t)shape[i]))
       return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: bad shape to write", path);
-    count *= (size_t)shape[i];
+    *count *= (size_t)shape[i];
   }
-  const size_t plen = strlen(path);
+  return RDA_OK;
+}
+
+rda_status rda_npy_write_f32_fd(int fd, const char *name, int ndim, const long long *shape,
+                                const float *data, rda_err *err) {
+  size_t count = 0;
+  RDA_TRY(rda_npy_write_count(name, ndim, shape, &count, err));
+  return rda_npy_write_body(fd, name, ndim, shape, count, data, err);
+}
+
+rda_status rda_npy_write_f32(const char *path, int ndim, const long long *shape, const float *data,
+                             rda_err *err) {
+  size_t count = 0;
+  RDA_TRY(rda_npy_write_count(path, ndim, shape, &count, err));
+  /* Through a symbolic link the file it leads to is replaced, and the link kept. */
+  char target[4096];
+  RDA_TRY(rda_path_follow_links(path, target, sizeof target, err));
+  const size_t plen = strlen(target);
   char *tmp = malloc(plen + 48);
   if (tmp == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "%s: out of memory", path);
   static atomic_uint counter;
   int fd = -1;
   for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
-    snprintf(tmp, plen + 48, "%s.tmp-%ld-%u", path, (long)getpid(), atomic_fetch_add(&counter, 1u));
+    snprintf(tmp, plen + 48, "%s.tmp-%ld-%u", target, (long)getpid(),
+             atomic_fetch_add(&counter, 1u));
     fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0 && errno != EEXIST) break;
   }
@@ -448,7 +468,7 @@ rda_status rda_npy_write_f32(const char *path, int ndim, const long long *shape,
     s = rda_err_set(err, RDA_ERR_IO, "%s: fsync failed: %s", path, strerror(errno));
   if (close(fd) != 0 && s == RDA_OK)
     s = rda_err_set(err, RDA_ERR_IO, "%s: close failed: %s", path, strerror(errno));
-  if (s == RDA_OK && rename(tmp, path) != 0)
+  if (s == RDA_OK && rename(tmp, target) != 0)
     s = rda_err_set(err, RDA_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
   if (s != RDA_OK) unlink(tmp);
   if (s == RDA_OK) rda_npy_sync_folder(tmp);

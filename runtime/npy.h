@@ -20,8 +20,15 @@ rda_status rda_npy_read(const char *path, rda_npy *out, rda_err *err);
 void rda_npy_free(rda_npy *a); /* accepts NULL and zeroed arrays */
 
 /* Write float32 data atomically: a temporary file in the same folder, fsync, rename; on any
- * failure no file (and no temporary) is left behind. */
+ * failure no file (and no temporary) is left behind. A path that is a symbolic link writes the
+ * file it leads to (runtime/out_files.h), keeping the link. */
 rda_status rda_npy_write_f32(const char *path, int ndim, const long long *shape,
                              const float *data, rda_err *err);
+
+/* The .npy bytes of float32 data written to fd at its current offset (nothing else: no sync,
+ * no close); errors name `name`. For a caller that makes its own temporary
+ * (runtime/out_files.h). */
+rda_status rda_npy_write_f32_fd(int fd, const char *name, int ndim, const long long *shape,
+                                const float *data, rda_err *err);
 
 #endif

@@ -2,6 +2,8 @@
  * the cache root), reading it whole, and replacing it by write-to-temporary, fsync, rename. */
 #include "tuning_db.h"
 
+#include "out_files.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -127,36 +129,19 @@ static rda_status rda_tuning_db_parent(const char *path, rda_err *err) {
  * a dangling one to where it points, which writing creates): where a database is replaced and
  * locked, however it is reached. */
 static rda_status rda_tuning_db_target(const char *path, char *out, size_t cap, rda_err *err) {
-  char cur[4096], link[4096];
-  if (snprintf(cur, sizeof cur, "%s", path) >= (int)sizeof cur)
-    return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': path too long", path);
-  for (int hops = 0; hops < 40; hops++) { /* the kernel's MAXSYMLINKS */
-    struct stat st;
-    if (lstat(cur, &st) != 0 || !S_ISLNK(st.st_mode)) {
-      if (lstat(cur, &st) == 0 && S_ISDIR(st.st_mode))
-        return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': a folder, not a file", path);
-      if (snprintf(out, cap, "%s", cur) >= (int)cap)
-        return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': path too long", path);
-      return RDA_OK;
-    }
-    const ssize_t n = readlink(cur, link, sizeof link - 1);
-    if (n < 0)
-      return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': readlink: %s", path,
-                         strerror(errno));
-    link[n] = '\0';
-    const char *slash = strrchr(cur, '/');
-    char next[4096];
-    int len;
-    if (link[0] == '/' || slash == NULL)
-      len = snprintf(next, sizeof next, "%s", link);
-    else
-      len = snprintf(next, sizeof next, "%.*s/%s", (int)(slash - cur), cur, link);
-    if (len < 0 || (size_t)len >= sizeof next)
-      return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': path too long", path);
-    memcpy(cur, next, (size_t)len + 1);
+  rda_err why = {0};
+  if (rda_path_follow_links(path, out, cap, &why) != RDA_OK) {
+    /* why.msg is "<path>: <what>"; said here in this file's words. */
+    const size_t n = strlen(path);
+    const char *what = strncmp(why.msg, path, n) == 0 && strncmp(why.msg + n, ": ", 2) == 0
+                           ? why.msg + n + 2
+                           : why.msg;
+    return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': %s", path, what);
   }
-  return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': too many levels of symbolic links",
-                     path);
+  struct stat st;
+  if (lstat(out, &st) == 0 && S_ISDIR(st.st_mode))
+    return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': a folder, not a file", path);
+  return RDA_OK;
 }
 
 rda_status rda_tuning_db_write(const char *path, const char *text, rda_err *err) {

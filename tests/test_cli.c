@@ -507,6 +507,254 @@ static void test_cli_failure_keeps_existing_output_untouched(void **state) {
   rt_proc_free(&p);
 }
 
+/* --- outputs: identity, links, special files, all or nothing (SPEC §4) ------------------------- */
+
+/* Exit `code` with one first line starting "rdagen: " holding every string of `needles`
+ * (NULL-terminated), and no "partial" temporary named. */
+static void expect_refusal(const char *what, const char *const *args, int code,
+                           const char *const *needles) {
+  rt_proc p = run_rdagen(300, args);
+  const char *nl = strchr(p.err, '\n');
+  const size_t first = nl != NULL ? (size_t)(nl - p.err) : strlen(p.err);
+  int ok = p.exit_code == code && strncmp(p.err, "rdagen: ", 8) == 0 &&
+           strstr(p.err, "partial") == NULL;
+  if (code == 1) ok = ok && rt_count_lines(p.err) == 1 && strncmp(p.err, "rdagen: error: ", 15) == 0;
+  for (int i = 0; ok && needles[i] != NULL; i++) {
+    const char *at = strstr(p.err, needles[i]);
+    ok = at != NULL && (size_t)(at - p.err) < first;
+  }
+  if (!ok) {
+    show(what, &p);
+    fprintf(stderr, "wanted exit %d, the first line naming:", code);
+    for (int i = 0; needles[i] != NULL; i++) fprintf(stderr, " '%s'", needles[i]);
+    fputc('\n', stderr);
+    fail();
+  }
+  rt_proc_free(&p);
+}
+
+static bool file_is(const char *path, const char *text) {
+  size_t len = 0;
+  char *b = rt_read_file(path, &len);
+  const bool same = b != NULL && len == strlen(text) && memcmp(b, text, len) == 0;
+  free(b);
+  return same;
+}
+
+/* --stats naming the file of another output (another spelling, a link, a hard link) is bad
+ * usage found before anything runs: exit 2, one line naming both flags, nothing written. */
+static void test_cli_stats_same_file_as_an_output_exits_2(void **state) {
+  fixture *f = *state;
+  char *alias = rt_path(f->dir, "./o.npy"), *link_o = rt_path(f->dir, "link-o");
+  char *hard = rt_path(f->dir, "hard-lse");
+  assert_int_equal(symlink("o.npy", link_o), 0); /* dangling until o.npy exists */
+  const char *const spelled[] = {"run", f->config, "--q", f->q, "--k", f->k, "--v", f->v,
+                                 "--o", f->o, "--ranks", "2", "--stats", alias, "--backend",
+                                 "emu", NULL};
+  static const char *const o_stats[] = {"--o", "--stats", NULL};
+  expect_refusal("--stats ./o.npy", spelled, 2, o_stats);
+  const char *const linked[] = {"run", f->config, "--q", f->q, "--k", f->k, "--v", f->v,
+                                "--o", f->o, "--stats", link_o, "--backend", "emu", NULL};
+  expect_refusal("--stats a dangling link to --o", linked, 2, o_stats);
+  assert_true(rt_write_file(f->lse, "precious", 8));
+  assert_int_equal(link(f->lse, hard), 0);
+  const char *const hard_linked[] = {"run", f->config, "--q", f->q, "--k", f->k, "--v", f->v,
+                                     "--o", f->o, "--lse", f->lse, "--stats", hard,
+                                     "--backend", "emu", NULL};
+  static const char *const lse_stats[] = {"--lse", "--stats", NULL};
+  expect_refusal("--stats a hard link of --lse", hard_linked, 2, lse_stats);
+  assert_true(file_is(f->lse, "precious"));
+  assert_false(rt_exists(f->o));
+  unlink(link_o), unlink(hard), unlink(f->lse);
+  assert_null(stray_entry(f, 0));
+  free(alias), free(link_o), free(hard);
+}
+
+/* An output naming the config or an input (directly, through a link, or as a hard link) would
+ * replace it: exit 2 naming both flags, the input untouched. */
+static void test_cli_output_onto_an_input_exits_2(void **state) {
+  fixture *f = *state;
+  size_t qlen = 0, clen = 0;
+  char *q_before = rt_read_file(f->q, &qlen), *c_before = rt_read_file(f->config, &clen);
+  assert_non_null(q_before), assert_non_null(c_before);
+  char *link_k = rt_path(f->dir, "link-k"), *hard_c = rt_path(f->dir, "hard-config");
+  char *alias_v = rt_path(f->dir, "./v.npy");
+  assert_int_equal(symlink("k.npy", link_k), 0);
+  assert_int_equal(link(f->config, hard_c), 0);
+  const char *const onto_q[] = {"run", f->config, "--q", f->q, "--k", f->k, "--v", f->v,
+                                "--o", f->q, "--backend", "emu", NULL};
+  expect_refusal("--o onto --q", onto_q, 2, (const char *const[]){"--q", "--o", NULL});
+  const char *const onto_k[] = {"run", f->config, "--q", f->q, "--k", f->k, "--v", f->v,
+                                "--o", f->o, "--lse", link_k, "--backend", "emu", NULL};
+  expect_refusal("--lse a link to --k", onto_k, 2, (const char *const[]){"--k", "--lse", NULL});
+  const char *const onto_v[] = {"run", f->config, "--q", f->q, "--k", f->k, "--v", f->v,
+                                "--o", alias_v, "--backend", "emu", NULL};
+  expect_refusal("--o ./v.npy", onto_v, 2, (const char *const[]){"--v", "--o", NULL});
+  const char *const onto_c[] = {"run", f->config, "--q", f->q, "--k", f->k, "--v", f->v,
+                                "--o", f->o, "--ranks", "2", "--stats", hard_c, "--backend",
+                                "emu", NULL};
+  expect_refusal("--stats a hard link of the config", onto_c, 2,
+                 (const char *const[]){"CONFIG", "--stats", NULL});
+  const char *const onto_do[] = {"run", f->config, "--q", f->q, "--k", f->k, "--v", f->v,
+                                 "--o", f->o, "--do", f->d_o, "--dq", f->dq, "--dk", f->dk,
+                                 "--dv", f->d_o, "--backend", "emu", NULL};
+  expect_refusal("--dv onto --do", onto_do, 2, (const char *const[]){"--do", "--dv", NULL});
+  size_t len = 0;
+  char *q_after = rt_read_file(f->q, &len);
+  assert_non_null(q_after);
+  assert_int_equal(len, qlen);
+  assert_memory_equal(q_after, q_before, qlen);
+  char *c_after = rt_read_file(f->config, &len);
+  assert_non_null(c_after);
+  assert_int_equal(len, clen);
+  assert_memory_equal(c_after, c_before, clen);
+  unlink(link_k), unlink(hard_c);
+  assert_null(stray_entry(f, 0));
+  free(q_before), free(c_before), free(q_after), free(c_after);
+  free(link_k), free(hard_c), free(alias_v);
+}
+
+/* Outputs reached through symbolic links are written where the links lead (an existing target
+ * replaced, a dangling link's target created), the links kept; a FIFO, a folder, or a link to
+ * one, is refused before anything runs with one line naming it. */
+static void test_cli_outputs_follow_links_and_refuse_special_files(void **state) {
+  fixture *f = *state;
+  char *real = rt_path(f->dir, "real"), *o_target = rt_path(f->dir, "real/o-target.npy");
+  char *lse_target = rt_path(f->dir, "real/lse-new.npy");
+  assert_int_equal(mkdir(real, 0755), 0);
+  assert_true(rt_write_file(o_target, "stale", 5));
+  assert_int_equal(symlink("real/o-target.npy", f->o), 0);      /* relative, existing */
+  assert_int_equal(symlink(lse_target, f->lse), 0);             /* absolute, dangling */
+  const char *const args[] = {"run", f->config, "--q", f->q, "--k", f->k, "--v", f->v,
+                              "--o", f->o, "--lse", f->lse, "--backend", "emu", NULL};
+  rt_proc p = run_rdagen(600, args);
+  if (p.exit_code != 0) {
+    show("outputs through links", &p);
+    fail();
+  }
+  rt_proc_free(&p);
+  struct stat st;
+  assert_int_equal(lstat(f->o, &st), 0);
+  assert_true(S_ISLNK(st.st_mode));
+  assert_int_equal(lstat(f->lse, &st), 0);
+  assert_true(S_ISLNK(st.st_mode));
+  const long long os[4] = {1, 40, 4, 32}, ls[3] = {1, 4, 40};
+  free(read_output(o_target, 4, os));
+  free(read_output(lse_target, 3, ls));
+  assert_int_equal(rt_count_entries(real), 2); /* no temporaries or backups left */
+  unlink(f->o), unlink(f->lse);
+
+  /* A FIFO (would block, or be replaced), a folder behind a link, a link to a FIFO. */
+  char *fifo = rt_path(f->dir, "fifo"), *link_fifo = rt_path(f->dir, "link-fifo");
+  char *link_dir = rt_path(f->dir, "link-dir");
+  assert_int_equal(mkfifo(fifo, 0644), 0);
+  assert_int_equal(symlink("fifo", link_fifo), 0);
+  assert_int_equal(symlink("real", link_dir), 0);
+  const char *const to_fifo[] = {"run", f->config, "--q", f->q, "--k", f->k, "--v", f->v,
+                                 "--o", fifo, "--backend", "emu", NULL};
+  expect_refusal("--o a FIFO", to_fifo, 1, (const char *const[]){fifo, "FIFO", NULL});
+  const char *const to_link_fifo[] = {"run", f->config, "--q", f->q, "--k", f->k, "--v", f->v,
+                                      "--o", f->o, "--lse", link_fifo, "--backend", "emu", NULL};
+  expect_refusal("--lse a link to a FIFO", to_link_fifo, 1,
+                 (const char *const[]){link_fifo, "FIFO", NULL});
+  const char *const to_dir[] = {"run", f->config, "--q", f->q, "--k", f->k, "--v", f->v,
+                                "--o", f->o, "--ranks", "2", "--stats", link_dir, "--backend",
+                                "emu", NULL};
+  expect_refusal("--stats a link to a folder", to_dir, 1,
+                 (const char *const[]){link_dir, "folder", NULL});
+  assert_int_equal(lstat(fifo, &st), 0);
+  assert_true(S_ISFIFO(st.st_mode));
+  assert_false(rt_exists(f->o));
+  assert_int_equal(rt_count_entries(real), 2);
+  unlink(fifo), unlink(link_fifo), unlink(link_dir);
+  rt_rmtree(real);
+  assert_null(stray_entry(f, 0));
+  free(real), free(o_target), free(lse_target), free(fifo), free(link_fifo), free(link_dir);
+}
+
+/* An output that cannot be created is named as the user gave it, never as the temporary; the
+ * other outputs are not left behind. */
+static void test_cli_uncreatable_output_names_the_users_path(void **state) {
+  fixture *f = *state;
+  const char *const args[] = {"run", f->config, "--q", f->q, "--k", f->k, "--v", f->v,
+                              "--o", f->o, "--lse", "/proc/l.npy", "--backend", "emu", NULL};
+  expect_refusal("--lse /proc/l.npy", args, 1, (const char *const[]){"/proc/l.npy: ", NULL});
+  assert_false(rt_exists("/proc/l.npy"));
+  assert_null(stray_entry(f, 0));
+}
+
+/* An input element that is NaN, infinite, or overflows the config's dtype once rounded: exit 1,
+ * one line naming the file, the element [b, n, h, d], its value and what is allowed. */
+static void test_cli_non_finite_inputs_exit_1_naming_the_element(void **state) {
+  fixture *f = *state;
+  static const char fp16_config[] =
+      "return { heads = 4, kv_heads = 2, head_dim = 32, dtype = 'fp16',\n"
+      "  segments = { 16, 32 }, dilations = { 1, 2 }, causal = true }\n";
+  const struct {
+    const char *config; /* NULL: the fixture's bf16 one */
+    int which;          /* 0 q, 1 k, 2 v */
+    long long at[4];
+    double value;
+    const char *shows[3];
+  } cases[] = {
+      {NULL, 0, {0, 3, 1, 7}, NAN, {"[0, 3, 1, 7]", "is NaN", "finite"}},
+      {NULL, 1, {0, 39, 1, 31}, -INFINITY, {"[0, 39, 1, 31]", "-inf", "bf16"}},
+      {fp16_config, 2, {0, 5, 0, 2}, 1e5, {"[0, 5, 0, 2]", "100000", "65504"}},
+      {fp16_config, 0, {0, 0, 3, 0}, -65520.0, {"[0, 0, 3, 0]", "-65520", "fp16"}},
+  };
+  const char *paths[3] = {f->q, f->k, f->v};
+  const long long shapes[3][4] = {{1, 40, 4, 32}, {1, 40, 2, 32}, {1, 40, 2, 32}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const char *config = cases[c].config != NULL ? cases[c].config : small_config;
+    assert_true(rt_write_file(f->config, config, strlen(config)));
+    const long long *s = shapes[cases[c].which];
+    const size_t n = (size_t)(s[0] * s[1] * s[2] * s[3]);
+    double *x = rt_normal(n, RDA_DTYPE_BF16);
+    const long long *a = cases[c].at;
+    x[((a[0] * s[1] + a[1]) * s[2] + a[2]) * s[3] + a[3]] = cases[c].value;
+    char *saved = rt_path(f->dir, "saved.tmp");
+    const char *path = paths[cases[c].which];
+    assert_int_equal(rename(path, saved), 0);
+    assert_true(rt_write_npy(path, "<f4", 0, 4, s, x));
+    free(x);
+    const char *const args[] = {"run", f->config, "--q", f->q, "--k", f->k, "--v", f->v,
+                                "--o", f->o, "--lse", f->lse, "--backend", "emu", NULL};
+    const char *const needles[] = {path, cases[c].shows[0], cases[c].shows[1], cases[c].shows[2],
+                                   NULL};
+    expect_refusal(cases[c].shows[0], args, 1, needles);
+    assert_null(stray_entry(f, 0));
+    unlink(path);
+    assert_int_equal(rename(saved, path), 0);
+    free(saved);
+  }
+}
+
+/* Finite inputs with a legal but huge scale: the true scores leave float32. Exit 1 with one
+ * line naming the output element that is not finite; no output written (the existing one kept,
+ * no stats file), on one device and on the ring. */
+static void test_cli_non_finite_result_exits_1_and_writes_nothing(void **state) {
+  fixture *f = *state;
+  static const char huge[] =
+      "return { heads = 4, kv_heads = 2, head_dim = 32, dtype = 'bf16',\n"
+      "  segments = { 16, 32 }, dilations = { 1, 2 }, causal = true, scale = 1e38 }\n";
+  assert_true(rt_write_file(f->config, huge, strlen(huge)));
+  assert_true(rt_write_file(f->o, "precious", 8));
+  char *stats = rt_path(f->dir, "stats.json");
+  const char *const one[] = {"run", f->config, "--q", f->q, "--k", f->k, "--v", f->v,
+                             "--o", f->o, "--lse", f->lse, "--backend", "emu", NULL};
+  static const char *const says[] = {"O (--o '", "element [", "overflows float32", "scale",
+                                     NULL};
+  expect_refusal("scale 1e38", one, 1, says);
+  const char *const ring[] = {"run", f->config, "--q", f->q, "--k", f->k, "--v", f->v,
+                              "--o", f->o, "--ranks", "2", "--stats", stats, "--backend", "emu",
+                              NULL};
+  expect_refusal("scale 1e38 on the ring", ring, 1, says);
+  assert_true(file_is(f->o, "precious"));
+  assert_false(rt_exists(stats));
+  assert_null(stray_entry(f, 1));
+  free(stats);
+}
+
 /* --- real runs on the emulator ---------------------------------------------------------------- */
 
 typedef struct run_case {
@@ -926,6 +1174,17 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cli_unwritable_outputs_exit_1_and_write_nothing, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_ranks_bad_split_exit_1, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cli_stats_same_file_as_an_output_exits_2, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cli_output_onto_an_input_exits_2, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cli_outputs_follow_links_and_refuse_special_files,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cli_uncreatable_output_names_the_users_path, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cli_non_finite_inputs_exit_1_naming_the_element, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cli_non_finite_result_exits_1_and_writes_nothing, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_cli_ring_backward_emu_matches_reference, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_ring_cuda_matches_reference_or_fails_cleanly, setup,
@@ -953,5 +1212,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cli_backward_cuda_matches_reference_or_fails_cleanly,
                                       setup, teardown),
   };
+  const char *filter = getenv("RDA_TEST_FILTER"); /* e.g. "*links*" while developing */
+  if (filter != NULL) cmocka_set_test_filter(filter);
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,12 +9,14 @@
 #include <cmocka.h>
 
 #include "npy.h"
+#include "out_files.h"
 #include "rda_test.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -464,6 +466,124 @@ static void test_npy_write_failure_leaves_nothing_behind(void **state) {
   free(missing);
 }
 
+/* Writing through a symbolic link replaces the file it leads to and keeps the link. */
+static void test_npy_write_through_a_link_keeps_it(void **state) {
+  fixture *f = *state;
+  char *target = rt_path(f->dir, "target.npy"), *link_path = rt_path(f->dir, "link.npy");
+  assert_int_equal(symlink("target.npy", link_path), 0); /* dangling: writing creates it */
+  const long long shape[1] = {2};
+  const float x[2] = {4, 5};
+  rda_err err = {0};
+  assert_int_equal(rda_npy_write_f32(link_path, 1, shape, x, &err), RDA_OK);
+  struct stat st;
+  assert_int_equal(lstat(link_path, &st), 0);
+  assert_true(S_ISLNK(st.st_mode));
+  rda_npy a;
+  assert_int_equal(rda_npy_read(target, &a, &err), RDA_OK);
+  assert_true(a.count == 2 && a.data[1] == 5.0);
+  rda_npy_free(&a);
+  assert_int_equal(rt_count_entries(f->dir), 2);
+  free(target), free(link_path);
+}
+
+/* --- replacing a set of outputs all or nothing (runtime/out_files.h) --------------------------- */
+
+static int renames_left; /* failing_rename: how many succeed before one fails */
+
+static int failing_rename(const char *from, const char *to) {
+  if (renames_left-- <= 0) {
+    errno = EXDEV;
+    return -1;
+  }
+  return rename(from, to);
+}
+
+/* ctx: the text to write; "FAIL" makes the write fail. */
+static rda_status write_text(int fd, const char *path, const void *ctx, rda_err *err) {
+  const char *text = ctx;
+  if (strcmp(text, "FAIL") == 0) return rda_err_set(err, RDA_ERR_IO, "%s: write failed", path);
+  const size_t len = strlen(text);
+  return write(fd, text, len) == (ssize_t)len ? RDA_OK
+                                              : rda_err_set(err, RDA_ERR_IO, "%s: short", path);
+}
+
+static bool has_text(const char *path, const char *text) {
+  size_t len = 0;
+  char *b = rt_read_file(path, &len);
+  const bool same = b != NULL && len == strlen(text) && memcmp(b, text, len) == 0;
+  free(b);
+  return same;
+}
+
+static ino_t inode_of(const char *path) {
+  struct stat st;
+  assert_int_equal(stat(path, &st), 0);
+  return st.st_ino;
+}
+
+/* Four outputs: a (existing), b (new), d reached through the link d-link (existing), c
+ * (existing). Whichever rename fails (or a write, or a target turned into a folder after the
+ * check), every target is as it was (same inode, same bytes), the new one absent, the link
+ * kept, and nothing else is left; the message names the user's path, never a temporary. With no
+ * failure every target holds its new content. */
+static void test_out_files_failure_restores_every_target(void **state) {
+  fixture *f = *state;
+  char *a = rt_path(f->dir, "a"), *b = rt_path(f->dir, "b"), *c = rt_path(f->dir, "c");
+  char *d = rt_path(f->dir, "d"), *dl = rt_path(f->dir, "d-link");
+  const char *const paths[4] = {a, b, dl, c};
+  const char *const fresh[4] = {"new-a", "new-b", "new-d", "new-c"};
+  assert_int_equal(symlink("d", dl), 0);
+  for (int mode = 0; mode <= 6; mode++) { /* 0-3: rename k fails; 4: a write; 5: a folder; 6: ok */
+    assert_true(rt_write_file(a, "old-a", 5));
+    assert_true(rt_write_file(c, "old-c", 5));
+    assert_true(rt_write_file(d, "old-d", 5));
+    const ino_t ia = inode_of(a), ic = inode_of(c), id = inode_of(d);
+    rda_out_file files[4];
+    rda_out_job jobs[4];
+    rda_err err = {0};
+    for (int i = 0; i < 4; i++) {
+      assert_int_equal(rda_out_file_check(paths[i], &files[i], &err), RDA_OK);
+      jobs[i] = (rda_out_job){&files[i], write_text, fresh[i]};
+    }
+    assert_false(files[1].exists);
+    assert_true(files[2].exists && strcmp(files[2].target + files[2].base, "d") == 0);
+    if (mode == 4) jobs[2].ctx = "FAIL";
+    if (mode == 5) assert_int_equal(mkdir(b, 0755), 0); /* b's rename now fails for real */
+    renames_left = mode < 4 ? mode : 100;
+    const rda_status st = rda_out_files_replace(jobs, 4, failing_rename, &err);
+    if (mode == 6) {
+      assert_int_equal(st, RDA_OK);
+      assert_true(has_text(a, "new-a") && has_text(b, "new-b") && has_text(c, "new-c"));
+      assert_true(has_text(d, "new-d"));
+      assert_int_equal(rt_count_entries(f->dir), 5);
+      unlink(b);
+    } else {
+      assert_int_equal(st, RDA_ERR_IO);
+      const char *named = paths[mode < 4 ? mode : mode == 4 ? 2 : 1];
+      if (strncmp(err.msg, named, strlen(named)) != 0 || strstr(err.msg, "partial") != NULL ||
+          strstr(err.msg, ".old-") != NULL) {
+        fprintf(stderr, "mode %d: %s\n", mode, err.msg);
+        fail();
+      }
+      assert_true(has_text(a, "old-a") && has_text(c, "old-c") && has_text(d, "old-d"));
+      assert_true(inode_of(a) == ia && inode_of(c) == ic && inode_of(d) == id);
+      if (mode == 5) {
+        struct stat sb;
+        assert_int_equal(lstat(b, &sb), 0);
+        assert_true(S_ISDIR(sb.st_mode));
+        assert_int_equal(rt_count_entries(b), 0);
+        assert_int_equal(rmdir(b), 0);
+      }
+      assert_false(rt_exists(b));
+      assert_int_equal(rt_count_entries(f->dir), 4); /* a, c, d, d-link */
+    }
+    struct stat sl;
+    assert_int_equal(lstat(dl, &sl), 0);
+    assert_true(S_ISLNK(sl.st_mode));
+  }
+  free(a), free(b), free(c), free(d), free(dl);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_npy_reads_versions_1_2_3, setup, teardown),
@@ -482,6 +602,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_npy_write_replaces_existing_file_atomically, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_npy_write_failure_leaves_nothing_behind, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_npy_write_through_a_link_keeps_it, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_out_files_failure_restores_every_target, setup,
                                       teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

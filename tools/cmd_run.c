@@ -9,6 +9,7 @@
 #include "npy.h"
 #include "reference.h"
 #include "json.h"
+#include "out_files.h"
 #include "ring.h"
 #include "ring_plan.h"
 #include "ring_virtual.h"
@@ -44,6 +45,8 @@ static const char run_usage_text[] =
     "  --stats    write {\"ranks\": [{\"rank\", \"rows\", \"bytes_sent\", \"bytes_received\",\n"
     "             \"peak_bytes\"}, ...]} of the ring as JSON (with --do, both passes: bytes\n"
     "             summed, the larger peak)\n"
+    "Outputs are written all or none, through symbolic links (the file a link leads to is\n"
+    "replaced, the link kept); an output must be a regular file or a new name, and no input.\n"
     "Flags may come in any order, as '--flag value' or '--flag=value'.\n";
 
 typedef struct run_opts {
@@ -146,50 +149,46 @@ static int run_parse(int argc, char **argv, run_opts *o) {
   return -1;
 }
 
-/* The folder part of a path, malloc'd ("." when there is none); NULL when out of memory. */
-static char *run_dirname(const char *path) {
-  const char *slash = strrchr(path, '/');
-  if (slash == NULL) return strdup(".");
-  const size_t n = slash == path ? 1 : (size_t)(slash - path);
-  char *dir = malloc(n + 1);
-  if (dir != NULL) {
-    memcpy(dir, path, n);
-    dir[n] = '\0';
+enum { RUN_OUT_O, RUN_OUT_LSE, RUN_OUT_DQ, RUN_OUT_DK, RUN_OUT_DV, RUN_OUT_STATS, RUN_NOUT };
+static const char *const run_out_flags[RUN_NOUT] = {"--o",  "--lse", "--dq",
+                                                    "--dk", "--dv",  "--stats"};
+
+static void run_out_paths(const run_opts *o, const char *paths[RUN_NOUT]) {
+  paths[RUN_OUT_O] = o->o;
+  paths[RUN_OUT_LSE] = o->lse;
+  paths[RUN_OUT_DQ] = o->dq;
+  paths[RUN_OUT_DK] = o->dk;
+  paths[RUN_OUT_DV] = o->dv;
+  paths[RUN_OUT_STATS] = o->stats;
+}
+
+/* Every output, before anything runs: links followed, only a regular file or a new name in a
+ * writable folder (exit 1); no two outputs one file, and no output the config or an input, by
+ * identity however spelled or linked (exit 2). Returns -1 to go on, else the exit status. */
+static int run_check_files(const run_opts *o, rda_out_file files[RUN_NOUT]) {
+  const char *paths[RUN_NOUT];
+  run_out_paths(o, paths);
+  rda_err err = {0};
+  for (int i = 0; i < RUN_NOUT; i++)
+    if (paths[i] != NULL && rda_out_file_check(paths[i], &files[i], &err) != RDA_OK)
+      return rdagen_fail("%s", err.msg);
+  for (int i = 0; i < RUN_NOUT; i++)
+    for (int j = i + 1; j < RUN_NOUT; j++)
+      if (paths[i] != NULL && paths[j] != NULL && rda_out_file_same(&files[i], &files[j]))
+        return rdagen_usage("run: %s '%s' and %s '%s' are the same file", run_out_flags[i],
+                            paths[i], run_out_flags[j], paths[j]);
+  static const char *const in_flags[] = {"CONFIG", "--q", "--k", "--v", "--do"};
+  const char *const ins[] = {o->config, o->q, o->k, o->v, o->d_o};
+  for (size_t a = 0; a < sizeof ins / sizeof ins[0]; a++) {
+    struct stat st;
+    if (ins[a] == NULL || stat(ins[a], &st) != 0) continue; /* reading it says what is wrong */
+    for (int i = 0; i < RUN_NOUT; i++)
+      if (paths[i] != NULL && rda_out_file_is(&files[i], &st))
+        return rdagen_usage("run: %s '%s' and %s '%s' are the same file: the output would "
+                            "replace the input",
+                            in_flags[a], ins[a], run_out_flags[i], paths[i]);
   }
-  return dir;
-}
-
-/* 1 when two output paths name the same file through different spellings (same folder, same
- * name), e.g. "o.npy" and "./o.npy". */
-static int run_same_file(const char *a, const char *b) {
-  const char *na = strrchr(a, '/'), *nb = strrchr(b, '/');
-  if (strcmp(na ? na + 1 : a, nb ? nb + 1 : b) != 0) return 0;
-  char *da = run_dirname(a), *db = run_dirname(b);
-  struct stat sa, sb;
-  const int same = da != NULL && db != NULL && stat(da, &sa) == 0 && stat(db, &sb) == 0 &&
-                   sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-  free(da);
-  free(db);
-  return same;
-}
-
-/* The output path must be creatable: its folder exists and is writable, and the path is not a
- * folder itself. */
-static int run_check_output(const char *path) {
-  struct stat st;
-  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
-    return rdagen_fail("%s: cannot write the output: it is a folder", path);
-  char *dir = run_dirname(path);
-  if (dir == NULL) return rdagen_fail("out of memory");
-  int rc = 0;
-  if (stat(dir, &st) != 0)
-    rc = rdagen_fail("%s: cannot write the output: folder '%s' does not exist", path, dir);
-  else if (!S_ISDIR(st.st_mode))
-    rc = rdagen_fail("%s: cannot write the output: '%s' is not a folder", path, dir);
-  else if (access(dir, W_OK | X_OK) != 0)
-    rc = rdagen_fail("%s: cannot write the output: folder '%s' is not writable", path, dir);
-  free(dir);
-  return rc;
+  return -1;
 }
 
 static void run_shape_text(char *buf, size_t cap, int ndim, const long long *shape) {
@@ -217,6 +216,37 @@ static int run_check_shape(const char *flag, const char *path, const rda_npy *a,
     snprintf(exp, sizeof exp, "(B, N, %lld, %lld) with B, N >= 1", h, d);
   return rdagen_fail("%s: %s has shape %s; expected %s %s = %s", path, flag, got, dims,
                      b > 0 ? "(the B and N of --q)" : "from the config", exp);
+}
+
+/* x as an error message shows it: NaN without a sign (printf may say "-nan"), else %g. */
+static const char *run_value_text(double x, char *buf, size_t cap) {
+  if (isnan(x))
+    snprintf(buf, cap, "NaN");
+  else
+    snprintf(buf, cap, "%g", x);
+  return buf;
+}
+
+/* Every element of an input finite, and finite once rounded to the config's dtype (fp16 holds
+ * |x| <= 65504): anything else makes the whole result NaN. */
+static int run_check_values(const char *flag, const char *path, const rda_npy *a, int dtype) {
+  const double maxv = dtype == RDA_DTYPE_FP16 ? 65504.0 : 3.3895313892515355e38;
+  for (size_t i = 0; i < a->count; i++) {
+    const double x = a->data[i];
+    if (isfinite(x) && isfinite(rda_round_to_dtype(x, dtype))) continue;
+    long long idx[4];
+    size_t rest = i;
+    for (int d = 3; d >= 0; d--) {
+      idx[d] = (long long)(rest % (size_t)a->shape[d]);
+      rest /= (size_t)a->shape[d];
+    }
+    char val[64];
+    return rdagen_fail("%s: %s element [%lld, %lld, %lld, %lld] is %s; inputs must be finite and "
+                       "within %s's range once rounded (|x| <= %g)",
+                       path, flag, idx[0], idx[1], idx[2], idx[3],
+                       run_value_text(x, val, sizeof val), rda_dtype_name(dtype), maxv);
+  }
+  return 0;
 }
 
 typedef struct run_state {
@@ -257,106 +287,146 @@ static uint16_t *run_to_bits(const rda_npy *a, int dtype) {
   return bits;
 }
 
-/* One output file: where it goes and what it holds. */
-typedef struct run_output {
-  const char *path; /* NULL: not requested */
+/* One .npy output's content. */
+typedef struct run_npy_out {
   int ndim;
   long long shape[4];
   const float *data;
-} run_output;
+} run_npy_out;
 
-enum { RUN_MAX_OUTPUTS = 5 };
-
-/* Write every requested output so that a failure leaves no new output behind and existing
- * files as they were: each goes to a complete temporary beside its target first, and only when
- * all temporaries are written are they renamed over their targets. */
-static int run_write_outputs(const run_output *outs, int count) {
-  rda_err err = {0};
-  char tmp[RUN_MAX_OUTPUTS][4096];
-  int written = 0;
-  for (; written < count; written++) {
-    const run_output *w = &outs[written];
-    if (w->path == NULL) continue;
-    snprintf(tmp[written], sizeof tmp[written], "%s.partial-%ld", w->path, (long)getpid());
-    if (rda_npy_write_f32(tmp[written], w->ndim, w->shape, w->data, &err) != RDA_OK) break;
-  }
-  if (written < count) {
-    for (int i = 0; i < written; i++)
-      if (outs[i].path != NULL) unlink(tmp[i]);
-    return rdagen_fail("%s", err.msg);
-  }
-  for (int i = 0; i < count; i++) {
-    if (outs[i].path == NULL) continue;
-    if (rename(tmp[i], outs[i].path) == 0) continue;
-    const int e = errno;
-    for (int j = i; j < count; j++) /* this one and the rest: not yet in place */
-      if (outs[j].path != NULL) unlink(tmp[j]);
-    for (int j = 0; j < i; j++) /* never part of a result */
-      if (outs[j].path != NULL) unlink(outs[j].path);
-    return rdagen_fail("%s: cannot write: %s", outs[i].path, strerror(e));
-  }
-  return 0;
+static rda_status run_write_npy(int fd, const char *path, const void *ctx, rda_err *err) {
+  const run_npy_out *w = ctx;
+  return rda_npy_write_f32_fd(fd, path, w->ndim, w->shape, w->data, err);
 }
 
-/* stats JSON to a temporary beside path; *tmp receives its name. */
-static int run_write_stats(const char *path, const rda_ring_run_stats *stats, int P, char *tmp,
-                           size_t tmp_len) {
-  rda_json j;
+/* The --stats JSON (a line of text). */
+typedef struct run_text {
+  const char *buf;
+  size_t len;
+} run_text;
+
+static rda_status run_write_text(int fd, const char *path, const void *ctx, rda_err *err) {
+  const run_text *t = ctx;
+  size_t done = 0;
+  while (done < t->len) {
+    const ssize_t w = write(fd, t->buf + done, t->len - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return rda_err_set(err, RDA_ERR_IO, "%s: write failed: %s", path, strerror(errno));
+    done += (size_t)w;
+  }
+  return RDA_OK;
+}
+
+/* The ring's statistics as JSON text ending in a newline, into j (the caller frees it). */
+static int run_stats_json(rda_json *j, const rda_ring_run_stats *stats, int P) {
   rda_err err = {0};
-  rda_json_init(&j);
-  rda_json_object_begin(&j);
-  rda_json_key(&j, "ranks");
-  rda_json_array_begin(&j);
+  rda_json_object_begin(j);
+  rda_json_key(j, "ranks");
+  rda_json_array_begin(j);
   for (int p = 0; p < P; ++p) {
-    rda_json_object_begin(&j);
-    rda_json_key(&j, "rank");
-    rda_json_int(&j, p);
-    rda_json_key(&j, "rows");
-    rda_json_int(&j, (long long)stats[p].rows);
-    rda_json_key(&j, "bytes_sent");
-    rda_json_int(&j, (long long)stats[p].bytes_sent);
-    rda_json_key(&j, "bytes_received");
-    rda_json_int(&j, (long long)stats[p].bytes_received);
-    rda_json_key(&j, "peak_bytes");
-    rda_json_int(&j, (long long)stats[p].peak_bytes);
-    rda_json_object_end(&j);
+    rda_json_object_begin(j);
+    rda_json_key(j, "rank");
+    rda_json_int(j, p);
+    rda_json_key(j, "rows");
+    rda_json_int(j, (long long)stats[p].rows);
+    rda_json_key(j, "bytes_sent");
+    rda_json_int(j, (long long)stats[p].bytes_sent);
+    rda_json_key(j, "bytes_received");
+    rda_json_int(j, (long long)stats[p].bytes_received);
+    rda_json_key(j, "peak_bytes");
+    rda_json_int(j, (long long)stats[p].peak_bytes);
+    rda_json_object_end(j);
   }
-  rda_json_array_end(&j);
-  rda_json_object_end(&j);
-  if (rda_json_finish(&j, &err) != RDA_OK) {
-    rda_json_free(&j);
-    return rdagen_fail("--stats: %s", err.msg);
-  }
-  snprintf(tmp, tmp_len, "%s.partial-%ld", path, (long)getpid());
-  FILE *f = fopen(tmp, "wb");
-  int ok = f != NULL && fwrite(j.buf, 1, j.len, f) == j.len && fputc('\n', f) != EOF;
-  if (f != NULL && fclose(f) != 0) ok = 0;
-  rda_json_free(&j);
-  if (!ok) {
-    const int e = errno;
-    unlink(tmp);
-    return rdagen_fail("%s: cannot write: %s", path, strerror(e));
+  rda_json_array_end(j);
+  rda_json_object_end(j);
+  if (rda_json_finish(j, &err) != RDA_OK) return rdagen_fail("--stats: %s", err.msg);
+  return 0;
+}
+
+/* A result element that is NaN or infinite (LSE: +inf; -inf is a row no branch covers) means
+ * the true value left float32 (a huge scale, or huge inputs): say which, write nothing. */
+static int run_check_result(const char *what, const char *flag, const char *path, const float *x,
+                            int ndim, const long long *shape, int lse) {
+  size_t count = 1;
+  for (int d = 0; d < ndim; d++) count *= (size_t)shape[d];
+  for (size_t i = 0; i < count; i++) {
+    if (isfinite(x[i]) || (lse && isinf(x[i]) && x[i] < 0)) continue;
+    long long idx[4] = {0, 0, 0, 0};
+    size_t rest = i;
+    for (int d = ndim - 1; d >= 0; d--) {
+      idx[d] = (long long)(rest % (size_t)shape[d]);
+      rest /= (size_t)shape[d];
+    }
+    char at[128];
+    if (ndim == 3)
+      snprintf(at, sizeof at, "[%lld, %lld, %lld]", idx[0], idx[1], idx[2]);
+    else
+      snprintf(at, sizeof at, "[%lld, %lld, %lld, %lld]", idx[0], idx[1], idx[2], idx[3]);
+    char named[4200] = " (not requested)";
+    if (path != NULL) snprintf(named, sizeof named, " (%s '%s')", flag, path);
+    char val[64];
+    return rdagen_fail("%s%s element %s is %s: the result overflows float32 (inputs or scale too "
+                       "large); no output written",
+                       what, named, at, run_value_text(x[i], val, sizeof val));
   }
   return 0;
 }
 
-/* Everything after validation: backend, plan, kernels, the forward (and backward) pass, the
- * outputs. */
-/* All five outputs (the gradients only with --do), every one or none. */
-static int run_write_results(const run_opts *opt, const rda_config *cfg, const run_state *s,
-                             long long B, long long N, int backward) {
-  const long long H = cfg->heads, Hkv = cfg->kv_heads, D = cfg->head_dim;
-  const run_output outs[RUN_MAX_OUTPUTS] = {
-      {opt->o, 4, {B, N, H, D}, s->o},
-      {opt->lse, 3, {B, H, N, 0}, s->lse},
-      {backward ? opt->dq : NULL, 4, {B, N, H, D}, s->gq},
-      {backward ? opt->dk : NULL, 4, {B, N, Hkv, D}, s->gk},
-      {backward ? opt->dv : NULL, 4, {B, N, Hkv, D}, s->gv},
-  };
-  return run_write_outputs(outs, RUN_MAX_OUTPUTS);
+/* LSE is -inf only on rows no branch covers, whose O row is exactly 0 (SPEC §1); -inf beside a
+ * nonzero O row is an underflow of a covered row. */
+static int run_check_uncovered(const char *path, const float *lse, const float *o, long long B,
+                               long long N, long long H, long long D) {
+  for (long long b = 0; b < B; b++)
+    for (long long h = 0; h < H; h++)
+      for (long long n = 0; n < N; n++) {
+        if (!isinf(lse[(b * H + h) * N + n])) continue;
+        const float *row = o + ((b * N + n) * H + h) * D;
+        for (long long d = 0; d < D; d++)
+          if (row[d] != 0.0f) {
+            char named[4200] = " (not requested)";
+            if (path != NULL) snprintf(named, sizeof named, " (--lse '%s')", path);
+            return rdagen_fail("LSE%s element [%lld, %lld, %lld] is -inf on a row with keys (O "
+                               "is not 0 there): the result overflows float32 (inputs or scale "
+                               "too large); no output written",
+                               named, b, h, n);
+          }
+      }
+  return 0;
 }
 
-static int run_attention(const run_opts *opt, const rda_config *cfg, run_state *s) {
+/* Every output (the gradients only with --do, the stats only when given), every one or none:
+ * the results are checked first, then rda_out_files_replace writes them (runtime/out_files.h
+ * says exactly what holds on a failure: each target as before, nothing new left). */
+static int run_write_results(const run_opts *opt, const rda_out_file files[RUN_NOUT],
+                             const rda_config *cfg, const run_state *s, long long B, long long N,
+                             int backward, const run_text *stats) {
+  const long long H = cfg->heads, Hkv = cfg->kv_heads, D = cfg->head_dim;
+  const run_npy_out npy[5] = {
+      {4, {B, N, H, D}, s->o},     {3, {B, H, N, 0}, s->lse},    {4, {B, N, H, D}, s->gq},
+      {4, {B, N, Hkv, D}, s->gk}, {4, {B, N, Hkv, D}, s->gv},
+  };
+  static const char *const what[5] = {"O", "LSE", "dQ", "dK", "dV"};
+  const char *paths[RUN_NOUT];
+  run_out_paths(opt, paths);
+  for (int i = 0; i < (backward ? 5 : 2); i++)
+    if (run_check_result(what[i], run_out_flags[i], paths[i], npy[i].data, npy[i].ndim,
+                         npy[i].shape, i == RUN_OUT_LSE) != 0)
+      return 1;
+  if (run_check_uncovered(paths[RUN_OUT_LSE], s->lse, s->o, B, N, H, D) != 0) return 1;
+  rda_out_job jobs[RUN_NOUT];
+  int n = 0;
+  for (int i = 0; i < 5; i++)
+    if (paths[i] != NULL && (i < RUN_OUT_DQ || backward))
+      jobs[n++] = (rda_out_job){&files[i], run_write_npy, &npy[i]};
+  if (stats != NULL && paths[RUN_OUT_STATS] != NULL)
+    jobs[n++] = (rda_out_job){&files[RUN_OUT_STATS], run_write_text, stats};
+  rda_err err = {0};
+  if (rda_out_files_replace(jobs, n, NULL, &err) != RDA_OK) return rdagen_fail("%s", err.msg);
+  return 0;
+}
+
+static int run_attention(const run_opts *opt, const rda_out_file files[RUN_NOUT],
+                         const rda_config *cfg, run_state *s) {
   rda_err err = {0};
   const int backward = opt->d_o != NULL;
   const long long B = s->q.shape[0], N = s->q.shape[1];
@@ -385,7 +455,6 @@ static int run_attention(const run_opts *opt, const rda_config *cfg, run_state *
   rda_npy_free(&s->d_o);
 
   if (opt->ranks > 1 || opt->stats != NULL || opt->layout != NULL) {
-    char stats_tmp[4096] = "";
     rda_ring_run_stats *stats = calloc((size_t)opt->ranks, sizeof *stats);
     if (stats == NULL) return rdagen_fail("out of memory for %lld ranks", opt->ranks);
     char why[1024] = "";
@@ -410,20 +479,17 @@ static int run_attention(const run_opts *opt, const rda_config *cfg, run_state *
       rc = rdagen_fail("%s", err.msg);
     else if (strcmp(opt->backend, "auto") == 0)
       fprintf(stderr, "rdagen: backend: %s (%lld virtual ranks)\n", why, opt->ranks);
-    if (rc == 0 && opt->stats != NULL)
-      rc = run_write_stats(opt->stats, stats, (int)opt->ranks, stats_tmp, sizeof stats_tmp);
+    /* The stats file is one more output of the same all-or-nothing write. */
+    rda_json j;
+    rda_json_init(&j);
+    if (rc == 0 && opt->stats != NULL) rc = run_stats_json(&j, stats, (int)opt->ranks);
     free(stats);
-    if (rc != 0) return rc;
-    if (run_write_results(opt, cfg, s, B, N, backward) != 0) {
-      if (stats_tmp[0] != '\0') unlink(stats_tmp);
-      return 1;
+    if (rc == 0) {
+      const run_text text = {opt->stats != NULL ? j.buf : NULL, opt->stats != NULL ? j.len : 0};
+      rc = run_write_results(opt, files, cfg, s, B, N, backward, &text);
     }
-    if (stats_tmp[0] != '\0' && rename(stats_tmp, opt->stats) != 0) {
-      const int e = errno;
-      unlink(stats_tmp);
-      return rdagen_fail("%s: cannot write: %s", opt->stats, strerror(e));
-    }
-    return 0;
+    rda_json_free(&j);
+    return rc;
   }
 
   char why[1024];
@@ -492,7 +558,7 @@ static int run_attention(const run_opts *opt, const rda_config *cfg, run_state *
       return rdagen_fail("%s", err.msg);
   }
 
-  return run_write_results(opt, cfg, s, B, N, backward);
+  return run_write_results(opt, files, cfg, s, B, N, backward, NULL);
 }
 
 int rdagen_cmd_run(int argc, char **argv) {
@@ -503,17 +569,9 @@ int rdagen_cmd_run(int argc, char **argv) {
   const int ring = opt.ranks > 1 || opt.stats != NULL || opt.layout != NULL;
   if (ring && opt.ranks > RDA_RING_MAX_RANKS)
     return rdagen_fail("--ranks %lld: at most %d ranks", opt.ranks, RDA_RING_MAX_RANKS);
-  if (opt.stats != NULL && run_check_output(opt.stats) != 0) return 1;
-  /* Every output: creatable, and no two of them the same file under different spellings. */
-  const char *const out_flags[RUN_MAX_OUTPUTS] = {"--o", "--lse", "--dq", "--dk", "--dv"};
-  const char *const outs[RUN_MAX_OUTPUTS] = {opt.o, opt.lse, opt.dq, opt.dk, opt.dv};
-  for (int i = 0; i < RUN_MAX_OUTPUTS; i++)
-    if (outs[i] != NULL && run_check_output(outs[i]) != 0) return 1;
-  for (int i = 0; i < RUN_MAX_OUTPUTS; i++)
-    for (int j = i + 1; j < RUN_MAX_OUTPUTS; j++)
-      if (outs[i] != NULL && outs[j] != NULL && run_same_file(outs[i], outs[j]))
-        return rdagen_usage("run: %s '%s' and %s '%s' are the same file", out_flags[i], outs[i],
-                            out_flags[j], outs[j]);
+  static rda_out_file files[RUN_NOUT]; /* 4 KiB paths each: off the stack */
+  rc = run_check_files(&opt, files);
+  if (rc >= 0) return rc;
 
   run_state s;
   memset(&s, 0, sizeof s);
@@ -543,7 +601,12 @@ int rdagen_cmd_run(int argc, char **argv) {
   if (opt.d_o != NULL && run_check_shape("--do", opt.d_o, &s.d_o, "[B, N, heads, head_dim]", B, N,
                                          cfg.heads, cfg.head_dim) != 0)
     goto done;
-  rc = run_attention(&opt, &cfg, &s);
+  if (run_check_values("--q", opt.q, &s.q, cfg.dtype) != 0 ||
+      run_check_values("--k", opt.k, &s.k, cfg.dtype) != 0 ||
+      run_check_values("--v", opt.v, &s.v, cfg.dtype) != 0 ||
+      (opt.d_o != NULL && run_check_values("--do", opt.d_o, &s.d_o, cfg.dtype) != 0))
+    goto done;
+  rc = run_attention(&opt, files, &cfg, &s);
 done:
   run_free(&s);
   return rc;
