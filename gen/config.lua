@@ -10,6 +10,15 @@ local MAX_INSTRUCTIONS <const> = 10000000   -- a real config needs a few hundred
 local MAX_BYTES <const> = 64 * 1024 * 1024  -- what the chunk may allocate while it runs
 local MAX_BRANCHES <const> = native.max_branches -- RDA_MAX_BRANCHES of runtime/config.h
 local MAX_HEADS <const> = 65535             -- heads of one launch go on gridDim.y
+-- Segment lengths and dilation rates: far beyond any sequence, and small enough that the
+-- index arithmetic on them (ceil(N / w), p + r, (m + 1) * w) stays inside int64.
+local MAX_SIZE <const> = 1 << 40
+local MAX_SIZE_TEXT <const> = "2^40 = 1099511627776"
+-- The kernels fold the scale into fp32 constants, scale * log2(e) the largest of them: it must
+-- stay a finite float. FLT_MAX is (2 - 2^-23) * 2^127.
+local FLT_MAX <const> = (2 - 2^-23) * 2^127
+local LOG2E <const> = 1.4426950408889634
+local SCALE_MAX <const> = FLT_MAX / LOG2E   -- ~2.3587e38, for messages only
 local HEAD_DIMS <const> = { 32, 64, 96, 128, 256 }
 local DTYPES <const> = { "bf16", "fp16" }
 local OFFSETS <const> = { "mod", "block", "group" }
@@ -179,10 +188,11 @@ local function check_count(t, key, lo, hi, required)
   return i
 end
 
--- A list of 1..MAX_BRANCHES integers >= 1 (segment lengths or dilation rates).
+-- A list of 1..MAX_BRANCHES integers from 1 to MAX_SIZE (segment lengths or dilation rates).
 local function check_list(t, key, what)
   local v = t[key]
-  local allowed = string.format("a list of 1 to %d %s (integers >= 1)", MAX_BRANCHES, what)
+  local allowed = string.format("a list of 1 to %d %s (integers from 1 to %s)", MAX_BRANCHES,
+                                what, MAX_SIZE_TEXT)
   if type(v) ~= "table" then
     return nil, string.format("%s = %s: %s %s", key, show(v),
                               v == nil and "required:" or "must be", allowed)
@@ -203,6 +213,10 @@ local function check_list(t, key, what)
     if x == nil or x < 1 then
       return nil, string.format("%s[%d] = %s: must be an integer >= 1", key, i,
                                 show(rawget(v, i)))
+    end
+    if x > MAX_SIZE then
+      return nil, string.format("%s[%d] = %s: must be at most %s", key, i, show(rawget(v, i)),
+                                MAX_SIZE_TEXT)
     end
     out[i] = x
   end
@@ -266,10 +280,23 @@ local function validate(t)
     return nil, string.format("causal = %s: must be true or false", show(t.causal))
   end
   c.causal = t.causal == true
+  -- Any sign (SPEC §1 puts none on τ; the kernels fold a negative one into the scores), but
+  -- not 0: the C API spells the default as 0, so a file could not mean τ = 0 by it.
   local s = t.scale
-  if s ~= nil and (type(s) ~= "number" or not (s > 0) or s == math.huge) then
-    return nil, string.format("scale = %s: must be a positive finite number (or nil for "
-                              .. "1/sqrt(head_dim))", show(s))
+  if s ~= nil then
+    local allowed = string.format("must be a finite nonzero number with |scale| <= %.5g, or nil "
+                                  .. "for 1/sqrt(head_dim)", SCALE_MAX)
+    if type(s) ~= "number" or s ~= s or s == math.huge or s == -math.huge then
+      return nil, string.format("scale = %s: %s", show(s), allowed)
+    end
+    if s == 0 then
+      return nil, string.format("scale = %s: %s (0 is not allowed: leave scale out for the "
+                                .. "default)", show(s), allowed)
+    end
+    if math.abs(s) * LOG2E > FLT_MAX then
+      return nil, string.format("scale = %s: %s (scale * log2(e) must fit in fp32)", show(s),
+                                allowed)
+    end
   end
   c.scale = s and s + 0.0 or 1.0 / math.sqrt(c.head_dim)
   return c
@@ -302,5 +329,6 @@ end
 
 M.MAX_INSTRUCTIONS = MAX_INSTRUCTIONS
 M.MAX_BYTES = MAX_BYTES
+M.MAX_SIZE = MAX_SIZE
 
 return M

@@ -93,6 +93,9 @@ typedef enum { RDA_BF16 = 0, RDA_FP16 = 1, RDA_FP32 = 2 } rda_dtype;
 typedef enum { RDA_OFFSET_MOD = 0, RDA_OFFSET_BLOCK = 1, RDA_OFFSET_GROUP = 2 } rda_offset_rule;
 
 #define RDA_CONFIG_MAX_BRANCHES 16
+/* The largest segment length or dilation rate, 2^40: far beyond any sequence, and small enough
+ * that index arithmetic on it cannot overflow int64. */
+#define RDA_CONFIG_MAX_SIZE (1LL << 40)
 
 typedef struct rda_attn_config {
   size_t struct_size; /* sizeof(rda_attn_config): set by RDA_CONFIG_INIT, checked */
@@ -102,11 +105,14 @@ typedef struct rda_attn_config {
   int head_dim;       /* D: 32, 64, 96, 128 or 256 */
   rda_dtype dtype;    /* storage type of Q, K, V: RDA_BF16 or RDA_FP16 */
   int nbranch;        /* k: 1 .. RDA_CONFIG_MAX_BRANCHES */
-  long long segments[RDA_CONFIG_MAX_BRANCHES];  /* w_i >= 1, the first nbranch used */
-  long long dilations[RDA_CONFIG_MAX_BRANCHES]; /* r_i >= 1 */
+  long long segments[RDA_CONFIG_MAX_BRANCHES];  /* w_i: 1 .. RDA_CONFIG_MAX_SIZE (first nbranch) */
+  long long dilations[RDA_CONFIG_MAX_BRANCHES]; /* r_i, 1 .. RDA_CONFIG_MAX_SIZE */
   rda_offset_rule offsets;                      /* RDA_OFFSET_MOD by default */
   int causal;                                   /* 0 or 1 */
-  double scale;                                 /* softmax scale; 0 means 1/sqrt(head_dim) */
+  /* Softmax scale τ; 0 means 1/sqrt(head_dim). Any other finite value of either sign (a
+   * negative τ is computed as written) with |scale| * log2(e) <= FLT_MAX (|scale| <= ~2.3587e38):
+   * the kernels keep scale * log2(e) as an fp32 constant. */
+  double scale;
 } rda_attn_config;
 
 /* Every field zero except the size, the version, dtype RDA_BF16 and offsets RDA_OFFSET_MOD. */

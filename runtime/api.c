@@ -5,6 +5,7 @@
 #include "api.h"
 #include "api_internal.h"
 
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -365,10 +366,26 @@ static rda_status rda_api_config_chunk(const rda_attn_config *c, char *buf, size
                        (int)c->offsets);
   if (c->causal != 0 && c->causal != 1)
     return rda_err_set(err, RDA_ERR_CONFIG, "cfg->causal = %d: must be 0 or 1", c->causal);
-  if (!isfinite(c->scale))
+  /* Any sign; |scale| * log2(e) is an fp32 constant of the kernels, so it must fit a float. */
+  if (!isfinite(c->scale) || fabs(c->scale) * 1.4426950408889634 > FLT_MAX)
     return rda_err_set(err, RDA_ERR_CONFIG,
-                       "cfg->scale is not finite: must be a finite number, or 0 for "
-                       "1/sqrt(head_dim)");
+                       "cfg->scale = %g: must be a finite number with |scale| <= %.5g "
+                       "(scale * log2(e) must fit in fp32), or 0 for 1/sqrt(head_dim)",
+                       c->scale, FLT_MAX / 1.4426950408889634);
+  /* Checked here as well as by the config's validation: these name the struct's fields. */
+  for (int i = 0; i < c->nbranch; ++i) {
+    const char *key = NULL;
+    long long v = 0;
+    if (c->segments[i] < 1 || c->segments[i] > RDA_CONFIG_MAX_SIZE)
+      key = "segments", v = c->segments[i];
+    else if (c->dilations[i] < 1 || c->dilations[i] > RDA_CONFIG_MAX_SIZE)
+      key = "dilations", v = c->dilations[i];
+    if (key != NULL)
+      return rda_err_set(err, RDA_ERR_CONFIG,
+                         "cfg->%s[%d] = %lld: must be an integer from 1 to 2^40 = %lld "
+                         "(RDA_CONFIG_MAX_SIZE)",
+                         key, i, v, RDA_CONFIG_MAX_SIZE);
+  }
   size_t len = 0;
   int ok = rda_api_append(buf, cap, &len, "return { heads = %d, head_dim = %d, dtype = \"%s\"",
                           c->heads, c->head_dim, c->dtype == RDA_BF16 ? "bf16" : "fp16");

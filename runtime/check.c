@@ -105,7 +105,13 @@ double rda_check_grad_rel_l2(const float *got, const long long got_s[3], const d
         }
       }
   if (nonfinite != NULL) *nonfinite = bad;
-  return ref2 > 0 ? sqrt(err2 / ref2) : sqrt(err2);
+  /* An exactly zero gradient comes out of the float64 reference as rounding noise (~1e-17),
+   * which no relative error can be taken against: below an RMS of RDA_CHECK_GRAD_RMS_FLOOR the
+   * error is measured against that floor instead. */
+  const double count = (double)batch * (double)n * (double)heads * (double)head_dim;
+  const double floor2 = RDA_CHECK_GRAD_RMS_FLOOR * RDA_CHECK_GRAD_RMS_FLOOR * count;
+  const double den2 = ref2 > floor2 ? ref2 : floor2;
+  return den2 > 0 ? sqrt(err2 / den2) : sqrt(err2);
 }
 
 void rda_check_grad(const rda_config *c, long long batch, long long n, const float *dq,

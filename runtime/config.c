@@ -28,7 +28,7 @@ int64_t rda_config_offset(const rda_config *c, int branch, int head) {
   const int64_t r = c->dilations[branch];
   switch (c->offsets) {
     case RDA_OFFSETS_BLOCK: {
-      const int64_t per = (c->heads + r - 1) / r; /* ceil(H / r) */
+      const int64_t per = c->heads / r + (c->heads % r != 0); /* ceil(H / r), for any r */
       return head / per;
     }
     case RDA_OFFSETS_GROUP: {

@@ -77,14 +77,24 @@ double rda_from_dtype_bits(unsigned short bits, int dtype) {
 
 /* --- the forward pass ------------------------------------------------------------------------- */
 
-/* The positions of segment m (window w, dilation r, head offset j) of a length-n sequence into
- * grid, increasing; returns how many. */
+/* The positions of segment m (window w <= n, dilation r, head offset j >= 0) of a length-n
+ * sequence into grid, increasing; returns how many. Written so that no step can pass INT64_MAX
+ * whatever w, r and j are (m * w < n, as m < ceil(n / w)). */
 static long long rda_reference_segment(long long n, long long w, long long r, long long j,
                                        long long m, long long *grid) {
-  const long long a = m * w, e = (m + 1) * w < n ? (m + 1) * w : n;
+  const long long a = m * w, e = a + (w < n - a ? w : n - a);
   long long g = 0;
-  for (long long p = a + j; p < e; p += r) grid[g++] = p;
+  if (j >= e - a) return 0;
+  for (long long p = a + j;; p += r) {
+    grid[g++] = p;
+    if (e - p <= r) break; /* p + r >= e */
+  }
   return g;
+}
+
+/* ceil(a / b) for a >= 0, b >= 1, without forming a + b - 1. */
+static long long rda_reference_ceil_div(long long a, long long b) {
+  return a / b + (a % b != 0);
 }
 
 /* Merge one branch's (lse_i, o_i) of a row into the running (LSE, O) by log-sum-exp. */
@@ -121,7 +131,7 @@ void rda_ref_forward(const rda_config *c, long long batch, long long n, const do
     for (int br = 0; br < c->nbranch; br++) {
       const long long w = c->segments[br] < n ? c->segments[br] : n;
       const long long r = c->dilations[br];
-      const long long nseg = (n + w - 1) / w;
+      const long long nseg = rda_reference_ceil_div(n, w);
       for (long long h = 0; h < H; h++) {
         const long long j = rda_config_offset(c, br, (int)h);
         if (j < 0) continue; /* this head does not use this branch */
@@ -199,7 +209,7 @@ void rda_ref_backward(const rda_config *c, long long batch, long long n, const d
     for (int br = 0; br < c->nbranch; br++) {
       const long long w = c->segments[br] < n ? c->segments[br] : n;
       const long long r = c->dilations[br];
-      const long long nseg = (n + w - 1) / w;
+      const long long nseg = rda_reference_ceil_div(n, w);
       for (long long h = 0; h < H; h++) {
         const long long j = rda_config_offset(c, br, (int)h);
         if (j < 0) continue; /* this head does not use this branch */

@@ -10,6 +10,7 @@
 
 /* clang-format off */
 #include <dlfcn.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -217,6 +218,15 @@ static void e_causal(rda_attn_config *c) {
 static void e_scale(rda_attn_config *c) {
   c->scale = NAN;
 }
+static void e_scale_huge(rda_attn_config *c) {
+  c->scale = -1e39; /* |scale| * log2(e) overflows fp32 */
+}
+static void e_segment_huge(rda_attn_config *c) {
+  c->segments[0] = RDA_CONFIG_MAX_SIZE + 1;
+}
+static void e_dilation_huge(rda_attn_config *c) {
+  c->dilations[1] = LLONG_MAX;
+}
 static void e_heads(rda_attn_config *c) {
   c->heads = 0;
 }
@@ -248,6 +258,12 @@ static void test_plan_create_rejects_bad_config_struct(void **state) {
       {"offsets", RDA_ERR_CONFIG, e_offsets},
       {"causal", RDA_ERR_CONFIG, e_causal},
       {"scale", RDA_ERR_CONFIG, e_scale},
+      {"cfg->scale = -1e+39: must be a finite number with |scale| <= 2.3587e+38", RDA_ERR_CONFIG,
+       e_scale_huge},
+      {"cfg->segments[0] = 1099511627777: must be an integer from 1 to 2^40", RDA_ERR_CONFIG,
+       e_segment_huge},
+      {"cfg->dilations[1] = 9223372036854775807: must be an integer from 1 to 2^40", RDA_ERR_CONFIG,
+       e_dilation_huge},
       {"heads", RDA_ERR_CONFIG, e_heads},
       {"kv_heads", RDA_ERR_CONFIG, e_kv_heads},
       {"head_dim", RDA_ERR_CONFIG, e_head_dim},
@@ -639,7 +655,10 @@ static void run_and_check(const char *what, rda_plan *plan, long long batch, lon
   rt_reference(&c, batch, n, q, k, v, &o_ref, &lse_ref);
   long long os[3], ls[2] = {(long long)H * n, n};
   rt_strides_contig(n, H, D, os);
-  assert_true(rt_check_fwd(what, &c, batch, n, o32, os, lse, ls, o_ref, lse_ref, NULL));
+  rt_report rep;
+  const bool fwd_ok = rt_check_fwd(what, &c, batch, n, o32, os, lse, ls, o_ref, lse_ref, &rep);
+  fprintf(stderr, "  %-48s O rel L2 %.2e  LSE max err %.2e\n", what, rep.o_rel_l2, rep.lse_max_abs);
+  assert_true(fwd_ok);
 
   if (o32_out != NULL)
     *o32_out = o32;
@@ -663,6 +682,32 @@ static void test_forward_matches_reference_fp16_block_fused_qkv_fp32_output(void
   assert_int_equal(rda_plan_create_from_string(&p, g_ctx, chunk, RDA_PLAN_FORWARD), RDA_OK);
   run_and_check("fp16 block fused-qkv, fp32 O, lse in workspace", p, 1, 50, 1, RDA_FP32, 0, NULL);
   run_and_check("fp16 block fused-qkv, fp16 O", p, 2, 33, 1, RDA_FP16, 1, NULL);
+  rda_plan_destroy(p);
+}
+
+/* A negative scale (SPEC §1 puts no sign on τ), through the struct and through a chunk: the
+ * kernels fold it into the scores; O and LSE must match the float64 reference. The config keeps
+ * the scale as given, and the largest magnitude allowed plans too. */
+static void test_forward_matches_reference_with_negative_scale(void **state) {
+  (void)state;
+  rda_attn_config c = base_config();
+  c.scale = -0.6;
+  rda_plan *p = NULL;
+  if (rda_plan_create(&p, g_ctx, &c, RDA_PLAN_FORWARD) != RDA_OK)
+    fail_msg("rda_plan_create: %s", rda_last_error(g_ctx));
+  rda_attn_config got;
+  assert_int_equal(rda_plan_get_config(p, &got), RDA_OK);
+  assert_true(got.scale == -0.6);
+  run_and_check("bf16 causal gqa, scale -0.6", p, kB, kN, 0, RDA_FP32, 1, NULL);
+  rda_plan_destroy(p);
+  const char *chunk =
+      "return { heads = 2, kv_heads = 1, head_dim = 64, dtype = 'fp16', offsets = 'block',\n"
+      "         segments = {8, 24}, dilations = {2, 3}, causal = false, scale = -0.2 }";
+  assert_int_equal(rda_plan_create_from_string(&p, g_ctx, chunk, RDA_PLAN_FORWARD), RDA_OK);
+  run_and_check("fp16 block, scale -0.2", p, 2, 33, 0, RDA_FP16, 1, NULL);
+  rda_plan_destroy(p);
+  c.scale = -2.35e38; /* the fp32 constant scale * log2(e) is still finite */
+  assert_int_equal(rda_plan_create(&p, g_ctx, &c, RDA_PLAN_FORWARD), RDA_OK);
   rda_plan_destroy(p);
 }
 
@@ -1185,6 +1230,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_tensor_contiguous_checks_its_arguments),
       cmocka_unit_test(test_forward_matches_reference_bf16_causal_gqa_storage_output),
       cmocka_unit_test(test_forward_matches_reference_fp16_block_fused_qkv_fp32_output),
+      cmocka_unit_test(test_forward_matches_reference_with_negative_scale),
       cmocka_unit_test(test_forward_storage_output_is_fp32_output_rounded),
       cmocka_unit_test(test_plan_from_file_string_and_struct_agree),
       cmocka_unit_test(test_forward_on_cuda_streams_matches_reference),
@@ -1197,5 +1243,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_plan_outlives_destroyed_context),
       cmocka_unit_test(test_plans_created_and_run_from_threads_at_once),
   };
+  const char *filter = getenv("RDA_TEST_FILTER"); /* e.g. "*negative_scale*" while developing */
+  if (filter != NULL) cmocka_set_test_filter(filter);
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

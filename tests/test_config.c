@@ -399,6 +399,63 @@ static void test_config_rejects_huge_segment(void **state) {
                "segments[1] = 1e+30", "integer >= 1", NULL);
 }
 
+/* Segment lengths and dilation rates stop at 2^40, so the index arithmetic on them (ceil(N/w),
+ * p + r) cannot overflow int64; one line naming the key, the value and the bound. */
+static void test_config_rejects_sizes_above_two_to_the_forty(void **state) {
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8, (1 << 40) + 1 },"
+               " dilations = { 1, 1 } }",
+               "segments[2] = 1099511627777: must be at most 2^40 = 1099511627776", NULL);
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
+               " dilations = { math.maxinteger } }",
+               "dilations[1] = 9223372036854775807: must be at most 2^40 = 1099511627776", NULL);
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 1 << 62 },"
+               " dilations = { 3 } }",
+               "segments[1] = 4611686018427387904", "at most 2^40", NULL);
+  rda_config c;
+  load_ok(state,
+          "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 1 << 40, 16 },"
+          " dilations = { 2, 1 << 40 }, offsets = 'block' }",
+          &c);
+  assert_true(c.segments[0] == (int64_t)1 << 40 && c.dilations[1] == (int64_t)1 << 40);
+  /* rda_config_offset on the largest rate: ceil(H / r) without overflow, offset h / 1 = h. */
+  for (int h = 0; h < 4; h++) assert_int_equal(rda_config_offset(&c, 1, h), h);
+}
+
+/* What the generator's C side checks for a config that did not come from validation (the ring,
+ * the tests, the tuner build rda_config by hand): a negative scale plans, and what validation
+ * rejects is refused with a line naming the field. */
+static void test_config_plan_checks_hand_made_configs(void **state) {
+  rda_config c;
+  load_ok(state, spec_example, &c);
+  rda_hw hw;
+  rda_plan_k p;
+  rda_err err = {0};
+  assert_int_equal(rda_gen_hw_builtin(*state, 90, &hw, &err), RDA_OK);
+  c.scale = -0.25;
+  if (rda_gen_plan(*state, &c, &hw, &p, &err) != RDA_OK) fail_msg("negative scale: %s", err.msg);
+  rda_plan_k_free(&p);
+  static const double bad_scales[] = {0.0, 1e300, -1e39, INFINITY};
+  for (size_t i = 0; i < sizeof bad_scales / sizeof bad_scales[0]; i++) {
+    c.scale = bad_scales[i];
+    rda_err_clear(&err);
+    assert_int_equal(rda_gen_plan(*state, &c, &hw, &p, &err), RDA_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(err.msg, "scale = "));
+  }
+  c.scale = 0.5;
+  c.dilations[2] = INT64_MAX;
+  rda_err_clear(&err);
+  assert_int_equal(rda_gen_plan(*state, &c, &hw, &p, &err), RDA_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(err.msg, "dilations[2] = 9223372036854775807: must be from 1 to 2^40"));
+  c.dilations[2] = 4;
+  c.segments[0] = ((int64_t)1 << 40) + 1;
+  rda_err_clear(&err);
+  assert_int_equal(rda_gen_plan(*state, &c, &hw, &p, &err), RDA_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(err.msg, "segments[0] = 1099511627777"));
+}
+
 static void test_config_rejects_zero_dilation(void **state) {
   expect_error(state,
                "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
@@ -450,17 +507,52 @@ static void test_config_rejects_non_boolean_causal(void **state) {
 }
 
 static void test_config_rejects_zero_scale(void **state) {
+  /* In the C API 0 means the default; a file cannot ask for τ = 0 by it. */
   expect_error(state,
                "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
                " dilations = { 1 }, scale = 0 }",
-               "scale = 0", "positive finite", NULL);
-}
-
-static void test_config_rejects_negative_scale(void **state) {
+               "scale = 0: ", "finite nonzero number", "leave scale out", NULL);
   expect_error(state,
                "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
-               " dilations = { 1 }, scale = -0.5 }",
-               "scale = -0.5", "positive", NULL);
+               " dilations = { 1 }, scale = -0.0 }",
+               "scale = -0.0: ", "nonzero", NULL);
+}
+
+static void test_config_accepts_negative_scale(void **state) {
+  /* SPEC §1 puts no sign on τ; the kernels fold a negative one into the scores. */
+  rda_config c;
+  load_ok(state,
+          "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
+          " dilations = { 1 }, scale = -0.5 }",
+          &c);
+  assert_true(c.scale == -0.5);
+  load_ok(state,
+          "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
+          " dilations = { 1 }, scale = -2e38 }",
+          &c);
+  assert_true(c.scale == -2e38);
+}
+
+static void test_config_rejects_scale_whose_fp32_constant_overflows(void **state) {
+  /* |scale| * log2(e) must be a finite float: |scale| <= FLT_MAX / log2(e) ~ 2.3587e38. */
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
+               " dilations = { 1 }, scale = 1e300 }",
+               "scale = 1e+300: ", "|scale| <= 2.3587e+38", "fit in fp32", NULL);
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
+               " dilations = { 1 }, scale = -1e39 }",
+               "scale = -1e+39: ", "|scale| <= 2.3587e+38", NULL);
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
+               " dilations = { 1 }, scale = 2.36e38 }",
+               "scale = 2.36e+38: ", "fit in fp32", NULL);
+  rda_config c;
+  load_ok(state,
+          "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
+          " dilations = { 1 }, scale = 2.358e38 }",
+          &c);
+  assert_true(c.scale == 2.358e38);
 }
 
 static void test_config_rejects_infinite_scale(void **state) {
@@ -468,6 +560,10 @@ static void test_config_rejects_infinite_scale(void **state) {
                "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
                " dilations = { 1 }, scale = math.huge }",
                "scale = inf", "finite", NULL);
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
+               " dilations = { 1 }, scale = -math.huge }",
+               "scale = -inf", "finite", NULL);
 }
 
 static void test_config_rejects_nan_scale(void **state) {
@@ -741,6 +837,8 @@ int main(void) {
       cmocka_unit_test(test_config_rejects_zero_segment),
       cmocka_unit_test(test_config_rejects_fractional_segment),
       cmocka_unit_test(test_config_rejects_huge_segment),
+      cmocka_unit_test(test_config_rejects_sizes_above_two_to_the_forty),
+      cmocka_unit_test(test_config_plan_checks_hand_made_configs),
       cmocka_unit_test(test_config_rejects_zero_dilation),
       cmocka_unit_test(test_config_rejects_string_dilation),
       cmocka_unit_test(test_config_rejects_mismatched_lengths),
@@ -749,7 +847,8 @@ int main(void) {
       cmocka_unit_test(test_config_rejects_group_with_fewer_heads_than_branches),
       cmocka_unit_test(test_config_rejects_non_boolean_causal),
       cmocka_unit_test(test_config_rejects_zero_scale),
-      cmocka_unit_test(test_config_rejects_negative_scale),
+      cmocka_unit_test(test_config_accepts_negative_scale),
+      cmocka_unit_test(test_config_rejects_scale_whose_fp32_constant_overflows),
       cmocka_unit_test(test_config_rejects_infinite_scale),
       cmocka_unit_test(test_config_rejects_nan_scale),
       cmocka_unit_test(test_config_rejects_string_scale),
@@ -774,5 +873,7 @@ int main(void) {
       cmocka_unit_test(test_config_stops_c_loops_that_allocate_nothing),
       cmocka_unit_test(test_config_generator_recovers_after_limits),
   };
+  const char *filter = getenv("RDA_TEST_FILTER"); /* e.g. "*scale*" while developing */
+  if (filter != NULL) cmocka_set_test_filter(filter);
   return cmocka_run_group_tests(tests, rt_gen_setup, rt_gen_teardown);
 }

@@ -484,6 +484,60 @@ static void test_reference_bwd_matches_finite_differences_uncovered_and_scale(vo
   c.causal = 0;
   c.scale = 1.9;
   assert_true(check_bwd_by_finite_differences(&c, 2, 11, 1, 16) > 0);
+  c.scale = -0.45; /* SPEC §1 puts no sign on τ */
+  assert_true(check_bwd_by_finite_differences(&c, 1, 12, 1, 16) > 0);
+}
+
+/* A negative scale: the reference still equals one softmax over the multiset union (of
+ * τ <q, k>, so the keys least aligned with q weigh most). */
+static void test_reference_negative_scale_equals_union_softmax(void **state) {
+  (void)state;
+  const long long w[] = {8, 30}, r[] = {1, 3};
+  rda_config c;
+  rt_config_make(&c, 4, 2, 32, RDA_DTYPE_FP16, 1, RDA_OFFSETS_BLOCK, 2, w, r);
+  c.scale = -0.3;
+  problem p;
+  problem_make(&p, &c, 1, 37);
+  check_against_union(&p, 1e-11);
+  problem_free(&p);
+}
+
+/* Segment lengths and dilation rates up to INT64_MAX (validation stops at 2^40, the reference
+ * must not overflow anyway): w clamps to N and only a grid's first position fits, exactly as
+ * with w = r = N. Under UBSan a signed overflow aborts. */
+static void test_reference_huge_segments_and_dilations_do_not_overflow(void **state) {
+  (void)state;
+  const long long n = 9;
+  const long long big_w[] = {INT64_MAX, INT64_MAX - 1}, big_r[] = {INT64_MAX, INT64_MAX / 3};
+  const long long small_w[] = {n, n}, small_r[] = {n, n};
+  for (int off = RDA_OFFSETS_MOD; off <= RDA_OFFSETS_GROUP; off++) {
+    rda_config big, small;
+    rt_config_make(&big, 4, 2, 32, RDA_DTYPE_BF16, 1, off, 2, big_w, big_r);
+    rt_config_make(&small, 4, 2, 32, RDA_DTYPE_BF16, 1, off, 2, small_w, small_r);
+    for (int h = 0; h < 4; h++)
+      for (int i = 0; i < 2; i++) assert_true(rda_config_offset(&big, i, h) < n);
+    problem p;
+    problem_make(&p, &big, 2, n);
+    double *o, *lse;
+    rt_reference(&small, 2, n, p.q, p.k, p.v, &o, &lse);
+    for (long long i = 0; i < 2 * n * 4 * 32; i++) assert_true(p.o[i] == o[i]);
+    for (long long i = 0; i < 2 * 4 * n; i++)
+      assert_true(p.lse[i] == lse[i] || (isinf(p.lse[i]) && isinf(lse[i])));
+    for (long long t = 0; t < n; t++)
+      for (int h = 0; h < 4; h++)
+        assert_int_equal(rda_config_covers(&big, n, h, t), rda_config_covers(&small, n, h, t));
+    double *dout = rt_normal((size_t)(2 * n * 4 * 32), RT_DTYPE_F64);
+    double *g[3], *gs[3];
+    rt_reference_bwd(&big, 2, n, p.q, p.k, p.v, dout, NULL, &g[0], &g[1], &g[2]);
+    rt_reference_bwd(&small, 2, n, p.q, p.k, p.v, dout, NULL, &gs[0], &gs[1], &gs[2]);
+    const long long count[3] = {2 * n * 4 * 32, 2 * n * 2 * 32, 2 * n * 2 * 32};
+    for (int t = 0; t < 3; t++) {
+      for (long long i = 0; i < count[t]; i++) assert_true(g[t][i] == gs[t][i]);
+      free(g[t]), free(gs[t]);
+    }
+    free(dout), free(o), free(lse);
+    problem_free(&p);
+  }
 }
 
 /* Rows no branch covers get exactly zero dQ whatever their dO and dLSE; keys no branch selects
@@ -717,6 +771,84 @@ static void test_check_bwd_rejects_each_kind_of_wrong_gradient(void **state) {
   }
 }
 
+/* A gradient that is exactly zero: N = 1 with three branches that all pair the row with itself
+ * (P = 1 each, so dS = dO·V - dO·O = 0 and dQ = dK = 0). A kernel gives exact zeros; the float64
+ * reference leaves rounding noise (O is V times weights that sum to 1 only to rounding). The
+ * check must pass it (a relative error against the noise would be 1), and still catch a real
+ * error there. */
+static void test_check_grad_passes_an_exactly_zero_gradient(void **state) {
+  (void)state;
+  const long long w[] = {4, 8, 16}, r[] = {1, 2, 3};
+  rda_config c;
+  rt_config_make(&c, 4, 2, 32, RDA_DTYPE_BF16, 1, RDA_OFFSETS_BLOCK, 3, w, r);
+  const long long H = 4, Hk = 2, D = 32, n = 1;
+  double *q = NULL, *k = NULL, *v = NULL, *dout = NULL, *ref[3] = {NULL, NULL, NULL};
+  /* The premise: dQ's reference is noise, not exactly zero, and far below the floor. Some draws
+   * round to exact zeros (then any check passes): draw again until one does not. */
+  double noise = 0.0;
+  for (int draw = 0; draw < 64 && noise == 0.0; draw++) {
+    free(q), free(k), free(v), free(dout);
+    for (int i = 0; i < 3; i++) free(ref[i]);
+    q = rt_normal((size_t)(n * H * D), RDA_DTYPE_BF16);
+    k = rt_normal((size_t)(n * Hk * D), RDA_DTYPE_BF16);
+    v = rt_normal((size_t)(n * Hk * D), RDA_DTYPE_BF16);
+    dout = rt_normal((size_t)(n * H * D), RDA_DTYPE_BF16);
+    rt_reference_bwd(&c, 1, n, q, k, v, dout, NULL, &ref[0], &ref[1], &ref[2]);
+    for (long long i = 0; i < n * H * D; i++) noise = fmax(noise, fabs(ref[0][i]));
+  }
+  assert_true(noise > 0.0 && noise < 1e-13);
+  const long long sq[3] = {n * H * D, H * D, D}, sk[3] = {n * Hk * D, Hk * D, D};
+  float *dq = calloc((size_t)(n * H * D), sizeof *dq);
+  float *dk = calloc((size_t)(n * Hk * D), sizeof *dk);
+  float *dv = malloc((size_t)(n * Hk * D) * sizeof *dv);
+  assert_non_null(dq), assert_non_null(dk), assert_non_null(dv);
+  for (long long i = 0; i < n * Hk * D; i++) dv[i] = (float)ref[2][i];
+  double dv_rms = 0.0;
+  for (long long i = 0; i < n * Hk * D; i++) dv_rms += ref[2][i] * ref[2][i];
+  assert_true(sqrt(dv_rms / (double)(n * Hk * D)) > 1e-3); /* dV = P dO is not zero */
+  rda_check_grad_result res;
+  rda_check_grad(&c, 1, n, dq, sq, dk, sk, dv, sk, ref[0], ref[1], ref[2], &res);
+  if (!res.pass) fprintf(stderr, "an exact zero gradient failed: %s\n", res.first_failure);
+  assert_true(res.pass);
+  assert_true(res.dq_rel_l2 < 1e-3 && res.dk_rel_l2 < 1e-3);
+  /* A wrong value where the gradient is zero is still an error: 1e-6 on one element is 1e-6
+   * absolute against a floor of 1e-9 * sqrt(128). */
+  dq[5] = 1e-6f;
+  rda_check_grad(&c, 1, n, dq, sq, dk, sk, dv, sk, ref[0], ref[1], ref[2], &res);
+  assert_false(res.pass);
+  assert_non_null(strstr(res.first_failure, "dQ"));
+  free(dq), free(dk), free(dv), free(q), free(k), free(v), free(dout);
+  for (int i = 0; i < 3; i++) free(ref[i]);
+}
+
+/* The floor is no blanket pass for small gradients: one of RMS 1e-6 (a thousand times the
+ * floor) is judged by its relative error, so 0 or 3 tolerances off fails and half a tolerance
+ * passes. */
+static void test_check_grad_catches_errors_in_a_small_gradient(void **state) {
+  (void)state;
+  const long long n = 6, H = 2, D = 32, count = n * H * D;
+  const long long s[3] = {count, H * D, D};
+  double *ref = rt_normal((size_t)count, RT_DTYPE_F64);
+  for (long long i = 0; i < count; i++) ref[i] *= 1e-6;
+  float *got = malloc((size_t)count * sizeof *got);
+  assert_non_null(got);
+  const double tol = rda_tolerance_for(RDA_DTYPE_FP16).grad_rel_l2;
+  const double factors[] = {0.0, 1.0 + 3.0 * tol, 1.0 - 3.0 * tol, 1.0 + 0.5 * tol, 1.0};
+  for (size_t f = 0; f < sizeof factors / sizeof factors[0]; f++) {
+    for (long long i = 0; i < count; i++) got[i] = (float)(ref[i] * factors[f]);
+    long long bad = -1;
+    const double rel = rda_check_grad_rel_l2(got, s, ref, 1, n, (int)H, (int)D, &bad);
+    assert_int_equal(bad, 0);
+    const double want = fabs(1.0 - factors[f]);
+    if (fabs(rel - want) > 1e-3 * tol + 1e-7) {
+      fprintf(stderr, "factor %.6g: relative error %.6g, want %.6g\n", factors[f], rel, want);
+      fail();
+    }
+    assert_int_equal(rel <= tol, f >= 3);
+  }
+  free(ref), free(got);
+}
+
 /* --- rounding --------------------------------------------------------------------------------- */
 
 static void test_rounding_bf16_ties_to_even(void **state) {
@@ -921,10 +1053,14 @@ int main(void) {
       cmocka_unit_test(test_reference_bwd_matches_finite_differences_multibranch),
       cmocka_unit_test(test_reference_bwd_matches_finite_differences_gqa),
       cmocka_unit_test(test_reference_bwd_matches_finite_differences_uncovered_and_scale),
+      cmocka_unit_test(test_reference_negative_scale_equals_union_softmax),
+      cmocka_unit_test(test_reference_huge_segments_and_dilations_do_not_overflow),
       cmocka_unit_test(test_reference_bwd_uncovered_rows_are_exactly_zero),
       cmocka_unit_test(test_reference_bwd_duplicate_branches_equal_one_branch),
       cmocka_unit_test(test_reference_bwd_single_dense_branch_equals_textbook),
       cmocka_unit_test(test_check_bwd_rejects_each_kind_of_wrong_gradient),
+      cmocka_unit_test(test_check_grad_passes_an_exactly_zero_gradient),
+      cmocka_unit_test(test_check_grad_catches_errors_in_a_small_gradient),
       cmocka_unit_test(test_rounding_bf16_ties_to_even),
       cmocka_unit_test(test_rounding_fp16_ties_subnormals_overflow),
       cmocka_unit_test(test_rounding_bits_round_trip_exhaustively),
@@ -933,5 +1069,7 @@ int main(void) {
       cmocka_unit_test(test_pack_bits_respects_strides),
       cmocka_unit_test(test_fill_normal_is_standard_and_rounded),
   };
+  const char *filter = getenv("RDA_TEST_FILTER"); /* e.g. "*check_grad*" while developing */
+  if (filter != NULL) cmocka_set_test_filter(filter);
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -37,6 +37,16 @@ T.test("kv_heads, offsets and causal have defaults", function()
   assert(c.kv_heads == 16 and c.offsets == "mod" and c.causal == false, "defaults")
 end)
 
+T.test("the scale may be negative, and sizes reach 2^40", function()
+  local c = assert(config.validate(valid { scale = -0.5 }, "x.lua"))
+  assert(c.scale == -0.5 and math.type(c.scale) == "float", "negative scale kept")
+  c = assert(config.validate(valid { scale = -2 }, "x.lua"))
+  assert(c.scale == -2.0 and math.type(c.scale) == "float", "integer scale becomes a float")
+  c = assert(config.validate(valid { segments = { 1 << 40, 8, 8 }, dilations = { 1, 1 << 40, 2 } },
+                             "x.lua"))
+  assert(c.segments[1] == config.MAX_SIZE and c.dilations[2] == 1 << 40, "the bound itself")
+end)
+
 T.test("integral floats are integers", function()
   local c = assert(config.validate(valid { heads = 16.0, segments = { 2048.0, 4096, 8192 } },
                                    "x.lua"))
@@ -53,16 +63,24 @@ T.test("rule messages name the key, the value and what is allowed", function()
   rejects(valid { dilations = { 1, 2 } }, "dilations", "2 entries", "segments has 3")
   rejects(valid { offsets = "ring" }, 'offsets = "ring"', '"mod", "block", "group"')
   rejects(valid { causal = "yes" }, 'causal = "yes"', "true or false")
-  rejects(valid { scale = -1 }, "scale = -1", "positive finite")
+  rejects(valid { scale = 0 }, "scale = 0: must be a finite nonzero number", "leave scale out")
+  rejects(valid { scale = 1e300 }, "scale = 1e+300", "|scale| <= 2.3587e+38", "fit in fp32")
+  rejects(valid { scale = -1e39 }, "scale = -1e+39", "|scale| <= 2.3587e+38")
+  rejects(valid { scale = 0/0 }, "scale = ", "finite nonzero")
+  rejects(valid { segments = { 1, (1 << 40) + 1, 3 } },
+          "segments[2] = 1099511627777: must be at most 2^40 = 1099511627776")
+  rejects(valid { dilations = { 1, math.maxinteger, 3 } },
+          "dilations[2] = 9223372036854775807: must be at most 2^40")
   rejects(valid { bogus = 1 }, "bogus = 1", "unknown key", "allowed keys")
   rejects(valid { dropout = 0.1 }, "dropout = 0.1", "not supported")
 end)
 
 -- Values a careless or hostile config might put anywhere.
-local POOL <const> = { 0, -1, 1, 2, 3, 4, 16, 32, 64, 80, 128, 256, 1.5, 2048.0, 1e300, 2^63,
-                       -2^63, 0/0, math.huge, -math.huge, "", "x", "bf16", "fp16", "mod",
+local POOL <const> = { 0, -1, -0.5, 2.5e38, 1 << 41, 1, 2, 3, 4, 16, 32, 64, 80, 128, 256, 1.5,
+                       2048.0, 1e300, 2^63, -2^63, 0/0, math.huge, -math.huge, "", "x", "bf16",
+                       "fp16", "mod",
                        "group", "block", true, false, {}, { 1 }, { 1, 2, 3 }, { 0 }, { "8" },
-                       { 1, nil, 3 }, { x = 1 }, print, coroutine.create(print) }
+                       { 1, nil, 3 }, { 1 << 41 }, { x = 1 }, print, coroutine.create(print) }
 local FIELDS <const> = { "heads", "kv_heads", "head_dim", "dtype", "segments", "dilations",
                          "offsets", "causal", "scale", "dropout", "other", 1 }
 
@@ -83,10 +101,13 @@ T.test("validate never raises and either accepts a sound config or says one line
       assert(c.heads >= 1 and c.kv_heads >= 1 and c.heads % c.kv_heads == 0, "heads")
       assert(#c.segments == #c.dilations and #c.segments >= 1 and #c.segments <= 16, "branches")
       for i = 1, #c.segments do
-        assert(math.type(c.segments[i]) == "integer" and c.segments[i] >= 1, "segment")
-        assert(math.type(c.dilations[i]) == "integer" and c.dilations[i] >= 1, "dilation")
+        assert(math.type(c.segments[i]) == "integer" and c.segments[i] >= 1
+               and c.segments[i] <= config.MAX_SIZE, "segment")
+        assert(math.type(c.dilations[i]) == "integer" and c.dilations[i] >= 1
+               and c.dilations[i] <= config.MAX_SIZE, "dilation")
       end
-      assert(c.scale > 0 and c.scale < math.huge, "scale")
+      assert(c.scale ~= 0 and math.abs(c.scale) * 1.4426950408889634 <= (2 - 2^-23) * 2^127,
+             "scale")
       assert(c.offsets ~= "group" or c.heads >= #c.segments, "group")
     else
       assert(type(msg) == "string" and msg:sub(1, 7) == "x.lua: " and not msg:find("\n"),
