@@ -303,8 +303,11 @@ RDA_API rda_status rda_ring_nccl_unique_id(void *id);
  * (RDA_ERR_UNSUPPORTED on the emulator or in a build without NCCL). Blocks until every rank
  * joined (or the timeout). RDA_ERR_INVALID_ARGUMENT, before joining, for: desc NULL or its
  * struct_size wrong, not exactly one of world / nccl_comm / nccl_unique_id, ranks outside
- * 1 .. 4096 or not the world's, rank outside 0 .. P-1, N < P, an unknown layout, zigzag with
- * N % 2P != 0, a negative or non-finite timeout. *out is NULL on failure. */
+ * 1 .. 4096 or not the world's, rank outside 0 .. P-1, N < P or N > 2^40, an unknown layout,
+ * zigzag with N % 2P != 0, a negative or non-finite timeout, a ring whose byte counts would
+ * pass 2^63 - 1. With a world, any such failure of one rank aborts the world, so the other
+ * ranks fail at once (RDA_ERR_NCCL naming that rank and why) instead of after the timeout; the
+ * world cannot be used again. *out is NULL on failure. */
 RDA_API rda_status rda_ring_create(rda_ring **out, rda_plan *plan, const rda_ring_desc *desc);
 
 /* The rank's rows: count, and its pieces [lo[i], hi[i]) of global rows (npieces 1 or 2; with

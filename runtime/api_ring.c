@@ -14,6 +14,7 @@
 #include "ring.h"
 #include "ring_plan.h"
 #include "transport.h"
+#include "transport_world.h"
 
 _Static_assert((int)RDA_LAYOUT_CONTIGUOUS == RDA_RING_CONTIGUOUS &&
                    (int)RDA_LAYOUT_ZIGZAG == RDA_RING_ZIGZAG,
@@ -48,6 +49,8 @@ struct rda_ring {
   void *own_stream; /* the NCCL communication stream the ring made, or NULL */
   int rank, ranks;
   long long rows;
+  uint64_t block_max;   /* the largest ring block of this rank per batch element (send, all
+                           sends or receives of one round): bounds the workspace for a batch */
   atomic_int aborted;   /* rda_ring_abort or a failed call: every later call fails */
   pthread_mutex_t lock; /* stats and reason */
   char reason[RDA_API_MSG_LEN];
@@ -113,6 +116,13 @@ static rda_status ring_ws_parts(const rda_ring *r, long long batch, int backward
     ws->bwd_bytes = rda_api_round_up(rda_bwd_workspace_bytes(pk, batch, r->rows));
     ws->o_bytes = ws->lse_bytes = 0;
   }
+  /* The ring's workspace is at most 11 blocks of block_max bytes times the batch (ring.c's
+   * layout: send, 2 receive, 2 x 2 gradient, 2 x 2 returned gradient blocks, rounded): refuse a
+   * batch that could overflow before ring.c multiplies. */
+  if (r->block_max > 0 && (uint64_t)batch > (uint64_t)(SIZE_MAX / 16) / r->block_max)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "%s: batch = %lld, rows = %lld: the ring's workspace size overflows", fn,
+                       batch, r->rows);
   const size_t ring = rda_ring_workspace_bytes(pk, r->rp, r->rank, batch, backward);
   if (ring > SIZE_MAX / 4 || ws->bwd_bytes > SIZE_MAX / 4)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
@@ -299,6 +309,22 @@ static rda_status ring_join(rda_ring *r, const rda_ring_desc *d, uint64_t fp, do
                                    timeout_s, &r->t, err);
 }
 
+/* This rank's rda_ring_create failed before it joined its virtual-rank world (a bad desc, or
+ * the plan could not be made): abort the world in this rank's name, so that the other ranks'
+ * joins fail at once with the reason instead of waiting out the timeout for a rank that never
+ * comes ("a mismatch is an error on every rank, not a hang"). The host and device worlds begin
+ * with their tw_world (transport_world.h), which tw_world_abort aborts for a rank without an
+ * endpoint (first abort wins, "rank R: why", everyone woken). A desc whose
+ * struct_size or world is not valid names no world to abort; an NCCL ring has none yet. */
+static void ring_abort_world(const rda_ring_desc *d, const char *why) {
+  if (d == NULL || d->struct_size != sizeof(rda_ring_desc) || d->world == NULL ||
+      d->world->magic != kWorldMagic)
+    return;
+  tw_world *w = d->world->host != NULL ? (tw_world *)(void *)d->world->host
+                                       : (tw_world *)(void *)d->world->dev;
+  if (w != NULL) tw_world_abort(w, d->rank, why);
+}
+
 static void ring_free(rda_ring *r) {
   rda_transport_destroy(r->t);
   if (r->own_stream != NULL) r->ctx->b->stream_destroy(r->ctx->b, r->own_stream);
@@ -320,7 +346,10 @@ rda_status rda_ring_create(rda_ring **out, rda_plan *plan, const rda_ring_desc *
   if (desc == NULL) return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT, "%s: desc is NULL", fn);
   rda_err err = {0};
   double timeout_s = 0.0;
-  if (ring_check_desc(ctx, desc, &timeout_s, &err) != RDA_OK) return rda_api_fail(ctx, &err);
+  if (ring_check_desc(ctx, desc, &timeout_s, &err) != RDA_OK) {
+    ring_abort_world(desc, err.msg);
+    return rda_api_fail(ctx, &err);
+  }
   const rda_config *cfg = &plan->core->pk.cfg;
 
   rda_ring *r = calloc(1, sizeof *r);
@@ -335,6 +364,17 @@ rda_status rda_ring_create(rda_ring **out, rda_plan *plan, const rda_ring_desc *
   pthread_mutex_unlock(&ctx->lock);
   if (s == RDA_OK)
     s = rda_ring_plan_create(cfg, desc->n, desc->ranks, (int)desc->layout, &r->rp, &err);
+  if (s == RDA_OK) {
+    rda_ring_step *steps = NULL;
+    int64_t nsteps = 0;
+    s = rda_ring_plan_steps(r->rp, r->rank, &steps, &nsteps, &err);
+    uint64_t b[3] = {0, 0, 0};
+    if (s == RDA_OK) rda_ring_steps_blocks(steps, nsteps, &b[0], &b[1], &b[2]);
+    free(steps);
+    r->block_max = b[0] > b[1] ? b[0] : b[1];
+    r->block_max = b[2] > r->block_max ? b[2] : r->block_max;
+  }
+  if (s != RDA_OK) ring_abort_world(desc, err.msg[0] != '\0' ? err.msg : "(no detail)");
   if (s == RDA_OK) {
     r->rows = (long long)rda_ring_plan_rank(r->rp, r->rank)->rows;
     r->stats.rows = r->rows;

@@ -4,6 +4,7 @@
 #include "ring_plan.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -68,6 +69,45 @@ int rda_ring_layout_parse(const char *name) {
 
 const char *rda_ring_layout_name(int layout) {
   return layout == RDA_RING_ZIGZAG ? "zigzag" : "contiguous";
+}
+
+/* --- byte counts ----------------------------------------------------------------------------- */
+
+/* Row counts and indices need no checks: N, segments and dilations are at most RDA_RING_MAX_N =
+ * 2^40, so every row index, segment bound (m + 1) * w <= N + w, grid product a + j + t * r <=
+ * b + r and rank start rho * (N / P) stays below 2^42. Bytes are products with heads and
+ * head_dim and sums over steps: each is checked against RDA_RING_MAX_BYTES here. */
+
+/* *acc += v; 0 when the sum would exceed RDA_RING_MAX_BYTES (then *acc is unchanged). */
+static int rp_add_bytes(uint64_t *acc, uint64_t v) {
+  uint64_t s;
+  if (__builtin_add_overflow(*acc, v, &s) || s > RDA_RING_MAX_BYTES) return 0;
+  *acc = s;
+  return 1;
+}
+
+/* The bytes of `rows` rows of nkv kv heads, times `times`; 0 when above RDA_RING_MAX_BYTES. */
+static int rp_row_bytes(const rda_ring_plan *p, int64_t rows, int nkv, uint64_t times,
+                        uint64_t *out) {
+  uint64_t b;
+  if (rows < 0 || nkv < 0 || p->cfg.head_dim < 0 ||
+      __builtin_mul_overflow((uint64_t)rows, (uint64_t)nkv, &b) ||
+      __builtin_mul_overflow(b, (uint64_t)p->cfg.head_dim, &b) ||
+      __builtin_mul_overflow(b, (uint64_t)RDA_RING_KV_ELEM_BYTES, &b) ||
+      __builtin_mul_overflow(b, times, &b) || b > RDA_RING_MAX_BYTES)
+    return 0;
+  *out = b;
+  return 1;
+}
+
+/* The one error line of a plan whose bytes would not fit: what overflowed and the sizes. */
+static rda_status rp_too_large(const rda_ring_plan *p, const char *what, rda_err *err) {
+  return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                     "ring plan: N = %lld over P = %d ranks is too large for the ring: %s would "
+                     "exceed 2^63 - 1 bytes (%d kv heads x head_dim %d x %d bytes a row); use "
+                     "fewer rows, heads or ranks",
+                     (long long)p->n, p->nranks, what, p->cfg.kv_heads, p->cfg.head_dim,
+                     RDA_RING_KV_ELEM_BYTES);
 }
 
 /* --- ownership ------------------------------------------------------------------------------ */
@@ -253,6 +293,7 @@ static int64_t rp_xfer(const rda_ring_plan *p, const rp_group *g, const rp_membe
     out->nranges++;
     out->rows += t1 - t0;
   }
+  /* At most the member's own block, whose bytes rp_build_groups checked. */
   out->bytes = (uint64_t)out->rows * (uint64_t)p->classes[g->cls].nkv * (uint64_t)p->cfg.head_dim *
                RDA_RING_KV_ELEM_BYTES;
   return out->rows;
@@ -354,6 +395,7 @@ static uint64_t rp_group_step_bytes(const rda_ring_plan *p, const rp_group *g) {
     for (int q = 0; q < m->nr; q++) own += m->t1[q] - m->t0[q];
     if (own > rows) rows = own;
   }
+  /* Twice the block fits RDA_RING_MAX_BYTES: rp_build_groups checked it. */
   const uint64_t block = (uint64_t)rows * (uint64_t)p->classes[g->cls].nkv *
                          (uint64_t)p->cfg.head_dim * RDA_RING_KV_ELEM_BYTES;
   return g->kind == RDA_RING_KIND_ALLGATHER ? 2 * block : block;
@@ -366,7 +408,8 @@ static void rp_bundle(rda_ring_plan *p, int64_t g0) {
   uint64_t sum = 0;
   for (int64_t gi = g0; gi < p->ngroups; gi++) {
     const uint64_t sz = rp_group_step_bytes(p, &p->groups[gi]);
-    if (gi == g0 || sum + sz > p->bundle_bytes) {
+    uint64_t grown;
+    if (gi == g0 || __builtin_add_overflow(sum, sz, &grown) || grown > p->bundle_bytes) {
       p->nbundles++;
       sum = 0;
     }
@@ -429,6 +472,17 @@ static rda_status rp_build_groups(rda_ring_plan *p, int i, int64_t *slot, int64_
       }
       for (int q = 0; q < nm; q++) slot[tmp[q].rank] = -1;
       if (nm < 2) continue;
+      /* Every transfer of the group is part of one member's own block and a step moves at most
+       * two of them one way: twice the largest block must fit. */
+      int64_t most = 0;
+      for (int q = 0; q < nm; q++) {
+        int64_t own = 0;
+        for (int k = 0; k < tmp[q].nr; k++) own += tmp[q].t1[k] - tmp[q].t0[k];
+        most = own > most ? own : most;
+      }
+      uint64_t two;
+      if (!rp_row_bytes(p, most, p->classes[cls].nkv, 2, &two))
+        return rp_too_large(p, "a block of one segment group", err);
       rp_group g = {.branch = i, .cls = cls, .segment = m, .a = a, .b = b, .ngrid = ng, .nm = nm};
       rp_choose(p, &g, tmp);
       RDA_TRY(rp_push_group(p, &g, tmp, err));
@@ -484,19 +538,32 @@ static rda_status rp_totals(rda_ring_plan *p, rda_err *err) {
     int64_t n = 0;
     RDA_TRY(rda_ring_plan_steps(p, rho, &steps, &n, err));
     rk->steps = n;
-    for (int64_t i = 0; i < n; i++) {
+    char what[64] = "";
+    for (int64_t i = 0; i < n && what[0] == '\0'; i++) {
       const rda_ring_step *st = &steps[i];
       rk->recv_pairs += st->recv_pairs;
       for (int q = 0; q < st->nsend; q++) {
-        rk->bytes_sent += st->send[q].bytes;
-        p->branches[st->branch].bytes += st->send[q].bytes;
+        if (!rp_add_bytes(&rk->bytes_sent, st->send[q].bytes))
+          snprintf(what, sizeof what, "the bytes rank %d sends", rho);
+        else if (!rp_add_bytes(&p->branches[st->branch].bytes, st->send[q].bytes))
+          snprintf(what, sizeof what, "the bytes branch %d moves", st->branch);
       }
-      for (int q = 0; q < st->nrecv; q++) rk->bytes_received += st->recv[q].bytes;
+      for (int q = 0; q < st->nrecv; q++)
+        if (!rp_add_bytes(&rk->bytes_received, st->recv[q].bytes))
+          snprintf(what, sizeof what, "the bytes rank %d receives", rho);
     }
-    uint64_t send_all = 0;
-    rda_ring_steps_blocks(steps, n, &rk->send_block, &send_all, &rk->recv_block);
+    /* A round's blocks are sums of some of the rank's sends or receives: at most the checked
+     * totals, so rda_ring_steps_blocks cannot wrap. */
+    uint64_t send_all = 0, peak = 0;
+    if (what[0] == '\0') {
+      rda_ring_steps_blocks(steps, n, &rk->send_block, &send_all, &rk->recv_block);
+      if (!rp_add_bytes(&peak, rk->send_block) || !rp_add_bytes(&peak, rk->recv_block) ||
+          !rp_add_bytes(&peak, rk->recv_block))
+        snprintf(what, sizeof what, "the ring memory of rank %d", rho);
+    }
     free(steps);
-    rk->peak_bytes = rk->send_block + 2 * rk->recv_block;
+    if (what[0] != '\0') return rp_too_large(p, what, err);
+    rk->peak_bytes = peak;
   }
   return RDA_OK;
 }
@@ -507,14 +574,14 @@ rda_status rda_ring_plan_create(const rda_config *cfg, int64_t n, int ranks, int
 }
 
 rda_status rda_ring_plan_create_bundled(const rda_config *cfg, int64_t n, int ranks, int layout,
-                                        uint64_t bundle_bytes, rda_ring_plan **out,
-                                        rda_err *err) {
+                                        uint64_t bundle_bytes, rda_ring_plan **out, rda_err *err) {
   if (out == NULL || cfg == NULL)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring plan: NULL config or output");
   *out = NULL;
-  if (n < 1)
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring plan: N = %lld: need N >= 1",
-                       (long long)n);
+  if (n < 1 || n > RDA_RING_MAX_N)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "ring plan: N = %lld: need 1 <= N <= 2^40 = %lld", (long long)n,
+                       (long long)RDA_RING_MAX_N);
   if (ranks < 1 || ranks > RDA_RING_MAX_RANKS)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring plan: ranks P = %d: need 1 <= P <= %d",
                        ranks, RDA_RING_MAX_RANKS);
@@ -535,7 +602,8 @@ rda_status rda_ring_plan_create_bundled(const rda_config *cfg, int64_t n, int ra
       cfg->heads % cfg->kv_heads != 0 || cfg->head_dim < 1)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring plan: the config was not validated");
   for (int i = 0; i < cfg->nbranch; i++)
-    if (cfg->segments[i] < 1 || cfg->dilations[i] < 1)
+    if (cfg->segments[i] < 1 || cfg->dilations[i] < 1 || cfg->segments[i] > RDA_RING_MAX_N ||
+        cfg->dilations[i] > RDA_RING_MAX_N)
       return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring plan: the config was not validated");
 
   rda_ring_plan *p = calloc(1, sizeof *p);
@@ -641,7 +709,7 @@ int rda_ring_plan_own_block(const rda_ring_plan *p, int64_t group, int rank, rda
       out->rows += out->count[k];
     }
     out->bytes = (uint64_t)out->rows * (uint64_t)p->classes[g->cls].nkv *
-                 (uint64_t)p->cfg.head_dim * RDA_RING_KV_ELEM_BYTES;
+                 (uint64_t)p->cfg.head_dim * RDA_RING_KV_ELEM_BYTES; /* checked at creation */
     return 1;
   }
   return 0;
@@ -744,10 +812,14 @@ void rda_ring_steps_blocks(const rda_ring_step *steps, int64_t n, uint64_t *send
 
 rda_status rda_ring_plan_simulate(const rda_ring_plan *p, double link_bytes_per_s,
                                   double flops_per_s, rda_ring_sim *out, rda_err *err) {
-  if (!(link_bytes_per_s > 0.0) || !(flops_per_s > 0.0) || !isfinite(link_bytes_per_s) ||
-      !isfinite(flops_per_s))
+  if (!(link_bytes_per_s > 0.0) || !isnormal(link_bytes_per_s))
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                       "ring-sim: the link rate and the compute rate must be positive");
+                       "ring-sim: link rate %g bytes/s: must be finite, normal and positive",
+                       link_bytes_per_s);
+  if (!(flops_per_s > 0.0) || !isnormal(flops_per_s))
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "ring-sim: compute rate %g FLOP/s: must be finite, normal and positive",
+                       flops_per_s);
   /* Per rank, round by round: the first round's transfer overlaps the local block, each later
    * stage is max(this round's transfer, the previous round's compute), and the last round's
    * compute comes after. */
@@ -757,7 +829,7 @@ rda_status rda_ring_plan_simulate(const rda_ring_plan *p, double link_bytes_per_
     rda_ring_step *steps = NULL;
     int64_t n = 0;
     RDA_TRY(rda_ring_plan_steps(p, rho, &steps, &n, err));
-    double first_comm = 0.0, rest = 0.0, prev = 0.0, comm_s = 0.0;
+    double first_comm = 0.0, rest = 0.0, prev = 0.0, comm_s = 0.0, exposed = 0.0;
     for (int64_t i = 0; i < n;) {
       const int64_t e = rda_ring_round_end(steps, n, i);
       double sent = 0.0, recv = 0.0, pairs = 0.0;
@@ -768,10 +840,12 @@ rda_status rda_ring_plan_simulate(const rda_ring_plan *p, double link_bytes_per_
       }
       const double comm = (sent > recv ? sent : recv) / link_bytes_per_s;
       comm_s += comm;
-      if (i == 0)
+      if (i == 0) {
         first_comm = comm;
-      else
+      } else {
         rest += prev > comm ? prev : comm;
+        exposed += comm > prev ? comm - prev : 0.0; /* the part of the stage compute misses */
+      }
       prev = pairs * fpp;
       i = e;
     }
@@ -780,6 +854,10 @@ rda_status rda_ring_plan_simulate(const rda_ring_plan *p, double link_bytes_per_
     out[rho].compute_s = rk->pairs * fpp;
     out[rho].comm_s = comm_s;
     out[rho].total_s = n > 0 ? (local > first_comm ? local : first_comm) + rest + prev : local;
+    if (first_comm > local) exposed += first_comm - local;
+    if (exposed > comm_s) exposed = comm_s; /* rounding only */
+    out[rho].exposed_s = exposed;
+    out[rho].overlap = comm_s > 0.0 ? (comm_s - exposed) / comm_s : 1.0;
   }
   return RDA_OK;
 }

@@ -23,6 +23,14 @@ enum {
 };
 
 #define RDA_RING_MAX_RANKS 4096
+/* The most rows a ring plans, 2^40 (~1.1e12; the config's own cap on segments and dilations):
+ * every row index, segment bound and grid product of the plan then stays below 2^42, far
+ * inside int64, whatever the config. */
+#define RDA_RING_MAX_N (1LL << 40)
+/* The most bytes any count of the plan may reach (one transfer, a rank's or a branch's total, a
+ * round's block, a rank's peak): 2^63 - 1, so that each also fits a signed 64-bit integer (JSON,
+ * rda_ring_stats). Larger plans are refused at creation, never wrapped. */
+#define RDA_RING_MAX_BYTES ((uint64_t)INT64_MAX)
 /* K and V, 2 bytes per element (bf16 and fp16 alike). */
 #define RDA_RING_KV_ELEM_BYTES 4
 /* The classes of one segment move in bundles of at most this many bytes per member and step
@@ -121,16 +129,19 @@ int rda_ring_layout_parse(const char *name);
 const char *rda_ring_layout_name(int layout);
 
 /* Plan the ring for a validated config, N rows, P ranks and a layout. Errors
- * (RDA_ERR_INVALID_ARGUMENT, one line): n < 1, P < 1 or > RDA_RING_MAX_RANKS, P > N, zigzag with
- * N % 2P != 0, an unknown layout. Cost: O(P + sum over segment groups of members^2); never a
- * loop over rows. *out is NULL on failure. */
+ * (RDA_ERR_INVALID_ARGUMENT, one line): n < 1 or > RDA_RING_MAX_N, P < 1 or > RDA_RING_MAX_RANKS,
+ * P > N, zigzag with N % 2P != 0, an unknown layout, a segment or dilation above RDA_RING_MAX_N,
+ * and a plan whose byte counts would exceed RDA_RING_MAX_BYTES ("too large for the ring": every
+ * byte product and sum is overflow-checked here, so the bytes of rda_ring_plan_steps,
+ * rda_ring_plan_own_block, rda_ring_round_layout and rda_ring_steps_blocks on a created plan
+ * never wrap either: each is at most a checked total). Cost: O(P + sum over segment groups of
+ * members^2); never a loop over rows. *out is NULL on failure. */
 rda_status rda_ring_plan_create(const rda_config *cfg, int64_t n, int ranks, int layout,
                                 rda_ring_plan **out, rda_err *err);
 /* The same with bundles of at most bundle_bytes (RDA_RING_BUNDLE_BYTES; 0: one group per
  * bundle), for tests of the round machinery on small problems. */
 rda_status rda_ring_plan_create_bundled(const rda_config *cfg, int64_t n, int ranks, int layout,
-                                        uint64_t bundle_bytes, rda_ring_plan **out,
-                                        rda_err *err);
+                                        uint64_t bundle_bytes, rda_ring_plan **out, rda_err *err);
 void rda_ring_plan_destroy(rda_ring_plan *p); /* accepts NULL */
 
 int rda_ring_plan_ranks(const rda_ring_plan *p);
@@ -185,10 +196,16 @@ typedef struct rda_ring_sim {
   double total_s;   /* pipelined: the local block's compute overlaps round 1's transfer, the
                        blocks of round s's compute overlaps round s+1's; each stage costs
                        max(compute, comm). Peers are assumed ready (no waiting modelled). */
+  double exposed_s; /* of comm_s, the time no compute hides: the sum over stages of
+                       max(compute, comm) - compute, so total_s = compute_s + exposed_s
+                       (up to rounding) */
+  double overlap;   /* (comm_s - exposed_s) / comm_s in [0, 1]: the share of communication
+                       hidden behind compute; 1 when the rank moves nothing */
 } rda_ring_sim;
 
 /* Fill out[0..P) with the model for link_bytes_per_s (per direction, full duplex) and
- * flops_per_s (effective). RDA_ERR_INVALID_ARGUMENT for non-positive rates. */
+ * flops_per_s (effective). RDA_ERR_INVALID_ARGUMENT unless both rates are finite, normal and
+ * positive. */
 rda_status rda_ring_plan_simulate(const rda_ring_plan *p, double link_bytes_per_s,
                                   double flops_per_s, rda_ring_sim *out, rda_err *err);
 

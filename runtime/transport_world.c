@@ -265,11 +265,14 @@ rda_status tw_barrier(rda_transport *t, rda_err *err) {
   return s;
 }
 
+void tw_world_abort(tw_world *w, int rank, const char *why) {
+  pthread_mutex_lock(&w->mu);
+  tw_abort_locked(w, rank, why);
+  pthread_mutex_unlock(&w->mu);
+}
+
 void tw_abort(rda_transport *t, const char *reason) {
-  tw_endpoint *ep = (tw_endpoint *)t;
-  pthread_mutex_lock(&ep->world->mu);
-  tw_abort_locked(ep->world, t->rank, reason);
-  pthread_mutex_unlock(&ep->world->mu);
+  tw_world_abort(((tw_endpoint *)t)->world, t->rank, reason);
 }
 
 void tw_destroy(rda_transport *t) {

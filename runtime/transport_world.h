@@ -79,6 +79,10 @@ rda_status tw_world_create(size_t bytes, const char *what, const char *name, con
 /* Frees a world from tw_world_create (NULL: nothing); every endpoint is destroyed first. */
 void tw_world_destroy(tw_world *w);
 
+/* Abort w for `rank`, which has no endpoint (it failed before joining): the first abort's
+ * reason ("rank R: why") stays, and every waiting rank wakes up and fails with it. */
+void tw_world_abort(tw_world *w, int rank, const char *why);
+
 /* Join as `rank` with an endpoint of ep_bytes (>= sizeof(tw_endpoint); the transport's own
  * struct begins with a tw_endpoint); init, when given, sets up the transport's part before the
  * rank counts as joined (its failure aborts the world). Then as rda_host_world_join. */

@@ -653,6 +653,47 @@ static void test_ring_fingerprint_mismatch_fails_every_rank(void **state) {
   expect_mismatch("different config on rank 2", 3, 2, g_plan_b, 30);
 }
 
+/* P ranks create a ring; rank `bad` alone has n = n_bad, which its own checks (or its plan)
+ * refuse. It must fail naming `names`, and abort the world: every other rank fails well before
+ * the timeout, naming the bad rank and its reason, instead of waiting for it to join. */
+static void expect_bad_rank(const char *what, int P, int bad, long long n_bad, const char *names) {
+  rda_ring_world *world = NULL;
+  assert_int_equal(rda_ring_world_create(&world, g_ctx, P, kTimeout), RDA_OK);
+  cjob jobs[MAXP];
+  pthread_t th[MAXP];
+  memset(jobs, 0, sizeof jobs);
+  for (int p = 0; p < P; ++p) {
+    jobs[p] = (cjob){g_plan_a, world, 30, P, p, RDA_LAYOUT_CONTIGUOUS, RDA_OK, "", 0.0};
+    if (p == bad) jobs[p].n = n_bad;
+    assert_int_equal(pthread_create(&th[p], NULL, create_main, &jobs[p]), 0);
+  }
+  for (int p = 0; p < P; ++p) pthread_join(th[p], NULL);
+  char culprit[32];
+  snprintf(culprit, sizeof culprit, "rank %d: ", bad);
+  for (int p = 0; p < P; ++p) {
+    const rda_status want = p == bad ? RDA_ERR_INVALID_ARGUMENT : RDA_ERR_NCCL;
+    if (jobs[p].s != want)
+      fail_msg("%s: rank %d: status %d (%s), expected %d", what, p, jobs[p].s, jobs[p].msg, want);
+    assert_one_line_naming(jobs[p].msg, "rda_ring_create");
+    assert_one_line_naming(jobs[p].msg, names);
+    if (p != bad) {
+      assert_one_line_naming(jobs[p].msg, "the ring was aborted");
+      assert_one_line_naming(jobs[p].msg, culprit);
+    }
+    if (jobs[p].seconds > kTimeout / 4)
+      fail_msg("%s: rank %d took %.1f s (timeout %.1f s)", what, p, jobs[p].seconds, kTimeout);
+  }
+  rda_ring_world_destroy(world);
+}
+
+static void test_ring_bad_desc_on_one_rank_fails_every_rank(void **state) {
+  (void)state;
+  expect_bad_rank("P > N on rank 1", 3, 1, 2, "desc->n = 2");
+  expect_bad_rank("N beyond the ring plan's cap on rank 2", 3, 2, RDA_RING_MAX_N + 1,
+                  "need 1 <= N <= 2^40");
+  expect_bad_rank("P > N on rank 0 of 2", 2, 0, 1, "desc->n = 1");
+}
+
 static void test_ring_create_rejects_bad_desc(void **state) {
   (void)state;
   rda_ring_world *w3 = NULL, *w2 = NULL;
@@ -998,6 +1039,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_ring_create_rejects_bad_desc),
       cmocka_unit_test(test_ring_handles_and_world_lifetime),
       cmocka_unit_test(test_ring_fingerprint_mismatch_fails_every_rank),
+      cmocka_unit_test(test_ring_bad_desc_on_one_rank_fails_every_rank),
       cmocka_unit_test(test_ring_call_errors_fail_every_rank),
       cmocka_unit_test(test_ring_abort_from_another_thread),
       cmocka_unit_test(test_ring_forward_matches_single_device_contiguous),

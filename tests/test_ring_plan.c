@@ -391,8 +391,8 @@ static void test_ring_plan_steps_never_exceed_two_transfers(void **state) {
                 assert_int_equal(rda_ring_plan_steps(p, q, &st, &ns, &err), RDA_OK);
                 for (int64_t i = 0; i < ns; i++)
                   if (st[i].nsend > 2 || st[i].nrecv > 2 || st[i].nsend < 0 || st[i].nrecv < 0)
-                    fail_msg("w %lld r %lld N %lld P %d rank %d: %d sends, %d receives", w, r, n,
-                             P, q, st[i].nsend, st[i].nrecv);
+                    fail_msg("w %lld r %lld N %lld P %d rank %d: %d sends, %d receives", w, r, n, P,
+                             q, st[i].nsend, st[i].nrecv);
                 free(st);
               }
               rda_ring_plan_destroy(p);
@@ -447,13 +447,99 @@ static void test_ring_plan_rejects_bad_shapes(void **state) {
   rt_config_make(&c, 4, 2, 32, RDA_DTYPE_BF16, 1, RDA_OFFSETS_MOD, 1, w, r);
   expect_create_error(&c, 100, 8, RDA_RING_ZIGZAG, "multiple of 2P = 16");
   expect_create_error(&c, 8, 9, RDA_RING_CONTIGUOUS, "exceeds N = 8");
-  expect_create_error(&c, 0, 1, RDA_RING_CONTIGUOUS, "N >= 1");
+  expect_create_error(&c, 0, 1, RDA_RING_CONTIGUOUS, "1 <= N <= 2^40");
+  expect_create_error(&c, RDA_RING_MAX_N + 1, 2, RDA_RING_CONTIGUOUS, "1 <= N <= 2^40");
+  rda_config big = c;
+  big.segments[0] = RDA_RING_MAX_N + 1;
+  expect_create_error(&big, 100, 2, RDA_RING_CONTIGUOUS, "not validated");
+  big = c, big.dilations[0] = RDA_RING_MAX_N + 1;
+  expect_create_error(&big, 100, 2, RDA_RING_CONTIGUOUS, "not validated");
   expect_create_error(&c, 100, 0, RDA_RING_CONTIGUOUS, "1 <= P");
   expect_create_error(&c, 100000, RDA_RING_MAX_RANKS + 1, RDA_RING_CONTIGUOUS, "P <=");
   expect_create_error(&c, 100, 2, 7, "layout");
   assert_int_equal(rda_ring_layout_parse("zigzag"), RDA_RING_ZIGZAG);
   assert_int_equal(rda_ring_layout_parse("contiguous"), RDA_RING_CONTIGUOUS);
   assert_int_equal(rda_ring_layout_parse("ring"), -1);
+}
+
+/* Byte counts at the largest N: exact where they fit (2^55 bytes a rank), one error line where
+ * a block, a rank's total or the world's would pass 2^63 - 1 (they used to wrap). */
+static void test_ring_plan_bytes_never_wrap(void **state) {
+  (void)state;
+  const long long N = RDA_RING_MAX_N, w[] = {RDA_RING_MAX_N}, r[] = {1};
+  rda_config c;
+  rt_config_make(&c, 64, 64, 256, RDA_DTYPE_BF16, 0, RDA_OFFSETS_MOD, 1, w, r);
+  rda_ring_plan *p = NULL;
+  rda_err err = {0};
+  assert_int_equal(rda_ring_plan_create(&c, N, 2, RDA_RING_CONTIGUOUS, &p, &err), RDA_OK);
+  const uint64_t block = (uint64_t)(N / 2) * 64u * 256u * RDA_RING_KV_ELEM_BYTES; /* 2^55 */
+  for (int x = 0; x < 2; x++) {
+    const rda_ring_rank *rk = rda_ring_plan_rank(p, x);
+    assert_true(rk->bytes_sent == block && rk->bytes_received == block);
+    assert_true(rk->peak_bytes == 3 * block); /* own block + two receive blocks */
+  }
+  assert_true(rda_ring_plan_branch(p, 0)->bytes == 2 * block);
+  rda_ring_plan_destroy(p);
+  /* The review's case: 64 heads of 256 over 1024 ranks move ~2^66 bytes in all. */
+  expect_create_error(&c, N, 1024, RDA_RING_CONTIGUOUS, "too large for the ring");
+  expect_create_error(&c, N, 1024, RDA_RING_CONTIGUOUS, "branch 0");
+  rt_config_make(&c, 65535, 65535, 256, RDA_DTYPE_BF16, 0, RDA_OFFSETS_MOD, 1, w, r);
+  expect_create_error(&c, N, 2, RDA_RING_CONTIGUOUS, "a block of one segment group");
+  expect_create_error(&c, N, 1024, RDA_RING_CONTIGUOUS, "rank 0");
+  c.causal = 1;
+  expect_create_error(&c, N, 4096, RDA_RING_ZIGZAG, "too large for the ring");
+}
+
+/* The pipeline model on a case worked by hand: P = 2, non-causal, one segment of all N = 64
+ * rows, 4 heads (2 kv) of 32: each rank sends and receives one block of 32 rows x 2 x 32 x 4 =
+ * 8192 bytes in one round and computes 32 x 32 x 4 pairs x 128 flops = 2^19 flops on its own
+ * block, then as much on the received one. */
+static void test_ring_sim_overlap_matches_hand_model(void **state) {
+  (void)state;
+  const long long w[] = {64}, r[] = {1};
+  rda_config c;
+  rt_config_make(&c, 4, 2, 32, RDA_DTYPE_BF16, 0, RDA_OFFSETS_MOD, 1, w, r);
+  rda_ring_plan *p = NULL;
+  rda_err err = {0};
+  assert_int_equal(rda_ring_plan_create(&c, 64, 2, RDA_RING_CONTIGUOUS, &p, &err), RDA_OK);
+  rda_ring_sim sim[2];
+  /* link 8192 B/s: comm 1 s. Compute 0.25 s a block: total 1.25, 0.75 s exposed, 25% hidden. */
+  const double f_fast = 524288.0 / 0.25, f_slow = 524288.0 / 2.0;
+  assert_int_equal(rda_ring_plan_simulate(p, 8192.0, f_fast, sim, &err), RDA_OK);
+  for (int x = 0; x < 2; x++) {
+    assert_float_equal(sim[x].comm_s, 1.0, 1e-12);
+    assert_float_equal(sim[x].compute_s, 0.5, 1e-12);
+    assert_float_equal(sim[x].total_s, 1.25, 1e-12);
+    assert_float_equal(sim[x].exposed_s, 0.75, 1e-12);
+    assert_float_equal(sim[x].overlap, 0.25, 1e-12);
+  }
+  /* Compute 2 s a block: the transfer hides wholly behind the local block. */
+  assert_int_equal(rda_ring_plan_simulate(p, 8192.0, f_slow, sim, &err), RDA_OK);
+  for (int x = 0; x < 2; x++) {
+    assert_float_equal(sim[x].total_s, 4.0, 1e-12);
+    assert_float_equal(sim[x].exposed_s, 0.0, 1e-12);
+    assert_float_equal(sim[x].overlap, 1.0, 1e-12);
+  }
+  /* Rates must be finite, normal and positive; the message names which. */
+  const double bad[] = {0.0, -1.0, 1e-320, INFINITY, NAN};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    memset(&err, 0, sizeof err);
+    assert_int_equal(rda_ring_plan_simulate(p, bad[i], f_fast, sim, &err),
+                     RDA_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(err.msg, "link rate"));
+    memset(&err, 0, sizeof err);
+    assert_int_equal(rda_ring_plan_simulate(p, 8192.0, bad[i], sim, &err),
+                     RDA_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(err.msg, "compute rate"));
+  }
+  rda_ring_plan_destroy(p);
+  /* A rank that moves nothing (P = 1) has nothing to hide. */
+  assert_int_equal(rda_ring_plan_create(&c, 64, 1, RDA_RING_CONTIGUOUS, &p, &err), RDA_OK);
+  assert_int_equal(rda_ring_plan_simulate(p, 8192.0, f_fast, sim, &err), RDA_OK);
+  assert_float_equal(sim[0].comm_s, 0.0, 0.0);
+  assert_float_equal(sim[0].overlap, 1.0, 0.0);
+  assert_float_equal(sim[0].total_s, sim[0].compute_s, 1e-15);
+  rda_ring_plan_destroy(p);
 }
 
 static void test_ring_plan_fingerprint_covers_every_input(void **state) {
@@ -508,6 +594,10 @@ static void test_ring_sim_billion_rows_1024_ranks_is_fast_and_consistent(void **
       assert_true(fabs(sim[x].compute_s - rk->flops / 400e12) <= 1e-9 * sim[x].compute_s + 1e-15);
       assert_true(sim[x].total_s + 1e-12 >= sim[x].compute_s);
       assert_true(sim[x].total_s <= sim[x].compute_s + sim[x].comm_s + 1e-9);
+      assert_true(sim[x].exposed_s >= 0.0 && sim[x].exposed_s <= sim[x].comm_s);
+      assert_true(fabs(sim[x].total_s - sim[x].compute_s - sim[x].exposed_s) <=
+                  1e-9 * sim[x].total_s);
+      assert_true(sim[x].overlap >= 0.0 && sim[x].overlap <= 1.0);
       /* O(N/P) memory: 3 blocks of at most 976563 rows of both kv heads. */
       assert_true(rk->peak_bytes <= 3ull * 976563ull * 2ull * 128ull * 4ull);
       assert_true(rk->bytes_received > 0 || (causal && x == 0));
@@ -568,6 +658,34 @@ static void test_ring_sim_cli_prints_ranks_and_rejects_bad_input(void **state) {
     const char *argv[] = {"ring-sim", cfg,        "--n",    "4096",   "--ranks",
                           "8",        "--layout", "zigzag", "--json", NULL};
     run_cli(argv, 0, "\"peak_bytes\"");
+    run_cli(argv, 0, "\"overlap\"");
+  }
+  {
+    const char *argv[] = {"ring-sim", cfg, "--n", "4096", "--ranks", "8", NULL};
+    run_cli(argv, 0, "overlap");
+  }
+  {
+    /* 2^40 + 1 rows; rates that were accepted before and gave inf or a misleading error. */
+    const char *argv[] = {"ring-sim", cfg, "--n", "1099511627777", "--ranks", "2", NULL};
+    run_cli(argv, 2, "--n");
+    const char *a2[] = {"ring-sim", cfg,           "--n",    "100", "--ranks",
+                        "2",        "--link-gbps", "1e-320", NULL};
+    run_cli(a2, 2, "--link-gbps");
+    const char *a3[] = {"ring-sim", cfg, "--n", "100", "--ranks", "2", "--tflops", "1e308", NULL};
+    run_cli(a3, 2, "--tflops");
+    const char *a4[] = {"ring-sim", cfg, "--n", "100", "--ranks", "2", "--tflops=inf", NULL};
+    run_cli(a4, 2, "--tflops");
+  }
+  {
+    /* Bytes past 2^63 - 1: one error line, never negative numbers. */
+    char *huge = rt_path(dir, "huge.lua");
+    const char text[] =
+        "return { heads = 65535, head_dim = 256, dtype = 'bf16',\n"
+        "  segments = { 1099511627776 }, dilations = { 1 } }\n";
+    assert_true(rt_write_file(huge, text, strlen(text)));
+    const char *argv[] = {"ring-sim", huge, "--n", "1099511627776", "--ranks", "2", "--json", NULL};
+    run_cli(argv, 1, "too large for the ring");
+    free(huge);
   }
   {
     const char *argv[] = {"ring-sim", cfg,        "--n",    "100", "--ranks",
@@ -621,6 +739,8 @@ int main(void) {
       cmocka_unit_test(test_ring_plan_steps_never_exceed_two_transfers),
       cmocka_unit_test(test_ring_plan_peak_bytes_shrink_as_one_over_p),
       cmocka_unit_test(test_ring_plan_rejects_bad_shapes),
+      cmocka_unit_test(test_ring_plan_bytes_never_wrap),
+      cmocka_unit_test(test_ring_sim_overlap_matches_hand_model),
       cmocka_unit_test(test_ring_plan_fingerprint_covers_every_input),
       cmocka_unit_test(test_ring_sim_billion_rows_1024_ranks_is_fast_and_consistent),
       cmocka_unit_test(test_ring_sim_cli_prints_ranks_and_rejects_bad_input),

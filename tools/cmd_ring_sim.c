@@ -14,21 +14,29 @@
 /* Default link: NVLink 4 (H100 SXM), 450 GB/s per direction = 3600 Gb/s. */
 #define SIM_DEFAULT_LINK_GBPS 3600.0
 #define SIM_DEFAULT_TFLOPS 400.0
+/* Accepted rates: wide, and narrow enough that every modelled time (bytes < 2^63, flops < 2^111)
+ * is a finite, normal double. */
+#define SIM_MIN_LINK_GBPS 1e-3
+#define SIM_MAX_LINK_GBPS 1e9
+#define SIM_MIN_TFLOPS 1e-6
+#define SIM_MAX_TFLOPS 1e9
 
 static const char sim_usage_text[] =
     "usage: rdagen ring-sim CONFIG --n N --ranks P [--layout contiguous|zigzag]\n"
     "                       [--link-gbps B] [--tflops F] [--json]\n"
     "\n"
-    "Predict the ring for N rows over P ranks (P <= 4096, P <= N; N may be written 1e9):\n"
+    "Predict the ring for N rows over P ranks (N <= 2^40 = 1099511627776, P <= 4096, P <= N;\n"
+    "N may be written 1e9):\n"
     "  per rank: rows, bytes sent and received, peak bytes the ring holds (packed send block +\n"
     "  receive buffers), steps, compute time (4*D*pairs / F), communication time (per round of\n"
-    "  steps max(sent, received) / B) and the total with each round's transfer overlapping the\n"
-    "  previous round's compute (per stage max(compute, comm)); per branch: segment groups and\n"
-    "  bytes.\n"
+    "  steps max(sent, received) / B), the total with each round's transfer overlapping the\n"
+    "  previous round's compute (per stage max(compute, comm)) and the overlap: the share of the\n"
+    "  communication time hidden behind compute; per branch: segment groups and bytes. A plan\n"
+    "  whose byte counts would exceed 2^63 - 1 is refused.\n"
     "  --layout     contiguous (default) or zigzag (2P chunks; N must be a multiple of 2P)\n"
-    "  --link-gbps  link rate per direction in gigabits per second (default 3600 = 450 GB/s,\n"
-    "               one NVLink 4 GPU; 400 is one NDR InfiniBand port)\n"
-    "  --tflops     effective compute rate in TFLOP/s (default 400)\n"
+    "  --link-gbps  link rate per direction in gigabits per second, 0.001 to 1e9 (default\n"
+    "               3600 = 450 GB/s, one NVLink 4 GPU; 400 is one NDR InfiniBand port)\n"
+    "  --tflops     effective compute rate in TFLOP/s, 1e-6 to 1e9 (default 400)\n"
     "  --json       print one JSON document with every rank instead of the table\n";
 
 typedef struct sim_opts {
@@ -56,10 +64,13 @@ static int sim_parse_count(const char *s, long long lo, long long hi, long long 
   return 1;
 }
 
-static int sim_parse_rate(const char *s, double *out) {
+/* A rate in [lo, hi] whose value in base units (times unit) is finite, normal and positive. */
+static int sim_parse_rate(const char *s, double lo, double hi, double unit, double *out) {
   char *end = NULL;
   const double d = strtod(s, &end);
-  if (end == s || *end != '\0' || !isfinite(d) || !(d > 0.0)) return 0;
+  if (end == s || *end != '\0' || !isfinite(d) || !(d >= lo && d <= hi)) return 0;
+  const double base = d * unit;
+  if (!isnormal(base) || !(base > 0.0)) return 0;
   *out = d;
   return 1;
 }
@@ -106,8 +117,8 @@ static int sim_parse(int argc, char **argv, sim_opts *o) {
       return rdagen_usage("ring-sim: %s needs a value", name);
     long long x;
     if (strcmp(name, "--n") == 0) {
-      if (!sim_parse_count(val, 1, 1LL << 50, &x))
-        return rdagen_usage("ring-sim: --n '%s': expected an integer 1..2^50 (1e9 is fine)", val);
+      if (!sim_parse_count(val, 1, RDA_RING_MAX_N, &x))
+        return rdagen_usage("ring-sim: --n '%s': expected an integer 1..2^40 (1e9 is fine)", val);
       o->n = x, have_n = 1;
     } else if (strcmp(name, "--ranks") == 0) {
       if (!sim_parse_count(val, 1, RDA_RING_MAX_RANKS, &x))
@@ -119,11 +130,13 @@ static int sim_parse(int argc, char **argv, sim_opts *o) {
       if (o->layout < 0)
         return rdagen_usage("ring-sim: --layout '%s': expected contiguous or zigzag", val);
     } else if (strcmp(name, "--link-gbps") == 0) {
-      if (!sim_parse_rate(val, &o->link_gbps))
-        return rdagen_usage("ring-sim: --link-gbps '%s': expected a positive number (Gbit/s)", val);
+      if (!sim_parse_rate(val, SIM_MIN_LINK_GBPS, SIM_MAX_LINK_GBPS, 1e9 / 8.0, &o->link_gbps))
+        return rdagen_usage("ring-sim: --link-gbps '%s': expected a number from %g to %g (Gbit/s)",
+                            val, SIM_MIN_LINK_GBPS, SIM_MAX_LINK_GBPS);
     } else {
-      if (!sim_parse_rate(val, &o->tflops))
-        return rdagen_usage("ring-sim: --tflops '%s': expected a positive number (TFLOP/s)", val);
+      if (!sim_parse_rate(val, SIM_MIN_TFLOPS, SIM_MAX_TFLOPS, 1e12, &o->tflops))
+        return rdagen_usage("ring-sim: --tflops '%s': expected a number from %g to %g (TFLOP/s)",
+                            val, SIM_MIN_TFLOPS, SIM_MAX_TFLOPS);
     }
   }
   if (o->config == NULL) return rdagen_usage("ring-sim: no config given");
@@ -145,11 +158,11 @@ static const char *sim_bytes(double b, char *buf, size_t n) {
 
 static void sim_rank_line(const rda_ring_rank *rk, const rda_ring_sim *s) {
   char a[32], b[32], c[32];
-  printf("%5d %12lld %11s %11s %11s %7lld %11.4g %11.4g %11.4g\n", rk->rank, (long long)rk->rows,
-         sim_bytes((double)rk->bytes_sent, a, sizeof a),
+  printf("%5d %12lld %11s %11s %11s %7lld %11.4g %11.4g %11.4g %7.1f%%\n", rk->rank,
+         (long long)rk->rows, sim_bytes((double)rk->bytes_sent, a, sizeof a),
          sim_bytes((double)rk->bytes_received, b, sizeof b),
          sim_bytes((double)rk->peak_bytes, c, sizeof c), (long long)rk->steps, s->compute_s,
-         s->comm_s, s->total_s);
+         s->comm_s, s->total_s, 100.0 * s->overlap);
 }
 
 static int sim_print_json(const sim_opts *o, const rda_ring_plan *p, const rda_ring_sim *sim) {
@@ -177,6 +190,7 @@ static int sim_print_json(const sim_opts *o, const rda_ring_plan *p, const rda_r
     rda_json_key(&j, "r"), rda_json_int(&j, (long long)b->r);
     rda_json_key(&j, "groups"), rda_json_int(&j, (long long)b->ngroups);
     rda_json_key(&j, "allgather_groups"), rda_json_int(&j, (long long)b->nallgather);
+    /* Every byte count of a plan is at most RDA_RING_MAX_BYTES = INT64_MAX: the casts are exact. */
     rda_json_key(&j, "bytes"), rda_json_int(&j, (long long)b->bytes);
     rda_json_object_end(&j);
   }
@@ -196,6 +210,8 @@ static int sim_print_json(const sim_opts *o, const rda_ring_plan *p, const rda_r
     rda_json_key(&j, "compute_s"), rda_json_double(&j, sim[q].compute_s);
     rda_json_key(&j, "comm_s"), rda_json_double(&j, sim[q].comm_s);
     rda_json_key(&j, "total_s"), rda_json_double(&j, sim[q].total_s);
+    rda_json_key(&j, "exposed_comm_s"), rda_json_double(&j, sim[q].exposed_s);
+    rda_json_key(&j, "overlap"), rda_json_double(&j, sim[q].overlap);
     rda_json_object_end(&j);
   }
   rda_json_array_end(&j);
@@ -229,8 +245,8 @@ static void sim_print_table(const sim_opts *o, const rda_ring_plan *p, const rda
            sim_bytes((double)br->bytes, a, sizeof a),
            br->ngroups == 0 ? "  (segments fit inside ranks)" : "");
   }
-  printf("\n%5s %12s %11s %11s %11s %7s %11s %11s %11s\n", "rank", "rows", "sent", "received",
-         "peak", "steps", "compute_s", "comm_s", "total_s");
+  printf("\n%5s %12s %11s %11s %11s %7s %11s %11s %11s %8s\n", "rank", "rows", "sent", "received",
+         "peak", "steps", "compute_s", "comm_s", "total_s", "overlap");
   const int all = o->ranks <= 32;
   for (int q = 0; q < o->ranks; q++) {
     if (!all && q == 8) printf("%5s  ... (--json for every rank)\n", "");
@@ -246,10 +262,10 @@ static void sim_print_table(const sim_opts *o, const rda_ring_plan *p, const rda
     if (rk->peak_bytes > peak) peak = rk->peak_bytes;
   }
   printf(
-      "\nworld    slowest rank %d: %.4g s (compute %.4g s, comm %.4g s); moved %s in all; "
-      "largest peak %s\n",
-      slow, sim[slow].total_s, sim[slow].compute_s, sim[slow].comm_s, sim_bytes(moved, a, sizeof a),
-      sim_bytes((double)peak, b, sizeof b));
+      "\nworld    slowest rank %d: %.4g s (compute %.4g s, comm %.4g s, %.1f%% of it hidden); "
+      "moved %s in all; largest peak %s\n",
+      slow, sim[slow].total_s, sim[slow].compute_s, sim[slow].comm_s, 100.0 * sim[slow].overlap,
+      sim_bytes(moved, a, sizeof a), sim_bytes((double)peak, b, sizeof b));
 }
 
 int rdagen_cmd_ring_sim(int argc, char **argv) {
