@@ -59,8 +59,23 @@ typedef struct rda_emu_impl {
   unsigned os_threads; /* $RDA_EMU_THREADS, 0: all hardware threads */
 } rda_emu_impl;
 
-struct rda_module {
+/* A kernel module's dlopen handle, shared process-wide by every load of the same cache key
+ * (rda_emu_shared_get). Each dlopen maps a private copy of the object (its own temporary
+ * file, four or more mappings), so a copy per backend, one per virtual rank of the ring, hit
+ * vm.max_map_count at a few thousand ranks. Sharing is safe: a kernel module keeps no mutable
+ * state of its own (its only writable data is the C/C++ start-up files' bookkeeping); launch
+ * state lives in the emulator runtime (per launch, per worker, per OS thread); a static
+ * __shared__ variable is thread_local and a block runs from start to end on one OS thread, so
+ * two launches at once (two backends on two threads) never meet there. */
+typedef struct rda_emu_shared {
+  char key[65]; /* rda_cache_key hex */
   void *dl;
+  long refs; /* rda_modules holding dl; guarded by rda_emu_shared_mu */
+  struct rda_emu_shared *next;
+} rda_emu_shared;
+
+struct rda_module {
+  rda_emu_shared *shared;
   rda_emu_entry_fn entry;
   char name[128];
 };
@@ -340,24 +355,77 @@ static rda_status rda_emu_dlopen_bytes(const char *dir, const unsigned char *dat
   return st;
 }
 
-static rda_status rda_emu_open_module(void *dl, const char *name, rda_module **out,
+static pthread_mutex_t rda_emu_shared_mu = PTHREAD_MUTEX_INITIALIZER;
+static rda_emu_shared *rda_emu_shared_list; /* the loaded kernel modules, guarded by the mutex */
+
+/* The loaded module of `key` with one more reference, or NULL when none is loaded. */
+static rda_emu_shared *rda_emu_shared_get(const char *key) {
+  pthread_mutex_lock(&rda_emu_shared_mu);
+  rda_emu_shared *e = rda_emu_shared_list;
+  while (e != NULL && strcmp(e->key, key) != 0) e = e->next;
+  if (e != NULL) ++e->refs;
+  pthread_mutex_unlock(&rda_emu_shared_mu);
+  return e;
+}
+
+/* Enter the fresh handle `dl` of `key` with one reference. Should another thread have entered
+ * the key meanwhile (both missed rda_emu_shared_get), dl is closed and that one is shared.
+ * NULL when out of memory (dl closed). */
+static rda_emu_shared *rda_emu_shared_put(const char *key, void *dl) {
+  rda_emu_shared *fresh = calloc(1, sizeof *fresh);
+  pthread_mutex_lock(&rda_emu_shared_mu);
+  rda_emu_shared *e = rda_emu_shared_list;
+  while (e != NULL && strcmp(e->key, key) != 0) e = e->next;
+  if (e != NULL) {
+    ++e->refs;
+  } else if (fresh != NULL) {
+    snprintf(fresh->key, sizeof fresh->key, "%s", key);
+    fresh->dl = dl;
+    fresh->refs = 1;
+    fresh->next = rda_emu_shared_list;
+    rda_emu_shared_list = e = fresh;
+  }
+  pthread_mutex_unlock(&rda_emu_shared_mu);
+  if (e == NULL || e != fresh) { /* dl not entered */
+    free(fresh);
+    dlclose(dl);
+  }
+  return e;
+}
+
+/* Drop one reference; the last closes the handle. */
+static void rda_emu_shared_drop(rda_emu_shared *e) {
+  pthread_mutex_lock(&rda_emu_shared_mu);
+  const int last = --e->refs == 0;
+  if (last) {
+    rda_emu_shared **at = &rda_emu_shared_list;
+    while (*at != e) at = &(*at)->next;
+    *at = e->next;
+  }
+  pthread_mutex_unlock(&rda_emu_shared_mu);
+  if (last) {
+    dlclose(e->dl);
+    free(e);
+  }
+}
+
+/* A module of entry `name` in the shared handle sh, taking over the caller's reference (dropped
+ * on failure). */
+static rda_status rda_emu_open_module(rda_emu_shared *sh, const char *name, rda_module **out,
                                       rda_err *err) {
   char sym[160];
   snprintf(sym, sizeof sym, "%s__emu", name);
-  void *p = dlsym(dl, sym);
-  if (p == NULL) {
-    dlclose(dl);
+  void *p = dlsym(sh->dl, sym);
+  rda_module *m = p != NULL ? calloc(1, sizeof *m) : NULL;
+  if (m == NULL) {
+    rda_emu_shared_drop(sh);
+    if (p != NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "emu: out of memory");
     return rda_err_set(err, RDA_ERR_EMULATOR,
                        "emu: kernel module of '%s' has no entry '%s' (RDA_EMU_EXPORT(%s, ...) "
                        "missing?)",
                        name, sym, name);
   }
-  rda_module *m = calloc(1, sizeof *m);
-  if (m == NULL) {
-    dlclose(dl);
-    return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "emu: out of memory");
-  }
-  m->dl = dl;
+  m->shared = sh;
   memcpy(&m->entry, &p, sizeof p); /* object pointer to function pointer, as dlsym intends */
   snprintf(m->name, sizeof m->name, "%s", name);
   *out = m;
@@ -491,6 +559,7 @@ static rda_status rda_emu_runtime(rda_emu_impl *im, const char *dir, const rda_e
   return st; /* the handle stays open for the life of the process */
 }
 
+/* A module already loaded in this process (by any backend) is shared, not loaded again. */
 static rda_status rda_emu_load(rda_backend *b, const rda_variant *v, rda_module **out,
                                rda_err *err) {
   *out = NULL;
@@ -499,31 +568,39 @@ static rda_status rda_emu_load(rda_backend *b, const rda_variant *v, rda_module 
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "emu: variant without a name or source");
   rda_emu_keyparts *kp = malloc(sizeof *kp);
   if (kp == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "emu: out of memory");
-  char dir[kEmuPath];
+  rda_cache_key key;
+  memset(&key, 0, sizeof key);
+  rda_emu_shared *sh = NULL;
   rda_status st = rda_emu_keyparts_of(im, kp, err);
-  if (st == RDA_OK) st = rda_cache_folder(kp->target, dir, sizeof dir, err);
-  if (st == RDA_OK) st = rda_emu_runtime(im, dir, kp, err);
-  unsigned char *image = NULL;
-  size_t bytes = 0;
-  void *dl = NULL;
   if (st == RDA_OK) {
     const rda_cache_inputs in = {kp->target, v->source,   kp->headers,
                                  RDA_VERSION_STRING, kp->compiler, kp->options};
-    rda_cache_key key;
     rda_cache_key_of(&in, &key);
-    st = rda_emu_fetch(im, dir, kp, &key, v->name, v->source, NULL, &image, &bytes, err);
+    sh = rda_emu_shared_get(key.hex);
   }
-  if (st == RDA_OK) st = rda_emu_dlopen_bytes(dir, image, bytes, RTLD_NOW | RTLD_LOCAL, &dl, err);
-  free(image);
+  if (st == RDA_OK && sh == NULL) {
+    char dir[kEmuPath];
+    unsigned char *image = NULL;
+    size_t bytes = 0;
+    void *dl = NULL;
+    st = rda_cache_folder(kp->target, dir, sizeof dir, err);
+    if (st == RDA_OK) st = rda_emu_runtime(im, dir, kp, err);
+    if (st == RDA_OK)
+      st = rda_emu_fetch(im, dir, kp, &key, v->name, v->source, NULL, &image, &bytes, err);
+    if (st == RDA_OK) st = rda_emu_dlopen_bytes(dir, image, bytes, RTLD_NOW | RTLD_LOCAL, &dl, err);
+    free(image);
+    if (st == RDA_OK && (sh = rda_emu_shared_put(key.hex, dl)) == NULL)
+      st = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "emu: out of memory");
+  }
   free(kp);
-  if (st == RDA_OK) st = rda_emu_open_module(dl, v->name, out, err);
+  if (st == RDA_OK) st = rda_emu_open_module(sh, v->name, out, err);
   return st;
 }
 
 static void rda_emu_unload(rda_backend *b, rda_module *m) {
   (void)b;
   if (m == NULL) return;
-  dlclose(m->dl);
+  rda_emu_shared_drop(m->shared);
   free(m);
 }
 

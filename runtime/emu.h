@@ -13,7 +13,9 @@
  *   RDA_EMU_CXXFLAGS  extra compiler flags, e.g. "-O0 -g" to debug a kernel (part of the key)
  * Modules live in the kernel cache (runtime/cache.h) under the target emu-<machine>, keyed by
  * their source, the templates, rda's version, the compiler and its flags; the templates the
- * compiler includes are written to emu-<machine>/inc-<digest>/. */
+ * compiler includes are written to emu-<machine>/inc-<digest>/. A module loaded by several
+ * backends (the virtual ranks of a ring) is loaded once per process and shared, reference
+ * counted: the generated kernels keep no mutable global state. */
 
 /* Like b->launch, with blockDim = (block[0], block[1], block[2]). b must be an emu backend. */
 rda_status rda_emu_launch3(rda_backend *b, rda_module *m, const unsigned grid[3],

@@ -13,6 +13,7 @@
 #include <dirent.h>
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1243,6 +1244,252 @@ static void test_emu_cache_reuses_module_and_leaves_no_temp_files(void **state) 
   free(root);
 }
 
+/* ------------------------------------------------------------------ sharing loaded modules */
+
+/* Two small kernels with a static __shared__ tile (a thread_local of the module, per OS thread)
+ * and an exact model each. Names of their own: no other test loads these sources. */
+typedef struct emu_share_params {
+  const unsigned *in;
+  unsigned *out;
+  unsigned salt;
+  int pad;
+} emu_share_params;
+
+enum { kShareBlock = 64, kShareBlocks = 24, kShareN = kShareBlock * kShareBlocks };
+
+static char g_src_share_a[] =
+    "#include \"rda_device.cuh\"\n"
+    "struct emu_share_params { const unsigned *in; unsigned *out; unsigned salt; int pad; };\n"
+    "extern \"C\" __global__ void emu_share_a(const emu_share_params p) {\n"
+    "  __shared__ unsigned tile[64];\n"
+    "  const unsigned t = threadIdx.x, i = blockIdx.x * 64u + t;\n"
+    "  tile[t] = p.in[i] * 2654435761u + p.salt;\n"
+    "  __syncthreads();\n"
+    "  p.out[i] = tile[63u - t] ^ (blockIdx.x * 7u);\n"
+    "}\n"
+    "RDA_EMU_EXPORT(emu_share_a, emu_share_params)\n";
+
+static char g_src_share_b[] =
+    "#include \"rda_device.cuh\"\n"
+    "struct emu_share_params { const unsigned *in; unsigned *out; unsigned salt; int pad; };\n"
+    "extern \"C\" __global__ void emu_share_b(const emu_share_params p) {\n"
+    "  __shared__ unsigned tile[64];\n"
+    "  const unsigned t = threadIdx.x, i = blockIdx.x * 64u + t;\n"
+    "  tile[t] = (p.in[i] ^ p.salt) + 40503u * t;\n"
+    "  __syncthreads();\n"
+    "  p.out[i] = tile[(t + 1u) % 64u] + blockIdx.x;\n"
+    "}\n"
+    "RDA_EMU_EXPORT(emu_share_b, emu_share_params)\n";
+
+static unsigned share_model(int which, const unsigned *in, unsigned salt, unsigned i) {
+  const unsigned b = i / kShareBlock, t = i % kShareBlock, base = b * kShareBlock;
+  if (which == 0) return (in[base + 63u - t] * 2654435761u + salt) ^ (b * 7u);
+  const unsigned u = (t + 1u) % kShareBlock;
+  return ((in[base + u] ^ salt) + 40503u * u) + b;
+}
+
+/* Launch module m (kernel `which`) on backend b with fresh random inputs; 1 when the output
+ * matches the model exactly (the output starts poisoned). */
+static int share_run_ok(rda_backend *b, rda_module *m, int which, rt_rng *rng) {
+  unsigned *in = malloc(kShareN * sizeof *in), *out = malloc(kShareN * sizeof *out);
+  if (in == NULL || out == NULL) {
+    free(in);
+    free(out);
+    return 0;
+  }
+  for (int i = 0; i < kShareN; ++i) in[i] = (unsigned)rt_rng_next(rng);
+  memset(out, 0xa5, kShareN * sizeof *out);
+  const emu_share_params p = {in, out, (unsigned)rt_rng_next(rng), 0};
+  const unsigned grid[3] = {kShareBlocks, 1, 1};
+  rda_err err = {0};
+  int ok = b->launch(b, m, grid, kShareBlock, 0, &p, sizeof p, &err) == RDA_OK;
+  if (!ok) fprintf(stderr, "test_emu: share launch: %s\n", err.msg);
+  for (int i = 0; ok && i < kShareN; ++i) {
+    if (out[i] != share_model(which, in, p.salt, (unsigned)i)) {
+      fprintf(stderr, "test_emu: kernel %d out[%d] = %u, model %u\n", which, i, out[i],
+              share_model(which, in, p.salt, (unsigned)i));
+      ok = 0;
+    }
+  }
+  free(in);
+  free(out);
+  return ok;
+}
+
+static rda_module *share_load(rda_backend *b, int which) {
+  rda_variant v;
+  memset(&v, 0, sizeof v);
+  snprintf(v.name, sizeof v.name, "%s", which == 0 ? "emu_share_a" : "emu_share_b");
+  snprintf(v.kind, sizeof v.kind, "test");
+  v.source = which == 0 ? g_src_share_a : g_src_share_b;
+  rda_module *m = NULL;
+  rda_err err = {0};
+  if (b->load(b, &v, &m, &err) != RDA_OK) fprintf(stderr, "test_emu: share load: %s\n", err.msg);
+  return m;
+}
+
+/* Lines of /proc/self/maps, and (into *copies) how many distinct loaded temporary module files
+ * (".../load.tmp.<pid>.<n>.so") they map: one per dlopen'ed copy of a module. */
+static int maps_count(int *copies) {
+  FILE *f = fopen("/proc/self/maps", "r");
+  assert_non_null(f);
+  char line[4096], last[4096] = "";
+  int lines = 0, files = 0;
+  while (fgets(line, sizeof line, f) != NULL) {
+    ++lines;
+    const char *at = strstr(line, "/load.tmp.");
+    if (at == NULL) continue;
+    const char *path = strchr(line, '/');
+    if (strcmp(path, last) != 0) ++files; /* a file's mappings are adjacent */
+    snprintf(last, sizeof last, "%s", path);
+  }
+  fclose(f);
+  if (copies != NULL) *copies = files;
+  return lines;
+}
+
+enum { kShareBackends = 64 };
+
+typedef struct share_worker {
+  rda_backend *b;
+  rda_module *m;
+  int which;
+  uint64_t seed;
+  int ok;
+  pthread_barrier_t *start; /* when it loads */
+} share_worker;
+
+/* Load w->which on w->b unless w->m is given, then launch it a dozen times. */
+static void *share_worker_main(void *arg) {
+  share_worker *w = arg;
+  rt_rng rng;
+  rt_rng_seed(&rng, w->seed);
+  if (w->m == NULL) {
+    pthread_barrier_wait(w->start); /* all load at once: some miss the table together */
+    w->m = share_load(w->b, w->which);
+  }
+  w->ok = w->m != NULL;
+  for (int k = 0; k < 12 && w->ok; ++k) w->ok = share_run_ok(w->b, w->m, w->which, &rng);
+  return NULL;
+}
+
+/* 64 emulator backends (the ring's virtual ranks) loading the same two kernels share one
+ * mapped copy of each: the process's mappings stay flat. Every module runs correctly, also
+ * from eight threads launching at once; unloading in a random order keeps the others working;
+ * the last unload of a kernel unmaps it, and a load after that works again, also eight at once
+ * from eight threads (one copy stays mapped). */
+static void test_emu_backends_share_loaded_modules(void **state) {
+  (void)state;
+  (void)module("emu_grid_ids", g_src_model); /* the runtime is loaded (mapped once, for good) */
+  rt_rng *rng = rt_global_rng();
+  rda_backend *bs[kShareBackends];
+  rda_module *ms[kShareBackends];
+  rda_err err = {0};
+  for (int i = 0; i < kShareBackends; ++i)
+    assert_int_equal(rda_backend_emu_open(&bs[i], 90, &err), RDA_OK);
+  int copies0 = 0, copies1 = 0, copies2 = 0;
+  (void)maps_count(&copies0);
+  /* The first of each kernel maps one copy; 62 more loads map nothing more. */
+  ms[0] = share_load(bs[0], 0);
+  ms[1] = share_load(bs[1], 1);
+  assert_non_null(ms[0]);
+  assert_non_null(ms[1]);
+  const int lines1 = maps_count(&copies1);
+  assert_int_equal(copies1, copies0 + 2);
+  for (int i = 2; i < kShareBackends; ++i) {
+    ms[i] = share_load(bs[i], i % 2);
+    assert_non_null(ms[i]);
+  }
+  const int lines2 = maps_count(&copies2);
+  assert_int_equal(copies2, copies1);
+  /* A private copy per load costs each at least 4 mappings (text, rodata, relro, data). */
+  if (lines2 - lines1 > 16)
+    fail_msg("62 loads of loaded kernels grew the mappings from %d to %d", lines1, lines2);
+
+  /* 500 more loads and unloads on one backend: still nothing mapped. */
+  {
+    rda_module *extra[500];
+    for (int i = 0; i < 500; ++i) assert_non_null(extra[i] = share_load(bs[7], i % 2));
+    int c = 0;
+    const int lines3 = maps_count(&c);
+    assert_int_equal(c, copies1);
+    if (lines3 - lines2 > 16) fail_msg("500 loads grew the mappings from %d to %d", lines2, lines3);
+    for (int i = 499; i >= 0; --i) bs[7]->unload(bs[7], extra[i]);
+    (void)maps_count(&c);
+    assert_int_equal(c, copies1);
+  }
+
+  for (int i = 0; i < kShareBackends; ++i) assert_true(share_run_ok(bs[i], ms[i], i % 2, rng));
+  /* Eight backends (eight OS threads, each launch spread over more) at once on both kernels. */
+  share_worker w[8];
+  pthread_t th[8];
+  for (int t = 0; t < 8; ++t) {
+    const int i = (int)rt_rng_range(rng, 0, kShareBackends - 1);
+    w[t] = (share_worker){bs[i], ms[i], i % 2, rt_rng_next(rng), 0, NULL};
+    assert_int_equal(pthread_create(&th[t], NULL, share_worker_main, &w[t]), 0);
+  }
+  for (int t = 0; t < 8; ++t) {
+    assert_int_equal(pthread_join(th[t], NULL), 0);
+    assert_true(w[t].ok);
+  }
+
+  /* Unload in a random order; after each, a random module still loaded runs. */
+  int order[kShareBackends];
+  for (int i = 0; i < kShareBackends; ++i) order[i] = i;
+  for (int i = kShareBackends - 1; i > 0; --i) {
+    const int j = (int)rt_rng_range(rng, 0, i);
+    const int t = order[i];
+    order[i] = order[j];
+    order[j] = t;
+  }
+  int left[2] = {kShareBackends / 2, kShareBackends / 2};
+  for (int k = 0; k < kShareBackends; ++k) {
+    const int i = order[k];
+    bs[i]->unload(bs[i], ms[i]);
+    ms[i] = NULL;
+    --left[i % 2];
+    int c = 0;
+    (void)maps_count(&c);
+    assert_int_equal(c, copies0 + (left[0] > 0) + (left[1] > 0)); /* the last one unmapped */
+    if (k + 1 == kShareBackends) break;
+    const int r = order[k + 1 + (int)rt_rng_range(rng, 0, kShareBackends - k - 2)];
+    assert_true(share_run_ok(bs[r], ms[r], r % 2, rng));
+  }
+  /* Loaded again after all were unloaded: a fresh copy that runs. */
+  for (int which = 0; which < 2; ++which) {
+    rda_module *m = share_load(bs[which], which);
+    assert_non_null(m);
+    assert_true(share_run_ok(bs[which], m, which, rng));
+    int c = 0;
+    (void)maps_count(&c);
+    assert_int_equal(c, copies0 + 1);
+    bs[which]->unload(bs[which], m);
+  }
+  pthread_barrier_t start;
+  assert_int_equal(pthread_barrier_init(&start, NULL, 8), 0);
+  for (int t = 0; t < 8; ++t) {
+    w[t] = (share_worker){bs[10 + t], NULL, t % 2, rt_rng_next(rng), 0, &start};
+    assert_int_equal(pthread_create(&th[t], NULL, share_worker_main, &w[t]), 0);
+  }
+  for (int t = 0; t < 8; ++t) assert_int_equal(pthread_join(th[t], NULL), 0);
+  pthread_barrier_destroy(&start);
+  {
+    int c = 0;
+    (void)maps_count(&c);
+    assert_int_equal(c, copies0 + 2);
+  }
+  for (int t = 0; t < 8; ++t) {
+    assert_true(w[t].ok);
+    w[t].b->unload(w[t].b, w[t].m);
+  }
+  {
+    int c = 0;
+    (void)maps_count(&c);
+    assert_int_equal(c, copies0);
+  }
+  for (int i = 0; i < kShareBackends; ++i) bs[i]->destroy(bs[i]);
+}
+
 static void test_emu_alloc_is_aligned_and_copies_round_trip(void **state) {
   (void)state;
   void *d = NULL;
@@ -1296,6 +1543,7 @@ int main(void) {
       cmocka_unit_test(test_emu_compile_error_is_reported_with_compiler_output),
       cmocka_unit_test(test_emu_load_of_missing_entry_fails),
       cmocka_unit_test(test_emu_cache_reuses_module_and_leaves_no_temp_files),
+      cmocka_unit_test(test_emu_backends_share_loaded_modules),
       cmocka_unit_test(test_emu_alloc_is_aligned_and_copies_round_trip),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
