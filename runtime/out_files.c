@@ -128,7 +128,7 @@ static int rda_out_files_backup(const char *target, char *name, size_t cap) {
   return -1;
 }
 
-static void rda_out_files_sync_folder(const char *target) {
+void rda_path_sync_folder(const char *target) {
   char dir[4096] = ".";
   const char *slash = strrchr(target, '/');
   if (slash == target)
@@ -239,7 +239,7 @@ rda_status rda_out_files_replace(const rda_out_job *jobs, int n,
     if (slots[i].have_backup) unlink(slots[i].backup); /* success, or the target is the old one */
   }
   if (st == RDA_OK)
-    for (int i = 0; i < n; i++) rda_out_files_sync_folder(jobs[i].file->target);
+    for (int i = 0; i < n; i++) rda_path_sync_folder(jobs[i].file->target);
   free(slots);
   return st;
 }

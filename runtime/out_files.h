@@ -17,6 +17,10 @@
  * failing, more than 40 links (a loop). */
 rda_status rda_path_follow_links(const char *path, char *out, size_t cap, rda_err *err);
 
+/* Flush the folder holding `target` (best effort: errors ignored), so that a rename into it
+ * survives a crash. */
+void rda_path_sync_folder(const char *target);
+
 /* One output, checked before any work is done. */
 typedef struct rda_out_file {
   const char *path;  /* as the user named it (every message names it); not owned */

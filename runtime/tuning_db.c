@@ -178,18 +178,7 @@ rda_status rda_tuning_db_write(const char *path, const char *text, rda_err *err)
     unlink(tmp);
     return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': rename: %s", path, strerror(e));
   }
-  /* The rename itself survives a crash once its folder is flushed (best effort). */
-  char dir[4096] = ".";
-  const char *slash = strrchr(target, '/');
-  if (slash == target)
-    snprintf(dir, sizeof dir, "/");
-  else if (slash != NULL)
-    snprintf(dir, sizeof dir, "%.*s", (int)(slash - target), target);
-  const int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    (void)fsync(dfd);
-    close(dfd);
-  }
+  rda_path_sync_folder(target); /* the rename survives a crash once its folder is flushed */
   return RDA_OK;
 }
 
