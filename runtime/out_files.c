@@ -102,13 +102,20 @@ typedef struct rda_out_slot {
   int have_tmp, have_backup, placed, no_link;
 } rda_out_slot;
 
-/* Create a new file named `<target><tag><pid>-<k>` (k counting up until the name is free);
- * returns the fd, or -1 with errno set. */
-static int rda_out_files_create(const char *target, const char *tag, char *name, size_t cap,
-                                mode_t mode) {
+/* `.rdagen-<pid>-<k><tag>` in f's folder (k counting up each call): short, whatever the
+ * target's name, so a name near the file system's limit can still be replaced. */
+static void rda_out_files_side_name(const rda_out_file *f, const char *tag, char *name,
+                                    size_t cap) {
   static atomic_uint counter;
+  snprintf(name, cap, "%.*s.rdagen-%ld-%u%s", (int)f->base, f->target, (long)getpid(),
+           atomic_fetch_add(&counter, 1u), tag);
+}
+
+/* Create a new file beside f's target (rda_out_files_side_name, tag ".partial"); returns the
+ * fd, or -1 with errno set. */
+static int rda_out_files_create(const rda_out_file *f, char *name, size_t cap, mode_t mode) {
   for (int attempt = 0; attempt < 100; attempt++) {
-    snprintf(name, cap, "%s%s%ld-%u", target, tag, (long)getpid(), atomic_fetch_add(&counter, 1u));
+    rda_out_files_side_name(f, ".partial", name, cap);
     const int fd = open(name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
     if (fd >= 0 || errno != EEXIST) return fd;
   }
@@ -116,12 +123,11 @@ static int rda_out_files_create(const char *target, const char *tag, char *name,
   return -1;
 }
 
-/* A hard link to target named `<target>.old-<pid>-<k>`; 0, or -1 with errno set. */
-static int rda_out_files_backup(const char *target, char *name, size_t cap) {
-  static atomic_uint counter;
+/* A hard link to f's target beside it (tag ".old"); 0, or -1 with errno set. */
+static int rda_out_files_backup(const rda_out_file *f, char *name, size_t cap) {
   for (int attempt = 0; attempt < 100; attempt++) {
-    snprintf(name, cap, "%s.old-%ld-%u", target, (long)getpid(), atomic_fetch_add(&counter, 1u));
-    if (link(target, name) == 0) return 0;
+    rda_out_files_side_name(f, ".old", name, cap);
+    if (link(f->target, name) == 0) return 0;
     if (errno != EEXIST) return -1;
   }
   errno = EEXIST;
@@ -159,7 +165,7 @@ static rda_status rda_out_files_stage(const rda_out_job *job, rda_out_slot *s, r
   struct stat old;
   const int keep_mode = f->exists && stat(f->target, &old) == 0;
   /* Created no wider than the file it replaces: a private output never readable by others. */
-  const int fd = rda_out_files_create(f->target, ".partial-", s->tmp, sizeof s->tmp,
+  const int fd = rda_out_files_create(f, s->tmp, sizeof s->tmp,
                                       keep_mode ? (old.st_mode & 0777) : 0666);
   if (fd < 0)
     return rda_err_set(err, RDA_ERR_IO, "%s: cannot create the output: %s", f->path,
@@ -188,7 +194,7 @@ rda_status rda_out_files_replace(const rda_out_job *jobs, int n,
   for (int i = 0; i < n && st == RDA_OK; i++) {
     const rda_out_file *f = jobs[i].file;
     if (!f->exists) continue;
-    if (rda_out_files_backup(f->target, slots[i].backup, sizeof slots[i].backup) == 0) {
+    if (rda_out_files_backup(f, slots[i].backup, sizeof slots[i].backup) == 0) {
       slots[i].have_backup = 1;
     } else if (errno == EPERM || errno == ENOTSUP || errno == EOPNOTSUPP || errno == EMLINK) {
       slots[i].no_link = 1; /* no hard links here: replaced without a way back */

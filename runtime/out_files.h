@@ -54,9 +54,9 @@ typedef struct rda_out_job {
 } rda_out_job;
 
 /* Replace every job's target, all or nothing as far as POSIX allows:
- * 1. each content goes to a new temporary beside its target (`<target>.partial-<pid>-<k>`,
+ * 1. each content goes to a new temporary beside its target (`.rdagen-<pid>-<k>.partial`,
  *    the replaced file's permission bits), written and fsync'ed; any failure removes them all;
- * 2. each existing target gets a hard-linked backup (`<target>.old-<pid>-<k>`): a failure
+ * 2. each existing target gets a hard-linked backup (`.rdagen-<pid>-<k>.old`): a failure
  *    there removes every temporary and backup, and no target has changed;
  * 3. the temporaries are renamed over their targets in order; when rename k fails, targets
  *    0..k-1 are put back (a backup renamed over its target again, a new file unlinked);
@@ -65,8 +65,9 @@ typedef struct rda_out_job {
  * same content) and nothing new is left, unless a restoring rename itself fails, which the
  * message then says, naming the backup that holds the old file. What does not: a concurrent
  * reader can see some targets new and others old during step 3, and a crash during steps 3-4
- * can leave a mix plus `.partial-`/`.old-` files. On a file system without hard links a target
- * gets no backup, so a failure after it was replaced cannot restore it (the message says so).
+ * can leave a mix plus `.rdagen-*.partial`/`.old` files. On a file system without hard links a
+ * target gets no backup, so a failure after it was replaced cannot restore it (the message
+ * says so).
  * rename_fn: the rename used in step 3 (NULL: rename(2)); tests inject failures there.
  * RDA_ERR_IO with one line naming the user's path (never a temporary's) on failure. */
 rda_status rda_out_files_replace(const rda_out_job *jobs, int n,

@@ -644,6 +644,25 @@ static void test_cli_outputs_follow_links_and_refuse_special_files(void **state)
   assert_int_equal(rt_count_entries(real), 2); /* no temporaries or backups left */
   unlink(f->o), unlink(f->lse);
 
+  /* A name of 250 bytes (NAME_MAX is 255): the temporaries beside it must not be longer. */
+  char longname[251];
+  memset(longname, 'o', 246);
+  memcpy(longname + 246, ".npy", 5);
+  char *o_long = rt_path(real, longname);
+  assert_true(rt_write_file(o_long, "stale", 5));
+  const char *const to_long[] = {"run", f->config, "--q", f->q, "--k", f->k, "--v", f->v,
+                                 "--o", o_long, "--backend", "emu", NULL};
+  p = run_rdagen(600, to_long);
+  if (p.exit_code != 0) {
+    show("an output name of 250 bytes", &p);
+    fail();
+  }
+  rt_proc_free(&p);
+  free(read_output(o_long, 4, os));
+  assert_int_equal(rt_count_entries(real), 3);
+  unlink(o_long);
+  free(o_long);
+
   /* A FIFO (would block, or be replaced), a folder behind a link, a link to a FIFO. */
   char *fifo = rt_path(f->dir, "fifo"), *link_fifo = rt_path(f->dir, "link-fifo");
   char *link_dir = rt_path(f->dir, "link-dir");
@@ -751,6 +770,28 @@ static void test_cli_non_finite_result_exits_1_and_writes_nothing(void **state) 
   expect_refusal("scale 1e38 on the ring", ring, 1, says);
   assert_true(file_is(f->o, "precious"));
   assert_false(rt_exists(stats));
+  assert_null(stray_entry(f, 1));
+
+  /* The other way to overflow: every score of a covered row so negative in fp32 that the row
+   * looks uncovered (O = 0, LSE = -inf). Segments of one row, so each row's only key is its
+   * own, with q = 1 and k = -3 everywhere: the scores are -96 scale. */
+  static const char under[] =
+      "return { heads = 4, kv_heads = 2, head_dim = 32, dtype = 'bf16',\n"
+      "  segments = { 1 }, dilations = { 1 }, scale = 1e38 }\n";
+  assert_true(rt_write_file(f->config, under, strlen(under)));
+  const long long qs[4] = {1, 40, 4, 32}, ks[4] = {1, 40, 2, 32};
+  double *q = malloc(40 * 4 * 32 * sizeof *q), *k = malloc(40 * 2 * 32 * sizeof *k);
+  assert_true(q != NULL && k != NULL);
+  for (int i = 0; i < 40 * 4 * 32; i++) q[i] = 1.0;
+  for (int i = 0; i < 40 * 2 * 32; i++) k[i] = -3.0;
+  assert_true(rt_write_npy(f->q, "<f4", 0, 4, qs, q) && rt_write_npy(f->k, "<f4", 0, 4, ks, k));
+  free(q);
+  free(k);
+  static const char *const under_says[] = {"LSE (--lse '", "is -inf on a row with keys",
+                                           "overflows float32", NULL};
+  expect_refusal("scores below fp32", one, 1, under_says);
+  assert_true(file_is(f->o, "precious"));
+  assert_false(rt_exists(f->lse));
   assert_null(stray_entry(f, 1));
   free(stats);
 }
