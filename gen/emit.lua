@@ -191,13 +191,17 @@ function M.bwd_dkdv_name(v)
                        v.kv_table and "_kt" or "")
 end
 
+-- overlap (optional, wgmma only, stages >= 3): each key tile's dS is computed beside the
+-- previous tile's dQ += dS K product ("_wgo").
 function M.bwd_dq_name(v)
   check_bwd(v, DQ_KEYS)
   assert(v.wgmma == nil or type(v.wgmma) == "boolean", "variant wgmma must be a boolean")
+  assert(v.overlap == nil or type(v.overlap) == "boolean", "variant overlap must be a boolean")
+  assert(not v.overlap or (v.wgmma and v.stages >= 3), "an overlap variant is wgmma with stages >= 3")
   return string.format("rda_bwd_dq_d%d_%s_%s_%s_bm%d_bn%d_w%d_s%d%s%s", v.head_dim, v.dtype,
                        v.causal and "causal" or "full", v.dilated and "dil" or "dense",
-                       v.block_m, v.block_n, v.warps, v.stages, v.wgmma and "_wg" or "",
-                       v.kv_table and "_kt" or "")
+                       v.block_m, v.block_n, v.warps, v.stages,
+                       v.overlap and "_wgo" or v.wgmma and "_wg" or "", v.kv_table and "_kt" or "")
 end
 
 function M.bwd_prep_name(dtype)
@@ -233,6 +237,8 @@ function M.bwd_dq_source(v)
                           "K/V from a ring round's blocks through rda_bwd_kv_table" }
   fields[#fields + 1] = { "bool", "wgmma", tostring(v.wgmma == true),
                           "sm_90a warpgroup MMA, one warpgroup per 64 query rows" }
+  fields[#fields + 1] = { "bool", "overlap", tostring(v.overlap == true),
+                          "wgmma: a tile's dS beside the previous tile's dQ product" }
   -- One block per SM for the wgmma path, as the forward's (its S, dP and dQ accumulators).
   return source(name, "rda_bwd.cuh", fields, 32 * v.warps, "rda::bwd_dq_kernel",
                 "rda_bwd_params", v.wgmma and 1 or nil)

@@ -342,6 +342,16 @@ function M.check_bwd_space(space)
                                     .. "{64, 128} and warps a multiple of 4", d, i,
                                     bwd_tile_name(kind, c))
         end
+        -- overlap (dq only): a tile's K stage stays in use one step longer than the tiles
+        -- loaded ahead, so at least 3 stages.
+        if c.overlap ~= nil and type(c.overlap) ~= "boolean" then
+          return nil, string.format("[%d].%s[%d] %s: overlap must be a boolean", d, kind, i,
+                                    bwd_tile_name(kind, c))
+        end
+        if c.overlap and not (kind == "dq" and c.wgmma and c.stages >= 3) then
+          return nil, string.format("[%d].%s[%d] %s: an overlap tile is a dq tile with wgmma = "
+                                    .. "true and stages >= 3", d, kind, i, bwd_tile_name(kind, c))
+        end
         -- dK/dV keeps a warpgroup's dK and dV (d / 2 registers each per thread) beside S^T and
         -- dP^T (block_m / 2 each): only block_m 64 fits, and at most two warpgroups a block
         -- (three would leave ptxas fewer than 255 registers a thread).
@@ -436,7 +446,8 @@ function M.add_backward(plan, index, cfg, hw, bspace, atomic, wgmma, tun)
       kind = "bwd_dq", head_dim = cfg.head_dim, dtype = cfg.dtype, causal = cfg.causal,
       dilated = dilated, block_m = dq.block_m, block_n = dq.block_n, warps = dq.warps,
       stages = dq.stages, threads = 32 * dq.warps, smem_bytes = M.bwd_smem("dq", cfg.head_dim, dq),
-      wgmma = dq.wgmma or nil, tile = tile_name(dq), tuned = dqs[i][2],
+      wgmma = dq.wgmma or nil, overlap = dq.overlap or nil, tile = tile_name(dq),
+      tuned = dqs[i][2],
     }
     q.name = emit.bwd_dq_name(q)
     q.source = emit.bwd_dq_source(q)

@@ -130,8 +130,8 @@ function M.tile_name_ok(kind, name)
     local bm, bn, w, s, r = name:match("^bm(%d+)_bn(%d+)_w(%d+)_s(%d+)(.*)$")
     nums, rest = { bm, bn, w, s }, r
   end
-  -- "_wgo": a forward wgmma tile with overlap (gen/plan.lua).
-  local ok = rest == "" or rest == "_wg" or (rest == "_wgo" and kind == "fwd")
+  -- "_wgo": a forward or dQ wgmma tile with overlap (gen/plan.lua).
+  local ok = rest == "" or rest == "_wg" or (rest == "_wgo" and kind ~= "bwd_dkdv")
   for i = 1, (kind == "bwd_dkdv" and 5 or 4) do ok = ok and tile_number(nums[i]) end
   if not ok then
     return false, kind == "bwd_dkdv" and "is not a dK/dV tile name like \"bn64_bm32_w4_s2_x1\""

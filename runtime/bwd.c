@@ -162,10 +162,12 @@ void rda_bwd_params_for_step(const rda_plan_k *p, const rda_bwd_step *s, const r
   bp->scale = (float)p->cfg.scale;
   /* Every query and key of every segment (rda_params.h). */
   bp->q_hi = bp->kv_hi = a->n;
-  bp->k_rs = r * bp->k_sn;
-  bp->v_rs = r * bp->v_sn;
-  bp->dk_rs = r * bp->dk_sn;
-  bp->dv_rs = r * bp->dv_sn;
+  /* Grid rows r positions apart; min(r, w): with r >= w only row 0 exists (grid_row_step). */
+  const int64_t rstep = r < w ? r : w;
+  bp->k_rs = rstep * bp->k_sn;
+  bp->v_rs = rstep * bp->v_sn;
+  bp->dk_rs = rstep * bp->dk_sn;
+  bp->dv_rs = rstep * bp->dv_sn;
 }
 
 /* Tiles of `block` grid rows per segment that hold the grid rows of positions [lo, hi): at most

@@ -472,6 +472,11 @@ struct DqTraits {
    * (tile::smem_off), which the 1024-byte multiples above keep aligned. */
   static constexpr bool WG = Cfg::wgmma;
   static constexpr int GROUP_ROWS = WG ? 64 : 16; /* query rows skipped or masked together */
+  /* Cfg::overlap (wgmma only): dQ += dS K of key tile j-1 runs behind S and dP of tile j, and
+   * tile j's dS is computed meanwhile. Tile j-1's K stage is then read until tile j's step
+   * ends, so only stages - 2 tiles load ahead, not stages - 1. */
+  static constexpr bool OVL = Cfg::overlap;
+  static constexpr int AHEAD = OVL ? STAGES - 2 : STAGES - 1; /* K/V tiles loaded ahead */
 
   static_assert(D == 32 || D == 64 || D == 96 || D == 128 || D == 256, "unsupported head_dim");
   static_assert(BM == 16 * WARPS, "each warp owns 16 query rows");
@@ -479,6 +484,7 @@ struct DqTraits {
   static_assert(STAGES >= 2, "the K/V pipeline needs at least 2 stages");
   static_assert(!WG || ((D == 64 || D == 128) && (BN == 64 || BN == 128) && WARPS % 4 == 0),
                 "wgmma: head_dim and block_n in {64, 128}, whole warpgroups");
+  static_assert(!OVL || (WG && STAGES >= 3), "overlap: a wgmma tile with at least 3 stages");
 };
 
 /* P and dS from S and dP (accumulator layout, this warp's rows wrow0 + g and wrow0 + g + 8,
@@ -560,6 +566,88 @@ __device__ __forceinline__ void dq_step_wg(uint32_t sq, uint32_t sdo, uint32_t s
   dq_ds<Cfg, Mask>(s, dp, sl2, lse2, dpr, n0, wrow0, nk, kq);
 
   tile::wgmma_rs_product<Cfg::dtype, T::D, T::BN>(acc, s, sk); /* dQ += dS K */
+}
+
+/* The dQ += dS K product of a warpgroup's previous key tile (wgmma path with overlap): dS
+ * packed to the storage dtype, and the shared address of that tile's K stage. */
+template <class Cfg>
+using PendingDsK = tile::PendingRs<Cfg::block_n>;
+
+/* Completes the pending dQ += dS K, if any: on return acc is final and pd is empty. Every tile
+ * of a warpgroup ends in a step or in this, before its K stage is loaded over. */
+template <class Cfg>
+__device__ __forceinline__ void dq_flush_pending(float (&acc)[DqTraits<Cfg>::DT][4],
+                                                 PendingDsK<Cfg> &pd) {
+  tile::wgmma_rs_flush<Cfg::dtype, DqTraits<Cfg>::D, Cfg::block_n>(acc, pd);
+}
+
+/* One key tile on the wgmma path with overlap: S = Q K^T and dP = dO V^T of this tile, then
+ * (Pending) dQ += dS K of the previous one, as two groups; this tile's dS is computed once S
+ * and dP have landed, while the dQ product still runs. Then this tile's dS becomes the pending
+ * product, packed only after the previous one was waited for (the hardware reads register A
+ * operands asynchronously), and nothing is in flight on return. Pending is a template
+ * parameter: a branch between issue and wait makes ptxas serialize the kernel's wgmma (C7520). */
+template <class Cfg, bool Mask, bool Pending>
+__device__ __forceinline__ void dq_step_wg_overlap(uint32_t sq, uint32_t sdo, uint32_t sk,
+                                                   uint32_t sv, float sl2, const float lse2[2],
+                                                   const float dpr[2], int n0, int wrow0, int nk,
+                                                   int kq, float (&acc)[DqTraits<Cfg>::DT][4],
+                                                   PendingDsK<Cfg> &pd) {
+  using T = DqTraits<Cfg>;
+  float s[T::NT][4], dp[T::NT][4];
+
+  wgmma_fence_operands(acc);
+  wgmma_fence_operands(pd.a);
+  wgmma_fence();
+  tile::wgmma_kmajor_product<Cfg::dtype, T::BN, T::KS, T::BM, T::BN>(s, sq, sk);
+  tile::wgmma_kmajor_product<Cfg::dtype, T::BN, T::KS, T::BM, T::BN>(dp, sdo, sv);
+  wgmma_commit();
+  if constexpr (Pending) {
+    tile::wgmma_rs_issue<Cfg::dtype, T::D, T::BN>(acc, pd.a, pd.b); /* dQ += dS K, previous */
+    wgmma_commit();
+    wgmma_wait<1>(); /* S and dP have landed; the dQ product may still run */
+  } else {
+    wgmma_wait<0>();
+  }
+  wgmma_fence_operands(s);
+  wgmma_fence_operands(dp);
+
+  dq_ds<Cfg, Mask>(s, dp, sl2, lse2, dpr, n0, wrow0, nk, kq);
+
+  if constexpr (Pending) {
+    wgmma_wait<0>();
+    wgmma_fence_operands(acc);
+    wgmma_fence_operands(pd.a);
+  }
+  tile::pack_a_rows<Cfg::dtype, T::BN>(pd.a, s);
+  pd.b = sk;
+  pd.live = true;
+}
+
+/* dq_step_wg_overlap with Mask and Pending as runtime flags (each combination a complete
+ * step). */
+template <class Cfg>
+__device__ __forceinline__ void dq_step_wg_overlap_any(bool mask, uint32_t sq, uint32_t sdo,
+                                                       uint32_t sk, uint32_t sv, float sl2,
+                                                       const float lse2[2], const float dpr[2],
+                                                       int n0, int wrow0, int nk, int kq,
+                                                       float (&acc)[DqTraits<Cfg>::DT][4],
+                                                       PendingDsK<Cfg> &pd) {
+  if (pd.live) {
+    if (mask)
+      dq_step_wg_overlap<Cfg, true, true>(sq, sdo, sk, sv, sl2, lse2, dpr, n0, wrow0, nk, kq,
+                                          acc, pd);
+    else
+      dq_step_wg_overlap<Cfg, false, true>(sq, sdo, sk, sv, sl2, lse2, dpr, n0, wrow0, nk, kq,
+                                           acc, pd);
+  } else {
+    if (mask)
+      dq_step_wg_overlap<Cfg, true, false>(sq, sdo, sk, sv, sl2, lse2, dpr, n0, wrow0, nk, kq,
+                                           acc, pd);
+    else
+      dq_step_wg_overlap<Cfg, false, false>(sq, sdo, sk, sv, sl2, lse2, dpr, n0, wrow0, nk, kq,
+                                            acc, pd);
+  }
 }
 
 }  // namespace bwd_detail
@@ -668,8 +756,8 @@ __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
   }
   const float *lg = p.lse + b * p.lse_sb + h * p.lse_sh + qpos;
   const float *dg = p.dp + b * p.dp_sb + h * p.dp_sh + qpos;
-  const long long q_rs = gr.r * p.q_sn;
-  const long long do_rs = gr.r * p.do_sn;
+  const long long q_rs = tile::grid_row_step(gr.r, p.w, p.q_sn);
+  const long long do_rs = tile::grid_row_step(gr.r, p.w, p.do_sn);
 
   unsigned char *smem = dynamic_smem();
   unsigned char *sk = smem;
@@ -749,7 +837,8 @@ __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
     if constexpr (T::ATOMIC) {
       if (idle) bwd_detail::dkdv_zero_ds<Cfg>(sds, warp);
       sync_threads(); /* dS^T of every warp staged */
-      bwd_detail::dkdv_dq_atomic<Cfg>(sds, sk, ao, warp, q0, gr.nq, dqg, gr.r * p.dq_sn, p.scale);
+      bwd_detail::dkdv_dq_atomic<Cfg>(sds, sk, ao, warp, q0, gr.nq, dqg,
+                                      tile::grid_row_step(gr.r, p.w, p.dq_sn), p.scale);
     }
   }
   cp_async_wait<0>();
@@ -796,7 +885,8 @@ __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
  * block_m (= 16 * warps), block_n, warps, stages, kv_table (K/V of head head0 + blockIdx.y from
  * a ring round's class blocks through p.kvt, as the forward's twin), wgmma (sm_90a warpgroup
  * MMA, one warpgroup per 64 query rows: head_dim and block_n in {64, 128}, warps a multiple of
- * 4; Q, dO, K, V in 128-byte swizzle atoms, skips and masks per warpgroup). Dynamic shared memory:
+ * 4; Q, dO, K, V in 128-byte swizzle atoms, skips and masks per warpgroup), overlap (wgmma:
+ * each key tile's dS computed beside the previous tile's dQ product). Dynamic shared memory:
  * DqTraits<Cfg>::SMEM_BYTES = 2 block_m row tiles (Q, dO) + 2 x stages block_n row tiles. */
 template <class Cfg>
 __device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
@@ -844,11 +934,12 @@ __device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
   unsigned char *sk = smem + 2 * T::Q_BYTES;
   unsigned char *sv = sk + T::STAGES * T::KV_BYTES;
 
-  bwd_detail::load_tile<T::CHUNKS, T::BM, T::THREADS, T::WG>(sq, qg, gr.r * p.q_sn, t0, gr.nq, tid);
-  bwd_detail::load_tile<T::CHUNKS, T::BM, T::THREADS, T::WG>(sdo, dog, gr.r * p.do_sn, t0, gr.nq,
-                                                             tid);
+  const long long q_rs = tile::grid_row_step(gr.r, p.w, p.q_sn);
+  const long long do_rs = tile::grid_row_step(gr.r, p.w, p.do_sn);
+  bwd_detail::load_tile<T::CHUNKS, T::BM, T::THREADS, T::WG>(sq, qg, q_rs, t0, gr.nq, tid);
+  bwd_detail::load_tile<T::CHUNKS, T::BM, T::THREADS, T::WG>(sdo, dog, do_rs, t0, gr.nq, tid);
 #pragma unroll
-  for (int s = 0; s < T::STAGES - 1; ++s) {
+  for (int s = 0; s < T::AHEAD; ++s) {
     if (s < ntiles) {
       bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS, T::WG>(sk + s * T::KV_BYTES, kg, p.k_rs,
                                                                  s * T::BN, gr.nk, tid);
@@ -891,12 +982,13 @@ __device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
   if constexpr (T::WG) {
     tile::require_atom_alignment(smem);
   }
+  bwd_detail::PendingDsK<Cfg> pd = {}; /* overlap: the warpgroup's dQ += dS K not yet issued */
 
   for (int it = 0; it < ntiles; ++it) {
-    cp_async_wait<T::STAGES - 2>();
+    cp_async_wait<T::AHEAD - 1>();
     if constexpr (T::WG) fence_proxy_async_smem(); /* wgmma reads through the async proxy */
     sync_threads();
-    const int nxt = it + T::STAGES - 1;
+    const int nxt = it + T::AHEAD;
     if (nxt < ntiles) {
       const int st = nxt % T::STAGES;
       bwd_detail::load_tile<T::CHUNKS, T::BN, T::THREADS, T::WG>(sk + st * T::KV_BYTES, kg, p.k_rs,
@@ -909,10 +1001,19 @@ __device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
     const int n0 = it * T::BN;
     /* Group-uniform skips: rows all past the range end, or (causal) keys all in the future. */
     if (grow0 >= gr.nq) continue;
-    if (Cfg::causal && n0 + gr.kq > grow0 + T::GROUP_ROWS - 1) continue;
+    if (Cfg::causal && n0 + gr.kq > grow0 + T::GROUP_ROWS - 1) {
+      /* So are all later tiles: finish the last one's dQ product before its stage is reused. */
+      if constexpr (T::OVL) bwd_detail::dq_flush_pending<Cfg>(acc, pd);
+      continue;
+    }
     const int st = it % T::STAGES;
     const bool need_mask = n0 + T::BN > gr.nk || (Cfg::causal && n0 + gr.kq + T::BN - 1 > grow0);
-    if constexpr (T::WG) {
+    if constexpr (T::OVL) {
+      const uint32_t gofs = tile::wgmma_group_offset(warp); /* the group's first row */
+      bwd_detail::dq_step_wg_overlap_any<Cfg>(
+          need_mask, smem_addr(sq) + gofs, smem_addr(sdo) + gofs, smem_addr(sk + st * T::KV_BYTES),
+          smem_addr(sv + st * T::KV_BYTES), sl2, lse2, dpr, n0, wrow0, gr.nk, gr.kq, acc, pd);
+    } else if constexpr (T::WG) {
       const uint32_t gofs = tile::wgmma_group_offset(warp); /* the group's first row */
       const uint32_t sqg = smem_addr(sq) + gofs, sdog = smem_addr(sdo) + gofs;
       const uint32_t skt = smem_addr(sk + st * T::KV_BYTES);
@@ -932,6 +1033,7 @@ __device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
                                       warp, sl2, lse2, dpr, n0, wrow0, gr.nk, gr.kq, acc);
     }
   }
+  if constexpr (T::OVL) bwd_detail::dq_flush_pending<Cfg>(acc, pd);
   cp_async_wait<0>();
 
 #pragma unroll

@@ -258,6 +258,18 @@ __device__ __forceinline__ void tile_step(const unsigned char *sq, const unsigne
   }
 }
 
+/* S negated in place: a negative scale runs the softmax on -S with |scale|. */
+template <int NT>
+__device__ __forceinline__ void negate(float (&s)[NT][4]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    s[nt][0] = -s[nt][0];
+    s[nt][1] = -s[nt][1];
+    s[nt][2] = -s[nt][2];
+    s[nt][3] = -s[nt][3];
+  }
+}
+
 /* One K/V tile on the wgmma path: S = Q K^T for this warpgroup's 64 rows (A = Q and B = K from
  * shared memory), online softmax, O += P V (A = P from registers, B = V from shared memory).
  * sq: the shared address of the group's first Q row (column block 0); sk, sv: the stage's
@@ -275,15 +287,7 @@ __device__ __forceinline__ void tile_step_wg(uint32_t sq, uint32_t sk, uint32_t 
   wgmma_commit();
   wgmma_wait<0>();
   wgmma_fence_operands(s);
-  if (qneg) { /* a negative scale: softmax below runs on -S with |scale| */
-#pragma unroll
-    for (int nt = 0; nt < T::NT; ++nt) {
-      s[nt][0] = -s[nt][0];
-      s[nt][1] = -s[nt][1];
-      s[nt][2] = -s[nt][2];
-      s[nt][3] = -s[nt][3];
-    }
-  }
+  if (qneg) negate(s); /* a negative scale: softmax below runs on -S with |scale| */
 
   online_softmax<Cfg, Mask>(s, sl2, n0, ng, wrow0, o, m, l);
 
@@ -291,37 +295,16 @@ __device__ __forceinline__ void tile_step_wg(uint32_t sq, uint32_t sk, uint32_t 
 }
 
 /* The P V product of a warpgroup's previous tile (wgmma path with overlap): P packed to the
- * storage dtype as the register A operand, and the shared address of that tile's V stage. */
+ * storage dtype, and the shared address of that tile's V stage. */
 template <class Cfg>
-struct PendingPV {
-  uint32_t p[Cfg::block_n / 16][4];
-  uint32_t sv;
-  bool live; /* uniform over the warpgroup */
-};
-
-/* Issues O += P V of the pending tile (no wait). */
-template <class Cfg>
-__device__ __forceinline__ void issue_pending_pv(float (&o)[Traits<Cfg>::DT][4],
-                                                 const PendingPV<Cfg> &pv) {
-  using T = Traits<Cfg>;
-  tile::wgmma_rs_issue<Cfg::dtype, T::D, T::BN>(o, pv.p, pv.sv);
-  wgmma_commit();
-}
+using PendingPV = tile::PendingRs<Cfg::block_n>;
 
 /* Completes the pending P V product, if any: on return o is final and pv is empty. Every tile
  * of a warpgroup ends in a step or in this, before its V stage is loaded over. */
 template <class Cfg>
 __device__ __forceinline__ void flush_pending_pv(float (&o)[Traits<Cfg>::DT][4],
                                                  PendingPV<Cfg> &pv) {
-  if (!pv.live) return;
-  wgmma_fence_operands(pv.p);
-  wgmma_fence_operands(o);
-  wgmma_fence();
-  issue_pending_pv<Cfg>(o, pv);
-  wgmma_wait<0>();
-  wgmma_fence_operands(o);
-  wgmma_fence_operands(pv.p);
-  pv.live = false;
+  tile::wgmma_rs_flush<Cfg::dtype, Traits<Cfg>::D, Cfg::block_n>(o, pv);
 }
 
 /* One K/V tile on the wgmma path with overlap (FlashAttention-3's intra-warpgroup pipelining).
@@ -344,37 +327,30 @@ __device__ __forceinline__ void tile_step_wg_overlap(uint32_t sq, uint32_t sk, u
   float s[T::NT][4];
 
   wgmma_fence_operands(o);
-  wgmma_fence_operands(pv.p);
+  wgmma_fence_operands(pv.a);
   wgmma_fence();
   tile::wgmma_kmajor_product<Cfg::dtype, T::BN, T::KS, T::BM, T::BN>(s, sq, sk);
   wgmma_commit();
   if constexpr (Pending) {
-    issue_pending_pv<Cfg>(o, pv);
+    tile::wgmma_rs_issue<Cfg::dtype, T::D, T::BN>(o, pv.a, pv.b); /* O += P V, previous tile */
+    wgmma_commit();
     wgmma_wait<1>(); /* S has landed; P V may still run */
   } else {
     wgmma_wait<0>();
   }
   wgmma_fence_operands(s);
-  if (qneg) { /* a negative scale: softmax below runs on -S with |scale| */
-#pragma unroll
-    for (int nt = 0; nt < T::NT; ++nt) {
-      s[nt][0] = -s[nt][0];
-      s[nt][1] = -s[nt][1];
-      s[nt][2] = -s[nt][2];
-      s[nt][3] = -s[nt][3];
-    }
-  }
+  if (qneg) negate(s);
   float corr[2];
   softmax_scores<Cfg, Mask>(s, sl2, n0, ng, wrow0, m, l, corr);
 
   if constexpr (Pending) {
     wgmma_wait<0>();
     wgmma_fence_operands(o);
-    wgmma_fence_operands(pv.p);
+    wgmma_fence_operands(pv.a);
   }
   rescale<T::DT>(o, corr);
-  tile::pack_a_rows<Cfg::dtype, T::BN>(pv.p, s);
-  pv.sv = sv;
+  tile::pack_a_rows<Cfg::dtype, T::BN>(pv.a, s);
+  pv.b = sv;
   pv.live = true;
 }
 
@@ -472,7 +448,7 @@ __device__ __forceinline__ void epilogue(const rda_fwd_params &p, const Block &b
   }
   sync_threads();
 
-  const long long o_rs = bk.r * p.o_sn;
+  const long long o_rs = tile::grid_row_step(bk.r, p.w, p.o_sn);
   float *o_row = p.o + b * p.o_sb + h * p.o_sh + bk.pos * p.o_sn;
 #pragma unroll 4
   for (int idx = tid; idx < T::BM * C4; idx += T::THREADS) {
@@ -571,7 +547,7 @@ __device__ __forceinline__ void fwd_kernel(const rda_fwd_params &p) {
     kg = static_cast<const uint16_t *>(p.k) + b * p.k_sb + kvh * p.k_sh + kpos * p.k_sn;
     vg = static_cast<const uint16_t *>(p.v) + b * p.v_sb + kvh * p.v_sh + kpos * p.v_sn;
   }
-  const long long q_rs = bk.r * p.q_sn;
+  const long long q_rs = tile::grid_row_step(bk.r, p.w, p.q_sn);
   const long long k_rs = p.k_rs;
   const long long v_rs = p.v_rs;
 

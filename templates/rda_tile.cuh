@@ -167,21 +167,42 @@ __device__ __forceinline__ void wgmma_rs_issue(float (&acc)[N / 8][4],
     wgmma_rs<N, Dtype, true>(acc, xa[kk], mnmajor_desc<BN>(b, kk), true);
 }
 
+/* A product acc += X B not issued yet: X packed by pack_a_rows (the register A operand), the
+ * shared address of B (BN rows, as wgmma_rs_issue), and whether there is one (uniform over
+ * the warpgroup). The overlapped kernels keep one from a key tile to the next. */
+template <int BN>
+struct PendingRs {
+  uint32_t a[BN / 16][4];
+  uint32_t b;
+  bool live;
+};
+
+/* Completes pd's product, if any, in one fence-issue-commit-wait sequence (so no wgmma is in
+ * flight across the caller's branches): acc is final and pd empty on return. */
+template <int Dtype, int N, int BN>
+__device__ __forceinline__ void wgmma_rs_flush(float (&acc)[N / 8][4], PendingRs<BN> &pd) {
+  if (!pd.live) return;
+  wgmma_fence_operands(pd.a);
+  wgmma_fence_operands(acc);
+  wgmma_fence();
+  wgmma_rs_issue<Dtype, N, BN>(acc, pd.a, pd.b);
+  wgmma_commit();
+  wgmma_wait<0>();
+  wgmma_fence_operands(acc);
+  wgmma_fence_operands(pd.a);
+  pd.live = false;
+}
+
 /* acc (64 x N) += X B, one product (pack_a_rows, wgmma_rs_issue), fenced, committed and waited
  * for: acc is final on return. */
 template <int Dtype, int N, int BN>
 __device__ __forceinline__ void wgmma_rs_product(float (&acc)[N / 8][4],
                                                  const float (&x)[BN / 8][4], uint32_t b) {
-  uint32_t xa[BN / 16][4];
-  pack_a_rows<Dtype, BN>(xa, x);
-  wgmma_fence_operands(xa);
-  wgmma_fence_operands(acc);
-  wgmma_fence();
-  wgmma_rs_issue<Dtype, N, BN>(acc, xa, b);
-  wgmma_commit();
-  wgmma_wait<0>();
-  wgmma_fence_operands(acc);
-  wgmma_fence_operands(xa);
+  PendingRs<BN> pd;
+  pack_a_rows<Dtype, BN>(pd.a, x);
+  pd.b = b;
+  pd.live = true;
+  wgmma_rs_flush<Dtype, N, BN>(acc, pd);
 }
 
 /* Copy grid rows [t_first, t_first + ROWS) of a tile (rows `row_stride` elements apart from
@@ -252,6 +273,13 @@ __device__ __forceinline__ long long grid_offset(int offset_mode, int offset_arg
     }
   }
   return j;
+}
+
+/* Elements between consecutive grid rows, r rows of sn elements apart, for grids within
+ * segments of w positions: only rows t with t r < w exist, so when r >= w the step is never
+ * taken and min(r, w) gives the same addresses without the product leaving int64. */
+__device__ __forceinline__ long long grid_row_step(long long r, long long w, long long sn) {
+  return (r < w ? r : w) * sn;
 }
 
 /* Rows of the grid at offset j, dilation r, in a segment of len positions (0 when j >= len). */

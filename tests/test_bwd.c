@@ -52,6 +52,7 @@ typedef struct bwd_case {
   int twice;     /* run the backward twice and require bit-identical gradients */
   int atomic;    /* plan the atomic-dQ variants; run non-deterministic unless `twice` */
   int wgmma;     /* plan with RDA_PLAN_WGMMA: every dK/dV and dQ variant must be a wgmma one */
+  const char *dq_tile; /* NULL, or the tile branch 0's dQ kernel is planned with */
 } bwd_case;
 
 /* Element strides (batch, n, head) of a [B, N, heads, d] tensor; strided: [N, B, heads, d + pad].
@@ -103,9 +104,16 @@ static void setup_open(rt_backend *be, const char *what, const bwd_case *bc, bwd
   rda_err err = {0};
   const unsigned flags = RDA_PLAN_BACKWARD | (bc->atomic ? RDA_PLAN_BACKWARD_ATOMIC : 0u) |
                          (bc->wgmma ? RDA_PLAN_WGMMA : 0u);
-  if (rda_gen_plan_ex(g_rt.gen, &p->cfg, &be->hw, flags, &p->plan, &err) != RDA_OK)
+  const rda_gen_force force = {.kind = "bwd_dq", .branch = 0, .tile = bc->dq_tile};
+  if (rda_gen_plan_forced(g_rt.gen, &p->cfg, &be->hw, flags, bc->dq_tile ? &force : NULL,
+                          &p->plan, &err) != RDA_OK)
     fail_msg("%s: plan: %s", what, err.msg);
   assert_true(p->plan.has_bwd);
+  if (bc->dq_tile != NULL) { /* the forced tile must be what branch 0 runs, or this tests nothing */
+    const rda_variant *v0 = &p->plan.variants[p->plan.bwd_steps[0].dq_kernel];
+    if (strcmp(v0->tile, bc->dq_tile) != 0)
+      fail_msg("%s: branch 0's dQ runs %s, not tile %s", what, v0->name, bc->dq_tile);
+  }
   /* With the flag, every dK/dV and dQ variant (and its ring twin) is a wgmma one, the atomic
    * dK/dV aside; without, none. */
   rt_check_wgmma_plan(&p->plan, "bwd_dkdv", bc->wgmma, what);
@@ -518,6 +526,43 @@ static void test_bwd_wgmma_matches_reference_causal_fp16_d64_block_offsets(void 
                       .scale = 0.3,
                       .wgmma = 1};
   run_case(__func__, &c);
+}
+
+/* The overlapped dQ wgmma tiles (a key tile's dS computed while the previous tile's
+ * dQ += dS K runs; three K/V stages): d = 128 with both tiles (several key tiles of 64, ragged
+ * last ones, an idle warpgroup), and d = 64 causal fp16 with block offsets and dLSE. */
+static void test_bwd_wgmma_overlap_dq_matches_reference(void **state) {
+  (void)state;
+  bwd_case c = {.heads = 4,
+                .kv_heads = 2,
+                .head_dim = 128,
+                .dtype = RDA_DTYPE_BF16,
+                .causal = 0,
+                .offsets = RDA_OFFSETS_MOD,
+                BR2(400, 1, 400, 2),
+                .batch = 1,
+                .n = 400,
+                .with_dlse = 1,
+                .wgmma = 1,
+                .dq_tile = "bm128_bn64_w8_s3_wgo"};
+  run_case("wgmma_overlap_dq_bm128_gqa_bf16_d128", &c);
+  c.causal = 1;
+  c.dq_tile = "bm64_bn64_w4_s3_wgo";
+  run_case("wgmma_overlap_dq_bm64_causal_gqa_bf16_d128", &c);
+  const bwd_case d = {.heads = 4,
+                      .kv_heads = 2,
+                      .head_dim = 64,
+                      .dtype = RDA_DTYPE_FP16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_BLOCK,
+                      BR2(320, 1, 128, 2),
+                      .batch = 2,
+                      .n = 320,
+                      .scale = 0.3,
+                      .with_dlse = 1,
+                      .wgmma = 1,
+                      .dq_tile = "bm128_bn128_w8_s3_wgo"};
+  run_case("wgmma_overlap_dq_causal_fp16_d64_block", &d);
 }
 
 /* The dK/dV and dQ wgmma paths at d = 128, causal: key tiles of 128 whose second warpgroup is
@@ -1286,6 +1331,31 @@ static void test_bwd_ranges_wgmma_compact_key_blocks(void **state) {
   run_split(__func__, &sc);
 }
 
+/* The overlapped dQ (each key tile's dS beside the previous tile's dQ += dS K) on sub-ranges:
+ * keys starting 64 grid rows before the queries (kq = -64), so a 128-row query tile's first
+ * warpgroup has a pending product when its last key tile lies wholly in its future (skipped,
+ * the product finished there) while the second warpgroup computes that tile; d = 64 fp16
+ * causal GQA, a dense and a dilated branch. */
+static void test_bwd_ranges_wgmma_overlap_dq_skip(void **state) {
+  (void)state;
+  const split_case sc = {.c = {.heads = 4,
+                               .kv_heads = 2,
+                               .head_dim = 64,
+                               .dtype = RDA_DTYPE_FP16,
+                               .causal = 1,
+                               .offsets = RDA_OFFSETS_MOD,
+                               BR2(300, 1, 300, 2),
+                               .batch = 1,
+                               .n = 300,
+                               .wgmma = 1,
+                               .dq_tile = "bm128_bn128_w8_s3_wgo"},
+                         .nq = 2,
+                         .qcut = {0, 100, 300},
+                         .nk = 2,
+                         .kcut = {0, 36, 300}};
+  run_split(__func__, &sc);
+}
+
 /* The atomic-dQ dK/dV variant on the same ranges (no dq launches): split and compact. */
 static void test_bwd_ranges_atomic_variant(void **state) {
   (void)state;
@@ -1324,6 +1394,7 @@ int main(void) {
       cmocka_unit_test(test_bwd_matches_reference_negative_scale_fp16_d64),
       cmocka_unit_test(test_bwd_wgmma_matches_reference_gqa_bf16_d128_multi_tile_dilated),
       cmocka_unit_test(test_bwd_wgmma_matches_reference_causal_fp16_d64_block_offsets),
+      cmocka_unit_test(test_bwd_wgmma_overlap_dq_matches_reference),
       cmocka_unit_test(test_bwd_wgmma_matches_reference_causal_mqa_fp16_d128_group),
       cmocka_unit_test(test_bwd_wgmma_with_atomic_mode_matches_reference),
       cmocka_unit_test(test_bwd_deterministic_gradients_are_bit_identical),
@@ -1335,6 +1406,7 @@ int main(void) {
       cmocka_unit_test(test_bwd_ranges_split_block_mqa_and_group),
       cmocka_unit_test(test_bwd_ranges_compact_key_blocks),
       cmocka_unit_test(test_bwd_ranges_wgmma_compact_key_blocks),
+      cmocka_unit_test(test_bwd_ranges_wgmma_overlap_dq_skip),
       cmocka_unit_test(test_bwd_ranges_atomic_variant),
   };
   const char *filter = getenv("RDA_TEST_FILTER"); /* e.g. "*negative_scale*" while developing */

@@ -305,26 +305,27 @@ static void *matrix_worker(void *arg) {
   }
 }
 
-/* Plans of cfg on hw, each with one wgmma forward candidate tile forced, for the candidates
- * plans do not take now (the chosen one is in the unforced plan): at most cap into out.
- * Returns how many. */
-static int force_wgmma_fwd_candidates(rda_gen *g, const rda_config *cfg, const rda_hw *hw,
-                                      rda_plan_k *out, int cap) {
+/* Plans of cfg on hw, each with one wgmma candidate tile of the forward or the dQ kernel
+ * forced, for the candidates plans do not take now (the chosen one is in the unforced plan):
+ * at most cap into out. Returns how many. */
+static int force_wgmma_candidates(rda_gen *g, const rda_config *cfg, const rda_hw *hw,
+                                  rda_plan_k *out, int cap) {
   rda_err err = {0};
   rda_tune_task *tasks = NULL;
   int ntasks = 0, n = 0;
-  if (rda_gen_tune_tasks(g, cfg, hw, RDA_PLAN_WGMMA, &tasks, &ntasks, &err) != RDA_OK)
+  const unsigned flags = RDA_PLAN_WGMMA | RDA_PLAN_BACKWARD;
+  if (rda_gen_tune_tasks(g, cfg, hw, flags, &tasks, &ntasks, &err) != RDA_OK)
     fail_msg("tune tasks sm_%d: %s", hw->arch, err.msg);
   for (int t = 0; t < ntasks; ++t) {
-    if (strcmp(tasks[t].kind, "fwd") != 0) continue;
+    if (strcmp(tasks[t].kind, "fwd") != 0 && strcmp(tasks[t].kind, "bwd_dq") != 0) continue;
     for (int c = 0; c < tasks[t].ncandidates; ++c) {
       const char *tile = tasks[t].candidates[c];
       if (strstr(tile, "_wg") == NULL || strcmp(tile, tasks[t].chosen) == 0) continue;
       if (n == cap) fail_msg("more than %d forced wgmma plans: raise NFORCED", cap);
-      const rda_gen_force force = {.kind = "fwd", .branch = tasks[t].branch, .tile = tile};
-      if (rda_gen_plan_forced(g, cfg, hw, RDA_PLAN_WGMMA, &force, &out[n], &err) != RDA_OK)
-        fail_msg("plan sm_%d with fwd branch %d forced to %s: %s", hw->arch, tasks[t].branch,
-                 tile, err.msg);
+      const rda_gen_force force = {.kind = tasks[t].kind, .branch = tasks[t].branch, .tile = tile};
+      if (rda_gen_plan_forced(g, cfg, hw, flags, &force, &out[n], &err) != RDA_OK)
+        fail_msg("plan sm_%d with %s branch %d forced to %s: %s", hw->arch, tasks[t].kind,
+                 tasks[t].branch, tile, err.msg);
       ++n;
     }
   }
@@ -341,7 +342,7 @@ static void test_nvrtc_matrix_every_planned_variant_compiles_without_spills(void
   /* sm_90 twice: with the mma.sync tiles and with the wgmma path switched on. */
   static const int archs[] = {80, 90, 90};
   static const unsigned extra[] = {0u, 0u, RDA_PLAN_WGMMA};
-  enum { NCFG = 5 * 2 * 2, NARCH = 3, NFORCED = 64 };
+  enum { NCFG = 5 * 2 * 2, NARCH = 3, NFORCED = 192 };
   rda_gen *g = NULL;
   rda_err err = {0};
   if (rda_gen_open(&g, &err) != RDA_OK) fail_msg("rda_gen_open: %s", err.msg);
@@ -392,9 +393,9 @@ static void test_nvrtc_matrix_every_planned_variant_compiles_without_spills(void
                      "variants", head_dims[d], archs[a], extra[a], wg, bwd_wg, bwd);
           ++nplans;
           /* Plans take one tile per kernel, but the tuner may rank any: every wgmma forward
-           * candidate (bf16; fp16 differs only in the mma type) is planned with its tile
-           * forced, so it is held to the same bar. */
-          if (want_wg && t == 0) nplans += force_wgmma_fwd_candidates(
+           * and dQ candidate (bf16; fp16 differs only in the mma type) is planned with its
+           * tile forced, so it is held to the same bar. */
+          if (want_wg && t == 0) nplans += force_wgmma_candidates(
                                      g, &cfg, &hw[a], &plans[nplans], NCFG * NARCH + NFORCED - nplans);
         }
       }

@@ -218,6 +218,7 @@ typedef struct ring_case {
                              cap (1: one class per bundle) */
   int wgmma;              /* plan with RDA_PLAN_WGMMA (sm_90a forward kernels and twins) */
   const char *fwd_tile;   /* NULL, or the tile branch 0's forward kernel is planned with */
+  const char *dq_tile;    /* else NULL, or the tile branch 0's dQ kernel is planned with */
 } ring_case;
 
 typedef struct ring_result {
@@ -362,13 +363,18 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
   memset(&plan, 0, sizeof plan);
   const unsigned flags =
       (rc->backward ? RDA_PLAN_BACKWARD : 0u) | (rc->wgmma ? RDA_PLAN_WGMMA : 0u);
-  const rda_gen_force force = {.kind = "fwd", .branch = 0, .tile = rc->fwd_tile};
-  if (rda_gen_plan_forced(g_gen, &cfg, &g_hw, flags, rc->fwd_tile ? &force : NULL, &plan, &err) !=
+  const rda_gen_force force = {.kind = rc->fwd_tile ? "fwd" : "bwd_dq",
+                               .branch = 0,
+                               .tile = rc->fwd_tile ? rc->fwd_tile : rc->dq_tile};
+  if (rda_gen_plan_forced(g_gen, &cfg, &g_hw, flags, force.tile ? &force : NULL, &plan, &err) !=
       RDA_OK)
     fail_msg("%s: plan: %s", what, err.msg);
-  if (rc->fwd_tile != NULL && strcmp(plan.variants[plan.steps[0].kernel].tile, rc->fwd_tile) != 0)
-    fail_msg("%s: branch 0 planned with %s, not %s", what,
-             plan.variants[plan.steps[0].kernel].tile, rc->fwd_tile);
+  if (force.tile != NULL) { /* the forced tile must be what branch 0 runs, or this tests nothing */
+    const int kernel = rc->fwd_tile ? plan.steps[0].kernel : plan.bwd_steps[0].dq_kernel;
+    if (strcmp(plan.variants[kernel].tile, force.tile) != 0)
+      fail_msg("%s: branch 0 planned with %s, not %s", what, plan.variants[kernel].tile,
+               force.tile);
+  }
   if (rc->wgmma) { /* the case must reach the wgmma twins of every kernel kind it runs, or it
                      tests nothing */
     static const char *const kinds[] = {"fwd", "bwd_dkdv", "bwd_dq"};
@@ -665,11 +671,11 @@ static void test_ring_wgmma_forward_matches_reference(void **state) {
   run_ranks("wgmma causal mod GQA", rc, 1, ps, 1);
 }
 
-/* The wgmma forward with overlap (templates/rda_fwd.cuh) on the ring: a dense causal branch
- * spanning every rank, so the own rows and each received block take several key tiles (each
- * tile's softmax beside the previous tile's P V), beside a dilated branch of two offsets on the
- * plain wgmma twins; GQA, uneven ranks. */
-static void test_ring_wgmma_overlap_forward_matches_reference(void **state) {
+/* The overlapped wgmma forward and dQ (templates/rda_fwd.cuh, rda_bwd.cuh) on the ring: a dense
+ * causal branch spanning every rank, so the own rows and each received block take several key
+ * tiles (each tile's softmax or dS beside the previous tile's product), beside a dilated branch
+ * of two offsets on the plain wgmma twins; GQA, uneven ranks. */
+static void test_ring_wgmma_overlap_matches_reference(void **state) {
   (void)state;
   ring_case rc = base_case();
   rc.heads = 4;
@@ -685,6 +691,12 @@ static void test_ring_wgmma_overlap_forward_matches_reference(void **state) {
   rc.fwd_tile = "bm128_bn128_w8_s3_wgo";
   const int ps[] = {3};
   run_ranks("wgmma overlap causal mod GQA", rc, 0, ps, 1);
+  /* The backward with the overlapped dQ (its kv-table twin for the dilated branch's rounds is
+   * the plain one; the dense branch's own rows and received blocks take the overlap tile). */
+  rc.fwd_tile = NULL;
+  rc.dq_tile = "bm128_bn128_w8_s3_wgo";
+  rc.n = 300;
+  run_ranks("wgmma overlap dQ causal mod GQA", rc, 1, ps, 1);
 }
 
 static void test_ring_matches_reference_zigzag(void **state) {
@@ -955,7 +967,7 @@ int main(void) {
       cmocka_unit_test(test_ring_matches_reference_group_offsets_causal_gqa),
       cmocka_unit_test(test_ring_matches_reference_zigzag),
       cmocka_unit_test(test_ring_wgmma_forward_matches_reference),
-      cmocka_unit_test(test_ring_wgmma_overlap_forward_matches_reference),
+      cmocka_unit_test(test_ring_wgmma_overlap_matches_reference),
       cmocka_unit_test(test_ring_bundles_of_classes_match_reference),
       cmocka_unit_test(test_ring_local_branches_send_zero_bytes),
       cmocka_unit_test(test_ring_peak_bytes_shrink_with_ranks),

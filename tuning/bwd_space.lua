@@ -12,6 +12,10 @@
 --   sm_90 with the path switched on (RDA_WGMMA=1), else skipped. dkdv's wgmma tiles keep a
 --   warpgroup's 64 keys of dK and dV in registers (128 per thread at d = 128) beside S^T and
 --   dP^T (block_m / 2 each), so they step 64 queries at a time: 128 spilled even at d = 64.
+-- overlap = true (dq, wgmma, stages >= 3): a warpgroup computes key tile j's dS while the
+--   tensor cores run tile j-1's dQ += dS K (templates/rda_bwd.cuh). Listed after the plain
+--   wgmma tiles until a GPU has timed them: `rdagen tune --backward --wgmma` ranks both. (At
+--   d = 64 the 64-row one spilled: its S and dP of 128 keys and the pending dS do not fit.)
 return {
   [32] = {
     dkdv = { { block_n = 64, block_m = 64, warps = 4, stages = 2, dsplit = 1 },
@@ -26,6 +30,7 @@ return {
              { block_n = 32, block_m = 32, warps = 2, stages = 2, dsplit = 1 } },
     dq = { { block_m = 128, block_n = 128, warps = 8, stages = 2, wgmma = true },
            { block_m = 64, block_n = 128, warps = 4, stages = 2, wgmma = true },
+           { block_m = 128, block_n = 128, warps = 8, stages = 3, wgmma = true, overlap = true },
            { block_m = 64, block_n = 64, warps = 4, stages = 2 },
            { block_m = 32, block_n = 32, warps = 2, stages = 2 } },
   },
@@ -42,6 +47,8 @@ return {
              { block_n = 32, block_m = 32, warps = 2, stages = 2, dsplit = 1 } },
     dq = { { block_m = 128, block_n = 64, warps = 8, stages = 2, wgmma = true },
            { block_m = 64, block_n = 64, warps = 4, stages = 2, wgmma = true },
+           { block_m = 128, block_n = 64, warps = 8, stages = 3, wgmma = true, overlap = true },
+           { block_m = 64, block_n = 64, warps = 4, stages = 3, wgmma = true, overlap = true },
            { block_m = 64, block_n = 32, warps = 4, stages = 2 },
            { block_m = 32, block_n = 32, warps = 2, stages = 2 } },
   },

@@ -199,6 +199,18 @@ T.test("the overlapped wgmma forward has its own name and field", function()
   testing.contains(testing.raises(emit.fwd_name, v), "overlap must be a boolean")
 end)
 
+T.test("the overlapped wgmma dQ has its own name and field", function()
+  local v = { head_dim = 128, dtype = "bf16", causal = true, dilated = true, block_m = 128,
+              block_n = 64, warps = 8, stages = 3, smem_bytes = 163840, wgmma = true }
+  testing.contains(emit.bwd_dq_source(v), "static constexpr bool overlap = false;")
+  v.overlap = true
+  assert(emit.bwd_dq_name(v) == "rda_bwd_dq_d128_bf16_causal_dil_bm128_bn64_w8_s3_wgo",
+         emit.bwd_dq_name(v))
+  testing.contains(emit.bwd_dq_source(v), "static constexpr bool overlap = true;")
+  v.stages = 2
+  testing.contains(testing.raises(emit.bwd_dq_name, v), "wgmma with stages >= 3")
+end)
+
 T.test("bad variants are rejected", function()
   testing.contains(testing.raises(emit.fwd_name, variant { dtype = "fp32" }), "dtype")
   testing.contains(testing.raises(emit.fwd_name, variant { block_n = 0 }), "block_n")

@@ -529,6 +529,19 @@ T.test("backward: check_bwd_space rejects malformed spaces", function()
   d96[96], d96[64] = d96[64], nil
   _, why = plan.check_bwd_space(d96)
   testing.contains(why, "[96].dkdv[1]")
+  -- overlap: dq wgmma tiles of at least 3 stages only.
+  assert(plan.check_bwd_space(dq_with(64, { stages = 3, overlap = true })), "a dq overlap tile")
+  _, why = plan.check_bwd_space(dq_with(64, { overlap = true }))
+  testing.contains(why, "[64].dq[1] bm64_bn64_w4_s2_wgo: an overlap tile is a dq tile with wgmma "
+                        .. "= true and stages >= 3")
+  _, why = plan.check_bwd_space(dq_with(64, { stages = 3, overlap = true, wgmma = false }))
+  testing.contains(why, "an overlap tile is a dq tile")
+  _, why = plan.check_bwd_space(dq_with(64, { stages = 3, overlap = 1 }))
+  testing.contains(why, "overlap must be a boolean")
+  _, why = plan.check_bwd_space(with { block_n = 64, block_m = 64, warps = 4, stages = 3,
+                                       wgmma = true, overlap = true })
+  testing.contains(why, "[64].dkdv[1]")
+  testing.contains(why, "an overlap tile is a dq tile")
 end)
 
 T.run()

@@ -269,8 +269,8 @@ T.test("check: each malformed field is one line naming the entry, field and valu
       "candidates[2] = \"bm128_bn128_w8_s2_wg\": is a wgmma tile, in an entry without wgmma" },
     { { candidates = { NAME.A, "bm128_bn128_w8_s3_wgo" } },
       "candidates[2] = \"bm128_bn128_w8_s3_wgo\": is a wgmma tile, in an entry without wgmma" },
-    { { kind = "bwd_dq", candidates = { NAME.A, "bm64_bn64_w4_s3_wgo" } },
-      "candidates[2] = \"bm64_bn64_w4_s3_wgo\": is not a bwd_dq tile name" },
+    { { kind = "bwd_dkdv", candidates = { BNAME.K1, "bn64_bm64_w4_s3_x1_wgo" } },
+      "candidates[2] = \"bn64_bm64_w4_s3_x1_wgo\": is not a dK/dV tile name" },
     { { candidates = { NAME.A, "bm128_bn128_w8_s3_wgx" } }, "is not a fwd tile name" },
     { { candidates = { NAME.B, NAME.C } },
       "ranking[1].tile = \"bm128_bn64_w8_s2\": is not one of the entry's candidates" },
@@ -292,10 +292,11 @@ T.test("check: each malformed field is one line naming the entry, field and valu
   end
 end)
 
-T.test("check: an overlapped wgmma forward tile (\"_wgo\") ranks in a wgmma entry", function()
+T.test("check: an overlapped wgmma tile (\"_wgo\", forward or dQ) ranks in a wgmma entry", function()
   local e = entry({ "bm128_bn128_w8_s3_wgo", NAME.W }, { wgmma = true })
   assert(tuning.check({ e }, "wgo.lua"), "a _wgo tile in a wgmma entry")
   assert(tuning.tile_name_ok("fwd", "bm64_bn128_w4_s3_wgo"))
+  assert(tuning.tile_name_ok("bwd_dq", "bm128_bn64_w8_s3_wgo"))
   assert(not tuning.tile_name_ok("bwd_dkdv", "bn64_bm64_w4_s3_x1_wgo"), "no dK/dV overlap tiles")
 end)
 
