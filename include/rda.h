@@ -94,7 +94,7 @@ typedef enum { RDA_OFFSET_MOD = 0, RDA_OFFSET_BLOCK = 1, RDA_OFFSET_GROUP = 2 } 
 
 #define RDA_CONFIG_MAX_BRANCHES 16
 /* The largest segment length or dilation rate, 2^40: far beyond any sequence, and small enough
- * that index arithmetic on it cannot overflow int64. */
+ * that positions, grid sizes and ceiling divisions on it cannot overflow int64. */
 #define RDA_CONFIG_MAX_SIZE (1LL << 40)
 
 typedef struct rda_attn_config {

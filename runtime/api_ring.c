@@ -353,7 +353,10 @@ rda_status rda_ring_create(rda_ring **out, rda_plan *plan, const rda_ring_desc *
   const rda_config *cfg = &plan->core->pk.cfg;
 
   rda_ring *r = calloc(1, sizeof *r);
-  if (r == NULL) return rda_api_failf(ctx, RDA_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  if (r == NULL) {
+    ring_abort_world(desc, "rda_ring_create: out of memory");
+    return rda_api_failf(ctx, RDA_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+  }
   pthread_mutex_init(&r->lock, NULL);
   atomic_init(&r->aborted, 0);
   r->ctx = ctx;

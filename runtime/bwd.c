@@ -162,7 +162,8 @@ void rda_bwd_params_for_step(const rda_plan_k *p, const rda_bwd_step *s, const r
   bp->scale = (float)p->cfg.scale;
   /* Every query and key of every segment (rda_params.h). */
   bp->q_hi = bp->kv_hi = a->n;
-  /* Grid rows r positions apart; min(r, w): with r >= w only row 0 exists (grid_row_step). */
+  /* Grid rows r positions apart; min(r, w): with r >= w only row 0 exists, so the step is
+   * never taken, and r * stride could leave int64. */
   const int64_t rstep = r < w ? r : w;
   bp->k_rs = rstep * bp->k_sn;
   bp->v_rs = rstep * bp->v_sn;

@@ -167,7 +167,8 @@ void rda_fwd_params_for_step(const rda_plan_k *p, const rda_step *s, const rda_f
   fp->scale_log2 = (float)(p->cfg.scale * 1.4426950408889634); /* log2(e) */
   /* Every query and key of every segment (rda_params.h). */
   fp->q_hi = fp->kv_hi = a->n;
-  /* Grid rows r positions apart; min(r, w): with r >= w only row 0 exists (grid_row_step). */
+  /* Grid rows r positions apart; min(r, w): with r >= w only row 0 exists, so the step is
+   * never taken, and r * stride could leave int64. */
   const int64_t rstep = r < w ? r : w;
   fp->k_rs = rstep * fp->k_sn;
   fp->v_rs = rstep * fp->v_sn;

@@ -756,8 +756,8 @@ __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
   }
   const float *lg = p.lse + b * p.lse_sb + h * p.lse_sh + qpos;
   const float *dg = p.dp + b * p.dp_sb + h * p.dp_sh + qpos;
-  const long long q_rs = tile::grid_row_step(gr.r, p.w, p.q_sn);
-  const long long do_rs = tile::grid_row_step(gr.r, p.w, p.do_sn);
+  const long long q_rs = gr.r * p.q_sn;
+  const long long do_rs = gr.r * p.do_sn;
 
   unsigned char *smem = dynamic_smem();
   unsigned char *sk = smem;
@@ -837,8 +837,7 @@ __device__ __forceinline__ void bwd_dkdv_kernel(const rda_bwd_params &p) {
     if constexpr (T::ATOMIC) {
       if (idle) bwd_detail::dkdv_zero_ds<Cfg>(sds, warp);
       sync_threads(); /* dS^T of every warp staged */
-      bwd_detail::dkdv_dq_atomic<Cfg>(sds, sk, ao, warp, q0, gr.nq, dqg,
-                                      tile::grid_row_step(gr.r, p.w, p.dq_sn), p.scale);
+      bwd_detail::dkdv_dq_atomic<Cfg>(sds, sk, ao, warp, q0, gr.nq, dqg, gr.r * p.dq_sn, p.scale);
     }
   }
   cp_async_wait<0>();
@@ -934,8 +933,8 @@ __device__ __forceinline__ void bwd_dq_kernel(const rda_bwd_params &p) {
   unsigned char *sk = smem + 2 * T::Q_BYTES;
   unsigned char *sv = sk + T::STAGES * T::KV_BYTES;
 
-  const long long q_rs = tile::grid_row_step(gr.r, p.w, p.q_sn);
-  const long long do_rs = tile::grid_row_step(gr.r, p.w, p.do_sn);
+  const long long q_rs = gr.r * p.q_sn;
+  const long long do_rs = gr.r * p.do_sn;
   bwd_detail::load_tile<T::CHUNKS, T::BM, T::THREADS, T::WG>(sq, qg, q_rs, t0, gr.nq, tid);
   bwd_detail::load_tile<T::CHUNKS, T::BM, T::THREADS, T::WG>(sdo, dog, do_rs, t0, gr.nq, tid);
 #pragma unroll

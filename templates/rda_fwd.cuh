@@ -448,7 +448,7 @@ __device__ __forceinline__ void epilogue(const rda_fwd_params &p, const Block &b
   }
   sync_threads();
 
-  const long long o_rs = tile::grid_row_step(bk.r, p.w, p.o_sn);
+  const long long o_rs = bk.r * p.o_sn;
   float *o_row = p.o + b * p.o_sb + h * p.o_sh + bk.pos * p.o_sn;
 #pragma unroll 4
   for (int idx = tid; idx < T::BM * C4; idx += T::THREADS) {
@@ -547,7 +547,7 @@ __device__ __forceinline__ void fwd_kernel(const rda_fwd_params &p) {
     kg = static_cast<const uint16_t *>(p.k) + b * p.k_sb + kvh * p.k_sh + kpos * p.k_sn;
     vg = static_cast<const uint16_t *>(p.v) + b * p.v_sb + kvh * p.v_sh + kpos * p.v_sn;
   }
-  const long long q_rs = tile::grid_row_step(bk.r, p.w, p.q_sn);
+  const long long q_rs = bk.r * p.q_sn;
   const long long k_rs = p.k_rs;
   const long long v_rs = p.v_rs;
 

@@ -275,13 +275,6 @@ __device__ __forceinline__ long long grid_offset(int offset_mode, int offset_arg
   return j;
 }
 
-/* Elements between consecutive grid rows, r rows of sn elements apart, for grids within
- * segments of w positions: only rows t with t r < w exist, so when r >= w the step is never
- * taken and min(r, w) gives the same addresses without the product leaving int64. */
-__device__ __forceinline__ long long grid_row_step(long long r, long long w, long long sn) {
-  return (r < w ? r : w) * sn;
-}
-
 /* Rows of the grid at offset j, dilation r, in a segment of len positions (0 when j >= len). */
 __device__ __forceinline__ int grid_rows(long long len, long long j, long long r) {
   return j < len ? static_cast<int>((len - j + r - 1) / r) : 0;

@@ -561,7 +561,7 @@ static void test_out_files_failure_restores_every_target(void **state) {
       assert_int_equal(st, RDA_ERR_IO);
       const char *named = paths[mode < 4 ? mode : mode == 4 ? 2 : 1];
       if (strncmp(err.msg, named, strlen(named)) != 0 || strstr(err.msg, "partial") != NULL ||
-          strstr(err.msg, ".old-") != NULL) {
+          strstr(err.msg, ".rdagen-") != NULL) {
         fprintf(stderr, "mode %d: %s\n", mode, err.msg);
         fail();
       }

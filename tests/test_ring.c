@@ -382,7 +382,8 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
       int twins = 0;
       for (int i = 0; i < plan.nvariants; ++i)
         twins += strcmp(plan.variants[i].kind, kinds[k]) == 0 &&
-                 strstr(plan.variants[i].name, "_wg_kt") != NULL;
+                 strstr(plan.variants[i].name, "_wg") != NULL &&
+                 strstr(plan.variants[i].name, "_kt") != NULL;
       if (g_hw.arch != 90 || twins == 0)
         fail_msg("%s: sm_%d plan without wgmma %s kv-table twins", what, g_hw.arch, kinds[k]);
     }
@@ -691,11 +692,14 @@ static void test_ring_wgmma_overlap_matches_reference(void **state) {
   rc.fwd_tile = "bm128_bn128_w8_s3_wgo";
   const int ps[] = {3};
   run_ranks("wgmma overlap causal mod GQA", rc, 0, ps, 1);
-  /* The backward with the overlapped dQ (its kv-table twin for the dilated branch's rounds is
-   * the plain one; the dense branch's own rows and received blocks take the overlap tile). */
+  /* The backward with the overlapped dQ on the dilated branch, first: its own rows and its
+   * rounds' received blocks (the kv-table twin, "_wgo_kt") take two key tiles of 64 per
+   * launch at d = 128, so a product is pending at the second. */
   rc.fwd_tile = NULL;
-  rc.dq_tile = "bm128_bn128_w8_s3_wgo";
-  rc.n = 300;
+  rc.dq_tile = "bm128_bn64_w8_s3_wgo";
+  rc.head_dim = 128;
+  rc.r[0] = 2;
+  rc.r[1] = 1;
   run_ranks("wgmma overlap dQ causal mod GQA", rc, 1, ps, 1);
 }
 
