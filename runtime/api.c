@@ -367,18 +367,18 @@ static rda_status rda_api_config_chunk(const rda_attn_config *c, char *buf, size
   if (c->causal != 0 && c->causal != 1)
     return rda_err_set(err, RDA_ERR_CONFIG, "cfg->causal = %d: must be 0 or 1", c->causal);
   /* Any sign; |scale| * log2(e) is an fp32 constant of the kernels, so it must fit a float. */
-  if (!isfinite(c->scale) || fabs(c->scale) * 1.4426950408889634 > FLT_MAX)
+  if (!rda_config_scale_fits(c->scale))
     return rda_err_set(err, RDA_ERR_CONFIG,
                        "cfg->scale = %g: must be a finite number with |scale| <= %.5g "
                        "(scale * log2(e) must fit in fp32), or 0 for 1/sqrt(head_dim)",
-                       c->scale, FLT_MAX / 1.4426950408889634);
+                       c->scale, rda_config_scale_max());
   /* Checked here as well as by the config's validation: these name the struct's fields. */
   for (int i = 0; i < c->nbranch; ++i) {
     const char *key = NULL;
     long long v = 0;
-    if (c->segments[i] < 1 || c->segments[i] > RDA_CONFIG_MAX_SIZE)
+    if (!rda_config_size_ok(c->segments[i]))
       key = "segments", v = c->segments[i];
-    else if (c->dilations[i] < 1 || c->dilations[i] > RDA_CONFIG_MAX_SIZE)
+    else if (!rda_config_size_ok(c->dilations[i]))
       key = "dilations", v = c->dilations[i];
     if (key != NULL)
       return rda_err_set(err, RDA_ERR_CONFIG,

@@ -2,6 +2,19 @@
  * heads a branch serves. Shared by the planner's C side, the reference and the launcher. */
 #include "config.h"
 
+#include <float.h>
+#include <math.h>
+
+#include "rda.h"
+
+static const double kLog2e = 1.4426950408889634;
+
+int rda_config_size_ok(long long v) { return v >= 1 && v <= RDA_CONFIG_MAX_SIZE; }
+
+int rda_config_scale_fits(double scale) { return isfinite(scale) && fabs(scale) * kLog2e <= FLT_MAX; }
+
+double rda_config_scale_max(void) { return FLT_MAX / kLog2e; }
+
 const char *rda_dtype_name(int dtype) { return dtype == RDA_DTYPE_FP16 ? "fp16" : "bf16"; }
 
 const char *rda_offsets_name(int offsets) {

@@ -23,6 +23,14 @@ typedef struct rda_config {
   double scale;  /* resolved: 1/sqrt(head_dim) unless the config set it */
 } rda_config;
 
+/* The bounds every way into a config checks (gen/config.lua has the same for files):
+ * a segment length or dilation rate is 1 .. RDA_CONFIG_MAX_SIZE (2^40, rda.h), and a scale is
+ * finite with |scale| * log2(e) a finite fp32 (the kernels' log2-domain constant). Whether 0
+ * means "the default" is the caller's rule. */
+int rda_config_size_ok(long long v);
+int rda_config_scale_fits(double scale);
+double rda_config_scale_max(void); /* the largest |scale| that fits, for messages */
+
 /* "bf16" / "fp16"; "mod" / "block" / "group". */
 const char *rda_dtype_name(int dtype);
 const char *rda_offsets_name(int offsets);

@@ -420,7 +420,7 @@ static void rda_gen_read_list(lua_State *L, int t, const char *key, int n, int64
     lua_geti(L, -1, i + 1);
     int ok = 0;
     const lua_Integer v = lua_tointegerx(L, -1, &ok);
-    if (!ok || v < 1 || v > RDA_CONFIG_MAX_SIZE)
+    if (!ok || !rda_config_size_ok(v))
       luaL_error(L, "generator returned a bad %s[%d]", key, i + 1);
     out[i] = (int64_t)v;
     lua_pop(L, 1);
@@ -461,7 +461,7 @@ static int rda_gen_p_config(lua_State *L) {
   o->causal = rda_gen_bool_field(L, t, "causal");
   lua_getfield(L, t, "scale");
   o->scale = lua_tonumber(L, -1);
-  if (o->scale == 0 || !isfinite(o->scale) || fabs(o->scale) * 1.4426950408889634 > FLT_MAX)
+  if (o->scale == 0 || !rda_config_scale_fits(o->scale))
     return luaL_error(L, "generator returned a bad scale");
   c->status = RDA_OK;
   return 0;
@@ -815,17 +815,17 @@ static rda_status rda_gen_check_config(const rda_config *c, rda_err *err) {
                        "rda_gen_plan: the config was not validated (SPEC §3)");
   /* The scale may have either sign (SPEC §1); it is resolved, so never 0, and scale * log2(e)
    * becomes an fp32 constant of the kernels. */
-  if (c->scale == 0 || !isfinite(c->scale) || fabs(c->scale) * 1.4426950408889634 > FLT_MAX)
+  if (c->scale == 0 || !rda_config_scale_fits(c->scale))
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                        "rda_gen_plan: scale = %g: must be finite, nonzero and at most %.5g in "
                        "magnitude (scale * log2(e) must fit in fp32)",
-                       c->scale, FLT_MAX / 1.4426950408889634);
+                       c->scale, rda_config_scale_max());
   for (int i = 0; i < c->nbranch; i++) {
     const char *key = NULL;
     long long v = 0;
-    if (c->segments[i] < 1 || c->segments[i] > RDA_CONFIG_MAX_SIZE)
+    if (!rda_config_size_ok(c->segments[i]))
       key = "segments", v = (long long)c->segments[i];
-    else if (c->dilations[i] < 1 || c->dilations[i] > RDA_CONFIG_MAX_SIZE)
+    else if (!rda_config_size_ok(c->dilations[i]))
       key = "dilations", v = (long long)c->dilations[i];
     if (key != NULL)
       return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
