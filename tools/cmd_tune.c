@@ -70,6 +70,9 @@ static int tune_parse(int argc, char **argv, tune_cli *o) {
   o->batch = 1;
   o->seed = 1;
   static const char *const valued[] = {"n", "batch", "iters", "verify-n", "backend", "seed", "db"};
+  static const long long int_max[4] = {TUNE_MAX_N, TUNE_MAX_BATCH, TUNE_MAX_ITERS,
+                                       TUNE_MAX_VERIFY_N};
+  long long *const ints[4] = {&o->n, &o->batch, &o->iters, &o->verify_n};
   int seen[7] = {0};
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i];
@@ -110,31 +113,14 @@ static int tune_parse(int argc, char **argv, tune_cli *o) {
     }
     if (*val == '\0') return rdagen_usage("tune: --%s needs a value", valued[f]);
     if (seen[f]++) return rdagen_usage("tune: --%s given twice", valued[f]);
+    if (f < 4) { /* the bounded counts */
+      if (!tune_parse_ll(val, 1, int_max[f], ints[f]))
+        return rdagen_usage("tune: --%s '%s': expected an integer in 1..%lld", valued[f], val,
+                            int_max[f]);
+      continue;
+    }
     long long x = 0;
     switch (f) {
-      case 0:
-        if (!tune_parse_ll(val, 1, TUNE_MAX_N, &x))
-          return rdagen_usage("tune: --n '%s': expected an integer in 1..%d", val, TUNE_MAX_N);
-        o->n = x, o->have_n = 1;
-        break;
-      case 1:
-        if (!tune_parse_ll(val, 1, TUNE_MAX_BATCH, &x))
-          return rdagen_usage("tune: --batch '%s': expected an integer in 1..%d", val,
-                              TUNE_MAX_BATCH);
-        o->batch = x;
-        break;
-      case 2:
-        if (!tune_parse_ll(val, 1, TUNE_MAX_ITERS, &x))
-          return rdagen_usage("tune: --iters '%s': expected an integer in 1..%d", val,
-                              TUNE_MAX_ITERS);
-        o->iters = x, o->have_iters = 1;
-        break;
-      case 3:
-        if (!tune_parse_ll(val, 1, TUNE_MAX_VERIFY_N, &x))
-          return rdagen_usage("tune: --verify-n '%s': expected an integer in 1..%d", val,
-                              TUNE_MAX_VERIFY_N);
-        o->verify_n = x;
-        break;
       case 4:
         if (strcmp(val, "auto") != 0 && strcmp(val, "cuda") != 0 && strcmp(val, "emu") != 0)
           return rdagen_usage("tune: --backend '%s': expected auto, cuda or emu", val);
@@ -148,6 +134,7 @@ static int tune_parse(int argc, char **argv, tune_cli *o) {
       default: o->db = val; break;
     }
   }
+  o->have_n = seen[0], o->have_iters = seen[2];
   if (o->config == NULL) return rdagen_usage("tune: no CONFIG given");
   if (o->backend == NULL) o->backend = "auto";
   return -1;
