@@ -228,6 +228,21 @@ static const char *run_value_text(double x, char *buf, size_t cap) {
   return buf;
 }
 
+/* "[i0, i1, ...]": the index of flat element i of a C-order array of ndim (<= 4) dims. */
+static const char *run_index_text(size_t i, int ndim, const long long *shape, char *buf,
+                                  size_t cap) {
+  long long idx[4] = {0, 0, 0, 0};
+  for (int d = ndim - 1; d >= 0; d--) {
+    idx[d] = (long long)(i % (size_t)shape[d]);
+    i /= (size_t)shape[d];
+  }
+  size_t len = (size_t)snprintf(buf, cap, "[%lld", idx[0]);
+  for (int d = 1; d < ndim && len < cap; d++)
+    len += (size_t)snprintf(buf + len, cap - len, ", %lld", idx[d]);
+  if (len < cap) snprintf(buf + len, cap - len, "]");
+  return buf;
+}
+
 /* Every element of an input finite, and finite once rounded to the config's dtype (fp16 holds
  * |x| <= 65504): anything else makes the whole result NaN. */
 static int run_check_values(const char *flag, const char *path, const rda_npy *a, int dtype) {
@@ -235,16 +250,10 @@ static int run_check_values(const char *flag, const char *path, const rda_npy *a
   for (size_t i = 0; i < a->count; i++) {
     const double x = a->data[i];
     if (isfinite(x) && isfinite(rda_round_to_dtype(x, dtype))) continue;
-    long long idx[4];
-    size_t rest = i;
-    for (int d = 3; d >= 0; d--) {
-      idx[d] = (long long)(rest % (size_t)a->shape[d]);
-      rest /= (size_t)a->shape[d];
-    }
-    char val[64];
-    return rdagen_fail("%s: %s element [%lld, %lld, %lld, %lld] is %s; inputs must be finite and "
-                       "within %s's range once rounded (|x| <= %g)",
-                       path, flag, idx[0], idx[1], idx[2], idx[3],
+    char at[128], val[64];
+    return rdagen_fail("%s: %s element %s is %s; inputs must be finite and within %s's range "
+                       "once rounded (|x| <= %g)",
+                       path, flag, run_index_text(i, 4, a->shape, at, sizeof at),
                        run_value_text(x, val, sizeof val), rda_dtype_name(dtype), maxv);
   }
   return 0;
@@ -346,35 +355,33 @@ static int run_stats_json(rda_json *j, const rda_ring_run_stats *stats, int P) {
 
 /* A result element that is NaN or infinite (LSE: +inf; -inf is a row no branch covers) means
  * the true value left float32 (a huge scale, or huge inputs): say which, write nothing. */
+/* " (--o 'o.npy')", or " (not requested)" for an output computed but not asked for. */
+static const char *run_output_text(const char *flag, const char *path, char *buf, size_t cap) {
+  if (path != NULL)
+    snprintf(buf, cap, " (%s '%s')", flag, path);
+  else
+    snprintf(buf, cap, " (not requested)");
+  return buf;
+}
+
 static int run_check_result(const char *what, const char *flag, const char *path, const float *x,
                             int ndim, const long long *shape, int lse) {
   size_t count = 1;
   for (int d = 0; d < ndim; d++) count *= (size_t)shape[d];
   for (size_t i = 0; i < count; i++) {
     if (isfinite(x[i]) || (lse && isinf(x[i]) && x[i] < 0)) continue;
-    long long idx[4] = {0, 0, 0, 0};
-    size_t rest = i;
-    for (int d = ndim - 1; d >= 0; d--) {
-      idx[d] = (long long)(rest % (size_t)shape[d]);
-      rest /= (size_t)shape[d];
-    }
-    char at[128];
-    if (ndim == 3)
-      snprintf(at, sizeof at, "[%lld, %lld, %lld]", idx[0], idx[1], idx[2]);
-    else
-      snprintf(at, sizeof at, "[%lld, %lld, %lld, %lld]", idx[0], idx[1], idx[2], idx[3]);
-    char named[4200] = " (not requested)";
-    if (path != NULL) snprintf(named, sizeof named, " (%s '%s')", flag, path);
-    char val[64];
+    char named[4200], at[128], val[64];
     return rdagen_fail("%s%s element %s is %s: the result overflows float32 (inputs or scale too "
                        "large); no output written",
-                       what, named, at, run_value_text(x[i], val, sizeof val));
+                       what, run_output_text(flag, path, named, sizeof named),
+                       run_index_text(i, ndim, shape, at, sizeof at),
+                       run_value_text(x[i], val, sizeof val));
   }
   return 0;
 }
 
-/* LSE is -inf only on rows no branch covers, whose O row is exactly 0 (SPEC §1); -inf beside a
- * nonzero O row is an underflow of a covered row. */
+/* LSE is -inf only on rows no branch covers (SPEC §1); -inf on a covered row is an underflow
+ * of its scores. */
 static int run_check_uncovered(const char *path, const rda_config *cfg, const float *lse,
                                long long B, long long N) {
   const long long H = cfg->heads;
@@ -385,12 +392,11 @@ static int run_check_uncovered(const char *path, const rda_config *cfg, const fl
       if (!rda_config_covers(cfg, N, (int)h, n)) continue;
       for (long long b = 0; b < B; b++)
         if (isinf(lse[(b * H + h) * N + n])) {
-          char named[4200] = " (not requested)";
-          if (path != NULL) snprintf(named, sizeof named, " (--lse '%s')", path);
+          char named[4200];
           return rdagen_fail("LSE%s element [%lld, %lld, %lld] is -inf on a row with keys: the "
                              "result overflows float32 (inputs or scale too large); no output "
                              "written",
-                             named, b, h, n);
+                             run_output_text("--lse", path, named, sizeof named), b, h, n);
         }
     }
   return 0;
