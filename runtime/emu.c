@@ -358,11 +358,17 @@ static rda_status rda_emu_dlopen_bytes(const char *dir, const unsigned char *dat
 static pthread_mutex_t rda_emu_shared_mu = PTHREAD_MUTEX_INITIALIZER;
 static rda_emu_shared *rda_emu_shared_list; /* the loaded kernel modules, guarded by the mutex */
 
+/* The entry of `key`, or NULL; the mutex held. */
+static rda_emu_shared *rda_emu_shared_find_locked(const char *key) {
+  rda_emu_shared *e = rda_emu_shared_list;
+  while (e != NULL && strcmp(e->key, key) != 0) e = e->next;
+  return e;
+}
+
 /* The loaded module of `key` with one more reference, or NULL when none is loaded. */
 static rda_emu_shared *rda_emu_shared_get(const char *key) {
   pthread_mutex_lock(&rda_emu_shared_mu);
-  rda_emu_shared *e = rda_emu_shared_list;
-  while (e != NULL && strcmp(e->key, key) != 0) e = e->next;
+  rda_emu_shared *e = rda_emu_shared_find_locked(key);
   if (e != NULL) ++e->refs;
   pthread_mutex_unlock(&rda_emu_shared_mu);
   return e;
@@ -374,8 +380,7 @@ static rda_emu_shared *rda_emu_shared_get(const char *key) {
 static rda_emu_shared *rda_emu_shared_put(const char *key, void *dl) {
   rda_emu_shared *fresh = calloc(1, sizeof *fresh);
   pthread_mutex_lock(&rda_emu_shared_mu);
-  rda_emu_shared *e = rda_emu_shared_list;
-  while (e != NULL && strcmp(e->key, key) != 0) e = e->next;
+  rda_emu_shared *e = rda_emu_shared_find_locked(key);
   if (e != NULL) {
     ++e->refs;
   } else if (fresh != NULL) {
