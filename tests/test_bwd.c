@@ -104,16 +104,8 @@ static void setup_open(rt_backend *be, const char *what, const bwd_case *bc, bwd
   rda_err err = {0};
   const unsigned flags = RDA_PLAN_BACKWARD | (bc->atomic ? RDA_PLAN_BACKWARD_ATOMIC : 0u) |
                          (bc->wgmma ? RDA_PLAN_WGMMA : 0u);
-  const rda_gen_force force = {.kind = "bwd_dq", .branch = 0, .tile = bc->dq_tile};
-  if (rda_gen_plan_forced(g_rt.gen, &p->cfg, &be->hw, flags, bc->dq_tile ? &force : NULL,
-                          &p->plan, &err) != RDA_OK)
-    fail_msg("%s: plan: %s", what, err.msg);
+  rt_plan_with_tile(g_rt.gen, &p->cfg, &be->hw, flags, "bwd_dq", bc->dq_tile, &p->plan, what);
   assert_true(p->plan.has_bwd);
-  if (bc->dq_tile != NULL) { /* the forced tile must be what branch 0 runs, or this tests nothing */
-    const rda_variant *v0 = &p->plan.variants[p->plan.bwd_steps[0].dq_kernel];
-    if (strcmp(v0->tile, bc->dq_tile) != 0)
-      fail_msg("%s: branch 0's dQ runs %s, not tile %s", what, v0->name, bc->dq_tile);
-  }
   /* With the flag, every dK/dV and dQ variant (and its ring twin) is a wgmma one, the atomic
    * dK/dV aside; without, none. */
   rt_check_wgmma_plan(&p->plan, "bwd_dkdv", bc->wgmma, what);

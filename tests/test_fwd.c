@@ -132,16 +132,9 @@ static void run_case_on(rt_backend *be, const char *what, const fwd_case *fc) {
   rda_plan_k plan;
   memset(&plan, 0, sizeof plan);
   if (fc->wgmma && !rt_wgmma_runs_on(be, what)) return;
-  const rda_gen_force force = {.kind = "fwd", .branch = 0, .tile = fc->tile};
-  if (rda_gen_plan_forced(g_rt.gen, &cfg, &be->hw, fc->wgmma ? RDA_PLAN_WGMMA : 0u,
-                          fc->tile ? &force : NULL, &plan, &err) != RDA_OK)
-    fail_msg("%s: plan: %s", what, err.msg);
+  rt_plan_with_tile(g_rt.gen, &cfg, &be->hw, fc->wgmma ? RDA_PLAN_WGMMA : 0u, "fwd", fc->tile,
+                    &plan, what);
   rt_check_wgmma_plan(&plan, "fwd", fc->wgmma, what);
-  if (fc->tile != NULL) { /* the forced tile must be what branch 0 runs, or the case tests nothing */
-    const rda_variant *v0 = &plan.variants[plan.steps[0].kernel];
-    if (strcmp(v0->tile, fc->tile) != 0)
-      fail_msg("%s: branch 0 runs %s, not tile %s", what, v0->name, fc->tile);
-  }
   rda_fwd_kernels kern = {0, NULL};
   const double t_load = rt_now_s();
   if (rda_fwd_load(b, &plan, &kern, &err) != RDA_OK) fail_msg("%s: load: %s", what, err.msg);

@@ -363,18 +363,8 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
   memset(&plan, 0, sizeof plan);
   const unsigned flags =
       (rc->backward ? RDA_PLAN_BACKWARD : 0u) | (rc->wgmma ? RDA_PLAN_WGMMA : 0u);
-  const rda_gen_force force = {.kind = rc->fwd_tile ? "fwd" : "bwd_dq",
-                               .branch = 0,
-                               .tile = rc->fwd_tile ? rc->fwd_tile : rc->dq_tile};
-  if (rda_gen_plan_forced(g_gen, &cfg, &g_hw, flags, force.tile ? &force : NULL, &plan, &err) !=
-      RDA_OK)
-    fail_msg("%s: plan: %s", what, err.msg);
-  if (force.tile != NULL) { /* the forced tile must be what branch 0 runs, or this tests nothing */
-    const int kernel = rc->fwd_tile ? plan.steps[0].kernel : plan.bwd_steps[0].dq_kernel;
-    if (strcmp(plan.variants[kernel].tile, force.tile) != 0)
-      fail_msg("%s: branch 0 planned with %s, not %s", what, plan.variants[kernel].tile,
-               force.tile);
-  }
+  rt_plan_with_tile(g_gen, &cfg, &g_hw, flags, rc->fwd_tile ? "fwd" : "bwd_dq",
+                    rc->fwd_tile ? rc->fwd_tile : rc->dq_tile, &plan, what);
   if (rc->wgmma) { /* the case must reach the wgmma twins of every kernel kind it runs, or it
                      tests nothing */
     static const char *const kinds[] = {"fwd", "bwd_dkdv", "bwd_dq"};

@@ -84,6 +84,18 @@ int rt_wgmma_runs_on(const rt_backend *be, const char *what) {
   return 0;
 }
 
+void rt_plan_with_tile(rda_gen *g, const rda_config *cfg, const rda_hw *hw, unsigned flags,
+                       const char *kind, const char *tile, rda_plan_k *out, const char *what) {
+  rda_err err = {0};
+  const rda_gen_force force = {.kind = kind, .branch = 0, .tile = tile};
+  if (rda_gen_plan_forced(g, cfg, hw, flags, tile != NULL ? &force : NULL, out, &err) != RDA_OK)
+    fail_msg("%s: plan: %s", what, err.msg);
+  if (tile == NULL) return;
+  const int k = strcmp(kind, "fwd") == 0 ? out->steps[0].kernel : out->bwd_steps[0].dq_kernel;
+  if (strcmp(out->variants[k].tile, tile) != 0)
+    fail_msg("%s: branch 0's %s runs %s, not tile %s", what, kind, out->variants[k].name, tile);
+}
+
 static int g_wgmma_plans; /* plans rt_check_wgmma_plan saw with wgmma variants */
 
 void rt_check_wgmma_plan(const rda_plan_k *plan, const char *kind, int wgmma, const char *what) {

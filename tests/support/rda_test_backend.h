@@ -47,6 +47,12 @@ int rt_wgmma_runs_on(const rt_backend *be, const char *what);
  * the tile space has them: then all of the kind's must be (the "_qa" ones still never). */
 void rt_check_wgmma_plan(const rda_plan_k *plan, const char *kind, int wgmma, const char *what);
 
+/* Plan cfg on hw with flags (rda_gen_plan_forced), branch 0's kernel of `kind` ("fwd" or
+ * "bwd_dq") forced to `tile` (NULL: nothing forced). Fails the test `what` when planning fails,
+ * or when branch 0 does not run that tile (a case that tests nothing). */
+void rt_plan_with_tile(rda_gen *g, const rda_config *cfg, const rda_hw *hw, unsigned flags,
+                       const char *kind, const char *tile, rda_plan_k *out, const char *what);
+
 /* After a suite whose cases went through rt_check_wgmma_plan: with RDA_WGMMA=1, 1 (and a line
  * on stderr naming `suite`) when none of them planned a wgmma variant, so a rerun meant to take
  * the wgmma path cannot pass without it; else 0. */
