@@ -411,13 +411,13 @@ rda_status rda_plan_create(rda_plan **out, rda_ctx *ctx, const rda_attn_config *
   rda_err err = {0};
   if (rda_api_config_chunk(cfg, chunk, sizeof chunk, &err) != RDA_OK)
     return rda_api_fail(ctx, &err);
-  return rda_api_plan_from(out, ctx, chunk, "=rda_attn_config", NULL, flags);
+  return rda_api_plan_from(out, ctx, chunk, "rda_attn_config", NULL, flags);
 }
 
 rda_status rda_plan_create_from_string(rda_plan **out, rda_ctx *ctx, const char *chunk,
                                        unsigned flags) {
   RDA_TRY(rda_api_plan_args(out, ctx, chunk, flags, "rda_plan_create_from_string", "chunk"));
-  return rda_api_plan_from(out, ctx, chunk, "=config", NULL, flags);
+  return rda_api_plan_from(out, ctx, chunk, "config", NULL, flags);
 }
 
 rda_status rda_plan_create_from_file(rda_plan **out, rda_ctx *ctx, const char *path,

@@ -317,7 +317,18 @@ static void test_plan_create_rejects_bad_lua_config(void **state) {
     assert_null(p);
     assert_error_names(g_ctx, cases[i].what);
   }
+  /* The message names the chunk as "config", as a file's would name the file. */
   rda_plan *p = (rda_plan *)(uintptr_t)1;
+  assert_int_equal(rda_plan_create_from_string(
+                       &p, g_ctx,
+                       "return { heads = 0, head_dim = 32, dtype = 'bf16', segments = {8}, "
+                       "dilations = {1} }",
+                       RDA_PLAN_FORWARD),
+                   RDA_ERR_CONFIG);
+  if (strncmp(rda_last_error(g_ctx), "config: ", 8) != 0)
+    fprintf(stderr, "message: %s\n", rda_last_error(g_ctx));
+  assert_int_equal(strncmp(rda_last_error(g_ctx), "config: ", 8), 0);
+  p = (rda_plan *)(uintptr_t)1;
   assert_int_equal(rda_plan_create_from_string(&p, g_ctx, NULL, RDA_PLAN_FORWARD),
                    RDA_ERR_INVALID_ARGUMENT);
   assert_null(p);
