@@ -63,7 +63,8 @@ typedef struct rda_ctx rda_ctx;   /* one per device (a GPU, or the CPU emulator)
 typedef struct rda_plan rda_plan; /* one per attention config on a context; holds its kernels */
 
 /* The detail of the last failure on ctx: one line naming the argument or the call that failed,
- * "" when none. Owned by ctx, valid until the next failing call on ctx or its destruction.
+ * "" when none. A copy owned by the calling thread, valid until its next rda_last_error call
+ * (so another thread failing meanwhile cannot change or tear it).
  * With ctx NULL (or not a context): the last failure on the calling thread of a call that had no
  * usable context (e.g. a failed rda_ctx_create_*, a NULL or foreign handle). Never NULL. */
 RDA_API const char *rda_last_error(const rda_ctx *ctx);
@@ -111,7 +112,9 @@ typedef struct rda_attn_config {
   int causal;                                   /* 0 or 1 */
   /* Softmax scale τ; 0 means 1/sqrt(head_dim). Any other finite value of either sign (a
    * negative τ is computed as written) with |scale| * log2(e) <= FLT_MAX (|scale| <= ~2.3587e38):
-   * the kernels keep scale * log2(e) as an fp32 constant. */
+   * the kernels keep scale * log2(e) as an fp32 constant. The scores scale * <q, k> * log2(e)
+   * are formed in fp32 too: where one exceeds FLT_MAX (a huge scale with large inputs), O and
+   * LSE are not finite (rdagen run reports such a result as an error and writes nothing). */
   double scale;
 } rda_attn_config;
 
@@ -209,6 +212,8 @@ RDA_API rda_status rda_plan_workspace_size(const rda_plan *plan, long long batch
  * - workspace: rda_plan_workspace_size() bytes of device memory, 16-byte aligned, owned by the
  *   caller; it must not be used by other work until this call's kernels complete. Less is
  *   enough when o is RDA_FP32 (no accumulator) or lse is given; with both, it may be NULL.
+ *   Exactly: the fp32 O accumulator's part (unless o is RDA_FP32), then the fp32 LSE's part
+ *   (unless lse is given), each 256-byte rounded; rda_plan_workspace_size is both parts.
  * - o, lse and workspace must not overlap each other or q, k, v; q, k, v may alias each other
  *   (e.g. views of one fused QKV tensor). Nothing is freed or retained after the call.
  * RDA_ERR_INVALID_ARGUMENT with the argument named in rda_last_error for a NULL, a shape or

@@ -62,9 +62,17 @@ rda_status rda_api_failf(rda_ctx *ctx, rda_status s, const char *fmt, ...) {
   return rda_api_fail(ctx, &err);
 }
 
+/* The context's message as this thread read it: copied under the lock, since another thread's
+ * failure may be rewriting ctx->last_error at the same time. */
+static _Thread_local char rda_api_thread_copy[RDA_API_MSG_LEN];
+
 const char *rda_last_error(const rda_ctx *ctx) {
-  if (rda_api_ctx_ok(ctx)) return ctx->last_error;
-  return rda_api_thread_error;
+  if (!rda_api_ctx_ok(ctx)) return rda_api_thread_error;
+  rda_ctx *c = (rda_ctx *)(uintptr_t)ctx; /* the lock, not the context, changes */
+  pthread_mutex_lock(&c->lock);
+  snprintf(rda_api_thread_copy, sizeof rda_api_thread_copy, "%s", c->last_error);
+  pthread_mutex_unlock(&c->lock);
+  return rda_api_thread_copy;
 }
 
 /* ---- contexts ---------------------------------------------------------------------------- */
@@ -871,10 +879,6 @@ rda_status rda_forward(const rda_plan *plan, const rda_tensor *q, const rda_tens
     return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
                          "rda_forward: q->shape = [%lld, %lld, ...]: B and N must be >= 1", batch,
                          n);
-  if (batch > 65535)
-    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
-                         "rda_forward: q->shape[0] = %lld: at most 65535 batch entries per call",
-                         batch);
   const rda_tensor *const all[5] = {q, k, v, o, lse};
   if (rda_api_check_fwd_tensors(plan, "rda_forward", 0, all, batch, n, &err) != RDA_OK)
     return rda_api_fail(ctx, &err);
@@ -885,8 +889,10 @@ rda_status rda_forward(const rda_plan *plan, const rda_tensor *q, const rda_tens
                          "rda_forward: q->shape = [%lld, %lld, ...]: the workspace size overflows",
                          batch, n);
   const int o_direct = o->dtype == RDA_FP32;
-  /* Fixed layout: [fp32 O accumulator | fp32 LSE]; only the parts in use must be there. */
-  const size_t need = lse == NULL ? o_bytes + l_bytes : o_direct ? 0 : o_bytes;
+  /* Layout: [fp32 O accumulator, unless O goes straight to o | fp32 LSE, unless lse is given],
+   * as the ring's (api_ring.c): only the parts in use are there. */
+  const size_t o_part = o_direct ? 0 : o_bytes;
+  const size_t need = o_part + (lse == NULL ? l_bytes : 0);
   if (need > 0) {
     if (rda_api_check_workspace("rda_forward", "rda_plan_workspace_size", workspace,
                                 workspace_bytes, need, &err) != RDA_OK)
@@ -895,9 +901,8 @@ rda_status rda_forward(const rda_plan *plan, const rda_tensor *q, const rda_tens
   if (rda_api_check_fwd_apart("rda_forward", all, workspace, need, &err) != RDA_OK)
     return rda_api_fail(ctx, &err);
 
-  /* Fixed layout: the LSE part follows the O part even when O goes straight to o. */
   rda_fwd_args a;
-  rda_api_fwd_args(c, batch, n, all, workspace, lse == NULL ? (char *)workspace + o_bytes : NULL,
+  rda_api_fwd_args(c, batch, n, all, workspace, lse == NULL ? (char *)workspace + o_part : NULL,
                    &a);
 
   if (ctx->is_cuda) rda_backend_cuda_use_stream(stream);
@@ -951,11 +956,10 @@ rda_status rda_backward(const rda_plan *plan, const rda_tensor *q, const rda_ten
     return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
                          "rda_backward: q->ndim = %d: expected 4 (q [B, N, H, D])", q->ndim);
   const long long batch = q->shape[0], n = q->shape[1];
-  if (batch < 1 || n < 1 || batch > 65535)
+  if (batch < 1 || n < 1)
     return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
-                         "rda_backward: q->shape = [%lld, %lld, ...]: B must be 1 to 65535 and "
-                         "N >= 1",
-                         batch, n);
+                         "rda_backward: q->shape = [%lld, %lld, ...]: B and N must be >= 1", batch,
+                         n);
   const rda_tensor *const t[10] = {q, k, v, o, lse, dout, dlse, dq, dk, dv};
   if (rda_api_check_bwd_tensors(plan, fn, 0, t, batch, n, &err) != RDA_OK)
     return rda_api_fail(ctx, &err);

@@ -9,6 +9,10 @@
 
 #include <stddef.h>
 
+/* A launch's grid y and z dimensions hold at most this many blocks (CUDA's limit, which the
+ * emulator enforces too); the batch is the z dimension, so larger ones run slice by slice. */
+#define RDA_MAX_BATCH_PER_LAUNCH 65535LL
+
 typedef struct rda_backend rda_backend;
 typedef struct rda_module rda_module; /* one loaded kernel variant */
 

@@ -62,9 +62,6 @@ static rda_status check_args(const rda_plan_k *p, const rda_fwd_kernels *k, cons
   if (a->batch < 1 || a->n < 1)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "batch = %lld, n = %lld: both must be >= 1",
                        a->batch, a->n);
-  if (a->batch > 65535)
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "batch = %lld: at most 65535 per call",
-                       a->batch);
   if (a->n > 0x7fffffffLL)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "n = %lld: at most 2^31 - 1", a->n);
   if (a->q == NULL || a->k == NULL || a->v == NULL || a->o == NULL || a->lse == NULL ||
@@ -301,6 +298,26 @@ rda_status rda_bwd_prep(rda_backend *b, const rda_plan_k *p, const rda_fwd_kerne
   return launch_prep(b, p, k, a, (float *)a->workspace, err);
 }
 
+/* The batch is the grid's z dimension: a larger one runs slice by slice. The slice of a
+ * starting b0 batch entries in (strides in elements; K/V may broadcast, stride 0), the
+ * workspace's Dp rows [B, heads, n] included. */
+static void bwd_slice(const rda_plan_k *p, const rda_bwd_args *a, long long b0, rda_bwd_args *sl) {
+  *sl = *a;
+  const long long left = a->batch - b0;
+  sl->batch = left < RDA_MAX_BATCH_PER_LAUNCH ? left : RDA_MAX_BATCH_PER_LAUNCH;
+  sl->q = (const uint16_t *)a->q + b0 * a->q_s[0];
+  sl->k = (const uint16_t *)a->k + b0 * a->k_s[0];
+  sl->v = (const uint16_t *)a->v + b0 * a->v_s[0];
+  sl->o = a->o + b0 * a->o_s[0];
+  sl->lse = a->lse + b0 * a->lse_s[0];
+  sl->dout = (const uint16_t *)a->dout + b0 * a->do_s[0];
+  if (a->dlse != NULL) sl->dlse = a->dlse + b0 * a->dlse_s[0];
+  sl->dq = a->dq + b0 * a->dq_s[0];
+  sl->dk = a->dk + b0 * a->dk_s[0];
+  sl->dv = a->dv + b0 * a->dv_s[0];
+  sl->workspace = (float *)a->workspace + b0 * (long long)p->cfg.heads * a->n;
+}
+
 /* Deterministic: every launch writes its rows with plain read-modify-writes and no two blocks
  * of one launch share a row, so the result is bit-identical run to run. With deterministic = 0
  * and an atomic dK/dV variant planned (RDA_PLAN_BACKWARD_ATOMIC), a branch is one launch that
@@ -309,16 +326,21 @@ rda_status rda_bwd_run(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernel
                        const rda_bwd_args *a, rda_err *err) {
   if (b == NULL || p == NULL || k == NULL || a == NULL)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_bwd_run: NULL argument");
-  RDA_TRY(rda_bwd_prep(b, p, k, a, err));
-  for (int i = 0; i < p->nsteps; ++i) {
-    const rda_bwd_step *s = &p->bwd_steps[i];
-    rda_bwd_params bp;
-    rda_bwd_params_for_step(p, s, a, &bp);
-    if (!a->deterministic && s->dkdv_atomic_kernel >= 0) {
-      RDA_TRY(rda_bwd_launch_dkdv(b, p, k, s, &bp, bp.nseg, a->batch, 1, err));
-    } else {
-      RDA_TRY(rda_bwd_launch_dkdv(b, p, k, s, &bp, bp.nseg, a->batch, 0, err));
-      RDA_TRY(rda_bwd_launch_dq(b, p, k, s, &bp, bp.nseg, a->batch, err));
+  RDA_TRY(check_args(p, k, a, err));
+  for (long long b0 = 0; b0 < a->batch; b0 += RDA_MAX_BATCH_PER_LAUNCH) {
+    rda_bwd_args sl;
+    bwd_slice(p, a, b0, &sl);
+    RDA_TRY(launch_prep(b, p, k, &sl, (float *)sl.workspace, err));
+    for (int i = 0; i < p->nsteps; ++i) {
+      const rda_bwd_step *s = &p->bwd_steps[i];
+      rda_bwd_params bp;
+      rda_bwd_params_for_step(p, s, &sl, &bp);
+      if (!sl.deterministic && s->dkdv_atomic_kernel >= 0) {
+        RDA_TRY(rda_bwd_launch_dkdv(b, p, k, s, &bp, bp.nseg, sl.batch, 1, err));
+      } else {
+        RDA_TRY(rda_bwd_launch_dkdv(b, p, k, s, &bp, bp.nseg, sl.batch, 0, err));
+        RDA_TRY(rda_bwd_launch_dq(b, p, k, s, &bp, bp.nseg, sl.batch, err));
+      }
     }
   }
   return RDA_OK;

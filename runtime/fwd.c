@@ -64,9 +64,15 @@ static rda_status check_args(const rda_plan_k *p, const rda_fwd_args *a, rda_err
   if (a->batch < 1 || a->n < 1)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "batch = %lld, n = %lld: both must be >= 1",
                        a->batch, a->n);
-  if (a->batch > 65535)
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "batch = %lld: at most 65535 per call",
-                       a->batch);
+  /* The kernels count a segment's grid rows and tiles in 32-bit ints. */
+  for (int i = 0; i < p->cfg.nbranch; ++i) {
+    const int64_t w = p->cfg.segments[i] < a->n ? p->cfg.segments[i] : a->n;
+    const int64_t rows = (w + p->cfg.dilations[i] - 1) / p->cfg.dilations[i];
+    if (rows > 0x7fffffffLL)
+      return rda_err_set(err, RDA_ERR_UNSUPPORTED,
+                         "branch %d: %lld grid rows per segment (n = %lld): at most 2^31 - 1", i,
+                         (long long)rows, a->n);
+  }
   if (a->q == NULL || a->k == NULL || a->v == NULL || a->o == NULL || a->lse == NULL)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "a tensor pointer is NULL");
   /* The kernels move 16-byte vectors: 8 storage elements of Q/K/V rows, 4 floats of O. */
@@ -174,9 +180,9 @@ void rda_fwd_params_for_step(const rda_plan_k *p, const rda_step *s, const rda_f
   fp->v_rs = rstep * fp->v_sn;
 }
 
-rda_status rda_fwd_run(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
-                       const rda_fwd_args *a, rda_err *err) {
-  RDA_TRY(check_args(p, a, err));
+/* One launch series over a slice of at most RDA_MAX_BATCH_PER_LAUNCH batch entries. */
+static rda_status fwd_run_slice(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                                const rda_fwd_args *a, rda_err *err) {
   if (needs_init(p)) RDA_TRY(launch_init(b, p, k, a, err));
 
   for (int i = 0; i < p->nsteps; ++i) {
@@ -198,6 +204,24 @@ rda_status rda_fwd_run(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernel
     const unsigned grid[3] = {(unsigned)gx, (unsigned)s->nheads, (unsigned)a->batch};
     RDA_TRY(b->launch(b, k->modules[s->kernel], grid, (unsigned)v->threads,
                       (unsigned)v->smem_bytes, &fp, sizeof fp, err));
+  }
+  return RDA_OK;
+}
+
+rda_status rda_fwd_run(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
+                       const rda_fwd_args *a, rda_err *err) {
+  RDA_TRY(check_args(p, a, err));
+  /* The batch is the grid's z dimension: a larger one runs slice by slice, each slice's
+   * tensors starting b0 batch entries in (strides in elements; K/V may broadcast, stride 0). */
+  for (long long b0 = 0; b0 < a->batch; b0 += RDA_MAX_BATCH_PER_LAUNCH) {
+    rda_fwd_args sl = *a;
+    sl.batch = a->batch - b0 < RDA_MAX_BATCH_PER_LAUNCH ? a->batch - b0 : RDA_MAX_BATCH_PER_LAUNCH;
+    sl.q = (const uint16_t *)a->q + b0 * a->q_s[0];
+    sl.k = (const uint16_t *)a->k + b0 * a->k_s[0];
+    sl.v = (const uint16_t *)a->v + b0 * a->v_s[0];
+    sl.o = a->o + b0 * a->o_s[0];
+    sl.lse = a->lse + b0 * a->lse_s[0];
+    RDA_TRY(fwd_run_slice(b, p, k, &sl, err));
   }
   return RDA_OK;
 }

@@ -297,6 +297,10 @@ static rda_status ring_enter(rda_backend *b, const rda_plan_k *pk, const rda_fwd
   else if (ba != NULL && !pk->has_bwd)
     s = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                     "%s: the plan has no backward kernels (plan it with RDA_PLAN_BACKWARD)", what);
+  /* One launch per received block holds the whole batch (the grid's z dimension). */
+  else if ((ba != NULL ? ba->batch : fa->batch) > RDA_MAX_BATCH_PER_LAUNCH)
+    s = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: batch = %lld: at most %lld per call", what,
+                    ba != NULL ? ba->batch : fa->batch, RDA_MAX_BATCH_PER_LAUNCH);
   if (s != RDA_OK) {
     if (t != NULL) rda_transport_abort(t, err != NULL ? err->msg : what);
     return s;

@@ -482,8 +482,8 @@ static void test_forward_rejects_mismatched_dtypes_and_shapes(void **state) {
   b.tq.shape[1] = 0;
   expect_bad(&b, "q->shape");
   b = a;
-  b.tq.shape[0] = 70000;
-  expect_bad(&b, "q->shape[0] = 70000");
+  b.tq.shape[0] = 70000; /* any batch is allowed, but k's must be the same */
+  expect_bad(&b, "k->shape[0] = 2");
   args_free(&a);
 }
 
@@ -563,6 +563,17 @@ static void test_forward_rejects_missing_or_small_workspace(void **state) {
   b.ws = NULL;
   b.ws_bytes = 0;
   assert_int_equal(call(&b), RDA_OK);
+  /* fp32 O without lse: the LSE's part alone, as rda.h says (256-byte rounded). */
+  const size_t lse_part = (sizeof(float) * kB * kH * kN + 255) / 256 * 256;
+  b.ws = a.ws;
+  b.ws_bytes = lse_part;
+  rda_status s = rda_forward(g_plan, &b.tq, &b.tk, &b.tv, &b.to, NULL, b.ws, b.ws_bytes, NULL);
+  if (s != RDA_OK) fprintf(stderr, "fp32 O, no lse: %s\n", rda_last_error(g_ctx));
+  assert_int_equal(s, RDA_OK);
+  b.ws_bytes = lse_part - 1;
+  s = rda_forward(g_plan, &b.tq, &b.tk, &b.tv, &b.to, NULL, b.ws, b.ws_bytes, NULL);
+  assert_int_equal(s, RDA_ERR_INVALID_ARGUMENT);
+  assert_error_names(g_ctx, "workspace_bytes");
   free(of);
   args_free(&a);
 }
@@ -658,8 +669,8 @@ static void run_and_check(const char *what, rda_plan *plan, long long batch, lon
     const uint16_t *bits = obuf;
     for (size_t i = 0; i < on; ++i) o32[i] = (float)rda_from_dtype_bits(bits[i], dt);
   }
-  if (!with_lse) { /* the LSE went to the workspace: contiguous after the O accumulator */
-    const size_t o_part = (on * 4 + 255) / 256 * 256;
+  if (!with_lse) { /* the LSE went to the workspace: after the O accumulator, if there is one */
+    const size_t o_part = o_dtype == RDA_FP32 ? 0 : (on * 4 + 255) / 256 * 256;
     memcpy(lse, (char *)ws + o_part, ln * 4);
   }
   double *o_ref, *lse_ref;
@@ -693,6 +704,18 @@ static void test_forward_matches_reference_fp16_block_fused_qkv_fp32_output(void
   assert_int_equal(rda_plan_create_from_string(&p, g_ctx, chunk, RDA_PLAN_FORWARD), RDA_OK);
   run_and_check("fp16 block fused-qkv, fp32 O, lse in workspace", p, 1, 50, 1, RDA_FP32, 0, NULL);
   run_and_check("fp16 block fused-qkv, fp16 O", p, 2, 33, 1, RDA_FP16, 1, NULL);
+  rda_plan_destroy(p);
+}
+
+/* SPEC §2 allows any batch: past the grid's z limit (65535) the forward runs slice by slice,
+ * and the last, short slice must land at its own offsets. */
+static void test_forward_matches_reference_past_the_grid_batch_limit(void **state) {
+  (void)state;
+  rda_plan *p = NULL;
+  const char *chunk = "return { heads = 1, head_dim = 32, dtype = 'bf16', segments = {2},\n"
+                      "         dilations = {1}, causal = false }";
+  assert_int_equal(rda_plan_create_from_string(&p, g_ctx, chunk, RDA_PLAN_FORWARD), RDA_OK);
+  run_and_check("batch 65537, fp32 O", p, 65537, 2, 0, RDA_FP32, 1, NULL);
   rda_plan_destroy(p);
 }
 
@@ -884,6 +907,85 @@ static float *to_f32(const double *x, size_t n) {
   return f;
 }
 
+/* A backward case: fresh random inputs, bit images of them in the plan's dtype, the forward's
+ * O and LSE, and poisoned gradients, as tensors for rda_backward. */
+typedef struct bwd_case {
+  rda_config c;
+  long long B, N;
+  size_t nq, nk, nl, ws_bytes;
+  double *q, *k, *v, *dout, *dlse;
+  uint16_t *qb, *kb, *vb, *dob;
+  float *o, *lse, *dlsef, *dq, *dk, *dv;
+  void *ws;
+  long long qs[3], gs[3];
+  rda_tensor tq, tk, tv, to, tl, tdo, tdl, tdq, tdk, tdv;
+} bwd_case;
+
+static void bwd_case_make(bwd_case *b, rda_plan *p, long long B, long long N) {
+  memset(b, 0, sizeof *b);
+  rda_attn_config pc;
+  assert_int_equal(rda_plan_get_config(p, &pc), RDA_OK);
+  const int H = pc.heads, Hkv = pc.kv_heads, D = pc.head_dim, dt = (int)pc.dtype;
+  rt_config_make(&b->c, H, Hkv, D, dt, pc.causal, (int)pc.offsets, pc.nbranch, pc.segments,
+                 pc.dilations);
+  b->c.scale = pc.scale;
+  b->B = B, b->N = N;
+  b->nq = (size_t)(B * N * H * D), b->nk = (size_t)(B * N * Hkv * D), b->nl = (size_t)(B * H * N);
+  b->q = rt_normal(b->nq, dt), b->k = rt_normal(b->nk, dt), b->v = rt_normal(b->nk, dt);
+  b->dout = rt_normal(b->nq, dt), b->dlse = rt_normal(b->nl, RT_DTYPE_F64);
+  for (size_t i = 0; i < b->nl; ++i) b->dlse[i] = (float)b->dlse[i]; /* what the kernels see */
+  long long ks[3];
+  rt_strides_contig(N, H, D, b->qs);
+  rt_strides_contig(N, Hkv, D, ks);
+  memcpy(b->gs, ks, sizeof ks);
+  b->qb = rt_make_bits(b->q, B, N, H, D, b->qs, dt, NULL);
+  b->kb = rt_make_bits(b->k, B, N, Hkv, D, ks, dt, NULL);
+  b->vb = rt_make_bits(b->v, B, N, Hkv, D, ks, dt, NULL);
+  b->dob = rt_make_bits(b->dout, B, N, H, D, b->qs, dt, NULL);
+  b->o = aalloc(b->nq * 4), b->lse = aalloc(b->nl * 4), b->dlsef = to_f32(b->dlse, b->nl);
+  b->dq = aalloc(b->nq * 4), b->dk = aalloc(b->nk * 4), b->dv = aalloc(b->nk * 4);
+  rt_poison_f32(b->o, b->nq), rt_poison_f32(b->lse, b->nl);
+  const long long sq[4] = {B, N, H, D}, sk[4] = {B, N, Hkv, D}, sl[3] = {B, H, N};
+  rda_tensor_contiguous(&b->tq, b->qb, pc.dtype, 4, sq);
+  rda_tensor_contiguous(&b->tk, b->kb, pc.dtype, 4, sk);
+  rda_tensor_contiguous(&b->tv, b->vb, pc.dtype, 4, sk);
+  rda_tensor_contiguous(&b->to, b->o, RDA_FP32, 4, sq);
+  rda_tensor_contiguous(&b->tl, b->lse, RDA_FP32, 3, sl);
+  rda_tensor_contiguous(&b->tdo, b->dob, pc.dtype, 4, sq);
+  rda_tensor_contiguous(&b->tdl, b->dlsef, RDA_FP32, 3, sl);
+  rda_tensor_contiguous(&b->tdq, b->dq, RDA_FP32, 4, sq);
+  rda_tensor_contiguous(&b->tdk, b->dk, RDA_FP32, 4, sk);
+  rda_tensor_contiguous(&b->tdv, b->dv, RDA_FP32, 4, sk);
+  assert_int_equal(rda_forward(p, &b->tq, &b->tk, &b->tv, &b->to, &b->tl, NULL, 0, NULL), RDA_OK);
+  assert_int_equal(rda_plan_backward_workspace_size(p, B, N, &b->ws_bytes), RDA_OK);
+  assert_true(b->ws_bytes > 0);
+  b->ws = aalloc(b->ws_bytes);
+}
+
+/* rda_backward into poisoned gradients (and workspace), with the case's dLSE or none, checked
+ * against the float64 reference. */
+static void bwd_case_check(bwd_case *b, rda_plan *p, int with_dlse, const char *what) {
+  rt_poison_f32(b->dq, b->nq), rt_poison_f32(b->dk, b->nk), rt_poison_f32(b->dv, b->nk);
+  rt_poison_f32(b->ws, b->ws_bytes / 4);
+  const rda_status s = rda_backward(p, &b->tq, &b->tk, &b->tv, &b->to, &b->tl, &b->tdo,
+                                    with_dlse ? &b->tdl : NULL, &b->tdq, &b->tdk, &b->tdv, b->ws,
+                                    b->ws_bytes, NULL);
+  if (s != RDA_OK) fprintf(stderr, "%s: rda_backward: %s\n", what, rda_last_error(g_ctx));
+  assert_int_equal(s, RDA_OK);
+  double *dq_ref, *dk_ref, *dv_ref;
+  rt_reference_bwd(&b->c, b->B, b->N, b->q, b->k, b->v, b->dout, with_dlse ? b->dlse : NULL,
+                   &dq_ref, &dk_ref, &dv_ref);
+  assert_true(rt_check_bwd(what, &b->c, b->B, b->N, b->dq, b->qs, b->dk, b->gs, b->dv, b->gs,
+                           dq_ref, dk_ref, dv_ref, NULL));
+  free(dq_ref), free(dk_ref), free(dv_ref);
+}
+
+static void bwd_case_free(bwd_case *b) {
+  free(b->ws), free(b->q), free(b->k), free(b->v), free(b->dout), free(b->dlse);
+  free(b->qb), free(b->kb), free(b->vb), free(b->dob);
+  free(b->o), free(b->lse), free(b->dlsef), free(b->dq), free(b->dk), free(b->dv);
+}
+
 static void test_backward_matches_reference_bf16_causal_gqa(void **state) {
   (void)state;
   const rda_attn_config cfg = base_config();
@@ -891,91 +993,51 @@ static void test_backward_matches_reference_bf16_causal_gqa(void **state) {
   if (rda_plan_create(&p, g_ctx, &cfg, RDA_PLAN_WITH_BACKWARD) != RDA_OK)
     fprintf(stderr, "rda_plan_create: %s\n", rda_last_error(g_ctx));
   assert_non_null(p);
-  const long long B = 1, N = 40;
-  const int dt = RDA_DTYPE_BF16;
-  rda_config c;
-  rt_config_make(&c, kH, kHkv, kD, dt, 1, RDA_OFFSETS_MOD, 2, cfg.segments, cfg.dilations);
-  const size_t nq = (size_t)(B * N * kH * kD), nk = (size_t)(B * N * kHkv * kD);
-  const size_t nl = (size_t)(B * kH * N);
-  double *q = rt_normal(nq, dt), *k = rt_normal(nk, dt), *v = rt_normal(nk, dt);
-  double *dout = rt_normal(nq, dt), *dlse = rt_normal(nl, RT_DTYPE_F64);
-  for (size_t i = 0; i < nl; ++i) dlse[i] = (float)dlse[i]; /* what the kernels see */
-  long long qs[3], ks[3];
-  rt_strides_contig(N, kH, kD, qs);
-  rt_strides_contig(N, kHkv, kD, ks);
-  uint16_t *qb = rt_make_bits(q, B, N, kH, kD, qs, dt, NULL);
-  uint16_t *kb = rt_make_bits(k, B, N, kHkv, kD, ks, dt, NULL);
-  uint16_t *vb = rt_make_bits(v, B, N, kHkv, kD, ks, dt, NULL);
-  uint16_t *dob = rt_make_bits(dout, B, N, kH, kD, qs, dt, NULL);
-  float *o = aalloc(nq * 4), *lse = aalloc(nl * 4), *dlsef = to_f32(dlse, nl);
-  float *dq = aalloc(nq * 4), *dk = aalloc(nk * 4), *dv = aalloc(nk * 4);
-  rt_poison_f32(o, nq), rt_poison_f32(lse, nl);
-  rt_poison_f32(dq, nq), rt_poison_f32(dk, nk), rt_poison_f32(dv, nk);
-  const long long sq[4] = {B, N, kH, kD}, sk[4] = {B, N, kHkv, kD}, sl[3] = {B, kH, N};
-  rda_tensor tq, tk, tv, to, tl, tdo, tdl, tdq, tdk, tdv;
-  rda_tensor_contiguous(&tq, qb, RDA_BF16, 4, sq);
-  rda_tensor_contiguous(&tk, kb, RDA_BF16, 4, sk);
-  rda_tensor_contiguous(&tv, vb, RDA_BF16, 4, sk);
-  rda_tensor_contiguous(&to, o, RDA_FP32, 4, sq);
-  rda_tensor_contiguous(&tl, lse, RDA_FP32, 3, sl);
-  rda_tensor_contiguous(&tdo, dob, RDA_BF16, 4, sq);
-  rda_tensor_contiguous(&tdl, dlsef, RDA_FP32, 3, sl);
-  rda_tensor_contiguous(&tdq, dq, RDA_FP32, 4, sq);
-  rda_tensor_contiguous(&tdk, dk, RDA_FP32, 4, sk);
-  rda_tensor_contiguous(&tdv, dv, RDA_FP32, 4, sk);
-  assert_int_equal(rda_forward(p, &tq, &tk, &tv, &to, &tl, NULL, 0, NULL), RDA_OK);
-  size_t ws_bytes = 0;
-  assert_int_equal(rda_plan_backward_workspace_size(p, B, N, &ws_bytes), RDA_OK);
-  assert_true(ws_bytes > 0);
-  void *ws = aalloc(ws_bytes);
-  rt_poison_f32(ws, ws_bytes / 4);
-  const rda_status s =
-      rda_backward(p, &tq, &tk, &tv, &to, &tl, &tdo, &tdl, &tdq, &tdk, &tdv, ws, ws_bytes, NULL);
-  if (s != RDA_OK) fprintf(stderr, "rda_backward: %s\n", rda_last_error(g_ctx));
-  assert_int_equal(s, RDA_OK);
-  double *dq_ref, *dk_ref, *dv_ref;
-  rt_reference_bwd(&c, B, N, q, k, v, dout, dlse, &dq_ref, &dk_ref, &dv_ref);
-  long long gs[3];
-  rt_strides_contig(N, kHkv, kD, gs);
-  assert_true(rt_check_bwd("rda_backward bf16 causal gqa", &c, B, N, dq, qs, dk, gs, dv, gs, dq_ref,
-                           dk_ref, dv_ref, NULL));
-  /* Without dlse (= 0), into poisoned outputs again. */
-  free(dq_ref), free(dk_ref), free(dv_ref);
-  rt_poison_f32(dq, nq), rt_poison_f32(dk, nk), rt_poison_f32(dv, nk);
-  assert_int_equal(
-      rda_backward(p, &tq, &tk, &tv, &to, &tl, &tdo, NULL, &tdq, &tdk, &tdv, ws, ws_bytes, NULL),
-      RDA_OK);
-  rt_reference_bwd(&c, B, N, q, k, v, dout, NULL, &dq_ref, &dk_ref, &dv_ref);
-  assert_true(rt_check_bwd("rda_backward without dlse", &c, B, N, dq, qs, dk, gs, dv, gs, dq_ref,
-                           dk_ref, dv_ref, NULL));
+  bwd_case b;
+  bwd_case_make(&b, p, 1, 40);
+  bwd_case_check(&b, p, 1, "rda_backward bf16 causal gqa");
+  bwd_case_check(&b, p, 0, "rda_backward without dlse"); /* dlse NULL means 0 */
 
   /* The boundary: a small workspace, a storage-dtype o, a dq aliasing q, a forward-only plan. */
-  assert_int_equal(rda_backward(p, &tq, &tk, &tv, &to, &tl, &tdo, NULL, &tdq, &tdk, &tdv, ws,
-                                ws_bytes - 256, NULL),
+  assert_int_equal(rda_backward(p, &b.tq, &b.tk, &b.tv, &b.to, &b.tl, &b.tdo, NULL, &b.tdq,
+                                &b.tdk, &b.tdv, b.ws, b.ws_bytes - 256, NULL),
                    RDA_ERR_INVALID_ARGUMENT);
   assert_error_names(g_ctx, "workspace_bytes");
-  rda_tensor bad = to;
+  rda_tensor bad = b.to;
   bad.dtype = RDA_BF16;
-  assert_int_equal(
-      rda_backward(p, &tq, &tk, &tv, &bad, &tl, &tdo, NULL, &tdq, &tdk, &tdv, ws, ws_bytes, NULL),
-      RDA_ERR_INVALID_ARGUMENT);
+  assert_int_equal(rda_backward(p, &b.tq, &b.tk, &b.tv, &bad, &b.tl, &b.tdo, NULL, &b.tdq,
+                                &b.tdk, &b.tdv, b.ws, b.ws_bytes, NULL),
+                   RDA_ERR_INVALID_ARGUMENT);
   assert_error_names(g_ctx, "rda_backward: o->dtype");
-  bad = tdq;
-  bad.data = dob;
-  assert_int_equal(
-      rda_backward(p, &tq, &tk, &tv, &to, &tl, &tdo, NULL, &bad, &tdk, &tdv, ws, ws_bytes, NULL),
-      RDA_ERR_INVALID_ARGUMENT);
+  bad = b.tdq;
+  bad.data = b.dob;
+  assert_int_equal(rda_backward(p, &b.tq, &b.tk, &b.tv, &b.to, &b.tl, &b.tdo, NULL, &bad, &b.tdk,
+                                &b.tdv, b.ws, b.ws_bytes, NULL),
+                   RDA_ERR_INVALID_ARGUMENT);
   assert_error_names(g_ctx, "dq->data == dout->data");
-  assert_int_equal(rda_backward(g_plan, &tq, &tk, &tv, &to, &tl, &tdo, NULL, &tdq, &tdk, &tdv, ws,
-                                ws_bytes, NULL),
+  assert_int_equal(rda_backward(g_plan, &b.tq, &b.tk, &b.tv, &b.to, &b.tl, &b.tdo, NULL, &b.tdq,
+                                &b.tdk, &b.tdv, b.ws, b.ws_bytes, NULL),
                    RDA_ERR_INVALID_ARGUMENT);
   assert_error_names(g_ctx, "without RDA_PLAN_WITH_BACKWARD");
-  assert_int_equal(rda_plan_backward_workspace_size(g_plan, B, N, &ws_bytes),
+  size_t ws_bytes = 0;
+  assert_int_equal(rda_plan_backward_workspace_size(g_plan, b.B, b.N, &ws_bytes),
                    RDA_ERR_INVALID_ARGUMENT);
+  bwd_case_free(&b);
+  rda_plan_destroy(p);
+}
 
-  free(dq_ref), free(dk_ref), free(dv_ref), free(ws);
-  free(q), free(k), free(v), free(dout), free(dlse), free(qb), free(kb), free(vb), free(dob);
-  free(o), free(lse), free(dlsef), free(dq), free(dk), free(dv);
+/* The backward past the grid's batch limit: slices of 65535, the last one short, each with its
+ * own part of the workspace. */
+static void test_backward_matches_reference_past_the_grid_batch_limit(void **state) {
+  (void)state;
+  rda_plan *p = NULL;
+  const char *chunk = "return { heads = 1, head_dim = 32, dtype = 'fp16', segments = {2},\n"
+                      "         dilations = {1}, causal = true }";
+  assert_int_equal(rda_plan_create_from_string(&p, g_ctx, chunk, RDA_PLAN_WITH_BACKWARD), RDA_OK);
+  bwd_case b;
+  bwd_case_make(&b, p, 65537, 2);
+  bwd_case_check(&b, p, 1, "rda_backward batch 65537");
+  bwd_case_free(&b);
   rda_plan_destroy(p);
 }
 
@@ -1219,6 +1281,56 @@ static void test_plans_created_and_run_from_threads_at_once(void **state) {
   for (size_t i = 0; i < sizeof w[0].o / 2; ++i) assert_int_not_equal(w[0].o[i], 0xffff);
 }
 
+/* rda_last_error(ctx) while other threads fail on the same context: every read is one whole
+ * message of some failing call, never empty or torn. Two threads fail with different messages
+ * and read back, many times. */
+typedef struct err_reader {
+  int which;      /* 0: q NULL, 1: k NULL */
+  const args *a;  /* shared, only read: every call fails before a kernel runs */
+  pthread_barrier_t *start;
+  long bad, reads;
+  char seen[160]; /* the first bad read */
+} err_reader;
+
+static void *err_reader_main(void *arg) {
+  err_reader *r = arg;
+  static const char *const want[2] = {"rda_forward: q is NULL", "rda_forward: k is NULL"};
+  const args *a = r->a;
+  pthread_barrier_wait(r->start); /* both threads fail at once from here on */
+  for (int i = 0; i < 200000; ++i) {
+    const rda_tensor *q = r->which == 0 ? NULL : &a->tq, *k = r->which == 1 ? NULL : &a->tk;
+    if (rda_forward(g_plan, q, k, &a->tv, &a->to, &a->tl, a->ws, a->ws_bytes, NULL) == RDA_OK)
+      continue;
+    char m[sizeof r->seen];
+    snprintf(m, sizeof m, "%s", rda_last_error(g_ctx));
+    ++r->reads;
+    if (strcmp(m, want[0]) != 0 && strcmp(m, want[1]) != 0 && r->bad++ == 0)
+      memcpy(r->seen, m, sizeof m);
+  }
+  return NULL;
+}
+
+static void test_last_error_is_whole_while_other_threads_fail(void **state) {
+  (void)state;
+  args a;
+  args_make(&a);
+  pthread_barrier_t start;
+  assert_int_equal(pthread_barrier_init(&start, NULL, 2), 0);
+  err_reader r[2] = {{.which = 0, .a = &a, .start = &start}, {.which = 1, .a = &a, .start = &start}};
+  pthread_t t[2];
+  for (int i = 0; i < 2; ++i) assert_int_equal(pthread_create(&t[i], NULL, err_reader_main, &r[i]), 0);
+  for (int i = 0; i < 2; ++i) pthread_join(t[i], NULL);
+  for (int i = 0; i < 2; ++i) {
+    if (r[i].bad > 0)
+      fprintf(stderr, "thread %d: %ld of %ld reads were not a whole message, e.g. \"%s\"\n", i,
+              r[i].bad, r[i].reads, r[i].seen);
+    assert_int_equal(r[i].reads, 200000);
+    assert_int_equal(r[i].bad, 0);
+  }
+  pthread_barrier_destroy(&start);
+  args_free(&a);
+}
+
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "--create-destroy-loop") == 0) {
     const int rc = create_destroy_loop(atoi(argv[2]));
@@ -1241,11 +1353,13 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_tensor_contiguous_checks_its_arguments),
       cmocka_unit_test(test_forward_matches_reference_bf16_causal_gqa_storage_output),
       cmocka_unit_test(test_forward_matches_reference_fp16_block_fused_qkv_fp32_output),
+      cmocka_unit_test(test_forward_matches_reference_past_the_grid_batch_limit),
       cmocka_unit_test(test_forward_matches_reference_with_negative_scale),
       cmocka_unit_test(test_forward_storage_output_is_fp32_output_rounded),
       cmocka_unit_test(test_plan_from_file_string_and_struct_agree),
       cmocka_unit_test(test_forward_on_cuda_streams_matches_reference),
       cmocka_unit_test(test_backward_matches_reference_bf16_causal_gqa),
+      cmocka_unit_test(test_backward_matches_reference_past_the_grid_batch_limit),
       cmocka_unit_test(test_plan_create_rejects_unknown_flags),
       cmocka_unit_test_setup_teardown(test_plan_autotune_tunes_once_and_records_it,
                                       autotune_setup, autotune_teardown),
@@ -1253,6 +1367,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_plans_share_kernels_and_idle_ones_are_bounded),
       cmocka_unit_test(test_plan_outlives_destroyed_context),
       cmocka_unit_test(test_plans_created_and_run_from_threads_at_once),
+      cmocka_unit_test(test_last_error_is_whole_while_other_threads_fail),
   };
   const char *filter = getenv("RDA_TEST_FILTER"); /* e.g. "*negative_scale*" while developing */
   if (filter != NULL) cmocka_set_test_filter(filter);

@@ -343,8 +343,10 @@ static void run_case(const rcase *rc) {
     const int lse_out = rc->with_lse || rc->backward;
     if (rda_forward(rc->plan, &tq, &tk, &tv, &to, lse_out ? &tl : NULL, ws, wsb, NULL) != RDA_OK)
       fail_msg("%s: rda_forward: %s", rc->what, rda_last_error(g_ctx));
-    /* Without lse, rda_forward leaves it in its workspace, after the O accumulator's part. */
-    if (!lse_out) memcpy(l1, (char *)ws + (nq * 4 + 255) / 256 * 256, nl * 4);
+    /* Without lse, rda_forward leaves it in its workspace, after the O accumulator's part
+     * (none when O is fp32). */
+    const size_t o_part = odt == RDA_FP32 ? 0 : (nq * 4 + 255) / 256 * 256;
+    if (!lse_out) memcpy(l1, (char *)ws + o_part, nl * 4);
     free(ws);
   }
 

@@ -592,6 +592,24 @@ static void test_fwd_rejects_misaligned_tensors(void **state) {
   a.o = o + 2; /* 8 bytes off */
   assert_int_equal(rda_fwd_run(be->b, &plan, &kern, &a, &err), RDA_ERR_INVALID_ARGUMENT);
   assert_non_null(strstr(err.msg, "o: pointer"));
+  a.o = o;
+
+  /* A segment of 2^31 grid rows: the kernels count them in 32-bit ints, so it is refused
+   * before any launch (the pointers above would not hold such a sequence). */
+  rda_config big;
+  const long long wb[1] = {1LL << 32}, rb[1] = {1};
+  rt_config_make(&big, 2, 2, 32, RDA_DTYPE_BF16, 0, RDA_OFFSETS_MOD, 1, wb, rb);
+  rda_plan_k bplan;
+  memset(&bplan, 0, sizeof bplan);
+  assert_int_equal(rda_gen_plan(g_rt.gen, &big, &be->hw, &bplan, &err), RDA_OK);
+  rda_fwd_kernels bkern = {0, NULL};
+  assert_int_equal(rda_fwd_load(be->b, &bplan, &bkern, &err), RDA_OK);
+  rda_err_clear(&err);
+  a.n = 1LL << 31;
+  assert_int_equal(rda_fwd_run(be->b, &bplan, &bkern, &a, &err), RDA_ERR_UNSUPPORTED);
+  assert_non_null(strstr(err.msg, "grid rows per segment"));
+  rda_fwd_unload(be->b, &bkern);
+  rda_plan_k_free(&bplan);
 
   be->b->free(be->b, in);
   be->b->free(be->b, o);
