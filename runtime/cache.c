@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -180,60 +181,155 @@ rda_status rda_cache_source_sha(const char *source, char out[65], rda_err *err) 
 
 /* ================================================================== folders */
 
+/* The ownership and permission checks of an existing folder (st from stat or lstat). */
+static rda_status rda_cache_check_stat(const char *path, const struct stat *st, rda_err *err) {
+  if (st->st_uid != geteuid())
+    return rda_err_set(err, RDA_ERR_CACHE,
+                       "cache folder '%s' belongs to uid %ld, not to this user (uid %ld): "
+                       "refusing to load kernels from it (set RDA_CACHE_DIR to a folder of yours)",
+                       path, (long)st->st_uid, (long)geteuid());
+  if ((st->st_mode & (S_IWGRP | S_IWOTH)) != 0)
+    return rda_err_set(err, RDA_ERR_CACHE,
+                       "cache folder '%s' is writable by group or others (mode %03o): refusing to "
+                       "load kernels from it (chmod go-w it)",
+                       path, (unsigned)(st->st_mode & 0777));
+  return RDA_OK;
+}
+
 rda_status rda_cache_check_folder(const char *path, rda_err *err) {
   struct stat st;
   if (stat(path, &st) != 0)
     return rda_err_set(err, RDA_ERR_CACHE, "cache folder '%s': %s", path, strerror(errno));
   if (!S_ISDIR(st.st_mode))
     return rda_err_set(err, RDA_ERR_CACHE, "cache folder '%s' is not a folder", path);
-  if (st.st_uid != geteuid())
-    return rda_err_set(err, RDA_ERR_CACHE,
-                       "cache folder '%s' belongs to uid %ld, not to this user (uid %ld): "
-                       "refusing to load kernels from it (set RDA_CACHE_DIR to a folder of yours)",
-                       path, (long)st.st_uid, (long)geteuid());
-  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
-    return rda_err_set(err, RDA_ERR_CACHE,
-                       "cache folder '%s' is writable by group or others (mode %03o): refusing to "
-                       "load kernels from it (chmod go-w it)",
-                       path, (unsigned)(st.st_mode & 0777));
+  return rda_cache_check_stat(path, &st, err);
+}
+
+/* The refusal of a per-target folder that is a symbolic link: one policy for get, put, list,
+ * evict and clear (a link could lead the cache's deletes and loads anywhere). */
+static rda_status rda_cache_refuse_link(const char *path, rda_err *err) {
+  return rda_err_set(err, RDA_ERR_CACHE,
+                     "cache folder '%s' is a symbolic link: refusing it (remove the link; only "
+                     "the cache root itself may be one)",
+                     path);
+}
+
+/* Logged once per process: the first reason the cache could not be used. */
+static atomic_int rda_cache_unusable_told;
+
+static void rda_cache_tell_unusable(const char *why) {
+  if (atomic_exchange(&rda_cache_unusable_told, 1) == 0)
+    rda_log(RDA_LOG_INFO, "kernel cache unusable, compiling without caching: %s", why);
+}
+
+/* Resolve (and with `create`, make) the cache root and, when target is not NULL, its folder.
+ * Returns an error for a refusal (another user's folder, writable by others, a symlinked target
+ * folder, a bad target name). A folder that merely cannot be used (no root, cannot be created,
+ * not a folder, with need_write not writable) is RDA_OK with *usable 0 and why (cap why_cap)
+ * saying what is wrong. */
+static rda_status rda_cache_folder_at(const char *target, int create, int need_write, char *out,
+                                      size_t cap, int *usable, char *why, size_t why_cap,
+                                      rda_err *err) {
+  *usable = 0;
+  why[0] = '\0';
+  if (target != NULL && (target[0] == '\0' || target[0] == '.' || strchr(target, '/') != NULL))
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "cache target '%s': not a folder name",
+                       target);
+  rda_err e = {0};
+  if (rda_cache_dir_path(NULL, out, cap, &e) != RDA_OK ||
+      (create && rda_cache_dir_mkdirs(out, &e) != RDA_OK)) {
+    snprintf(why, why_cap, "%s", e.msg);
+    return RDA_OK;
+  }
+  struct stat st;
+  if (stat(out, &st) != 0) {
+    snprintf(why, why_cap, "cache folder '%s': %s", out, strerror(errno));
+    return RDA_OK;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    snprintf(why, why_cap, "cache folder '%s' is not a folder", out);
+    return RDA_OK;
+  }
+  RDA_TRY(rda_cache_check_stat(out, &st, err));
+  if (target != NULL) {
+    const size_t n = strlen(out);
+    if (n + 1 + strlen(target) >= cap)
+      return rda_err_set(err, RDA_ERR_CACHE, "cache folder under '%s': path too long", out);
+    snprintf(out + n, cap - n, "/%s", target);
+    if (create && mkdir(out, 0700) != 0 && errno != EEXIST) {
+      snprintf(why, why_cap, "cache folder '%s': mkdir: %s", out, strerror(errno));
+      return RDA_OK;
+    }
+    if (lstat(out, &st) != 0) {
+      snprintf(why, why_cap, "cache folder '%s': %s", out, strerror(errno));
+      return RDA_OK;
+    }
+    if (S_ISLNK(st.st_mode)) return rda_cache_refuse_link(out, err);
+    if (!S_ISDIR(st.st_mode)) {
+      snprintf(why, why_cap, "cache folder '%s' is not a folder", out);
+      return RDA_OK;
+    }
+    RDA_TRY(rda_cache_check_stat(out, &st, err));
+  }
+  if (need_write && access(out, W_OK | X_OK) != 0) {
+    snprintf(why, why_cap, "cache folder '%s' is not writable: %s", out, strerror(errno));
+    return RDA_OK;
+  }
+  *usable = 1;
+  return RDA_OK;
+}
+
+rda_status rda_cache_folder_try(const char *target, char *out, size_t cap, int *usable, char *why,
+                                size_t why_cap, rda_err *err) {
+  char reason[1024];
+  RDA_TRY(rda_cache_folder_at(target, 1, 1, out, cap, usable, reason, sizeof reason, err));
+  if (!*usable) rda_cache_tell_unusable(reason);
+  if (why != NULL && why_cap > 0) snprintf(why, why_cap, "%s", *usable ? "" : reason);
   return RDA_OK;
 }
 
 rda_status rda_cache_folder(const char *target, char *out, size_t cap, rda_err *err) {
-  RDA_TRY(rda_cache_dir_get(NULL, out, cap, err));
-  RDA_TRY(rda_cache_check_folder(out, err));
-  if (target == NULL) return RDA_OK;
-  if (target[0] == '\0' || target[0] == '.' || strchr(target, '/') != NULL)
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "cache target '%s': not a folder name",
-                       target);
-  RDA_TRY(rda_cache_dir_get(target, out, cap, err));
-  return rda_cache_check_folder(out, err);
+  char why[1024];
+  int usable = 0;
+  RDA_TRY(rda_cache_folder_at(target, 1, 0, out, cap, &usable, why, sizeof why, err));
+  if (!usable) return rda_err_set(err, RDA_ERR_CACHE, "%s", why);
+  return RDA_OK;
+}
+
+rda_status rda_cache_max_bytes_get(unsigned long long *out, rda_err *err) {
+  *out = 1ull << 30;
+  const char *v = getenv("RDA_CACHE_MAX_BYTES");
+  if (v == NULL || v[0] == '\0') return RDA_OK;
+  unsigned long long n = 0;
+  const char *p = v;
+  int overflow = 0;
+  for (; *p >= '0' && *p <= '9'; ++p) {
+    const unsigned d = (unsigned)(*p - '0');
+    if (n > (ULLONG_MAX - d) / 10) overflow = 1;
+    n = n * 10 + d;
+  }
+  int shift = 0;
+  if (p > v && *p != '\0' && p[1] == '\0') {
+    const char s = (char)toupper((unsigned char)*p);
+    shift = s == 'K' ? 10 : s == 'M' ? 20 : s == 'G' ? 30 : -1;
+    if (shift > 0) ++p;
+  }
+  if (p == v || *p != '\0' || shift < 0)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "RDA_CACHE_MAX_BYTES='%.64s': expected a byte count, e.g. 500M (digits, "
+                       "then K, M or G)",
+                       v);
+  if (overflow || n > (ULLONG_MAX >> shift))
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "RDA_CACHE_MAX_BYTES='%.64s': too large (at most %llu bytes)", v,
+                       ULLONG_MAX);
+  *out = n << shift;
+  return RDA_OK;
 }
 
 unsigned long long rda_cache_max_bytes(void) {
-  const unsigned long long def = 1ull << 30;
-  const char *v = getenv("RDA_CACHE_MAX_BYTES");
-  if (v == NULL || v[0] == '\0') return def;
-  char *end = NULL;
-  errno = 0;
-  unsigned long long n = strtoull(v, &end, 10);
-  if (errno != 0 || end == v) return def;
-  switch (toupper((unsigned char)*end)) {
-    case 'K':
-      n <<= 10;
-      ++end;
-      break;
-    case 'M':
-      n <<= 20;
-      ++end;
-      break;
-    case 'G':
-      n <<= 30;
-      ++end;
-      break;
-    default: break;
-  }
-  return *end == '\0' ? n : def;
+  unsigned long long n = 0;
+  return rda_cache_max_bytes_get(&n, NULL) == RDA_OK ? n : 1ull << 30;
 }
 
 /* ================================================================== memory */
@@ -328,17 +424,22 @@ static void rda_cache_mem_put(const char *target, const char *key, const void *d
 
 /* ================================================================== files */
 
-rda_status rda_cache_read_file(const char *path, unsigned char **data, size_t *bytes,
-                               rda_err *err) {
+/* Read a whole regular file, `path` relative to the folder dfd (AT_FDCWD: as given); `flags`
+ * adds open flags (O_NOFOLLOW for cache entries). Opened
+ * O_NONBLOCK so that a FIFO put in its place never blocks: it is refused by the fstat. */
+static rda_status rda_cache_read_at(int dfd, const char *path, int flags, unsigned char **data,
+                                    size_t *bytes, rda_err *err) {
   *data = NULL;
   *bytes = 0;
-  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  const int fd = openat(dfd, path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | flags);
   if (fd < 0) return rda_err_set(err, RDA_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     close(fd);
-    return rda_err_set(err, RDA_ERR_IO, "'%s' is not a readable file", path);
+    return rda_err_set(err, RDA_ERR_IO, "'%s' is not a regular file", path);
   }
+  const int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK); /* a regular file: plain reads */
   const size_t n = (size_t)st.st_size;
   unsigned char *buf = malloc(n + 1);
   if (buf == NULL) {
@@ -363,6 +464,11 @@ rda_status rda_cache_read_file(const char *path, unsigned char **data, size_t *b
   return RDA_OK;
 }
 
+rda_status rda_cache_read_file(const char *path, unsigned char **data, size_t *bytes,
+                               rda_err *err) {
+  return rda_cache_read_at(AT_FDCWD, path, 0, data, bytes, err);
+}
+
 static rda_status rda_cache_path(char *out, size_t cap, rda_err *err, const char *dir,
                                  const char *key, const char *ext) {
   const int n = snprintf(out, cap, "%s/%s%s", dir, key, ext);
@@ -385,10 +491,10 @@ static void rda_cache_touch(const char *dir, const char *key) {
   const long long now = rda_cache_now_ns();
   const struct timespec ts[2] = {{now / 1000000000ll, now % 1000000000ll},
                                  {now / 1000000000ll, now % 1000000000ll}};
-  if (utimensat(AT_FDCWD, path, ts, 0) == 0) return;
-  const int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (utimensat(AT_FDCWD, path, ts, AT_SYMLINK_NOFOLLOW) == 0) return;
+  const int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
   if (fd >= 0) close(fd);
-  (void)utimensat(AT_FDCWD, path, ts, 0);
+  (void)utimensat(AT_FDCWD, path, ts, AT_SYMLINK_NOFOLLOW);
 }
 
 /* Entry layout (host byte order; a cache belongs to one machine):
@@ -441,19 +547,29 @@ rda_status rda_cache_get(const char *target, const rda_cache_key *key, const cha
   if (why != NULL && why_cap > 0) why[0] = '\0';
   if (target == NULL || key == NULL)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_cache_get: target and key required");
+  unsigned long long max_bytes = 0; /* a malformed limit fails every command that compiles */
+  RDA_TRY(rda_cache_max_bytes_get(&max_bytes, err));
   unsigned char *mem = rda_cache_mem_get(target, key->hex, bytes);
   if (mem != NULL) { /* no file system work at all (the disk entry was touched when loaded) */
+    rda_log(RDA_LOG_DEBUG, "found %s/%s in memory (memory cache hit)", target, key->hex);
     *data = mem;
     *hit = 1;
     return RDA_OK;
   }
-  char dir[kCachePath], path[kCachePath];
-  RDA_TRY(rda_cache_folder(target, dir, sizeof dir, err));
+  char dir[kCachePath], path[kCachePath], unusable[1024];
+  int usable = 0;
+  RDA_TRY(
+      rda_cache_folder_at(target, 1, 0, dir, sizeof dir, &usable, unusable, sizeof unusable, err));
+  if (!usable) { /* compile without caching */
+    rda_cache_tell_unusable(unusable);
+    if (why != NULL) snprintf(why, why_cap, "kernel cache unusable");
+    return RDA_OK;
+  }
   RDA_TRY(rda_cache_path(path, sizeof path, err, dir, key->hex, ".rda"));
   unsigned char *buf = NULL;
   size_t n = 0;
   rda_err ignored = {0};
-  if (rda_cache_read_file(path, &buf, &n, &ignored) != RDA_OK) {
+  if (rda_cache_read_at(AT_FDCWD, path, O_NOFOLLOW, &buf, &n, &ignored) != RDA_OK) {
     if (why != NULL) snprintf(why, why_cap, "not on disk");
     return RDA_OK;
   }
@@ -507,8 +623,15 @@ rda_status rda_cache_put(const char *target, const rda_cache_key *key, const cha
   if (target == NULL || key == NULL || (data == NULL && bytes > 0))
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_cache_put: target, key, data required");
   static atomic_ulong counter;
+  unsigned long long max_bytes = 0;
+  RDA_TRY(rda_cache_max_bytes_get(&max_bytes, err));
   char dir[kCachePath], path[kCachePath], tmp[kCachePath];
-  RDA_TRY(rda_cache_folder(target, dir, sizeof dir, err));
+  int usable = 0;
+  RDA_TRY(rda_cache_folder_try(target, dir, sizeof dir, &usable, NULL, 0, err));
+  if (!usable) { /* said once (rda_cache_folder_try): this process keeps it in memory only */
+    rda_cache_mem_put(target, key->hex, data, bytes);
+    return RDA_OK;
+  }
   RDA_TRY(rda_cache_path(path, sizeof path, err, dir, key->hex, ".rda"));
   char suffix[64];
   snprintf(suffix, sizeof suffix, ".tmp.%ld.%lu", (long)getpid(), atomic_fetch_add(&counter, 1));
@@ -551,7 +674,7 @@ rda_status rda_cache_put(const char *target, const rda_cache_key *key, const cha
   rda_cache_touch(dir, key->hex);
   rda_cache_mem_put(target, key->hex, data, bytes);
   rda_log(RDA_LOG_DEBUG, "stored %s in %s (%zu bytes)", nm, path, bytes);
-  return rda_cache_evict(rda_cache_max_bytes(), key->hex, NULL, err);
+  return rda_cache_evict(max_bytes, key->hex, NULL, err);
 }
 
 /* ================================================================== listing, eviction */
@@ -570,36 +693,86 @@ static long long rda_cache_mtime_ns(const struct stat *st) {
   return (long long)st->st_mtim.tv_sec * 1000000000ll + st->st_mtim.tv_nsec;
 }
 
-static void rda_cache_rmtree(const char *path);
-
-/* Temporary files older than this were left by a process that died mid-write: removed. */
+/* Temporary files (and emulator header folders) younger than this may belong to a process
+ * writing them now: eviction and `cache clear` leave them; older ones were left by a process
+ * that died mid-write, and go. */
 static const long long rda_cache_stale_ns = 3600ll * 1000000000ll;
 
-/* Add the entries of one target folder. `verify`: read each whole entry and check it. */
-static rda_status rda_cache_scan(const char *dir, const char *target, int verify,
+/* rm -r of `name` in the folder parent (AT_FDCWD: name is a path), never through a symbolic
+ * link: each folder is opened O_NOFOLLOW | O_DIRECTORY and its names removed relative to it, so
+ * a link (even one swapped in meanwhile) is unlinked itself and what it points to is kept. */
+static void rda_cache_rmtree_at(int parent, const char *name, int depth) {
+  const int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOTDIR || errno == ELOOP) (void)unlinkat(parent, name, 0); /* not a folder */
+    return;
+  }
+  DIR *d = depth < 32 ? fdopendir(fd) : NULL;
+  if (d == NULL) {
+    close(fd);
+    return;
+  }
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    rda_cache_rmtree_at(dirfd(d), e->d_name, depth + 1);
+  }
+  closedir(d);
+  (void)unlinkat(parent, name, AT_REMOVEDIR);
+}
+
+void rda_cache_remove_tree(const char *path) {
+  rda_cache_rmtree_at(AT_FDCWD, path, 0);
+}
+
+/* A walk over the names of the open folder dfd (which stays open: the walk has its own
+ * descriptor, rewound, since a dup shares the position of an earlier walk). NULL on failure. */
+static DIR *rda_cache_walk(int dfd) {
+  const int own = dup(dfd);
+  DIR *d = own >= 0 ? fdopendir(own) : NULL;
+  if (d == NULL) {
+    if (own >= 0) close(own);
+    return NULL;
+  }
+  rewinddir(d);
+  return d;
+}
+
+/* A temporary (".tmp." in its name) or an emulator header folder ("inc-"): what a running
+ * process may be using. */
+static int rda_cache_in_flight_name(const char *name) {
+  return strstr(name, ".tmp.") != NULL || strncmp(name, "inc-", 4) == 0;
+}
+
+/* Remove the in-flight name `name` of folder dfd when it is older than the staleness window;
+ * 1 when it was left (young: a running process may be using it). */
+static int rda_cache_remove_if_stale(int dfd, const char *name, long long now) {
+  struct stat tb;
+  if (fstatat(dfd, name, &tb, AT_SYMLINK_NOFOLLOW) != 0) return 0;
+  if (now - rda_cache_mtime_ns(&tb) <= rda_cache_stale_ns) return 1;
+  if (S_ISDIR(tb.st_mode))
+    rda_cache_rmtree_at(dfd, name, 0);
+  else
+    (void)unlinkat(dfd, name, 0);
+  return 0;
+}
+
+/* Add the entries of one target folder (open as dfd; `dir` names it). `verify`: read each
+ * whole entry and check it. Stale temporaries go on the way. */
+static rda_status rda_cache_scan(int dfd, const char *dir, const char *target, int verify,
                                  rda_cache_list_acc *acc, rda_err *err) {
-  DIR *d = opendir(dir);
-  if (d == NULL) return RDA_OK; /* no folder, no entries */
+  DIR *d = rda_cache_walk(dfd);
+  if (d == NULL) return RDA_OK; /* unreadable: no entries */
   rda_status st = RDA_OK;
   const long long now = rda_cache_now_ns();
   for (struct dirent *e; st == RDA_OK && (e = readdir(d)) != NULL;) {
     if (strstr(e->d_name, ".tmp.") != NULL) {
-      char tmp[kCachePath];
-      struct stat tb;
-      if (snprintf(tmp, sizeof tmp, "%s/%s", dir, e->d_name) < (int)sizeof tmp &&
-          lstat(tmp, &tb) == 0 && now - rda_cache_mtime_ns(&tb) > rda_cache_stale_ns) {
-        if (S_ISDIR(tb.st_mode))
-          rda_cache_rmtree(tmp);
-        else
-          unlink(tmp);
-      }
+      (void)rda_cache_remove_if_stale(dfd, e->d_name, now);
       continue;
     }
     if (!rda_cache_ends_with(e->d_name, ".rda") || strlen(e->d_name) != 64 + 4) continue;
-    char path[kCachePath];
-    if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path) continue;
     struct stat sb;
-    if (stat(path, &sb) != 0) continue; /* evicted meanwhile */
+    if (fstatat(dfd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0) continue; /* evicted meanwhile */
+    if (!S_ISREG(sb.st_mode)) continue; /* never an entry: a link, a FIFO, a folder */
     if (acc->n == acc->cap) {
       const size_t cap = acc->cap ? 2 * acc->cap : 64;
       rda_cache_entry_info *grown = realloc(acc->v, cap * sizeof *grown);
@@ -617,16 +790,16 @@ static rda_status rda_cache_scan(const char *dir, const char *target, int verify
     info->key[64] = '\0';
     info->bytes = (unsigned long long)sb.st_size;
     info->last_use_ns = rda_cache_mtime_ns(&sb);
-    char use[kCachePath];
+    char use[80];
     struct stat ub;
-    if (rda_cache_path(use, sizeof use, NULL, dir, info->key, ".use") == RDA_OK &&
-        stat(use, &ub) == 0)
+    snprintf(use, sizeof use, "%s.use", info->key);
+    if (fstatat(dfd, use, &ub, AT_SYMLINK_NOFOLLOW) == 0)
       info->last_use_ns = rda_cache_mtime_ns(&ub);
     if (!verify) continue;
     unsigned char *buf = NULL;
     size_t n = 0;
     rda_err ignored = {0};
-    if (rda_cache_read_file(path, &buf, &n, &ignored) != RDA_OK) continue;
+    if (rda_cache_read_at(dfd, e->d_name, O_NOFOLLOW, &buf, &n, &ignored) != RDA_OK) continue;
     rda_cache_header h;
     info->valid = rda_cache_verify(buf, n, &h) == NULL;
     if (info->valid)
@@ -643,34 +816,104 @@ static int rda_cache_by_use(const void *a, const void *b) {
   return strcmp(x->key, y->key);
 }
 
+/* The cache root for list, evict and clear, never created: *rootfd is the open folder, or -1
+ * (RDA_OK) when there is no cache yet. Then every target folder (of `target`, or all) is
+ * checked first: a symbolic link among them refuses the whole operation before it changes
+ * anything (rda_cache_refuse_link). */
+static rda_status rda_cache_open_root(const char *target, char *root, size_t cap, int *rootfd,
+                                      rda_err *err) {
+  *rootfd = -1;
+  char why[1024];
+  int usable = 0;
+  RDA_TRY(rda_cache_folder_at(NULL, 0, 0, root, cap, &usable, why, sizeof why, err));
+  if (!usable) {
+    struct stat st;
+    if (root[0] != '\0' && lstat(root, &st) != 0 && errno == ENOENT) return RDA_OK;
+    return rda_err_set(err, RDA_ERR_CACHE, "%s", why);
+  }
+  const int fd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return rda_err_set(err, RDA_ERR_CACHE, "cache folder '%s': %s", root, strerror(errno));
+  DIR *d = rda_cache_walk(fd);
+  if (d == NULL) {
+    close(fd);
+    return rda_err_set(err, RDA_ERR_CACHE, "cache folder '%s': %s", root, strerror(errno));
+  }
+  rda_status st = RDA_OK;
+  for (struct dirent *e; st == RDA_OK && (e = readdir(d)) != NULL;) {
+    if (e->d_name[0] == '.') continue;
+    if (target != NULL && strcmp(target, e->d_name) != 0) continue;
+    struct stat sb;
+    if (fstatat(fd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISLNK(sb.st_mode)) continue;
+    char path[kCachePath];
+    snprintf(path, sizeof path, "%s/%s", root, e->d_name);
+    st = rda_cache_refuse_link(path, err);
+  }
+  closedir(d);
+  if (st != RDA_OK) {
+    close(fd);
+    return st;
+  }
+  *rootfd = fd;
+  return RDA_OK;
+}
+
+/* Each target folder of rootfd (of `target`, or all), opened without following a link (one
+ * swapped in after rda_cache_open_root is skipped): fn(folder fd, its path, its name, ctx). */
+typedef rda_status (*rda_cache_target_fn)(int dfd, const char *dir, const char *name, void *ctx,
+                                          rda_err *err);
+
+static rda_status rda_cache_each_target(int rootfd, const char *root, const char *target,
+                                        rda_cache_target_fn fn, void *ctx, rda_err *err) {
+  DIR *d = rda_cache_walk(rootfd);
+  if (d == NULL) {
+    return rda_err_set(err, RDA_ERR_CACHE, "cache folder '%s': %s", root, strerror(errno));
+  }
+  rda_status st = RDA_OK;
+  for (struct dirent *e; st == RDA_OK && (e = readdir(d)) != NULL;) {
+    if (e->d_name[0] == '.') continue;
+    if (target != NULL && strcmp(target, e->d_name) != 0) continue;
+    const int dfd =
+        openat(rootfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (dfd < 0) continue; /* not a folder (or a link): not a target */
+    char dir[kCachePath];
+    if (snprintf(dir, sizeof dir, "%s/%s", root, e->d_name) < (int)sizeof dir)
+      st = fn(dfd, dir, e->d_name, ctx, err);
+    close(dfd);
+  }
+  closedir(d);
+  return st;
+}
+
+typedef struct rda_cache_scan_ctx {
+  rda_cache_list_acc acc;
+  int verify;
+} rda_cache_scan_ctx;
+
+static rda_status rda_cache_scan_target(int dfd, const char *dir, const char *name, void *ctx,
+                                        rda_err *err) {
+  rda_cache_scan_ctx *c = ctx;
+  return rda_cache_scan(dfd, dir, name, c->verify, &c->acc, err);
+}
+
 static rda_status rda_cache_list_any(const char *target, int verify, rda_cache_entry_info **out,
                                      size_t *count, rda_err *err) {
   *out = NULL;
   *count = 0;
   char root[kCachePath];
-  RDA_TRY(rda_cache_folder(NULL, root, sizeof root, err));
-  rda_cache_list_acc acc = {0};
-  rda_status st = RDA_OK;
-  DIR *d = opendir(root);
-  if (d == NULL)
-    return rda_err_set(err, RDA_ERR_CACHE, "cache folder '%s': %s", root, strerror(errno));
-  for (struct dirent *e; st == RDA_OK && (e = readdir(d)) != NULL;) {
-    if (e->d_name[0] == '.') continue;
-    if (target != NULL && strcmp(target, e->d_name) != 0) continue;
-    char dir[kCachePath];
-    struct stat sb;
-    if (snprintf(dir, sizeof dir, "%s/%s", root, e->d_name) >= (int)sizeof dir) continue;
-    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
-    st = rda_cache_scan(dir, e->d_name, verify, &acc, err);
-  }
-  closedir(d);
+  int rootfd = -1;
+  RDA_TRY(rda_cache_open_root(target, root, sizeof root, &rootfd, err));
+  if (rootfd < 0) return RDA_OK; /* no cache yet */
+  rda_cache_scan_ctx c = {{0}, verify};
+  const rda_status st = rda_cache_each_target(rootfd, root, target, rda_cache_scan_target, &c, err);
+  close(rootfd);
   if (st != RDA_OK) {
-    free(acc.v);
+    free(c.acc.v);
     return st;
   }
-  if (acc.n > 1) qsort(acc.v, acc.n, sizeof *acc.v, rda_cache_by_use);
-  *out = acc.v;
-  *count = acc.n;
+  if (c.acc.n > 1) qsort(c.acc.v, c.acc.n, sizeof *c.acc.v, rda_cache_by_use);
+  *out = c.acc.v;
+  *count = c.acc.n;
   return RDA_OK;
 }
 
@@ -679,13 +922,18 @@ rda_status rda_cache_list(const char *target, rda_cache_entry_info **out, size_t
   return rda_cache_list_any(target, 1, out, count, err);
 }
 
-/* Remove one entry and its access record. */
+/* Remove one entry and its access record: unlinked in its target folder, opened without
+ * following a link. */
 static void rda_cache_remove(const char *root, const rda_cache_entry_info *e) {
-  char path[kCachePath];
-  if (snprintf(path, sizeof path, "%s/%s/%s.rda", root, e->target, e->key) < (int)sizeof path)
-    unlink(path);
-  if (snprintf(path, sizeof path, "%s/%s/%s.use", root, e->target, e->key) < (int)sizeof path)
-    unlink(path);
+  char dir[kCachePath], name[80];
+  if (snprintf(dir, sizeof dir, "%s/%s", root, e->target) >= (int)sizeof dir) return;
+  const int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0) return;
+  snprintf(name, sizeof name, "%s.rda", e->key);
+  (void)unlinkat(dfd, name, 0);
+  snprintf(name, sizeof name, "%s.use", e->key);
+  (void)unlinkat(dfd, name, 0);
+  close(dfd);
 }
 
 rda_status rda_cache_evict(unsigned long long max_bytes, const char *keep, size_t *removed,
@@ -697,7 +945,7 @@ rda_status rda_cache_evict(unsigned long long max_bytes, const char *keep, size_
   unsigned long long total = 0;
   for (size_t i = 0; i < n; ++i) total += v[i].bytes;
   char root[kCachePath];
-  rda_status st = total > max_bytes ? rda_cache_folder(NULL, root, sizeof root, err) : RDA_OK;
+  rda_status st = total > max_bytes ? rda_cache_dir_path(NULL, root, sizeof root, err) : RDA_OK;
   for (size_t i = 0; st == RDA_OK && i < n && total > max_bytes; ++i) {
     if (keep != NULL && strcmp(v[i].key, keep) == 0) continue;
     rda_cache_remove(root, &v[i]);
@@ -710,58 +958,46 @@ rda_status rda_cache_evict(unsigned long long max_bytes, const char *keep, size_
   return st;
 }
 
-/* rm -r of a folder the cache made (headers for the emulator). */
-static void rda_cache_rmtree(const char *path) {
-  DIR *d = opendir(path);
-  if (d != NULL) {
-    for (struct dirent *e; (e = readdir(d)) != NULL;) {
-      if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-      char sub[kCachePath];
-      if (snprintf(sub, sizeof sub, "%s/%s", path, e->d_name) >= (int)sizeof sub) continue;
-      struct stat sb;
-      if (lstat(sub, &sb) == 0 && S_ISDIR(sb.st_mode))
-        rda_cache_rmtree(sub);
-      else
-        unlink(sub);
+typedef struct rda_cache_clear_ctx {
+  size_t removed, left;
+  long long now;
+} rda_cache_clear_ctx;
+
+static rda_status rda_cache_clear_target(int dfd, const char *dir, const char *name, void *ctx,
+                                         rda_err *err) {
+  (void)dir, (void)name, (void)err;
+  rda_cache_clear_ctx *c = ctx;
+  DIR *t = rda_cache_walk(dfd);
+  if (t == NULL) return RDA_OK;
+  for (struct dirent *f; (f = readdir(t)) != NULL;) {
+    if (f->d_name[0] == '.') continue;
+    if (rda_cache_in_flight_name(f->d_name)) {
+      c->left += (size_t)rda_cache_remove_if_stale(dfd, f->d_name, c->now);
+    } else if (rda_cache_ends_with(f->d_name, ".rda")) {
+      if (unlinkat(dfd, f->d_name, 0) == 0) ++c->removed;
+    } else if (rda_cache_ends_with(f->d_name, ".use")) {
+      (void)unlinkat(dfd, f->d_name, 0);
     }
-    closedir(d);
   }
-  rmdir(path);
+  closedir(t);
+  return RDA_OK;
 }
 
-rda_status rda_cache_clear(const char *target, size_t *removed, rda_err *err) {
+rda_status rda_cache_clear(const char *target, size_t *removed, size_t *left, rda_err *err) {
   if (removed != NULL) *removed = 0;
+  if (left != NULL) *left = 0;
   char root[kCachePath];
-  RDA_TRY(rda_cache_folder(NULL, root, sizeof root, err));
-  DIR *d = opendir(root);
-  if (d == NULL)
-    return rda_err_set(err, RDA_ERR_CACHE, "cache folder '%s': %s", root, strerror(errno));
-  for (struct dirent *e; (e = readdir(d)) != NULL;) {
-    if (e->d_name[0] == '.') continue;
-    if (target != NULL && strcmp(target, e->d_name) != 0) continue;
-    char dir[kCachePath];
-    struct stat sb;
-    if (snprintf(dir, sizeof dir, "%s/%s", root, e->d_name) >= (int)sizeof dir) continue;
-    if (lstat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
-    DIR *t = opendir(dir);
-    if (t == NULL) continue;
-    for (struct dirent *f; (f = readdir(t)) != NULL;) {
-      if (f->d_name[0] == '.') continue;
-      char path[kCachePath];
-      if (snprintf(path, sizeof path, "%s/%s", dir, f->d_name) >= (int)sizeof path) continue;
-      if (rda_cache_ends_with(f->d_name, ".rda")) {
-        if (unlink(path) == 0 && removed != NULL) ++*removed;
-      } else if (rda_cache_ends_with(f->d_name, ".use") || strstr(f->d_name, ".tmp.") != NULL) {
-        unlink(path);
-      } else if (strncmp(f->d_name, "inc-", 4) == 0) {
-        rda_cache_rmtree(path);
-      }
-    }
-    closedir(t);
-  }
-  closedir(d);
+  int rootfd = -1;
+  RDA_TRY(rda_cache_open_root(target, root, sizeof root, &rootfd, err));
   rda_cache_memory_clear();
-  return RDA_OK;
+  if (rootfd < 0) return RDA_OK; /* no cache yet */
+  rda_cache_clear_ctx c = {0, 0, rda_cache_now_ns()};
+  const rda_status st =
+      rda_cache_each_target(rootfd, root, target, rda_cache_clear_target, &c, err);
+  close(rootfd);
+  if (removed != NULL) *removed = c.removed;
+  if (left != NULL) *left = c.left;
+  return st;
 }
 
 /* ================================================================== cubins */
@@ -893,7 +1129,7 @@ static int rda_cache_jskip(rda_cache_json *j, int depth) {
 }
 
 typedef struct rda_cache_bundle_entry {
-  char name[160], arch[32], cubin[512], sha[80];
+  char name[160], arch[32], cubin[512], sha[80], cubin_sha[80];
 } rda_cache_bundle_entry;
 
 /* Parse one kernel object into e; 0 on a syntax error. */
@@ -916,11 +1152,12 @@ static int rda_cache_jentry(rda_cache_json *j, rda_cache_bundle_entry *e) {
                 : strcmp(key, "arch") == 0          ? e->arch
                 : strcmp(key, "cubin") == 0         ? e->cubin
                 : strcmp(key, "source_sha256") == 0 ? e->sha
+                : strcmp(key, "cubin_sha256") == 0  ? e->cubin_sha
                                                     : NULL;
     const size_t cap = dst == e->name    ? sizeof e->name
                        : dst == e->arch  ? sizeof e->arch
                        : dst == e->cubin ? sizeof e->cubin
-                                         : sizeof e->sha;
+                                         : sizeof e->sha; /* == sizeof e->cubin_sha */
     if (dst != NULL && j->p < j->end && *j->p == '"') {
       if (!rda_cache_jstring(j, dst, cap)) return 0;
     } else if (!rda_cache_jskip(j, 1)) {
@@ -936,10 +1173,45 @@ static int rda_cache_jentry(rda_cache_json *j, rda_cache_bundle_entry *e) {
   }
 }
 
+/* The cubin of a matching bundle entry, read (never blocking: rda_cache_read_file) and checked
+ * against the entry's "cubin_sha256"; 1 when it is sound (*image malloc'd), else 0 and logged:
+ * the cache or NVRTC serve instead. */
+static int rda_cache_bundle_cubin(const char *folder, const rda_cache_bundle_entry *e,
+                                  const char *file, unsigned char **image, size_t *bytes) {
+  if (strlen(e->cubin_sha) != 64) {
+    rda_log(RDA_LOG_INFO,
+            "bundle %s/manifest.json: %s for %s has no cubin_sha256 (an older rdagen emit): "
+            "not used, re-run rdagen emit",
+            folder, e->name, e->arch);
+    return 0;
+  }
+  unsigned char *buf = NULL;
+  size_t n = 0;
+  rda_err why = {0};
+  if (rda_cache_read_file(file, &buf, &n, &why) != RDA_OK) {
+    rda_log(RDA_LOG_INFO, "bundle cubin not used: %s", why.msg);
+    return 0;
+  }
+  char hex[65];
+  rda_cache_sha256_hex(buf, n, hex);
+  if (strcmp(hex, e->cubin_sha) != 0) {
+    rda_log(RDA_LOG_INFO,
+            "bundle cubin %s does not match the cubin_sha256 of %s/manifest.json (changed or "
+            "damaged): not used",
+            file, folder);
+    free(buf);
+    return 0;
+  }
+  *image = buf;
+  *bytes = n;
+  return 1;
+}
+
 /* Search one manifest; RDA_ERR_CACHE when it is malformed. */
 static rda_status rda_cache_bundle_one(const char *folder, const char *text, size_t n,
                                        const char *name, const char *arch, const char *sha,
-                                       char *file, size_t cap, int *found, rda_err *err) {
+                                       char *file, size_t cap, unsigned char **image, size_t *bytes,
+                                       int *found, rda_err *err) {
   rda_cache_json j = {text, text + n};
   rda_cache_ws(&j);
   int ok = j.p < j.end && *j.p++ == '{';
@@ -963,7 +1235,8 @@ static rda_status rda_cache_bundle_one(const char *folder, const char *text, siz
               strcmp(e.sha, sha) == 0 && e.cubin[0] != '\0' && strstr(e.cubin, "..") == NULL &&
               e.cubin[0] != '/') {
             const int w = snprintf(file, cap, "%s/%s", folder, e.cubin);
-            if (w > 0 && (size_t)w < cap && access(file, R_OK) == 0) *found = 1;
+            if (w > 0 && (size_t)w < cap)
+              *found = rda_cache_bundle_cubin(folder, &e, file, image, bytes);
           }
           rda_cache_ws(&j);
           if (j.p < j.end && *j.p == ',') {
@@ -988,16 +1261,21 @@ static rda_status rda_cache_bundle_one(const char *folder, const char *text, siz
   }
   if (!ok) {
     *found = 0;
+    free(*image);
+    *image = NULL;
+    *bytes = 0;
     return rda_err_set(err, RDA_ERR_CACHE, "kernel bundle '%s/manifest.json': malformed JSON",
                        folder);
   }
   return RDA_OK;
 }
 
-rda_status rda_cache_bundle_find(const char *path_list, const char *name, int arch,
-                                 const char *source, char *file, size_t cap, int *found,
-                                 rda_err *err) {
+rda_status rda_cache_bundle_load(const char *path_list, const char *name, int arch,
+                                 const char *source, unsigned char **image, size_t *bytes,
+                                 char *file, size_t cap, int *found, rda_err *err) {
   *found = 0;
+  *image = NULL;
+  *bytes = 0;
   if (cap > 0) file[0] = '\0';
   if (path_list == NULL || path_list[0] == '\0') return RDA_OK;
   if (name == NULL || source == NULL)
@@ -1019,7 +1297,7 @@ rda_status rda_cache_bundle_find(const char *path_list, const char *name, int ar
       rda_err ignored = {0};
       if (rda_cache_read_file(manifest, &text, &n, &ignored) == RDA_OK) {
         const rda_status st = rda_cache_bundle_one(folder, (const char *)text, n, name, archs, sha,
-                                                   file, cap, found, err);
+                                                   file, cap, image, bytes, found, err);
         free(text);
         RDA_TRY(st);
       } else {
@@ -1030,4 +1308,15 @@ rda_status rda_cache_bundle_find(const char *path_list, const char *name, int ar
   }
   if (!*found && cap > 0) file[0] = '\0';
   return RDA_OK;
+}
+
+rda_status rda_cache_bundle_find(const char *path_list, const char *name, int arch,
+                                 const char *source, char *file, size_t cap, int *found,
+                                 rda_err *err) {
+  unsigned char *image = NULL;
+  size_t bytes = 0;
+  const rda_status st =
+      rda_cache_bundle_load(path_list, name, arch, source, &image, &bytes, file, cap, found, err);
+  free(image);
+  return st;
 }

@@ -48,14 +48,36 @@ void rda_cache_key_of(const rda_cache_inputs *in, rda_cache_key *out);
 /* The cache root ($RDA_CACHE_DIR, else $XDG_CACHE_HOME/rda, else $HOME/.cache/rda) and, when
  * target is not NULL, its folder for target, created (0700) when missing. Refused
  * (RDA_ERR_CACHE, the message names the folder) when either belongs to another user or is
- * writable by group or others: a kernel loaded from there could be anyone's code. */
+ * writable by group or others (a kernel loaded from there could be anyone's code), or when the
+ * target folder is a symbolic link (one policy for get, put, list, evict and clear: refused;
+ * the root itself may be a link). RDA_ERR_CACHE too when it cannot be used (no root, cannot be
+ * created, not a folder). */
 rda_status rda_cache_folder(const char *target, char *out, size_t cap, rda_err *err);
+
+/* rda_cache_folder for writing, telling a refusal (an error, as above) from a folder that
+ * merely cannot be used: cannot be created (read-only file system, a file in the way, no
+ * root), not a folder, not writable. Then *usable is 0, RDA_OK is returned, why (may be NULL;
+ * why_cap bytes) holds the reason as one line and it is logged once per process
+ * (RDA_LOG=info): the caller compiles without caching, as it does when the disk is full. */
+rda_status rda_cache_folder_try(const char *target, char *out, size_t cap, int *usable,
+                                char *why, size_t why_cap, rda_err *err);
 
 /* The folder check alone: owned by this user, not writable by group or others, a folder. */
 rda_status rda_cache_check_folder(const char *path, rda_err *err);
 
-/* RDA_CACHE_MAX_BYTES (a byte count; suffixes K, M, G allowed), default 1 GiB. */
+/* RDA_CACHE_MAX_BYTES: digits with an optional K, M or G suffix (binary), default 1 GiB when
+ * unset or empty. Anything else (a sign, blanks, another suffix, a value past 2^64 - 1) is
+ * RDA_ERR_INVALID_ARGUMENT with one line naming the value; rda_cache_get and rda_cache_put
+ * fail with it, so a command that compiles or lists the cache stops there. */
+rda_status rda_cache_max_bytes_get(unsigned long long *out, rda_err *err);
+
+/* rda_cache_max_bytes_get's value, or the default when it is invalid (for display). */
 unsigned long long rda_cache_max_bytes(void);
+
+/* rm -r that never follows a symbolic link: every folder is opened O_NOFOLLOW and its names
+ * removed relative to it, so a link is unlinked itself and what it points to is kept. Best
+ * effort (errors ignored). */
+void rda_cache_remove_tree(const char *path);
 
 /* ---- entries ----------------------------------------------------------------------------- */
 
@@ -63,8 +85,10 @@ unsigned long long rda_cache_max_bytes(void);
  * the caller frees) and *bytes hold the payload and *hit is 1; a disk hit touches the entry's
  * access record (a memory hit touches nothing: it is pure memory).
  * A miss is RDA_OK with *hit 0 and `why` (may be NULL) telling why ("not on disk", "corrupted
- * entry: ..., rebuilt", "a different source under the same key"); a damaged entry is deleted,
- * never returned. `source` (may be NULL) is compared with the source stored in the entry. */
+ * entry: ..., rebuilt", "a different source under the same key", "kernel cache unusable": the
+ * folder cannot be created, see rda_cache_folder_try); a damaged entry is deleted, never
+ * returned. `source` (may be NULL) is compared with the source stored in the entry. A memory
+ * hit is logged at RDA_LOG=debug like a disk hit. */
 rda_status rda_cache_get(const char *target, const rda_cache_key *key, const char *source,
                          unsigned char **data, size_t *bytes, int *hit, char *why, size_t why_cap,
                          rda_err *err);
@@ -72,7 +96,8 @@ rda_status rda_cache_get(const char *target, const rda_cache_key *key, const cha
 /* Store an entry (name is for `rdagen cache list`; source is kept for the collision check):
  * temporary file in the target folder, fsync, rename — concurrent writers of the same key all
  * succeed and leave one whole entry. Also kept in memory. Evicts least recently used entries
- * when the cache grows past rda_cache_max_bytes(). */
+ * when the cache grows past rda_cache_max_bytes(). A folder that cannot be used
+ * (rda_cache_folder_try) stores it in memory only and returns RDA_OK. */
 rda_status rda_cache_put(const char *target, const rda_cache_key *key, const char *name,
                          const char *source, const void *data, size_t bytes, rda_err *err);
 
@@ -89,12 +114,18 @@ typedef struct rda_cache_entry_info {
   int valid;                /* header and checksum verified */
 } rda_cache_entry_info;
 
-/* Every entry (of `target`, or all when NULL), least recently used first. *out malloc'd. */
+/* Every entry (of `target`, or all when NULL), least recently used first. *out malloc'd. A
+ * missing cache root is an empty cache (nothing is created); a symlinked target folder is
+ * refused (rda_cache_folder). */
 rda_status rda_cache_list(const char *target, rda_cache_entry_info **out, size_t *count,
                           rda_err *err);
 
-/* Delete every entry (of `target`, or all when NULL); *removed counts entries. */
-rda_status rda_cache_clear(const char *target, size_t *removed, rda_err *err);
+/* Delete every entry (of `target`, or all when NULL); *removed (may be NULL) counts entries.
+ * Temporaries and emulator header folders younger than an hour may belong to a process
+ * running now: they are left, and *left (may be NULL) counts them; older ones go. Never
+ * deletes through a symbolic link (rda_cache_remove_tree); a symlinked target folder refuses
+ * the whole clear before anything is deleted. A missing cache root is not created. */
+rda_status rda_cache_clear(const char *target, size_t *removed, size_t *left, rda_err *err);
 
 /* Delete least recently used entries until the cache holds at most max_bytes; `keep` (a key
  * hex, may be NULL) is never deleted. *removed (may be NULL) counts them. */
@@ -112,8 +143,16 @@ rda_status rda_cache_cubin(int arch, const char *name, const char *source, unsig
 /* Find a cubin for (name, arch, source) in the bundles listed in `path_list` (colon-separated
  * folders, e.g. $RDA_KERNEL_PATH; NULL or "" means none): the manifest.json of each folder is
  * read and an entry matches when its name, arch and "source_sha256" all match (a stale bundle
- * is never used). On a match *found is 1 and file (cap bytes) holds the cubin's path. A folder
- * without a readable manifest is skipped; a malformed manifest is RDA_ERR_CACHE naming it. */
+ * is never used) and its cubin file is a regular file whose SHA-256 is the entry's
+ * "cubin_sha256" (an entry without one, or a cubin changed since, is logged at RDA_LOG=info
+ * and passed over). On a match *found is 1, file (cap bytes) holds the cubin's path and
+ * *image (malloc'd) its verified bytes. A folder without a readable manifest is skipped; a
+ * malformed manifest is RDA_ERR_CACHE naming it. */
+rda_status rda_cache_bundle_load(const char *path_list, const char *name, int arch,
+                                 const char *source, unsigned char **image, size_t *bytes,
+                                 char *file, size_t cap, int *found, rda_err *err);
+
+/* rda_cache_bundle_load without keeping the bytes (the cubin is still verified). */
 rda_status rda_cache_bundle_find(const char *path_list, const char *name, int arch,
                                  const char *source, char *file, size_t cap, int *found,
                                  rda_err *err);
@@ -122,7 +161,9 @@ rda_status rda_cache_bundle_find(const char *path_list, const char *name, int ar
  * digest and the rda version — what a cubin is built from, NVRTC aside. */
 rda_status rda_cache_source_sha(const char *source, char out[65], rda_err *err);
 
-/* Read a whole file (malloc'd, NUL-terminated beyond *bytes). RDA_ERR_IO naming it. */
+/* Read a whole regular file (malloc'd, NUL-terminated beyond *bytes). Opened non-blocking and
+ * checked with fstat, so a FIFO or device in its place is refused, never waited on.
+ * RDA_ERR_IO naming it. */
 rda_status rda_cache_read_file(const char *path, unsigned char **data, size_t *bytes, rda_err *err);
 
 #endif

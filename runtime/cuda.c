@@ -220,20 +220,25 @@ static void rda_cuda_unload(rda_backend *b, rda_module *m) {
 }
 
 /* The cubin of a variant for b->arch, from the first place that has it: an ahead-of-time
- * bundle in $RDA_KERNEL_PATH (read-only, matched by name, arch and source hash), the kernel
- * cache (memory, then disk), else NVRTC (and the result is stored in the cache). */
-static rda_status rda_cuda_image(rda_backend *b, const rda_variant *v, unsigned char **image,
-                                 size_t *bytes, rda_err *err) {
+ * bundle in $RDA_KERNEL_PATH (read-only, matched by name, arch and source hash, the cubin
+ * checked against the manifest's cubin_sha256), the kernel cache (memory, then disk), else
+ * NVRTC (and the result is stored in the cache). With skip_bundles the bundles are not asked
+ * (a bundle cubin the driver refused). *from_bundle (may be NULL) tells where it came from. */
+static rda_status rda_cuda_image(rda_backend *b, const rda_variant *v, int skip_bundles,
+                                 unsigned char **image, size_t *bytes, int *from_bundle,
+                                 rda_err *err) {
   *image = NULL;
   *bytes = 0;
+  if (from_bundle != NULL) *from_bundle = 0;
   char file[4096];
   int found = 0;
-  RDA_TRY(rda_cache_bundle_find(getenv("RDA_KERNEL_PATH"), v->name, b->arch, v->source, file,
-                                sizeof file, &found, err));
+  if (!skip_bundles)
+    RDA_TRY(rda_cache_bundle_load(getenv("RDA_KERNEL_PATH"), v->name, b->arch, v->source, image,
+                                  bytes, file, sizeof file, &found, err));
   if (found) {
-    RDA_TRY(rda_cache_read_file(file, image, bytes, err));
     rda_log(RDA_LOG_INFO, "loaded %s for sm_%d from %s (ahead-of-time bundle, RDA_KERNEL_PATH)",
             v->name, b->arch, file);
+    if (from_bundle != NULL) *from_bundle = 1;
     return RDA_OK;
   }
   return rda_cache_cubin(b->arch, v->name, v->source, image, bytes, NULL, err);
@@ -247,7 +252,8 @@ static rda_status rda_cuda_load_variant(rda_backend *b, const rda_variant *v, rd
   rda_cuda_impl *impl = rda_cuda_impl_of(b);
   unsigned char *image = NULL;
   size_t image_bytes = 0;
-  RDA_TRY(rda_cuda_image(b, v, &image, &image_bytes, err));
+  int from_bundle = 0;
+  RDA_TRY(rda_cuda_image(b, v, 0, &image, &image_bytes, &from_bundle, err));
   rda_module *m = calloc(1, sizeof *m);
   if (m == NULL) {
     free(image);
@@ -256,7 +262,20 @@ static rda_status rda_cuda_load_variant(rda_backend *b, const rda_variant *v, rd
   snprintf(m->name, sizeof m->name, "%s", v->name);
   m->dynamic_smem = v->smem_bytes;
   rda_status st = rda_cuda_enter(b, err);
-  if (st == RDA_OK) {
+  if (st == RDA_OK && from_bundle) {
+    /* A bundle cubin the driver refuses (built by another toolkit, say) is passed over: the
+     * cache or NVRTC give one this driver takes. */
+    rda_err why = {0};
+    if (RDA_CU(&why, cuModuleLoadData, &m->module, image) != RDA_OK) {
+      rda_log(RDA_LOG_INFO, "bundle cubin of %s for sm_%d not loadable (%s): compiling instead",
+              v->name, b->arch, why.msg);
+      free(image);
+      image = NULL;
+      m->module = NULL;
+      st = rda_cuda_image(b, v, 1, &image, &image_bytes, NULL, err);
+    }
+  }
+  if (st == RDA_OK && m->module == NULL) {
     rda_err why = {0};
     st = RDA_CU(&why, cuModuleLoadData, &m->module, image);
     const int nv = rda_nvrtc_version(), dv = impl->driver_version;

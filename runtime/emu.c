@@ -95,22 +95,9 @@ static rda_status rda_emu_path(char *out, size_t cap, rda_err *err, const char *
 
 /* ------------------------------------------------------------------ files */
 
-/* rm -r (a temporary header folder). */
+/* rm -r (a temporary header folder), never through a symbolic link. */
 static void rda_emu_rmtree(const char *path) {
-  DIR *d = opendir(path);
-  if (d == NULL) return;
-  for (struct dirent *e; (e = readdir(d)) != NULL;) {
-    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-    char sub[kEmuPath];
-    if (snprintf(sub, sizeof sub, "%s/%s", path, e->d_name) >= (int)sizeof sub) continue;
-    struct stat st;
-    if (lstat(sub, &st) == 0 && S_ISDIR(st.st_mode))
-      rda_emu_rmtree(sub);
-    else
-      unlink(sub);
-  }
-  closedir(d);
-  rmdir(path);
+  rda_cache_remove_tree(path);
 }
 
 static rda_status rda_emu_write_file(const char *path, const void *data, size_t n, rda_err *err) {
@@ -166,11 +153,19 @@ static rda_status rda_emu_headers(const char *dir, const char *digest, char *inc
   RDA_TRY(rda_emu_path(tmp, sizeof tmp, err, "%s.tmp.%ld.%lu", inc, (long)getpid(),
                        atomic_fetch_add(&counter, 1)));
   struct stat st;
-  if (stat(inc, &st) == 0 && S_ISDIR(st.st_mode)) {
-    if (rda_emu_headers_intact(inc)) return RDA_OK;
+  if (lstat(inc, &st) == 0 && S_ISDIR(st.st_mode)) {
+    if (rda_emu_headers_intact(inc)) {
+      /* In use: a fresh mtime keeps `rdagen cache clear` from taking it now (it leaves
+       * header folders younger than an hour). */
+      (void)utimensat(AT_FDCWD, inc, NULL, AT_SYMLINK_NOFOLLOW);
+      return RDA_OK;
+    }
     /* Damaged (a file edited or removed by hand): move it aside, then write it anew. */
     rda_log(RDA_LOG_INFO, "emulator headers in %s damaged: rewriting them", inc);
     if (rename(inc, tmp) == 0) rda_emu_rmtree(tmp);
+  } else if (lstat(inc, &st) == 0) { /* a file or a link in its place: never followed */
+    rda_log(RDA_LOG_INFO, "emulator headers %s: not a folder, replacing it", inc);
+    (void)unlink(inc);
   }
   if (mkdir(tmp, 0700) != 0)
     return rda_err_set(err, RDA_ERR_CACHE, "emu: mkdir '%s': %s", tmp, strerror(errno));
@@ -516,10 +511,25 @@ static rda_status rda_emu_fetch(rda_emu_impl *im, const char *dir, const rda_emu
   if (hit) return RDA_OK;
   const double t0 = rda_log_now();
   char inc[kEmuPath], src_path[kEmuPath];
-  RDA_TRY(rda_emu_headers(dir, kp->headers, inc, sizeof inc, err));
-  if (src_rel != NULL) RDA_TRY(rda_emu_path(src_path, sizeof src_path, err, "%s/%s", inc, src_rel));
-  RDA_TRY(rda_emu_compile(im, dir, inc, src_rel != NULL ? NULL : source,
-                          src_rel != NULL ? src_path : NULL, name, image, bytes, err));
+  rda_status st = RDA_OK;
+  /* Another process's `rdagen cache clear` may take the header folder (an old one) while the
+   * compiler reads it: then it is written again and the compile tried once more. */
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    rda_err first = {0};
+    st = rda_emu_headers(dir, kp->headers, inc, sizeof inc, &first);
+    if (st == RDA_OK && src_rel != NULL)
+      st = rda_emu_path(src_path, sizeof src_path, &first, "%s/%s", inc, src_rel);
+    if (st == RDA_OK)
+      st = rda_emu_compile(im, dir, inc, src_rel != NULL ? NULL : source,
+                           src_rel != NULL ? src_path : NULL, name, image, bytes, &first);
+    struct stat sb;
+    if (st == RDA_OK || attempt == 1 || lstat(inc, &sb) == 0) {
+      if (st != RDA_OK) return rda_err_set(err, st, "%s", first.msg);
+      break;
+    }
+    rda_log(RDA_LOG_INFO, "emulator headers %s vanished while compiling %s: writing them again",
+            inc, name);
+  }
   rda_log(RDA_LOG_INFO, "compiled %s for %s in %.2f s (cache miss: %s)", name, kp->target,
           rda_log_now() - t0, why);
   rda_err put = {0}; /* a cache that cannot take the entry (disk full) costs a recompile later */
@@ -588,12 +598,26 @@ static rda_status rda_emu_load(rda_backend *b, const rda_variant *v, rda_module 
     unsigned char *image = NULL;
     size_t bytes = 0;
     void *dl = NULL;
-    st = rda_cache_folder(kp->target, dir, sizeof dir, err);
+    int usable = 0, private_dir = 0;
+    st = rda_cache_folder_try(kp->target, dir, sizeof dir, &usable, NULL, 0, err);
+    if (st == RDA_OK && !usable) {
+      /* The cache cannot be written (said once): build in a private folder, removed below. */
+      const char *base = getenv("TMPDIR");
+      if (base == NULL || base[0] == '\0') base = "/tmp";
+      st = rda_emu_path(dir, sizeof dir, err, "%s/rda-emu-XXXXXX", base);
+      if (st == RDA_OK && mkdtemp(dir) == NULL)
+        st = rda_err_set(err, RDA_ERR_EMULATOR,
+                         "emu: the kernel cache cannot be used and no private build folder can "
+                         "be made in '%s': %s",
+                         base, strerror(errno));
+      private_dir = st == RDA_OK;
+    }
     if (st == RDA_OK) st = rda_emu_runtime(im, dir, kp, err);
     if (st == RDA_OK)
       st = rda_emu_fetch(im, dir, kp, &key, v->name, v->source, NULL, &image, &bytes, err);
     if (st == RDA_OK) st = rda_emu_dlopen_bytes(dir, image, bytes, RTLD_NOW | RTLD_LOCAL, &dl, err);
     free(image);
+    if (private_dir) rda_emu_rmtree(dir);
     if (st == RDA_OK && (sh = rda_emu_shared_put(key.hex, dl)) == NULL)
       st = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "emu: out of memory");
   }

@@ -1,6 +1,8 @@
 /* test_cache.c — the kernel cache (runtime/cache.c), the embedded sources (runtime/sources.c) and
  * RDA_LOG (runtime/log.c): SHA-256 vectors, key sensitivity, hit/miss, corruption, concurrent
- * processes, refused folders, LRU eviction, bundles, and a cold run with RDA_HOME unset. */
+ * processes, refused folders, LRU eviction, bundles, and a cold run with RDA_HOME unset; clears
+ * that never follow links or break running builds, unusable folders, RDA_CACHE_MAX_BYTES,
+ * symlinked target folders, FIFOs. RDA_TEST_FILTER picks tests by name. */
 /* cmocka.h needs these four first. */
 /* clang-format off */
 #include <setjmp.h>
@@ -598,10 +600,10 @@ static void test_cache_list_marks_corrupted_and_clear_empties_one_target(void **
   assert_int_equal(valid, 1);
   free(v);
   size_t removed = 0;
-  assert_int_equal(rda_cache_clear("emu-test", &removed, &err), RDA_OK);
+  assert_int_equal(rda_cache_clear("emu-test", &removed, NULL, &err), RDA_OK);
   assert_int_equal(removed, 1);
   assert_true(has_entry("kernel_x"));
-  assert_int_equal(rda_cache_clear(NULL, &removed, &err), RDA_OK);
+  assert_int_equal(rda_cache_clear(NULL, &removed, NULL, &err), RDA_OK);
   assert_int_equal(removed, 1);
   assert_false(has_entry("kernel_x"));
 }
@@ -617,10 +619,11 @@ static void write_manifest(const char *dir, const char *body) {
 static void test_cache_bundle_matches_name_arch_and_source_only(void **state) {
   cache_fixture *f = *state;
   const char *src = "extern \"C\" __global__ void rda_b() {}\n";
-  char sha[65], stale[65];
+  char sha[65], stale[65], csum[65];
   rda_err err = {0};
   assert_int_equal(rda_cache_source_sha(src, sha, &err), RDA_OK);
   assert_int_equal(rda_cache_source_sha("an older source", stale, &err), RDA_OK);
+  rda_cache_sha256_hex("cubin", 5, csum); /* every cubin file below holds "cubin" */
   char *b1 = rt_path(f->root, "b1"), *b2 = rt_path(f->root, "b2");
   assert_int_equal(mkdir(b1, 0700), 0);
   assert_int_equal(mkdir(b2, 0700), 0);
@@ -628,16 +631,18 @@ static void test_cache_bundle_matches_name_arch_and_source_only(void **state) {
   snprintf(body, sizeof body,
            "{\"kernels\": [\n"
            "{\"name\": \"rda_b\", \"arch\": \"sm_90\", \"cubin\": \"stale.cubin\", "
-           "\"source_sha256\": \"%s\", \"registers\": 10, \"compile_s\": 0.5},\n"
+           "\"source_sha256\": \"%s\", \"cubin_sha256\": \"%s\", \"registers\": 10, "
+           "\"compile_s\": 0.5},\n"
            "{\"name\": \"rda_b\", \"arch\": \"sm_80\", \"cubin\": \"b80.cubin\", "
-           "\"source_sha256\": \"%s\"}\n"
+           "\"source_sha256\": \"%s\", \"cubin_sha256\": \"%s\"}\n"
            "]}\n",
-           stale, sha);
+           stale, csum, sha, csum);
   write_manifest(b1, body);
   snprintf(body, sizeof body,
            "{\"kernels\": [{\"name\": \"rda_b\", \"arch\": \"sm_90\", \"cubin\": \"b90.cubin\", "
-           "\"entry\": \"rda_b\", \"source_sha256\": \"%s\", \"smem_bytes\": -1e3}]}",
-           sha);
+           "\"entry\": \"rda_b\", \"source_sha256\": \"%s\", \"smem_bytes\": -1e3, "
+           "\"cubin_sha256\": \"%s\"}]}",
+           sha, csum);
   write_manifest(b2, body);
   const char *names[] = {"stale.cubin", "b80.cubin"};
   for (int i = 0; i < 2; ++i) {
@@ -666,6 +671,40 @@ static void test_cache_bundle_matches_name_arch_and_source_only(void **state) {
       rda_cache_bundle_find(list, "rda_b", 90, "changed", file, sizeof file, &found, &err), RDA_OK);
   assert_int_equal(found, 0);
   assert_int_equal(rda_cache_bundle_find(NULL, "rda_b", 90, src, file, sizeof file, &found, &err),
+                   RDA_OK);
+  assert_int_equal(found, 0);
+  /* The bytes come verified with the match. */
+  unsigned char *image = NULL;
+  size_t bytes = 0;
+  assert_int_equal(rda_cache_bundle_load(list, "rda_b", 90, src, &image, &bytes, file, sizeof file,
+                                         &found, &err),
+                   RDA_OK);
+  assert_int_equal(found, 1);
+  assert_int_equal(bytes, 5);
+  assert_memory_equal(image, "cubin", 5);
+  free(image);
+  /* A cubin changed after the manifest was written is never used (b80 is b1's only copy). */
+  char *b80 = rt_path(b1, "b80.cubin");
+  assert_true(rt_write_file(b80, "cubiN", 5));
+  assert_int_equal(rda_cache_bundle_find(list, "rda_b", 80, src, file, sizeof file, &found, &err),
+                   RDA_OK);
+  assert_int_equal(found, 0);
+  /* Nor a FIFO in its place: refused at once, never waited on (alarm: a hang fails). */
+  assert_int_equal(unlink(b80), 0);
+  assert_int_equal(mkfifo(b80, 0600), 0);
+  alarm(20);
+  assert_int_equal(rda_cache_bundle_find(list, "rda_b", 80, src, file, sizeof file, &found, &err),
+                   RDA_OK);
+  alarm(0);
+  assert_int_equal(found, 0);
+  free(b80);
+  /* An entry without cubin_sha256 (an older emit) is not used either. */
+  snprintf(body, sizeof body,
+           "{\"kernels\": [{\"name\": \"rda_b\", \"arch\": \"sm_90\", \"cubin\": \"b90.cubin\", "
+           "\"source_sha256\": \"%s\"}]}",
+           sha);
+  write_manifest(b2, body);
+  assert_int_equal(rda_cache_bundle_find(list, "rda_b", 90, src, file, sizeof file, &found, &err),
                    RDA_OK);
   assert_int_equal(found, 0);
 
@@ -715,6 +754,24 @@ static void test_cache_bundle_from_rdagen_emit_is_found(void **state) {
                      RDA_OK);
     assert_int_equal(found, 0);
   }
+  /* The manifest records each cubin's SHA-256: a cubin changed afterwards is passed over. */
+  char file[4096];
+  int found = 0;
+  assert_int_equal(rda_cache_bundle_find(out, plan.variants[0].name, 80, plan.variants[0].source,
+                                         file, sizeof file, &found, &err),
+                   RDA_OK);
+  assert_int_equal(found, 1);
+  size_t n = 0;
+  char *cubin = rt_read_file(file, &n);
+  assert_non_null(cubin);
+  assert_true(n > 16);
+  cubin[n / 2] ^= 0x20;
+  assert_true(rt_write_file(file, cubin, n));
+  free(cubin);
+  assert_int_equal(rda_cache_bundle_find(out, plan.variants[0].name, 80, plan.variants[0].source,
+                                         file, sizeof file, &found, &err),
+                   RDA_OK);
+  assert_int_equal(found, 0);
   rda_plan_k_free(&plan);
   rda_gen_close(g);
   free(out);
@@ -966,6 +1023,431 @@ static void test_cache_emulator_rebuilds_a_corrupted_module(void **state) {
   b->destroy(b);
 }
 
+/* ---- links, concurrent clears, unusable folders, limits, FIFOs ----------------------------- */
+
+/* Set a path's times (the link itself, not what it points to) `age_s` seconds back. */
+static void age_path(const char *path, long age_s) {
+  const struct timespec t[2] = {{time(NULL) - age_s, 0}, {time(NULL) - age_s, 0}};
+  assert_int_equal(utimensat(AT_FDCWD, path, t, AT_SYMLINK_NOFOLLOW), 0);
+}
+
+/* A folder outside the cache with two files of random text; returns it (malloc'd). */
+static char *make_victim(const char *parent, const char *name) {
+  char *dir = rt_path(parent, name);
+  assert_int_equal(mkdir(dir, 0700), 0);
+  for (int i = 0; i < 2; ++i) {
+    char file[64];
+    snprintf(file, sizeof file, "keep%d.txt", i);
+    char *p = rt_path(dir, file);
+    unsigned char *text = random_bytes(100);
+    assert_true(rt_write_file(p, text, 100));
+    free(text);
+    free(p);
+  }
+  return dir;
+}
+
+/* `cache clear` and the emulator's rm -r never delete through a symbolic link: a stale
+ * inc-* link to a folder, a link inside a stale header folder and a stale .tmp. link are
+ * removed themselves, and what they point to stays whole. */
+static void test_cache_clear_never_follows_links_out_of_the_cache(void **state) {
+  cache_fixture *f = *state;
+  put_entry("kernel_l", 100);
+  char *outside = rt_mkdtemp();
+  assert_non_null(outside);
+  char *v1 = make_victim(outside, "v1"), *v2 = make_victim(outside, "v2");
+  char *v3 = rt_path(outside, "v3.txt");
+  assert_true(rt_write_file(v3, "precious", 8));
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/sm_90", f->root);
+  char *inc_link = rt_path(dir, "inc-0123456789abcdef");
+  assert_int_equal(symlink(v1, inc_link), 0);
+  age_path(inc_link, 7200);
+  char *inc_real = rt_path(dir, "inc-fedcba9876543210");
+  assert_int_equal(mkdir(inc_real, 0700), 0);
+  char *inner = rt_path(inc_real, "emu");
+  assert_int_equal(symlink(v2, inner), 0);
+  age_path(inc_real, 7200);
+  char *tmp_link = rt_path(dir, "abcd.tmp.1.2");
+  assert_int_equal(symlink(v3, tmp_link), 0);
+  age_path(tmp_link, 7200);
+
+  size_t removed = 0, left = 0;
+  rda_err err = {0};
+  assert_int_equal(rda_cache_clear(NULL, &removed, &left, &err), RDA_OK);
+  assert_int_equal(removed, 1);
+  assert_int_equal(left, 0);
+  struct stat st;
+  assert_int_not_equal(lstat(inc_link, &st), 0); /* the links went */
+  assert_int_not_equal(lstat(inc_real, &st), 0);
+  assert_int_not_equal(lstat(tmp_link, &st), 0);
+  assert_int_equal(rt_count_entries(v1), 2); /* what they led to stayed */
+  assert_int_equal(rt_count_entries(v2), 2);
+  assert_true(rt_exists(v3));
+
+  /* The shared rm -r itself, on a folder holding a link to a folder. */
+  char *tree = rt_path(f->root, "tree");
+  assert_int_equal(mkdir(tree, 0700), 0);
+  char *link = rt_path(tree, "to-v1");
+  assert_int_equal(symlink(v1, link), 0);
+  rda_cache_remove_tree(tree);
+  assert_false(rt_exists(tree));
+  assert_int_equal(rt_count_entries(v1), 2);
+  /* And on a link given as the folder: the link goes, not the folder it names. */
+  assert_int_equal(symlink(v2, tree), 0);
+  rda_cache_remove_tree(tree);
+  assert_int_not_equal(lstat(tree, &st), 0);
+  assert_int_equal(rt_count_entries(v2), 2);
+  rt_rmtree(outside);
+  free(outside), free(v1), free(v2), free(v3), free(inc_link), free(inc_real), free(inner);
+  free(tmp_link), free(tree), free(link);
+}
+
+/* Files a running process may be writing (temporaries, emulator header folders) survive a
+ * clear while young; once older than an hour they go. */
+static void test_cache_clear_leaves_in_flight_files_of_running_processes(void **state) {
+  cache_fixture *f = *state;
+  put_entry("kernel_f", 100);
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/sm_90", f->root);
+  char *young_tmp = rt_path(dir, "1111.tmp.42.1"), *old_tmp = rt_path(dir, "2222.tmp.42.2");
+  char *young_inc = rt_path(dir, "inc-young"), *old_inc = rt_path(dir, "inc-old");
+  assert_true(rt_write_file(young_tmp, "partial", 7));
+  assert_true(rt_write_file(old_tmp, "partial", 7));
+  assert_int_equal(mkdir(young_inc, 0700), 0);
+  assert_int_equal(mkdir(old_inc, 0700), 0);
+  char *hdr = rt_path(young_inc, "rda_device.cuh");
+  assert_true(rt_write_file(hdr, "// header\n", 10));
+  age_path(old_tmp, 7200);
+  age_path(old_inc, 7200);
+  size_t removed = 0, left = 0;
+  rda_err err = {0};
+  assert_int_equal(rda_cache_clear("sm_90", &removed, &left, &err), RDA_OK);
+  assert_int_equal(removed, 1);
+  assert_int_equal(left, 2);
+  assert_true(rt_exists(young_tmp));
+  assert_true(rt_exists(hdr));
+  assert_false(rt_exists(old_tmp));
+  assert_false(rt_exists(old_inc));
+  assert_false(has_entry("kernel_f"));
+  free(young_tmp), free(old_tmp), free(young_inc), free(old_inc), free(hdr);
+}
+
+/* A compiler wrapper that deletes the -I header folder on its first compile (as a concurrent
+ * `cache clear` of an old folder would): the emulator writes the headers again and retries. */
+static void test_cache_emulator_survives_its_header_folder_vanishing(void **state) {
+  cache_fixture *f = *state;
+  char *wrapper = rt_path(f->root, "cxx-wrapper.sh"), *mark = rt_path(f->root, "deleted-once");
+  char script[8192];
+  snprintf(script, sizeof script,
+           "#!/bin/sh\n"
+           "inc=\n"
+           "for a in \"$@\"; do case \"$a\" in -I*) inc=\"${a#-I}\";; esac; done\n"
+           "if [ -n \"$inc\" ] && [ ! -e '%s' ]; then : > '%s'; rm -rf \"$inc\"; fi\n"
+           "exec c++ \"$@\"\n",
+           mark, mark);
+  assert_true(rt_write_file(wrapper, script, strlen(script)));
+  assert_int_equal(chmod(wrapper, 0700), 0);
+  char *saved = rt_env_save("RDA_EMU_CXX");
+  setenv("RDA_EMU_CXX", wrapper, 1);
+  rda_backend *b = NULL;
+  rda_err err = {0};
+  assert_int_equal(rda_backend_emu_open(&b, 90, &err), RDA_OK);
+  char src[] =
+      "#include \"rda_device.cuh\"\n"
+      "struct vanish_params { float *out; float v; };\n"
+      "extern \"C\" __global__ void vanish_k(const vanish_params p) {\n"
+      "  p.out[threadIdx.x] = p.v + (float)threadIdx.x; }\n"
+      "RDA_EMU_EXPORT(vanish_k, vanish_params)\n";
+  rda_variant v;
+  memset(&v, 0, sizeof v);
+  snprintf(v.name, sizeof v.name, "vanish_k");
+  v.source = src;
+  rda_module *m = NULL;
+  const rda_status st = b->load(b, &v, &m, &err);
+  if (st != RDA_OK) fprintf(stderr, "%s\n", err.msg);
+  assert_int_equal(st, RDA_OK);
+  assert_true(rt_exists(mark)); /* the folder really was taken once */
+  const float val = (float)rt_rng_normal(rt_global_rng());
+  float out[16];
+  for (int i = 0; i < 16; ++i) out[i] = -12345.0f;
+  struct {
+    float *out;
+    float v;
+  } params = {out, val};
+  const unsigned grid[3] = {1, 1, 1};
+  assert_int_equal(b->launch(b, m, grid, 16, 0, &params, sizeof params, &err), RDA_OK);
+  for (int i = 0; i < 16; ++i) assert_true(out[i] == val + (float)i);
+  b->unload(b, m);
+  b->destroy(b);
+  rt_env_restore("RDA_EMU_CXX", saved);
+  free(wrapper), free(mark);
+}
+
+/* A cache folder that cannot be created (a file in the way) is "compile, do not cache": gets
+ * miss, puts keep the entry in memory only, the emulator builds in a private temporary folder
+ * it removes. A refusal (writable by others) stays an error (test above). */
+static void test_cache_unusable_folder_compiles_without_caching(void **state) {
+  cache_fixture *f = *state;
+  char *file = rt_path(f->root, "a-file");
+  assert_true(rt_write_file(file, "x", 1));
+  char *cache = rt_path(file, "cache"); /* under a regular file: mkdir fails (ENOTDIR) */
+  setenv("RDA_CACHE_DIR", cache, 1);
+  const rda_cache_key k = key_for("kernel_u");
+  unsigned char *data = NULL;
+  size_t n = 0;
+  int hit = 1;
+  char why[160];
+  rda_err err = {0};
+  assert_int_equal(rda_cache_get("sm_90", &k, "kernel_u", &data, &n, &hit, why, sizeof why, &err),
+                   RDA_OK);
+  assert_int_equal(hit, 0);
+  assert_string_equal(why, "kernel cache unusable");
+  unsigned char *payload = random_bytes(64);
+  assert_int_equal(rda_cache_put("sm_90", &k, "kernel_u", "kernel_u", payload, 64, &err), RDA_OK);
+  assert_int_equal(rda_cache_get("sm_90", &k, "kernel_u", &data, &n, &hit, why, sizeof why, &err),
+                   RDA_OK);
+  assert_int_equal(hit, 1); /* from memory */
+  assert_int_equal(n, 64);
+  assert_memory_equal(data, payload, 64);
+  free(data);
+  free(payload);
+  int usable = 1;
+  char dir[4096];
+  char why2[1024];
+  assert_int_equal(rda_cache_folder_try("sm_90", dir, sizeof dir, &usable, why2, sizeof why2, &err),
+                   RDA_OK);
+  assert_int_equal(usable, 0);
+  assert_non_null(strstr(why2, cache)); /* names the folder */
+  assert_int_equal(rda_cache_folder("sm_90", dir, sizeof dir, &err), RDA_ERR_CACHE);
+
+  /* The emulator: builds and runs, leaves nothing in $TMPDIR. */
+  char *tmpdir = rt_path(f->root, "tmp");
+  assert_int_equal(mkdir(tmpdir, 0700), 0);
+  char *saved_tmp = rt_env_save("TMPDIR");
+  setenv("TMPDIR", tmpdir, 1);
+  rda_backend *b = NULL;
+  rda_err e2 = {0};
+  assert_int_equal(rda_backend_emu_open(&b, 90, &e2), RDA_OK);
+  char src[] =
+      "#include \"rda_device.cuh\"\n"
+      "struct nocache_params { float *out; float v; };\n"
+      "extern \"C\" __global__ void nocache_k(const nocache_params p) {\n"
+      "  p.out[threadIdx.x] = p.v * (float)(threadIdx.x + 1); }\n"
+      "RDA_EMU_EXPORT(nocache_k, nocache_params)\n";
+  rda_variant v;
+  memset(&v, 0, sizeof v);
+  snprintf(v.name, sizeof v.name, "nocache_k");
+  v.source = src;
+  rda_module *m = NULL;
+  const rda_status st = b->load(b, &v, &m, &e2);
+  if (st != RDA_OK) fprintf(stderr, "%s\n", e2.msg);
+  assert_int_equal(st, RDA_OK);
+  const float val = (float)rt_rng_normal(rt_global_rng());
+  float out[8];
+  for (int i = 0; i < 8; ++i) out[i] = -12345.0f;
+  struct {
+    float *out;
+    float v;
+  } params = {out, val};
+  const unsigned grid[3] = {1, 1, 1};
+  assert_int_equal(b->launch(b, m, grid, 8, 0, &params, sizeof params, &e2), RDA_OK);
+  for (int i = 0; i < 8; ++i) assert_true(out[i] == val * (float)(i + 1));
+  b->unload(b, m);
+  b->destroy(b);
+  assert_int_equal(rt_count_entries(tmpdir), 0);
+  rt_env_restore("TMPDIR", saved_tmp);
+  setenv("RDA_CACHE_DIR", f->root, 1);
+  free(file), free(cache), free(tmpdir);
+}
+
+/* `cache list` and `clear` of a cache that does not exist yet create nothing. */
+static void test_cache_list_and_clear_do_not_create_the_root(void **state) {
+  cache_fixture *f = *state;
+  char *missing = rt_path(f->root, "not-yet");
+  setenv("RDA_CACHE_DIR", missing, 1);
+  rda_cache_entry_info *v = NULL;
+  size_t count = 1, removed = 1, left = 1;
+  rda_err err = {0};
+  assert_int_equal(rda_cache_list(NULL, &v, &count, &err), RDA_OK);
+  assert_int_equal(count, 0);
+  free(v);
+  assert_int_equal(rda_cache_clear("sm_90", &removed, &left, &err), RDA_OK);
+  assert_int_equal(removed, 0);
+  assert_int_equal(left, 0);
+  assert_int_equal(rda_cache_evict(0, NULL, &removed, &err), RDA_OK);
+  assert_false(rt_exists(missing));
+  setenv("RDA_CACHE_DIR", f->root, 1);
+  free(missing);
+}
+
+/* RDA_CACHE_MAX_BYTES: digits and an optional K/M/G; anything else is one clear error, and
+ * the cache refuses to work with it (a command that compiles fails). */
+static void test_cache_max_bytes_rejects_malformed_negative_and_overflowing(void **state) {
+  (void)state;
+  static const struct {
+    const char *text;
+    unsigned long long want;
+  } good[] = {{"0", 0},
+              {"25000", 25000},
+              {"1k", 1024},
+              {"3M", 3ull << 20},
+              {"2G", 2ull << 30},
+              {"18446744073709551615", 18446744073709551615ull},
+              {"17179869183G", 17179869183ull << 30}};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; ++i) {
+    setenv("RDA_CACHE_MAX_BYTES", good[i].text, 1);
+    unsigned long long n = 1;
+    rda_err err = {0};
+    assert_int_equal(rda_cache_max_bytes_get(&n, &err), RDA_OK);
+    assert_true(n == good[i].want);
+  }
+  static const char *const bad[] = {"abc",
+                                    "-1",
+                                    " 5",
+                                    "5 ",
+                                    "12Q",
+                                    "1KB",
+                                    "1.5G",
+                                    "0x10",
+                                    "+7",
+                                    "K",
+                                    "18446744073709551616",
+                                    "17179869184G",
+                                    "99999999999999999999999"};
+  const rda_cache_key k = key_for("kernel_m");
+  const unsigned char one = 1;
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+    setenv("RDA_CACHE_MAX_BYTES", bad[i], 1);
+    unsigned long long n = 0;
+    rda_err err = {0};
+    assert_int_equal(rda_cache_max_bytes_get(&n, &err), RDA_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(err.msg, "RDA_CACHE_MAX_BYTES"));
+    assert_non_null(strstr(err.msg, bad[i]));
+    assert_null(strchr(err.msg, '\n'));
+    rda_err_clear(&err);
+    assert_int_equal(rda_cache_put("sm_90", &k, "m", "m", &one, 1, &err), RDA_ERR_INVALID_ARGUMENT);
+    rda_err_clear(&err);
+    unsigned char *data = NULL;
+    size_t bytes = 0;
+    int hit = 0;
+    assert_int_equal(rda_cache_get("sm_90", &k, "m", &data, &bytes, &hit, NULL, 0, &err),
+                     RDA_ERR_INVALID_ARGUMENT);
+  }
+  unsetenv("RDA_CACHE_MAX_BYTES");
+}
+
+/* A symlinked target folder is refused, the same way by get, put, list, evict and clear; a
+ * clear deletes nothing (not even through another target). */
+static void test_cache_symlinked_target_folder_is_refused_everywhere(void **state) {
+  cache_fixture *f = *state;
+  put_entry("kernel_s", 100);
+  char *outside = rt_mkdtemp();
+  assert_non_null(outside);
+  assert_int_equal(chmod(outside, 0700), 0);
+  char *keep =
+      rt_path(outside, "0000000000000000000000000000000000000000000000000000000000000000.rda");
+  assert_true(rt_write_file(keep, "not an entry", 12));
+  char *link = rt_path(f->root, "sm_80");
+  assert_int_equal(symlink(outside, link), 0);
+  const rda_cache_key k = key_for("kernel_s");
+  unsigned char *data = NULL;
+  size_t n = 0, removed = 0;
+  int hit = 0;
+  rda_err err = {0};
+  const unsigned char one = 1;
+  assert_int_equal(rda_cache_get("sm_80", &k, NULL, &data, &n, &hit, NULL, 0, &err), RDA_ERR_CACHE);
+  assert_non_null(strstr(err.msg, "symbolic link"));
+  assert_non_null(strstr(err.msg, link));
+  rda_err_clear(&err);
+  assert_int_equal(rda_cache_put("sm_80", &k, "s", "s", &one, 1, &err), RDA_ERR_CACHE);
+  assert_non_null(strstr(err.msg, "symbolic link"));
+  rda_err_clear(&err);
+  rda_cache_entry_info *v = NULL;
+  assert_int_equal(rda_cache_list(NULL, &v, &n, &err), RDA_ERR_CACHE);
+  assert_non_null(strstr(err.msg, "symbolic link"));
+  rda_err_clear(&err);
+  assert_int_equal(rda_cache_evict(0, NULL, &removed, &err), RDA_ERR_CACHE);
+  assert_non_null(strstr(err.msg, "symbolic link"));
+  rda_err_clear(&err);
+  assert_int_equal(rda_cache_clear(NULL, &removed, NULL, &err), RDA_ERR_CACHE);
+  assert_non_null(strstr(err.msg, "symbolic link"));
+  assert_true(rt_exists(keep));
+  assert_true(has_entry("kernel_s")); /* sm_90 untouched: refused before deleting anything */
+  rda_err_clear(&err);
+  /* Another target alone still works. */
+  assert_int_equal(rda_cache_list("sm_90", &v, &n, &err), RDA_OK);
+  assert_int_equal(n, 1);
+  free(v);
+  unlink(link);
+  rt_rmtree(outside);
+  free(outside), free(keep), free(link);
+}
+
+/* A FIFO where an entry, an access record or a bundle cubin should be is refused at once,
+ * never waited on (alarm: a hang kills the test). */
+static void test_cache_fifo_in_the_cache_never_blocks(void **state) {
+  cache_fixture *f = *state;
+  put_entry("kernel_q", 100); /* makes sm_90/ */
+  rda_cache_memory_clear();
+  const rda_cache_key k = key_for("kernel_fifo");
+  char *path = entry_path(f->root, "sm_90", &k);
+  assert_int_equal(mkfifo(path, 0600), 0);
+  char use[4096];
+  snprintf(use, sizeof use, "%s/sm_90/%s.use", f->root, key_for("kernel_q").hex);
+  unlink(use);
+  assert_int_equal(mkfifo(use, 0600), 0);
+  alarm(20);
+  unsigned char *data = NULL;
+  size_t n = 0;
+  int hit = 1;
+  rda_err err = {0};
+  assert_int_equal(rda_cache_get("sm_90", &k, NULL, &data, &n, &hit, NULL, 0, &err), RDA_OK);
+  assert_int_equal(hit, 0);
+  assert_true(has_entry("kernel_q")); /* touches the FIFO access record */
+  rda_cache_entry_info *v = NULL;
+  assert_int_equal(rda_cache_list(NULL, &v, &n, &err), RDA_OK);
+  assert_int_equal(n, 1); /* the FIFO is no entry */
+  free(v);
+  unsigned char *image = NULL;
+  assert_int_equal(rda_cache_read_file(path, &image, &n, &err), RDA_ERR_IO);
+  assert_non_null(strstr(err.msg, "not a regular file"));
+  alarm(0);
+  free(path);
+}
+
+/* RDA_LOG=debug tells memory hits too (README: "every cache hit"). */
+static void test_cache_memory_hits_are_logged_at_debug(void **state) {
+  cache_fixture *f = *state;
+  char *log = rt_path(f->root, "stderr.txt");
+  fflush(stderr);
+  const pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    const int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0 || dup2(fd, 2) < 0) _exit(3);
+    setenv("RDA_LOG", "debug", 1);
+    const rda_cache_key k = key_for("kernel_mem");
+    const unsigned char payload[3] = {7, 8, 9};
+    if (rda_cache_put("sm_90", &k, "kernel_mem", "kernel_mem", payload, 3, NULL) != RDA_OK)
+      _exit(4);
+    unsigned char *data = NULL;
+    size_t n = 0;
+    int hit = 0;
+    if (rda_cache_get("sm_90", &k, NULL, &data, &n, &hit, NULL, 0, NULL) != RDA_OK || !hit)
+      _exit(5);
+    free(data);
+    _exit(0);
+  }
+  wait_all_exit_zero(&pid, 1);
+  char *text = rt_read_file(log, NULL);
+  assert_non_null(text);
+  assert_non_null(strstr(text, "rda: debug: "));
+  assert_non_null(strstr(text, "(memory cache hit)"));
+  free(text);
+  free(log);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cache_sha256_matches_fips_vectors),
@@ -993,7 +1475,18 @@ int main(void) {
       T(test_cache_cold_run_without_rda_home_on_emulator),
       T(test_cache_rda_log_tells_compiles_and_hits_and_is_silent_by_default),
       T(test_cache_emulator_rebuilds_a_corrupted_module),
+      T(test_cache_clear_never_follows_links_out_of_the_cache),
+      T(test_cache_clear_leaves_in_flight_files_of_running_processes),
+      T(test_cache_emulator_survives_its_header_folder_vanishing),
+      T(test_cache_unusable_folder_compiles_without_caching),
+      T(test_cache_list_and_clear_do_not_create_the_root),
+      T(test_cache_max_bytes_rejects_malformed_negative_and_overflowing),
+      T(test_cache_symlinked_target_folder_is_refused_everywhere),
+      T(test_cache_fifo_in_the_cache_never_blocks),
+      T(test_cache_memory_hits_are_logged_at_debug),
 #undef T
   };
+  const char *filter = getenv("RDA_TEST_FILTER"); /* e.g. "*link*" while developing */
+  if (filter != NULL) cmocka_set_test_filter(filter);
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

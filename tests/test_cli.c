@@ -1199,6 +1199,255 @@ static void test_cli_tune_bad_input_exits_and_keeps_the_database(void **state) {
   free(db), free(missing);
 }
 
+/* === the kernel cache and emit bundles (fix-cache) ========================================== */
+/* `rdagen cache list|clear` usage and limits, and `rdagen emit --out` all or nothing. Each test
+ * points RDA_CACHE_DIR at a private folder (never CTest's shared cache) and puts it back. */
+
+#include "cache.h" /* here, to keep this section in one piece: SHA-256 of the bundle files */
+
+/* A private cache folder inside the fixture (not created: `cache_dir` names it). */
+static char *private_cache(const fixture *f, char **saved) {
+  *saved = rt_env_save("RDA_CACHE_DIR");
+  char *dir = rt_path(f->dir, "cache");
+  assert_int_equal(setenv("RDA_CACHE_DIR", dir, 1), 0);
+  return dir;
+}
+
+static void test_cli_cache_arch_is_validated_and_needs_a_value(void **state) {
+  fixture *f = *state;
+  char *saved = NULL;
+  char *cache = private_cache(f, &saved);
+  const char *const usage[][6] = {
+      {"cache", "clear", "--arch", "bogus", NULL},   {"cache", "list", "--arch", "sm_9x", NULL},
+      {"cache", "list", "--arch", "../sm_90", NULL}, {"cache", "clear", "--arch", "sm_9", NULL},
+      {"cache", "clear", "--arch", "emu-", NULL},    {"cache", "list", "--arch", "emu-x/y", NULL},
+      {"cache", "clear", "--arch", ".", NULL},       {"cache", "list", "--arch=sm_1234", NULL},
+  };
+  for (size_t i = 0; i < sizeof usage / sizeof usage[0]; i++) {
+    rt_proc p = run_rdagen(60, usage[i]);
+    const char *eol = strchr(p.err, '\n'), *at = strstr(p.err, "--arch '");
+    if (p.exit_code != 2 || strncmp(p.err, "rdagen: cache ", 14) != 0 || at == NULL || at > eol) {
+      char what[48];
+      snprintf(what, sizeof what, "cache --arch case %zu", i);
+      show(what, &p);
+      fail();
+    }
+    rt_proc_free(&p);
+  }
+  const char *const missing[][5] = {{"cache", "clear", "--arch", NULL},
+                                    {"cache", "list", "--arch=", NULL}};
+  for (size_t i = 0; i < 2; i++) {
+    rt_proc p = run_rdagen(60, missing[i]);
+    const char *eol = strchr(p.err, '\n'), *at = strstr(p.err, "--arch needs a value");
+    if (p.exit_code != 2 || strncmp(p.err, "rdagen: cache ", 14) != 0 || at == NULL || at > eol) {
+      show("cache --arch without a value", &p);
+      fail();
+    }
+    rt_proc_free(&p);
+  }
+  assert_false(rt_exists(cache)); /* bad usage touched nothing */
+  const char *const good[][5] = {{"cache", "list", "--arch", "emu-x86_64", NULL},
+                                 {"cache", "clear", "--arch=sm_90", NULL},
+                                 {"cache", "list", "--arch", "sm_100", NULL}};
+  for (size_t i = 0; i < 3; i++) {
+    rt_proc p = run_rdagen(60, good[i]);
+    if (p.exit_code != 0) {
+      show("cache with a good --arch", &p);
+      fail();
+    }
+    rt_proc_free(&p);
+  }
+  assert_false(rt_exists(cache)); /* list and clear never create the cache */
+  rt_env_restore("RDA_CACHE_DIR", saved);
+  free(cache);
+}
+
+static void test_cli_cache_max_bytes_malformed_fails_with_one_line(void **state) {
+  fixture *f = *state;
+  char *saved = NULL;
+  char *cache = private_cache(f, &saved);
+  char *saved_max = rt_env_save("RDA_CACHE_MAX_BYTES");
+  static const char *const bad[] = {"-5", "lots", "10X", "18446744073709551616", "1e9"};
+  const char *const list[] = {"cache", "list", NULL};
+  const char *const warm[] = {"cache", "warm", f->config, "--arch", "sm_80", NULL};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    assert_int_equal(setenv("RDA_CACHE_MAX_BYTES", bad[i], 1), 0);
+    for (int w = 0; w < 2; w++) {
+      rt_proc p = run_rdagen(120, w ? warm : list);
+      if (p.exit_code != 1 || rt_count_lines(p.err) != 1 ||
+          strncmp(p.err, "rdagen: error: RDA_CACHE_MAX_BYTES='", 36) != 0 ||
+          strstr(p.err, bad[i]) == NULL) {
+        show(w ? "cache warm with a bad RDA_CACHE_MAX_BYTES" : "cache list with a bad limit", &p);
+        fail();
+      }
+      rt_proc_free(&p);
+    }
+  }
+  assert_int_equal(setenv("RDA_CACHE_MAX_BYTES", "3M", 1), 0);
+  rt_proc p = run_rdagen(60, list);
+  if (p.exit_code != 0 || strstr(p.out, "(limit 3145728)") == NULL) {
+    show("cache list with RDA_CACHE_MAX_BYTES=3M", &p);
+    fail();
+  }
+  rt_proc_free(&p);
+  rt_env_restore("RDA_CACHE_MAX_BYTES", saved_max);
+  rt_env_restore("RDA_CACHE_DIR", saved);
+  free(cache);
+}
+
+static void test_cli_cache_clear_says_it_left_in_flight_files(void **state) {
+  fixture *f = *state;
+  char *saved = NULL;
+  char *cache = private_cache(f, &saved);
+  assert_int_equal(mkdir(cache, 0700), 0);
+  char *target = rt_path(cache, "sm_90");
+  assert_int_equal(mkdir(target, 0700), 0);
+  char *tmp = rt_path(target, "0123.tmp.77.1");
+  assert_true(rt_write_file(tmp, "partial", 7));
+  const char *const clear[] = {"cache", "clear", NULL};
+  rt_proc p = run_rdagen(60, clear);
+  if (p.exit_code != 0 || rt_count_lines(p.out) != 1 ||
+      strstr(p.out, "removed 0 entries") == NULL || strstr(p.out, "left 1 in-flight") == NULL ||
+      !rt_exists(tmp)) {
+    show("cache clear with a write in progress", &p);
+    fail();
+  }
+  rt_proc_free(&p);
+  rt_env_restore("RDA_CACHE_DIR", saved);
+  free(cache), free(target), free(tmp);
+}
+
+/* Only `cache warm` needs the cache (elsewhere an unusable one means compiling without it). */
+static void test_cli_cache_warm_into_an_unusable_cache_fails(void **state) {
+  fixture *f = *state;
+  char *saved = rt_env_save("RDA_CACHE_DIR");
+  char *under_a_file = rt_path(f->config, "cache"); /* a folder under small.lua: impossible */
+  assert_int_equal(setenv("RDA_CACHE_DIR", under_a_file, 1), 0);
+  const char *const warm[] = {"cache", "warm", f->config, "--arch", "sm_80", NULL};
+  rt_proc p = run_rdagen(120, warm);
+  if (p.exit_code != 1 || rt_count_lines(p.err) != 1 ||
+      strstr(p.err, "cannot be written") == NULL || strstr(p.err, under_a_file) == NULL) {
+    show("cache warm into an unusable cache", &p);
+    fail();
+  }
+  rt_proc_free(&p);
+  rt_env_restore("RDA_CACHE_DIR", saved);
+  free(under_a_file);
+}
+
+/* "name sha256\n" of every entry of dir, sorted: the folder's exact state. */
+static char *folder_state(const char *dir) {
+  DIR *d = opendir(dir);
+  assert_non_null(d);
+  char **lines = NULL;
+  size_t n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    char *path = rt_path(dir, e->d_name);
+    struct stat st;
+    assert_int_equal(lstat(path, &st), 0);
+    char hex[65] = "folder";
+    if (S_ISREG(st.st_mode)) {
+      size_t len = 0;
+      char *text = rt_read_file(path, &len);
+      assert_non_null(text);
+      rda_cache_sha256_hex(text, len, hex);
+      free(text);
+    }
+    lines = realloc(lines, (n + 1) * sizeof *lines);
+    assert_non_null(lines);
+    lines[n] = malloc(strlen(e->d_name) + 80);
+    assert_non_null(lines[n]);
+    sprintf(lines[n], "%s %s\n", e->d_name, hex);
+    n++;
+    free(path);
+  }
+  closedir(d);
+  for (size_t i = 1; i < n; i++) /* insertion sort: a few dozen names */
+    for (size_t j = i; j > 0 && strcmp(lines[j - 1], lines[j]) > 0; j--) {
+      char *t = lines[j];
+      lines[j] = lines[j - 1];
+      lines[j - 1] = t;
+    }
+  size_t total = 1;
+  for (size_t i = 0; i < n; i++) total += strlen(lines[i]);
+  char *all = calloc(total, 1);
+  assert_non_null(all);
+  for (size_t i = 0; i < n; i++) {
+    strcat(all, lines[i]);
+    free(lines[i]);
+  }
+  free(lines);
+  return all;
+}
+
+/* A failing `emit --out DIR` leaves DIR exactly as it was (the old manifest and kernels, no
+ * partial file); a successful one records each cubin's SHA-256 in the manifest. */
+static void test_cli_emit_is_all_or_nothing_and_records_cubin_sha(void **state) {
+  fixture *f = *state;
+  char *saved = NULL;
+  char *cache = private_cache(f, &saved);
+  char *out = rt_path(f->dir, "bundle");
+  const char *const emit[] = {"emit", f->config, "--arch", "sm_80", "--out", out, NULL};
+  rt_proc p = run_rdagen(600, emit);
+  if (p.exit_code != 0) show("emit", &p);
+  assert_int_equal(p.exit_code, 0);
+  rt_proc_free(&p);
+  char *manifest = rt_path(out, "manifest.json");
+  char *text = rt_read_file(manifest, NULL);
+  assert_non_null(text);
+  /* Every cubin's recorded SHA-256 is its file's. */
+  int checked = 0;
+  for (const char *at = strstr(text, "\"cubin\": \""); at != NULL;
+       at = strstr(at + 1, "\"cubin\": \"")) {
+    char name[256], want[65], got[65];
+    assert_int_equal(sscanf(at, "\"cubin\": \"%255[^\"]\"", name), 1);
+    const char *sha = strstr(at, "\"cubin_sha256\": \"");
+    assert_non_null(sha);
+    assert_int_equal(sscanf(sha, "\"cubin_sha256\": \"%64[0-9a-f]\"", want), 1);
+    char *cubin = rt_path(out, name);
+    size_t len = 0;
+    char *bytes = rt_read_file(cubin, &len);
+    assert_non_null(bytes);
+    rda_cache_sha256_hex(bytes, len, got);
+    assert_string_equal(got, want);
+    free(bytes), free(cubin);
+    checked++;
+  }
+  assert_true(checked > 0);
+  /* Block one of the files a second emit (--ptx) writes: it fails, and DIR is as before. */
+  char kernel[256];
+  assert_int_equal(sscanf(strstr(text, "\"name\": \""), "\"name\": \"%255[^\"]\"", kernel), 1);
+  char ptx[512];
+  snprintf(ptx, sizeof ptx, "%s.sm_80.ptx", kernel);
+  char *blocker = rt_path(out, ptx);
+  assert_int_equal(mkdir(blocker, 0700), 0);
+  char *before = folder_state(out);
+  const char *const emit_ptx[] = {"emit",  f->config, "--arch", "sm_80",
+                                  "--out", out,       "--ptx",  NULL};
+  p = run_rdagen(600, emit_ptx);
+  char *after = folder_state(out);
+  if (p.exit_code != 1 || rt_count_lines(p.err) != 1 || strstr(p.err, ptx) == NULL ||
+      strcmp(before, after) != 0) {
+    show("emit onto a blocked file", &p);
+    fprintf(stderr, "before:\n%safter:\n%s", before, after);
+    fail();
+  }
+  rt_proc_free(&p);
+  /* Unblocked, it succeeds and the manifest lists the PTX. */
+  assert_int_equal(rmdir(blocker), 0);
+  p = run_rdagen(600, emit_ptx);
+  if (p.exit_code != 0) show("emit --ptx", &p);
+  assert_int_equal(p.exit_code, 0);
+  rt_proc_free(&p);
+  assert_true(rt_exists(blocker));
+  free(before), free(after), free(text), free(blocker), free(manifest), free(out);
+  rt_env_restore("RDA_CACHE_DIR", saved);
+  free(cache);
+}
+
+/* === end of the kernel cache section (fix-cache) ============================================ */
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cli_help_and_version_exit_0),
@@ -1252,6 +1501,17 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_backward_cuda_matches_reference_or_fails_cleanly,
                                       setup, teardown),
+      /* the kernel cache and emit bundles (fix-cache) */
+      cmocka_unit_test_setup_teardown(test_cli_cache_arch_is_validated_and_needs_a_value, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cli_cache_max_bytes_malformed_fails_with_one_line, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cli_cache_clear_says_it_left_in_flight_files, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cli_emit_is_all_or_nothing_and_records_cubin_sha, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cli_cache_warm_into_an_unusable_cache_fails, setup,
+                                      teardown),
   };
   const char *filter = getenv("RDA_TEST_FILTER"); /* e.g. "*links*" while developing */
   if (filter != NULL) cmocka_set_test_filter(filter);

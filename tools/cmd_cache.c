@@ -1,6 +1,7 @@
 /* cmd_cache.c — `rdagen cache list|clear|warm`: show the kernel cache (target, kernel, size, last
  * use), empty it (all targets or one), or fill it ahead of time with every kernel a config plans
  * for the given sm_XX targets, compiled by NVRTC (no GPU needed). */
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,23 +20,50 @@ static const char cache_usage_text[] =
     "\n"
     "The kernel cache lives in $RDA_CACHE_DIR, else $XDG_CACHE_HOME/rda, else ~/.cache/rda,\n"
     "one folder per target (sm_90, emu-x86_64, ...); RDA_CACHE_MAX_BYTES bounds its size.\n"
+    "TARGET is sm_XX or emu-<machine> (the emulator's, e.g. emu-x86_64).\n"
     "  list    one line per entry: target, kernel, bytes, last use (least recent first)\n"
-    "  clear   delete the entries (of one target with --arch)\n"
+    "  clear   delete the entries (of one target with --arch); files of builds running now\n"
+    "          (temporaries younger than an hour) are left\n"
     "  warm    compile every kernel CONFIG plans for each sm_XX into the cache (no GPU needed)\n";
 
-/* "--arch X" or "--arch=X" at argv[*i]; returns the value (advancing *i) or NULL. */
-static const char *cache_flag(int argc, char **argv, int *i, const char *flag) {
+/* "--arch X" or "--arch=X" at argv[*i]: 1 with *value set (advancing *i), 0 when argv[*i] is
+ * another argument, -1 when the value is missing (the flag last, or "--arch="). */
+static int cache_flag(int argc, char **argv, int *i, const char *flag, const char **value) {
   const size_t n = strlen(flag);
-  if (strncmp(argv[*i], flag, n) != 0) return NULL;
-  if (argv[*i][n] == '=') return argv[*i] + n + 1;
-  if (argv[*i][n] != '\0' || *i + 1 >= argc) return NULL;
-  return argv[++*i];
+  *value = NULL;
+  if (strncmp(argv[*i], flag, n) != 0) return 0;
+  if (argv[*i][n] == '=') {
+    *value = argv[*i] + n + 1;
+    return **value != '\0' ? 1 : -1;
+  }
+  if (argv[*i][n] != '\0') return 0;
+  if (*i + 1 >= argc) return -1;
+  *value = argv[++*i];
+  return 1;
+}
+
+/* A cache folder name `list` and `clear` accept: sm_ and 2 or 3 digits, or emu- and a machine
+ * name (letters, digits, '_'), as the emulator names its folder (emu-x86_64, emu-aarch64). */
+static int cache_target_ok(const char *t) {
+  if (strncmp(t, "sm_", 3) == 0) {
+    const size_t n = strlen(t + 3);
+    if (n < 2 || n > 3) return 0;
+    for (size_t i = 0; i < n; ++i)
+      if (t[3 + i] < '0' || t[3 + i] > '9') return 0;
+    return 1;
+  }
+  if (strncmp(t, "emu-", 4) != 0 || t[4] == '\0' || strlen(t) > 64) return 0;
+  for (const char *p = t + 4; *p != '\0'; ++p)
+    if (!isalnum((unsigned char)*p) && *p != '_') return 0;
+  return 1;
 }
 
 static int cache_list(const char *target) {
   rda_cache_entry_info *v = NULL;
   size_t n = 0;
   rda_err err = {0};
+  unsigned long long limit = 0;
+  if (rda_cache_max_bytes_get(&limit, &err) != RDA_OK) return rdagen_fail("%s", err.msg);
   if (rda_cache_list(target, &v, &n, &err) != RDA_OK) return rdagen_fail("%s", err.msg);
   unsigned long long total = 0;
   printf("%-14s %-56s %10s  %s\n", "target", "kernel", "bytes", "last use (UTC)");
@@ -48,21 +76,36 @@ static int cache_list(const char *target) {
            v[i].bytes, when, v[i].valid ? "" : "  (will be rebuilt)");
     total += v[i].bytes;
   }
-  printf("%zu entries, %llu bytes (limit %llu)\n", n, total, rda_cache_max_bytes());
+  printf("%zu entries, %llu bytes (limit %llu)\n", n, total, limit);
   free(v);
   return 0;
 }
 
 static int cache_clear(const char *target) {
-  size_t removed = 0;
+  size_t removed = 0, left = 0;
   rda_err err = {0};
-  if (rda_cache_clear(target, &removed, &err) != RDA_OK) return rdagen_fail("%s", err.msg);
-  printf("removed %zu entries\n", removed);
+  if (rda_cache_clear(target, &removed, &left, &err) != RDA_OK) return rdagen_fail("%s", err.msg);
+  if (left > 0)
+    printf(
+        "removed %zu entries; left %zu in-flight files of builds running now (younger than "
+        "an hour)\n",
+        removed, left);
+  else
+    printf("removed %zu entries\n", removed);
   return 0;
 }
 
 static int cache_warm(const char *config, const int *archs, int narchs) {
   rda_err err = {0};
+  /* Elsewhere a cache that cannot be written only costs recompiles; here it is the point. */
+  for (int a = 0; a < narchs; ++a) {
+    char target[16], dir[4096], why[1024];
+    int usable = 0;
+    snprintf(target, sizeof target, "sm_%d", archs[a]);
+    if (rda_cache_folder_try(target, dir, sizeof dir, &usable, why, sizeof why, &err) != RDA_OK)
+      return rdagen_fail("%s", err.msg);
+    if (!usable) return rdagen_fail("cache warm: the kernel cache cannot be written: %s", why);
+  }
   rda_gen *g = NULL;
   if (rda_gen_open(&g, &err) != RDA_OK) return rdagen_fail("%s", err.msg);
   rda_config cfg;
@@ -123,9 +166,16 @@ int rdagen_cmd_cache(int argc, char **argv) {
   }
   const char *config = NULL, *target = NULL;
   int archs[CACHE_MAX_ARCHS], narchs = 0;
+  const int known =
+      strcmp(sub, "list") == 0 || strcmp(sub, "clear") == 0 || strcmp(sub, "warm") == 0;
+  if (!known)
+    return rdagen_usage("cache: unknown subcommand '%s' (expected list, clear or warm)", sub);
   for (int i = 1; i < argc; ++i) {
-    const char *value = cache_flag(argc, argv, &i, "--arch");
-    if (value != NULL) {
+    const char *value = NULL;
+    const int flag = cache_flag(argc, argv, &i, "--arch", &value);
+    if (flag < 0)
+      return rdagen_usage("cache %s: --arch needs a value (a target such as sm_90)", sub);
+    if (flag > 0) {
       if (strcmp(sub, "warm") == 0) {
         const int arch = cache_parse_arch(value);
         if (arch < 0) return rdagen_usage("cache warm: --arch '%s': expected sm_XX", value);
@@ -134,6 +184,11 @@ int rdagen_cmd_cache(int argc, char **argv) {
         archs[narchs++] = arch;
       } else {
         if (target != NULL) return rdagen_usage("cache %s: one --arch at most", sub);
+        if (!cache_target_ok(value))
+          return rdagen_usage(
+              "cache %s: --arch '%s': expected sm_XX or emu-<machine> (e.g. "
+              "sm_90, emu-x86_64)",
+              sub, value);
         target = value;
       }
     } else if (argv[i][0] == '-') {

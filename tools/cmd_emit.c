@@ -1,6 +1,7 @@
 /* cmd_emit.c — `rdagen emit`: plan a config for offline targets (built-in hardware profiles),
  * compile every variant with NVRTC (in parallel), and write DIR/<name>.cu, <name>.<sm_XX>.cubin
- * (and .ptx) and DIR/manifest.json. Nothing is written unless every variant compiled. */
+ * (and .ptx) and DIR/manifest.json. Nothing is written unless every variant compiled, and the
+ * writing is all or nothing: on any failure DIR is as it was (runtime/out_files.h). */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -16,6 +17,7 @@
 #include "gen.h"
 #include "json.h"
 #include "nvrtc.h"
+#include "out_files.h"
 
 #define EMIT_MAX_ARCHS 8
 #define EMIT_MAX_THREADS 8
@@ -29,11 +31,12 @@ static const char emit_usage_text[] =
     "  <name>.<sm_XX>.cubin    the cubin for each target\n"
     "  <name>.<sm_XX>.ptx      its PTX, with --ptx\n"
     "  manifest.json           {\"kernels\": [{name, arch, entry, cubin, source_sha256,\n"
-    "                          registers, spill_bytes, smem_bytes, compile_s, tile,\n"
+    "                          cubin_sha256, registers, spill_bytes, smem_bytes, compile_s, tile,\n"
     "                          tuned}, ...]}  (tile: \"\" for the small kernels; tuned: taken\n"
     "                          from a tuning database, see rdagen tune)\n"
     "DIR can then be named in RDA_KERNEL_PATH (colon-separated folders): librda loads a\n"
-    "cubin from it instead of compiling when name, arch and source_sha256 all match.\n"
+    "cubin from it instead of compiling when name, arch and source_sha256 all match and the\n"
+    "cubin's SHA-256 is its cubin_sha256. On any failure DIR is left as it was.\n"
     "Flags may come in any order, as '--flag value' or '--flag=value'.\n";
 
 typedef struct emit_opts {
@@ -196,63 +199,37 @@ static int emit_mkdirs(const char *path, char *why, size_t why_len) {
   return 0;
 }
 
-/* 1 when the file at path holds exactly data. */
+/* 1 when the file at path (a regular file: rda_out_file_check said so) holds exactly data.
+ * Read without blocking (a FIFO swapped in meanwhile is refused by rda_cache_read_file). */
 static int emit_same_content(const char *path, const void *data, size_t len) {
-  FILE *f = fopen(path, "rb");
-  if (f == NULL) return 0;
-  int same = 1;
-  size_t off = 0;
-  char buf[65536];
-  for (;;) {
-    const size_t n = fread(buf, 1, sizeof buf, f);
-    if (n == 0) break;
-    if (off + n > len || memcmp(buf, (const char *)data + off, n) != 0) {
-      same = 0;
-      break;
-    }
-    off += n;
-  }
-  if (ferror(f)) same = 0;
-  fclose(f);
-  return same && off == len;
+  unsigned char *have = NULL;
+  size_t n = 0;
+  if (rda_cache_read_file(path, &have, &n, NULL) != RDA_OK) return 0;
+  const int same = n == len && (len == 0 || memcmp(have, data, len) == 0);
+  free(have);
+  return same;
 }
 
-/* Writes dir/name atomically (a temporary file renamed over it); with only_if_changed, leaves
- * an identical file untouched (its time stamp too). */
-static int emit_write(const char *dir, const char *name, const void *data, size_t len,
-                      int only_if_changed, char *why, size_t why_len) {
-  char path[4096], tmp[4200];
-  if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path) {
-    snprintf(why, why_len, "%s/%s: path too long", dir, name);
-    return -1;
-  }
-  if (only_if_changed && emit_same_content(path, data, len)) return 0;
-  snprintf(tmp, sizeof tmp, "%s/.%s.tmp%ld", dir, name, (long)getpid());
-  const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666);
-  if (fd < 0) {
-    snprintf(why, why_len, "cannot write %s: %s", path, strerror(errno));
-    return -1;
-  }
-  const char *p = data;
-  size_t left = len;
+/* One output file's bytes, written by rda_out_files_replace. */
+typedef struct emit_blob {
+  const void *data;
+  size_t len;
+} emit_blob;
+
+static rda_status emit_write_blob(int fd, const char *path, const void *ctx, rda_err *err) {
+  const emit_blob *b = ctx;
+  const char *p = b->data;
+  size_t left = b->len;
   while (left > 0) {
     const ssize_t w = write(fd, p, left);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      snprintf(why, why_len, "cannot write %s: %s", path, w < 0 ? strerror(errno) : "short write");
-      close(fd);
-      unlink(tmp);
-      return -1;
-    }
+    if (w <= 0)
+      return rda_err_set(err, RDA_ERR_IO, "cannot write %s: %s", path,
+                         w < 0 ? strerror(errno) : "short write");
     p += w;
     left -= (size_t)w;
   }
-  if (close(fd) != 0 || rename(tmp, path) != 0) {
-    snprintf(why, why_len, "cannot write %s: %s", path, strerror(errno));
-    unlink(tmp);
-    return -1;
-  }
-  return 0;
+  return RDA_OK;
 }
 
 /* The manifest: one entry per job, in --arch order then plan order. smem_bytes is the total a
@@ -280,6 +257,10 @@ static rda_status emit_manifest(const emit_job *jobs, int njobs, rda_json *j, rd
     RDA_TRY(rda_cache_source_sha(k->v->source, sha, err));
     rda_json_key(j, "source_sha256");
     rda_json_string(j, sha);
+    char cubin_sha[65]; /* checked when the cubin is loaded: a changed file is never used */
+    rda_cache_sha256_hex(k->cubin.image, k->cubin.image_bytes, cubin_sha);
+    rda_json_key(j, "cubin_sha256");
+    rda_json_string(j, cubin_sha);
     rda_json_key(j, "registers");
     rda_json_int(j, k->cubin.registers);
     rda_json_key(j, "spill_bytes");
@@ -299,40 +280,105 @@ static rda_status emit_manifest(const emit_job *jobs, int njobs, rda_json *j, rd
   return rda_json_finish(j, err);
 }
 
-/* Writes every artifact, the manifest last. Returns the exit status. */
+/* One output of an emit: DIR/name and its bytes. */
+typedef struct emit_file {
+  char path[4200];
+  emit_blob blob;
+  rda_out_file out;
+} emit_file;
+
+/* Adds DIR/name (once: a .cu shared by several targets is one file); 0, or -1 with why. */
+static int emit_add(const char *dir, const char *name, const void *data, size_t len,
+                    emit_file *files, int *n, char *why, size_t why_len) {
+  char path[4200];
+  if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path) {
+    snprintf(why, why_len, "%s/%s: path too long", dir, name);
+    return -1;
+  }
+  for (int i = 0; i < *n; ++i)
+    if (strcmp(files[i].path, path) == 0) return 0;
+  emit_file *f = &files[(*n)++];
+  memcpy(f->path, path, strlen(path) + 1);
+  f->blob.data = data;
+  f->blob.len = len;
+  return 0;
+}
+
+/* Writes every artifact all or nothing (runtime/out_files.h: temporaries beside them, the
+ * old files kept as backups until every rename succeeded, put back on any failure), the
+ * manifest renamed in last. Unchanged files are left untouched (their time stamps too).
+ * Returns the exit status. */
 static int emit_write_all(const emit_opts *o, const emit_job *jobs, int njobs) {
   char why[4400];
+  struct stat st;
+  const int created = stat(o->out, &st) != 0 && errno == ENOENT;
   if (emit_mkdirs(o->out, why, sizeof why) != 0) return rdagen_fail("emit: %s", why);
-  /* An old manifest would describe files about to change: drop it first, so a failure below
-   * leaves no manifest at all. */
-  char mpath[4200];
-  snprintf(mpath, sizeof mpath, "%s/manifest.json", o->out);
-  if (unlink(mpath) != 0 && errno != ENOENT)
-    return rdagen_fail("emit: cannot replace %s: %s", mpath, strerror(errno));
-  for (int i = 0; i < njobs; ++i) {
-    const emit_job *k = &jobs[i];
-    char fname[192];
-    snprintf(fname, sizeof fname, "%s.cu", k->v->name);
-    if (emit_write(o->out, fname, k->v->source, strlen(k->v->source), 1, why, sizeof why) != 0)
-      return rdagen_fail("emit: %s", why);
-    snprintf(fname, sizeof fname, "%s.sm_%d.cubin", k->v->name, k->arch);
-    if (emit_write(o->out, fname, k->cubin.image, k->cubin.image_bytes, 1, why, sizeof why) != 0)
-      return rdagen_fail("emit: %s", why);
-    if (k->want_ptx) {
-      snprintf(fname, sizeof fname, "%s.sm_%d.ptx", k->v->name, k->arch);
-      if (emit_write(o->out, fname, k->ptx.image, k->ptx.image_bytes, 1, why, sizeof why) != 0)
-        return rdagen_fail("emit: %s", why);
-    }
-  }
   rda_json j;
   rda_err err = {0};
   if (emit_manifest(jobs, njobs, &j, &err) != RDA_OK) {
     rda_json_free(&j);
+    if (created) (void)rmdir(o->out);
     return rdagen_fail("emit: %s", err.msg);
   }
-  const int rc = emit_write(o->out, "manifest.json", j.buf, j.len, 0, why, sizeof why);
+  const int cap = 3 * njobs + 1;
+  emit_file *files = calloc((size_t)cap, sizeof *files);
+  rda_out_job *out_jobs = calloc((size_t)cap, sizeof *out_jobs);
+  int nfiles = 0, rc = 0;
+  if (files == NULL || out_jobs == NULL) {
+    snprintf(why, sizeof why, "out of memory");
+    rc = -1;
+  }
+  for (int i = 0; rc == 0 && i < njobs; ++i) {
+    const emit_job *k = &jobs[i];
+    char fname[192];
+    snprintf(fname, sizeof fname, "%s.cu", k->v->name);
+    rc = emit_add(o->out, fname, k->v->source, strlen(k->v->source), files, &nfiles, why,
+                  sizeof why);
+    snprintf(fname, sizeof fname, "%s.sm_%d.cubin", k->v->name, k->arch);
+    if (rc == 0)
+      rc = emit_add(o->out, fname, k->cubin.image, k->cubin.image_bytes, files, &nfiles, why,
+                    sizeof why);
+    snprintf(fname, sizeof fname, "%s.sm_%d.ptx", k->v->name, k->arch);
+    if (rc == 0 && k->want_ptx)
+      rc = emit_add(o->out, fname, k->ptx.image, k->ptx.image_bytes, files, &nfiles, why,
+                    sizeof why);
+  }
+  if (rc == 0)
+    rc = emit_add(o->out, "manifest.json", j.buf, j.len, files, &nfiles, why, sizeof why);
+  /* Check every output before anything changes; keep only those whose content changes. */
+  int njobs_out = 0;
+  for (int i = 0; rc == 0 && i < nfiles; ++i) {
+    emit_file *f = &files[i];
+    if (rda_out_file_check(f->path, &f->out, &err) != RDA_OK) {
+      snprintf(why, sizeof why, "%s", err.msg);
+      rc = -1;
+      break;
+    }
+    if (f->out.exists && emit_same_content(f->out.target, f->blob.data, f->blob.len)) continue;
+    for (int k = 0; k < njobs_out; ++k) {
+      if (!rda_out_file_same(out_jobs[k].file, &f->out)) continue;
+      snprintf(why, sizeof why, "%s and %s are one file (a link?): cannot write both",
+               out_jobs[k].file->path, f->path);
+      rc = -1;
+      break;
+    }
+    if (rc != 0) break;
+    out_jobs[njobs_out].file = &f->out;
+    out_jobs[njobs_out].write = emit_write_blob;
+    out_jobs[njobs_out].ctx = &f->blob;
+    ++njobs_out;
+  }
+  if (rc == 0 && rda_out_files_replace(out_jobs, njobs_out, NULL, &err) != RDA_OK) {
+    snprintf(why, sizeof why, "%s", err.msg);
+    rc = -1;
+  }
+  free(files);
+  free(out_jobs);
   rda_json_free(&j);
-  if (rc != 0) return rdagen_fail("emit: %s", why);
+  if (rc != 0) {
+    if (created) (void)rmdir(o->out); /* made by this run, and empty again */
+    return rdagen_fail("emit: %s", why);
+  }
   return 0;
 }
 
