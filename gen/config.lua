@@ -1,6 +1,6 @@
 -- config.lua — SPEC §3: run an attention config chunk in a sandbox (runtime/gen.c bounds its
--- instructions and bytes) and validate every key, each failure one line naming the key, the
--- value and what is allowed. Nothing is planned from a config that failed here.
+-- instructions, bytes and time) and validate every key, each failure one line naming the key,
+-- the value and what is allowed. Nothing is planned from a config that failed here.
 
 local native = require "rda.native"
 
@@ -48,7 +48,9 @@ local UNSUPPORTED <const> = {
 -- rawset, pcall/xpcall (they would catch the limit errors), coroutine, string.dump, the
 -- pattern functions (a pathological pattern runs in C, out of the instruction count's sight)
 -- and table.move (moving 2^60 nils loops in C without allocating). string.rep is wrapped: an
--- empty string repeated 2^60 times would loop in C the same way.
+-- empty string repeated 2^60 times would loop in C the same way. table.sort is the generator's
+-- (native.sandbox_sort): the library's compares without a comparator inside one C call that no
+-- hook interrupts, hours for a table of long equal strings; this one keeps to the time limit.
 local SAFE_GLOBALS <const> = { "assert", "error", "ipairs", "next", "pairs", "rawequal",
                                "rawget", "rawlen", "select", "tonumber", "tostring", "type",
                                "_VERSION" }
@@ -106,6 +108,7 @@ function M.sandbox_env()
   env.string = pick(string, SAFE_STRING)
   env.string.rep = safe_rep
   env.table = pick(table, SAFE_TABLE)
+  env.table.sort = native.sandbox_sort
   env.math = {}
   for k, v in pairs(math) do
     if not UNSAFE_MATH[k] then env.math[k] = v end
@@ -315,14 +318,16 @@ function M.validate(t, where)
 end
 
 -- Runs a config chunk (text only) in the sandbox and validates what it returns.
--- `where` names the chunk in messages, e.g. "configs/default.lua".
+-- `where` names the chunk in messages, in full, e.g. "configs/default.lua". `limits` (for
+-- tests) may lower { instructions, bytes, seconds }; seconds defaults to the generator's time
+-- limit (RDA_GEN_SANDBOX_SECONDS of runtime/gen.h).
 function M.load(text, where, limits)
   assert(type(text) == "string", "config text must be a string")
   assert(type(where) == "string", "config name must be a string")
   limits = limits or {}
   local ok, v = native.sandbox_run(text, "=" .. where, M.sandbox_env(),
                                    limits.instructions or MAX_INSTRUCTIONS,
-                                   limits.bytes or MAX_BYTES)
+                                   limits.bytes or MAX_BYTES, limits.seconds)
   if not ok then return nil, v end
   return M.validate(v, where)
 end

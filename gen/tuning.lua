@@ -346,12 +346,13 @@ end
 -- ---------------------------------------------------------------- loading
 
 -- A user database: untrusted text, run in the sandbox (native.sandbox_run) with an environment
--- holding nothing callable, under the limits above. Returns the database, or nil and one line
--- naming `name`.
-function M.load_user(text, name)
+-- holding nothing callable, under the limits above and the generator's time limit (`seconds`,
+-- for tests, lowers it). Returns the database, or nil and one line naming `name` in full.
+function M.load_user(text, name, seconds)
   assert(type(text) == "string" and type(name) == "string", "load_user(text, name)")
   -- sandbox_run needs env.string: an empty one, so ("x"):rep(...) finds nothing either.
-  local ok, v = native.sandbox_run(text, "@" .. name, { string = {} }, MAX_INSTRUCTIONS, MAX_BYTES)
+  local ok, v = native.sandbox_run(text, "@" .. name, { string = {} }, MAX_INSTRUCTIONS, MAX_BYTES,
+                                   seconds)
   if not ok then
     v = tostring(v):gsub("\n.*", "") -- one line
     v = v:gsub(": config exceeds the ", ": the tuning database exceeds the ") -- the C's wording

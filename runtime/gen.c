@@ -1,18 +1,24 @@
 /* gen.c — the C side of the generator: one Lua 5.4 state running the gen/ scripts, every call made
- * through lua_pcall with a traceback handler (lua.c's docall), config chunks run in a sandbox
- * with a bounded instruction count and a bounded allocator, results copied into C structs. */
+ * through lua_pcall with a traceback handler (lua.c's docall), config chunks (and user tuning
+ * databases) run in a sandbox with bounded instructions, time and allocations, results copied
+ * into C structs. */
 #include "gen.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <float.h>
 #include <lauxlib.h>
 #include <limits.h>
 #include <lua.h>
 #include <lualib.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "rda.h"
 #include "sources.h"
@@ -31,7 +37,11 @@ struct rda_gen {
   size_t used, limit;
   int armed, tripped;
   long long byte_budget; /* the current sandbox run's budget, for its message */
-  const char *chunkname; /* the running config chunk's name, for the limits' messages */
+  const char *chunkname; /* the running sandboxed chunk's name, for the limits' messages */
+  long long instr_left;  /* the running sandboxed chunk's instructions left */
+  double deadline;       /* ... and when it must be done (CLOCK_MONOTONIC seconds) */
+  double time_limit;     /* seconds a sandboxed run may take (rda_gen_set_time_limit) */
+  double run_seconds;    /* the running chunk's limit, for its message */
   int bridge;            /* registry reference to gen/bridge.lua's module table */
   char trace[4096];      /* message and traceback of the last failed call */
 };
@@ -76,14 +86,29 @@ static rda_gen *rda_gen_of(lua_State *L) {
 
 /* ---- messages ---------------------------------------------------------------------------- */
 
-/* Records msg as one line: control characters become spaces. */
+/* Records msg as one line: line breaks and tabs become spaces, every other control character
+ * (an ESC a config put in its message, say) '?', so nothing reaches a terminal raw. */
 static rda_status rda_gen_fail_line(rda_err *err, rda_status s, const char *msg) {
   char line[sizeof err->msg];
   size_t i = 0;
-  for (; msg[i] != '\0' && i + 1 < sizeof line; i++)
-    line[i] = (msg[i] == '\n' || msg[i] == '\r' || msg[i] == '\t') ? ' ' : msg[i];
+  for (; msg[i] != '\0' && i + 1 < sizeof line; i++) {
+    const unsigned char ch = (unsigned char)msg[i];
+    line[i] = ch == '\n' || ch == '\r' || ch == '\t' ? ' ' : ch < 0x20 || ch == 0x7f ? '?' : msg[i];
+  }
   line[i] = '\0';
   return rda_err_set(err, s, "%s", line);
+}
+
+/* rda_gen_fail_line of a formatted message (one naming a path a user gave). */
+static rda_status rda_gen_fail_fmt(rda_err *err, rda_status s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static rda_status rda_gen_fail_fmt(rda_err *err, rda_status s, const char *fmt, ...) {
+  char line[sizeof err->msg];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  return rda_gen_fail_line(err, s, line);
 }
 
 /* Message handler (lua.c's msghandler): the message plus a traceback. */
@@ -139,13 +164,35 @@ static void rda_gen_push_bridge(lua_State *L, const char *fn) {
 
 /* ---- the sandbox ------------------------------------------------------------------------- */
 
-/* Pushes "name:line" of the innermost frame of the config chunk itself on `co` (skipping the
- * sandbox's own helpers and C functions), or the name alone. */
-static void rda_gen_push_where(lua_State *L, lua_State *co, const char *chunkname) {
-  const char *name = chunkname[0] == '=' || chunkname[0] == '@' ? chunkname + 1 : chunkname;
+/* The name a sandboxed chunk is loaded under. Lua cuts a chunk name to about 60 characters in
+ * its messages (LUA_IDSIZE), which would name a cut-off folder of a long path: a message that
+ * starts with this short name gets the chunk's full name in its place (rda_gen_push_chunk_error),
+ * and the limits' messages name it from the start. */
+#define RDA_GEN_CHUNK "=(sandboxed chunk)"
+#define RDA_GEN_CHUNK_SHOWN "(sandboxed chunk)"
+
+/* Instructions between two count events of the sandbox's hook. The hook also runs at every
+ * call, and reads the clock each time: an instruction may be a long C call (table.sort of a
+ * large table) or compare two 16 MiB strings, so counting instructions alone cannot bound the
+ * time; this many of them between two looks at the clock is a fraction of a second at worst. */
+#define RDA_GEN_HOOK_COUNT 100
+
+static double rda_gen_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void rda_gen_set_time_limit(rda_gen *g, double seconds) {
+  if (g != NULL) g->time_limit = seconds > 0 && seconds <= 1e6 ? seconds : RDA_GEN_SANDBOX_SECONDS;
+}
+
+/* Pushes "name:line" of the innermost frame of the sandboxed chunk itself on `co` (skipping
+ * the sandbox's own helpers and C functions), or the name alone. */
+static void rda_gen_push_where(lua_State *L, lua_State *co, const char *name) {
   lua_Debug ar;
   for (int level = 0; lua_getstack(co, level, &ar); level++) {
-    if (lua_getinfo(co, "Sl", &ar) && ar.currentline > 0 && strcmp(ar.source, chunkname) == 0) {
+    if (lua_getinfo(co, "Sl", &ar) && ar.currentline > 0 && strcmp(ar.source, RDA_GEN_CHUNK) == 0) {
       lua_pushfstring(L, "%s:%d", name, ar.currentline);
       return;
     }
@@ -153,33 +200,148 @@ static void rda_gen_push_where(lua_State *L, lua_State *co, const char *chunknam
   lua_pushstring(L, name);
 }
 
-static void rda_gen_count_hook(lua_State *L, lua_Debug *ar) {
-  (void)ar;
-  rda_gen *g = rda_gen_of(L);
-  rda_gen_push_where(L, L, g->chunkname != NULL ? g->chunkname : "=config");
-  lua_pushliteral(L, ": config exceeds the instruction limit");
+/* Raises the sandboxed chunk's limit error: its instruction limit (over_instr) or time limit. */
+static int rda_gen_sandbox_exceeded(lua_State *L, rda_gen *g, int over_instr) {
+  rda_gen_push_where(L, L, g->chunkname != NULL ? g->chunkname : "config");
+  if (over_instr)
+    lua_pushliteral(L, ": config exceeds the instruction limit");
+  else {
+    char secs[32];
+    snprintf(secs, sizeof secs, "%g", g->run_seconds);
+    lua_pushfstring(L, ": config exceeds the time limit (%s s)", secs);
+  }
   lua_concat(L, 2);
-  lua_error(L);
+  return lua_error(L);
 }
 
-/* native.sandbox_run(text, chunkname, env, max_instructions, max_bytes) -> true, value | false, msg
- * Loads text (source only) with env as its _ENV and runs it in a fresh coroutine whose
- * instructions are counted by a hook and whose allocations are bounded; while it runs, string
- * methods ("x"):rep() see env.string instead of the generator's string library. */
+/* Count events take RDA_GEN_HOOK_COUNT instructions off the budget; every event (count or
+ * call) checks the deadline. */
+static void rda_gen_sandbox_hook(lua_State *L, lua_Debug *ar) {
+  rda_gen *g = rda_gen_of(L);
+  int over_instr = 0;
+  if (ar->event == LUA_HOOKCOUNT) {
+    g->instr_left -= RDA_GEN_HOOK_COUNT;
+    over_instr = g->instr_left <= 0;
+  }
+  if (over_instr || rda_gen_now() >= g->deadline) rda_gen_sandbox_exceeded(L, g, over_instr);
+}
+
+/* t[i] < t[j] for native.sandbox_sort (table at 1, comparator or nil at 2). Without a
+ * comparator the compare runs in C, unseen by the hook, and may take a millisecond (two long
+ * strings): the deadline is checked here, every 16 compares. */
+static int rda_gen_sort_less(lua_State *L, rda_gen *g, lua_Integer i, lua_Integer j,
+                             unsigned *ticks) {
+  lua_geti(L, 1, i);
+  lua_geti(L, 1, j);
+  if (!lua_isnil(L, 2)) { /* a function: the call hook sees every call */
+    lua_pushvalue(L, 2);
+    lua_rotate(L, -3, 1);
+    lua_call(L, 2, 1);
+    const int r = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return r;
+  }
+  const int r = lua_compare(L, -2, -1, LUA_OPLT);
+  lua_pop(L, 2);
+  if ((++*ticks & 15) == 0 && g->chunkname != NULL && rda_gen_now() >= g->deadline)
+    rda_gen_sandbox_exceeded(L, g, 0);
+  return r;
+}
+
+/* native.sandbox_sort(t [, comp]): the sandbox's table.sort, a heapsort in place (unstable, as
+ * table.sort; never out of bounds, whatever comp answers) under the sandbox's time limit: the
+ * library's sort compares without a comparator in one C call the hook cannot interrupt, hours
+ * for a table of long equal strings. */
+static int rda_gen_l_sandbox_sort(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  if (!lua_isnoneornil(L, 2)) luaL_checktype(L, 2, LUA_TFUNCTION);
+  lua_settop(L, 2);
+  const lua_Integer n = luaL_len(L, 1);
+  luaL_argcheck(L, n < INT_MAX, 1, "array too big");
+  rda_gen *g = rda_gen_of(L);
+  unsigned ticks = 0;
+  /* Max-heap over t[1..end], built bottom-up, then the largest moved to the end, repeatedly. */
+  for (lua_Integer start = n / 2, end = n; end > 1;) {
+    lua_Integer root;
+    if (start > 0) {
+      root = start--;
+    } else {
+      lua_geti(L, 1, 1); /* swap t[1] and t[end] */
+      lua_geti(L, 1, end);
+      lua_seti(L, 1, 1);
+      lua_seti(L, 1, end);
+      root = 1;
+      if (--end <= 1) break;
+    }
+    for (lua_Integer child; (child = 2 * root) <= end; root = child) {
+      if (child + 1 <= end && rda_gen_sort_less(L, g, child, child + 1, &ticks)) child++;
+      if (!rda_gen_sort_less(L, g, root, child, &ticks)) break;
+      lua_geti(L, 1, root);
+      lua_geti(L, 1, child);
+      lua_seti(L, 1, root);
+      lua_seti(L, 1, child);
+    }
+  }
+  return 0;
+}
+
+/* Pushes msg, an error message of the sandboxed chunk `name`, as reported: Lua's short name
+ * for the chunk replaced by the full name, the name put in front of a message that lacks it
+ * (error("x", 0), "C stack overflow"), "(empty message)" for one that says nothing. */
+static void rda_gen_push_chunk_error(lua_State *L, const char *msg, const char *name) {
+  const size_t sn = strlen(RDA_GEN_CHUNK_SHOWN), nn = strlen(name);
+  const char *named = NULL; /* msg from the ':' after the chunk's name, when it starts so */
+  if (strncmp(msg, RDA_GEN_CHUNK_SHOWN, sn) == 0 && msg[sn] == ':')
+    named = msg + sn;
+  else if (strncmp(msg, name, nn) == 0 && msg[nn] == ':')
+    named = msg + nn;
+  luaL_Buffer b;
+  luaL_buffinit(L, &b);
+  luaL_addstring(&b, name);
+  const char *body = msg;
+  if (named == NULL) {
+    luaL_addchar(&b, ':');
+  } else {
+    const char *p = named + 1, *digits = p;
+    while (*p >= '0' && *p <= '9') p++;
+    if (p > digits && *p == ':') { /* keep ":<line>:" */
+      luaL_addlstring(&b, named, (size_t)(p + 1 - named));
+      body = p + 1;
+    } else {
+      luaL_addchar(&b, ':');
+      body = named + 1;
+    }
+  }
+  while (*body == ' ') body++;
+  luaL_addchar(&b, ' ');
+  luaL_addstring(&b, *body != '\0' ? body : "(empty message)");
+  luaL_pushresult(&b);
+}
+
+/* native.sandbox_run(text, name, env, max_instructions, max_bytes[, max_seconds])
+ *   -> true, value | false, message
+ * Loads text (source only) as the chunk `name` (a leading '=' or '@' is dropped) with env as
+ * its _ENV and runs it in a fresh coroutine. A hook counts its instructions and bounds its time
+ * (max_seconds; default the generator's limit, rda_gen_set_time_limit, parse included); its
+ * allocations, parse included, are bounded by max_bytes. While it runs, string methods
+ * ("x"):rep() see env.string instead of the generator's string library. A message names
+ * `name` in full, on one line when it reaches C (rda_gen_fail_line). */
 static int rda_gen_l_sandbox_run(lua_State *L) {
   size_t len;
   const char *text = luaL_checklstring(L, 1, &len);
-  const char *chunkname = luaL_checkstring(L, 2);
+  const char *name = luaL_checkstring(L, 2);
   luaL_checktype(L, 3, LUA_TTABLE);
   const lua_Integer max_instr = luaL_checkinteger(L, 4);
   const lua_Integer max_bytes = luaL_checkinteger(L, 5);
-  luaL_argcheck(L, max_instr > 0 && max_instr <= INT_MAX, 4, "instruction limit out of range");
+  rda_gen *g = rda_gen_of(L);
+  const double max_seconds = (double)luaL_optnumber(L, 6, (lua_Number)g->time_limit);
+  luaL_argcheck(L, max_instr > 0, 4, "instruction limit must be positive");
   luaL_argcheck(L, max_bytes > 0, 5, "byte limit must be positive");
+  luaL_argcheck(L, max_seconds > 0 && max_seconds <= 1e6, 6, "time limit out of range");
   luaL_argcheck(L, lua_getfield(L, 3, "string") == LUA_TTABLE, 3, "env.string must be a table");
   lua_pop(L, 1);
-  const char *name = chunkname[0] == '=' || chunkname[0] == '@' ? chunkname + 1 : chunkname;
-  rda_gen *g = rda_gen_of(L);
-  lua_settop(L, 5);
+  if (name[0] == '=' || name[0] == '@') name++;
+  lua_settop(L, 6);
 
   if (len > 0 && text[0] == LUA_SIGNATURE[0]) {
     lua_pushboolean(L, 0);
@@ -187,10 +349,25 @@ static int rda_gen_l_sandbox_run(lua_State *L) {
                     name);
     return 2;
   }
-  lua_State *co = lua_newthread(L); /* 6 */
-  if (luaL_loadbufferx(co, text, len, chunkname, "t") != LUA_OK) {
+  lua_State *co = lua_newthread(L); /* 7 */
+  /* One budget for the parse and the run: a chunk's constants and functions count too. */
+  g->deadline = rda_gen_now() + max_seconds;
+  g->limit = g->used + (size_t)max_bytes;
+  g->byte_budget = (long long)max_bytes;
+  g->tripped = 0;
+  g->armed = 1;
+  const int loaded = luaL_loadbufferx(co, text, len, RDA_GEN_CHUNK, "t");
+  g->armed = 0;
+  if (loaded != LUA_OK) {
     lua_pushboolean(L, 0);
-    lua_xmove(co, L, 1);
+    if (loaded == LUA_ERRMEM && g->tripped) {
+      lua_pushfstring(L, "%s: config exceeds the memory limit (%d MiB)", name,
+                      (int)(g->byte_budget >> 20));
+    } else {
+      lua_xmove(co, L, 1);
+      rda_gen_push_chunk_error(L, lua_tostring(L, -1), name);
+      lua_remove(L, -2);
+    }
     return 2;
   }
   lua_pushvalue(L, 3);
@@ -199,24 +376,24 @@ static int rda_gen_l_sandbox_run(lua_State *L) {
 
   lua_pushliteral(L, "");
   if (!lua_getmetatable(L, -1)) return luaL_error(L, "strings have no metatable");
-  lua_remove(L, -2);             /* 7: the string metatable */
-  lua_getfield(L, 7, "__index"); /* 8: the generator's string library */
+  lua_remove(L, -2);             /* 8: the string metatable */
+  lua_getfield(L, 8, "__index"); /* 9: the generator's string library */
   lua_getfield(L, 3, "string");
-  lua_setfield(L, 7, "__index");
+  lua_setfield(L, 8, "__index");
 
-  lua_sethook(co, rda_gen_count_hook, LUA_MASKCOUNT, (int)max_instr);
-  g->limit = g->used + (size_t)max_bytes;
-  g->byte_budget = (long long)max_bytes;
+  lua_sethook(co, rda_gen_sandbox_hook, LUA_MASKCOUNT | LUA_MASKCALL, RDA_GEN_HOOK_COUNT);
+  g->instr_left = (long long)max_instr;
+  g->run_seconds = max_seconds;
   g->tripped = 0;
-  g->chunkname = chunkname;
+  g->chunkname = name;
   g->armed = 1;
   int nres = 0;
   const int st = lua_resume(co, L, 0, &nres);
   g->armed = 0;
   g->chunkname = NULL;
   lua_sethook(co, NULL, 0, 0);
-  lua_pushvalue(L, 8);
-  lua_setfield(L, 7, "__index");
+  lua_pushvalue(L, 9);
+  lua_setfield(L, 8, "__index");
 
   if (st == LUA_OK) {
     lua_pushboolean(L, 1);
@@ -230,13 +407,15 @@ static int rda_gen_l_sandbox_run(lua_State *L) {
   }
   lua_pushboolean(L, 0);
   if (st == LUA_ERRMEM && g->tripped) {
-    rda_gen_push_where(L, co, chunkname);
+    rda_gen_push_where(L, co, name);
     lua_pushfstring(L, ": config exceeds the memory limit (%d MiB)", (int)(g->byte_budget >> 20));
     lua_concat(L, 2);
   } else if (st == LUA_YIELD) {
     lua_pushfstring(L, "%s: the config yielded instead of returning a table", name);
   } else if (lua_type(co, -1) == LUA_TSTRING) {
     lua_xmove(co, L, 1);
+    rda_gen_push_chunk_error(L, lua_tostring(L, -1), name);
+    lua_remove(L, -2);
   } else {
     lua_pushfstring(L, "%s: the config raised an error that is a %s, not a message", name,
                     luaL_typename(co, -1));
@@ -270,6 +449,7 @@ static int rda_gen_l_source(lua_State *L) {
 
 static const luaL_Reg rda_gen_native[] = {
     {"sandbox_run", rda_gen_l_sandbox_run},
+    {"sandbox_sort", rda_gen_l_sandbox_sort},
     {"home", rda_gen_l_home},
     {"source", rda_gen_l_source},
     {NULL, NULL},
@@ -353,6 +533,7 @@ rda_status rda_gen_open(rda_gen **out, rda_err *err) {
   rda_gen *g = calloc(1, sizeof *g);
   if (g == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "generator: out of memory");
   g->bridge = LUA_NOREF;
+  g->time_limit = RDA_GEN_SANDBOX_SECONDS;
   g->L = lua_newstate(rda_gen_alloc, g);
   if (g->L == NULL) {
     free(g);
@@ -488,23 +669,50 @@ rda_status rda_gen_config_string(rda_gen *g, const char *chunk, const char *chun
 rda_status rda_gen_config_file(rda_gen *g, const char *path, rda_config *out, rda_err *err) {
   if (g == NULL || path == NULL || out == NULL)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_gen_config_file: NULL argument");
-  FILE *f = fopen(path, "rb");
-  if (f == NULL) return rda_err_set(err, RDA_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  memset(out, 0, sizeof *out);
+  /* O_NONBLOCK: a FIFO (or device) named as the config must fail the regular-file check
+   * below, not hang the open waiting for a writer. */
+  const int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0)
+    return rda_gen_fail_fmt(err, RDA_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int e = errno;
+    close(fd);
+    return rda_gen_fail_fmt(err, RDA_ERR_IO, "%s: cannot read: %s", path, strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return rda_gen_fail_fmt(err, RDA_ERR_IO, "%s: cannot read: not a regular file (%s)", path,
+                            S_ISDIR(st.st_mode)    ? "a folder"
+                            : S_ISFIFO(st.st_mode) ? "a FIFO"
+                            : S_ISSOCK(st.st_mode) ? "a socket"
+                                                   : "a device");
+  }
+  const int fl = fcntl(fd, F_GETFL);
+  if (fl >= 0) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK); /* a regular file: plain reads */
   char *buf = malloc(RDA_GEN_MAX_CONFIG_FILE + 1);
   if (buf == NULL) {
-    fclose(f);
-    return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "%s: out of memory reading it", path);
+    close(fd);
+    return rda_gen_fail_fmt(err, RDA_ERR_OUT_OF_MEMORY, "%s: out of memory reading it", path);
   }
-  errno = 0;
-  const size_t len = fread(buf, 1, RDA_GEN_MAX_CONFIG_FILE + 1, f);
-  const int bad = ferror(f) ? (errno != 0 ? errno : EIO) : 0;
-  fclose(f);
+  /* Read to the end (at most one byte past the limit), whatever st_size said. */
+  size_t len = 0;
+  int bad = 0;
+  while (len < RDA_GEN_MAX_CONFIG_FILE + 1) {
+    const ssize_t r = read(fd, buf + len, RDA_GEN_MAX_CONFIG_FILE + 1 - len);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) bad = errno != 0 ? errno : EIO;
+    if (r <= 0) break;
+    len += (size_t)r;
+  }
+  close(fd);
   rda_status s;
   if (bad)
-    s = rda_err_set(err, RDA_ERR_IO, "%s: cannot read: %s", path, strerror(bad));
+    s = rda_gen_fail_fmt(err, RDA_ERR_IO, "%s: cannot read: %s", path, strerror(bad));
   else if (len > RDA_GEN_MAX_CONFIG_FILE)
-    s = rda_err_set(err, RDA_ERR_CONFIG, "%s: larger than %d MiB: not a config", path,
-                    RDA_GEN_MAX_CONFIG_FILE >> 20);
+    s = rda_gen_fail_fmt(err, RDA_ERR_CONFIG, "%s: larger than %d MiB: not a config", path,
+                         RDA_GEN_MAX_CONFIG_FILE >> 20);
   else
     s = rda_gen_config_text(g, buf, len, path, out, err);
   free(buf);

@@ -74,12 +74,28 @@ rda_status rda_gen_open(rda_gen **out, rda_err *err);
 void rda_gen_close(rda_gen *g); /* accepts NULL */
 
 /* Run a config chunk in the sandbox and validate it (SPEC §3). On failure (RDA_ERR_CONFIG;
- * RDA_ERR_IO when the file cannot be read) err holds one line naming the key, the value and
- * what is allowed, and *out is zeroed. The sandbox: no io, os, require, load, dofile, debug,
- * metatables or pcall; at most 10^7 VM instructions and 64 MiB allocated. */
+ * RDA_ERR_IO when the file cannot be opened or read, or is not a regular file: a FIFO is
+ * refused, never waited on) err holds one line that starts with the config's full name (path
+ * or chunkname), then what is wrong: the key, the value and what is allowed, or the chunk's own
+ * error (its control characters replaced); *out is zeroed. The sandbox: no io, os, require,
+ * load, dofile, debug, metatables or pcall; at most 10^7 VM instructions, 64 MiB allocated
+ * (parse included) and RDA_GEN_SANDBOX_SECONDS of wall-clock time (parse included; "<name>:
+ * config exceeds the time limit (N s)"), checked at every call and every 100 instructions, so
+ * no loop of C calls (table.sort, string.upper of a 16 MiB string) can hang the tool. A user's
+ * tuning database runs under the same three limits. */
 rda_status rda_gen_config_file(rda_gen *g, const char *path, rda_config *out, rda_err *err);
 rda_status rda_gen_config_string(rda_gen *g, const char *chunk, const char *chunkname,
                                  rda_config *out, rda_err *err);
+
+/* The sandbox's default time limit, in seconds. Real configs take well under a millisecond and
+ * a user tuning database of a few thousand entries tens of milliseconds: only a runaway chunk
+ * comes near it. */
+#define RDA_GEN_SANDBOX_SECONDS 5.0
+
+/* For tests: the time limit of this generator's sandboxed runs (configs and user tuning
+ * databases), so a test of it runs fast; seconds <= 0 restores RDA_GEN_SANDBOX_SECONDS. Not a
+ * user setting. */
+void rda_gen_set_time_limit(rda_gen *g, double seconds);
 
 /* The built-in profile of an offline target (80, 86, 89, 90); any other arch is
  * RDA_ERR_INVALID_ARGUMENT with a message listing the known ones. */

@@ -11,6 +11,7 @@
 /* clang-format on */
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <lauxlib.h>
 #include <lua.h>
 #include <lualib.h>
@@ -23,6 +24,7 @@
 #include <unistd.h>
 
 #include "gen.h"
+#include "rda_test.h"
 #include "rda_test_backend.h"
 
 /* Loads text as "configs/x.lua"; on failure the error must be one line, start with the chunk
@@ -36,6 +38,9 @@ static void expect_error_v(void **state, const char *text, rda_status want, va_l
              rda_status_string(want), text, err.msg);
   if (strncmp(err.msg, "configs/x.lua", 13) != 0) fail_msg("message lacks the chunk: %s", err.msg);
   if (strchr(err.msg, '\n') != NULL) fail_msg("message is not one line: %s", err.msg);
+  for (const char *m = err.msg; *m != '\0'; m++)
+    if ((unsigned char)*m < 0x20 || *m == 0x7f)
+      fail_msg("message holds control character 0x%02x: %s", (unsigned char)*m, err.msg);
   for (const char *part; (part = va_arg(ap, const char *)) != NULL;)
     if (strstr(err.msg, part) == NULL) fail_msg("message \"%s\" lacks \"%s\"", err.msg, part);
 }
@@ -235,7 +240,67 @@ static void test_config_missing_file_is_io_error(void **state) {
   assert_non_null(strstr(err.msg, "/nonexistent/x.lua"));
   rda_err_clear(&err);
   assert_int_equal(rda_gen_config_file(*state, "/tmp", &c, &err), RDA_ERR_IO);
-  assert_non_null(strstr(err.msg, "/tmp: cannot read"));
+  assert_non_null(strstr(err.msg, "/tmp: cannot read: not a regular file (a folder)"));
+}
+
+/* A FIFO named as the config (no writer: a blocking open would wait forever) is refused at
+ * once, as is a device. */
+static void test_config_file_refuses_fifo_and_devices(void **state) {
+  char *dir = rt_mkdtemp();
+  assert_non_null(dir);
+  char *fifo = rt_path(dir, "config.lua");
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  rda_config c;
+  rda_err err = {0};
+  alarm(20); /* a hang fails the test (SIGALRM) instead of stalling the suite */
+  const rda_status s = rda_gen_config_file(*state, fifo, &c, &err);
+  alarm(0);
+  assert_int_equal(s, RDA_ERR_IO);
+  char want[4200];
+  snprintf(want, sizeof want, "%s: cannot read: not a regular file (a FIFO)", fifo);
+  assert_string_equal(err.msg, want);
+  rda_err_clear(&err);
+  assert_int_equal(rda_gen_config_file(*state, "/dev/zero", &c, &err), RDA_ERR_IO);
+  assert_string_equal(err.msg, "/dev/zero: cannot read: not a regular file (a device)");
+  unlink(fifo);
+  free(fifo);
+  rt_rmtree(dir);
+  free(dir);
+}
+
+/* Lua cuts chunk names to about 60 characters; a config in a deep folder is still named in
+ * full, with the line, by every kind of error. */
+static void test_config_errors_name_a_long_path_in_full(void **state) {
+  char *dir = rt_mkdtemp();
+  assert_non_null(dir);
+  char *deep = rt_path(dir, "a_folder_name_long_enough_that_lua_would_cut_the_path_short");
+  assert_int_equal(mkdir(deep, 0700), 0);
+  char *path = rt_path(deep, "config.lua");
+  static const struct {
+    const char *text, *tail;
+  } cases[] = {
+      {"return {\n  heads = = 1 }", ":2: unexpected symbol near '='"},
+      {"local t\nreturn t.x", ":2: attempt to index a nil value"},
+      {"\nwhile true do end", ":2: config exceeds the instruction limit"},
+      {"\nlocal s = string.rep('x', 1e9) return {}", ":2: config exceeds the memory limit"},
+      {"error('', 0)", ": (empty message)"},
+      {"return { heads = 0 }", ": heads = 0: must be an integer from 1 to 65535"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    assert_true(rt_write_file(path, cases[i].text, strlen(cases[i].text)));
+    rda_config c;
+    rda_err err = {0};
+    assert_int_equal(rda_gen_config_file(*state, path, &c, &err), RDA_ERR_CONFIG);
+    char want[4300];
+    snprintf(want, sizeof want, "%s%s", path, cases[i].tail);
+    if (strncmp(err.msg, want, strlen(want)) != 0)
+      fail_msg("message \"%s\" does not start with \"%s\"", err.msg, want);
+  }
+  unlink(path);
+  free(path);
+  free(deep);
+  rt_rmtree(dir);
+  free(dir);
 }
 
 /* ---- validation rules -------------------------------------------------------------------- */
@@ -608,6 +673,42 @@ static void test_config_runtime_error_carries_chunk_and_line(void **state) {
   expect_error(state, "error({})", "error that is a table", NULL);
 }
 
+/* Whatever a config raises, the message is one line that starts with its name (checked by
+ * expect_error), says something, and carries no control character. */
+static void test_config_errors_are_one_clean_line(void **state) {
+  rda_config c;
+  rda_err err = {0};
+  static const struct {
+    const char *text, *want;
+  } exact[] = {
+      {"error('', 0)", "configs/x.lua: (empty message)"},
+      {"error('  ', 0)", "configs/x.lua: (empty message)"},
+      {"error('')", "configs/x.lua:1: (empty message)"},
+      {"error('x', 0)", "configs/x.lua: x"},
+      {"error('configs/x.lua:7: named already', 0)", "configs/x.lua:7: named already"},
+      {"error('\\27[2J\\27[31mred\\0hidden', 0)", "configs/x.lua: ?[2J?[31mred"},
+      {"error('a\\tb\\rc\\1d\\127e', 0)", "configs/x.lua: a b c?d?e"},
+  };
+  for (size_t i = 0; i < sizeof exact / sizeof exact[0]; i++) {
+    rda_err_clear(&err);
+    assert_int_equal(rda_gen_config_string(*state, exact[i].text, "configs/x.lua", &c, &err),
+                     RDA_ERR_CONFIG);
+    assert_string_equal(err.msg, exact[i].want);
+  }
+  /* Lua's own messages without a place: the parser's and the sort's C stack overflows. */
+  char deep[1024];
+  size_t n = (size_t)sprintf(deep, "return ");
+  for (int i = 0; i < 300; i++) deep[n++] = '(';
+  deep[n++] = '1';
+  for (int i = 0; i < 300; i++) deep[n++] = ')';
+  deep[n] = '\0';
+  expect_error(state, deep, "configs/x.lua: ", "overflow", NULL);
+  expect_error(state,
+               "local function f(a, b) table.sort({ 2, 1, 3 }, f) return a < b end"
+               " table.sort({ 2, 1, 3 }, f) return {}",
+               "configs/x.lua", "overflow", NULL);
+}
+
 typedef struct dump_buf {
   char data[65536];
   size_t len;
@@ -786,6 +887,70 @@ static void test_config_stops_c_loops_that_allocate_nothing(void **state) {
   assert_true(now_s() - t0 < 20.0);
 }
 
+/* One instruction can start a long C call (a sort of a large table, a 16 MiB string upper-
+ * cased or reversed): the instruction count alone would let a loop of them run for hours. The
+ * clock, read at every call, stops them; the limit is lowered here so the test runs fast. Each
+ * loop would run about a minute (hours: the sort of long strings) without it. The strings are
+ * small enough that the memory limit, which garbage not yet collected counts against, does
+ * not trip first. */
+static void test_config_time_limit_stops_loops_of_c_calls(void **state) {
+  rda_gen_set_time_limit(*state, 0.5);
+  const double t0 = now_s();
+  expect_error(state,
+               "local t = {} for i = 1, 100000 do t[i] = i end\n"
+               "for i = 1, 2000 do table.sort(t) end return {}",
+               "configs/x.lua:2: config exceeds the time limit (0.5 s)", NULL);
+  expect_error(state,
+               "local s = ('x'):rep(1 << 20)\n"
+               "for i = 1, 100000 do local u = s:upper() end return {}",
+               "configs/x.lua:2: config exceeds the time limit (0.5 s)", NULL);
+  expect_error(state,
+               "local s = ('x'):rep(1 << 20) local n = 0\n"
+               "for i = 1, 100000 do n = n + #s:reverse() end return {}",
+               "configs/x.lua:2: config exceeds the time limit (0.5 s)", NULL);
+  /* One call: the sort of 20000 equal 4 MiB strings compares inside C for minutes. */
+  expect_error(state,
+               "local s = ('x'):rep(4 << 20) local t = {}\n"
+               "for i = 1, 20000 do t[i] = s end\ntable.sort(t) return {}",
+               "configs/x.lua:3: config exceeds the time limit (0.5 s)", NULL);
+  /* No calls at all: equal 2 MiB strings compared, one instruction each. */
+  expect_error(state,
+               "local a = ('x'):rep(1 << 21) local b, c = a .. 'y', a .. 'y' local n = 0\n"
+               "for i = 1, 1000000 do if b == c then n = n + 1 end end return {}",
+               "configs/x.lua:2: config exceeds the time limit (0.5 s)", NULL);
+  const double took = now_s() - t0;
+  rda_gen_set_time_limit(*state, 0); /* the default again */
+  assert_true(took < 8.0);
+  /* Real configs never come near the default limit. */
+  rda_config c;
+  load_ok(state, spec_example, &c);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/configs/default.lua", rda_gen_home());
+  rda_err err = {0};
+  const double t1 = now_s();
+  for (int i = 0; i < 100; i++)
+    assert_int_equal(rda_gen_config_file(*state, path, &c, &err), RDA_OK);
+  assert_true((now_s() - t1) / 100 < RDA_GEN_SANDBOX_SECONDS / 100);
+}
+
+/* The parse is under the memory limit too: a chunk of a million distinct constants needs far
+ * more than 64 MiB to compile, though running it would fit. */
+static void test_config_parse_is_under_the_memory_limit(void **state) {
+  enum { n = 1500000 };
+  char *text = malloc((size_t)n * 9 + 64);
+  assert_non_null(text);
+  size_t len = (size_t)sprintf(text, "local t = {");
+  for (int i = 0; i < n; i++) len += (size_t)sprintf(text + len, "%d,", 1000000 + i);
+  sprintf(text + len, "} return {}");
+  rda_config c;
+  rda_err err = {0};
+  const rda_status s = rda_gen_config_string(*state, text, "configs/x.lua", &c, &err);
+  free(text);
+  assert_int_equal(s, RDA_ERR_CONFIG);
+  assert_string_equal(err.msg, "configs/x.lua: config exceeds the memory limit (64 MiB)");
+  load_ok(state, spec_example, &c); /* and the generator goes on */
+}
+
 static void test_config_generator_recovers_after_limits(void **state) {
   expect_error(state, "while true do end", "instruction limit", NULL);
   expect_error(state, "local s = string.rep('x', 1e9) return {}", "memory limit", NULL);
@@ -814,6 +979,8 @@ int main(void) {
       cmocka_unit_test(test_config_spec_example_file_matches_spec),
       cmocka_unit_test(test_config_file_errors_name_the_file),
       cmocka_unit_test(test_config_missing_file_is_io_error),
+      cmocka_unit_test(test_config_file_refuses_fifo_and_devices),
+      cmocka_unit_test(test_config_errors_name_a_long_path_in_full),
       cmocka_unit_test(test_config_rejects_head_dim_with_exact_message),
       cmocka_unit_test(test_config_rejects_unknown_key),
       cmocka_unit_test(test_config_rejects_non_string_key),
@@ -856,6 +1023,7 @@ int main(void) {
       cmocka_unit_test(test_config_rejects_non_table_return),
       cmocka_unit_test(test_config_syntax_error_carries_chunk_and_line),
       cmocka_unit_test(test_config_runtime_error_carries_chunk_and_line),
+      cmocka_unit_test(test_config_errors_are_one_clean_line),
       cmocka_unit_test(test_config_rejects_binary_chunk),
       cmocka_unit_test(test_config_sandbox_has_no_os),
       cmocka_unit_test(test_config_sandbox_has_no_io),
@@ -871,6 +1039,8 @@ int main(void) {
       cmocka_unit_test(test_config_stops_string_bomb),
       cmocka_unit_test(test_config_stops_table_bomb),
       cmocka_unit_test(test_config_stops_c_loops_that_allocate_nothing),
+      cmocka_unit_test(test_config_time_limit_stops_loops_of_c_calls),
+      cmocka_unit_test(test_config_parse_is_under_the_memory_limit),
       cmocka_unit_test(test_config_generator_recovers_after_limits),
   };
   const char *filter = getenv("RDA_TEST_FILTER"); /* e.g. "*scale*" while developing */

@@ -16,9 +16,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "gen.h"
+#include "rda_test.h"
 #include "rda_test_backend.h"
 
 /* Every Lua test file; test_gen_every_lua_test_is_registered keeps this list complete. */
@@ -442,6 +444,83 @@ static void test_gen_plan_uses_tuning_file_when_present(void **state) {
   rda_gen_close(g);
 }
 
+/* A user tuning database runs under the sandbox's time limit at every plan: comparing two 1 MiB
+ * strings is one instruction, so only the clock stops a loop of them (about a minute of work
+ * here, hours with longer strings). The limit is lowered so the test runs fast. */
+static void test_gen_user_database_is_under_the_time_limit(void **state) {
+  rda_gen *g = *state;
+  char *dir = rt_mkdtemp();
+  assert_non_null(dir);
+  char *db = rt_path(dir, "a_folder_name_long_enough_that_lua_would_cut_the_path_short.lua");
+  const size_t big = 1u << 20;
+  char *text = malloc(big + 256);
+  assert_non_null(text);
+  size_t n = (size_t)sprintf(text, "local a = '");
+  memset(text + n, 'x', big);
+  n += big;
+  n += (size_t)sprintf(text + n,
+                       "'\nlocal b, c = a .. 'y', a .. 'y'\nlocal n = 0\n"
+                       "for i = 1, 1000000 do if b == c then n = n + 1 end end return {}\n");
+  assert_true(rt_write_file(db, text, n));
+  free(text);
+  char *saved = rt_env_save("RDA_TUNING_DB");
+  assert_int_equal(setenv("RDA_TUNING_DB", db, 1), 0);
+  rda_gen_set_time_limit(g, 0.5);
+  rda_config c;
+  load_config(g,
+              "return { heads = 1, head_dim = 64, dtype = 'bf16', segments = { 4096 },"
+              " dilations = { 1 } }",
+              &c);
+  rda_hw hw;
+  rda_plan_k plan;
+  rda_err err = {0};
+  assert_int_equal(rda_gen_hw_builtin(g, 90, &hw, &err), RDA_OK);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  const rda_status s = rda_gen_plan(g, &c, &hw, &plan, &err);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  rda_gen_set_time_limit(g, 0);
+  rt_env_restore("RDA_TUNING_DB", saved);
+  assert_int_equal(s, RDA_ERR_CONFIG);
+  char want[4300];
+  snprintf(want, sizeof want, "%s:4: the tuning database exceeds the time limit (0.5 s)", db);
+  assert_string_equal(err.msg, want);
+  assert_true((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec) < 8.0);
+  free(db);
+  rt_rmtree(dir);
+  free(dir);
+}
+
+/* `rdagen tune --dry-run` writes nothing and creates nothing: not the database, not its lock,
+ * not a missing folder on its path, even when the tune fails after the database was read (a
+ * bad RDA_WGMMA stops it before any kernel is compiled). */
+static void test_gen_tune_dry_run_creates_nothing(void **state) {
+  (void)state;
+  char *dir = rt_mkdtemp();
+  assert_non_null(dir);
+  char *fresh = rt_path(dir, "new");
+  char db[4200], config[4200];
+  snprintf(db, sizeof db, "%s/dir/tuning.lua", fresh);
+  snprintf(config, sizeof config, "%s/configs/default.lua", rda_gen_home());
+  char *saved = rt_env_save("RDA_WGMMA");
+  assert_int_equal(setenv("RDA_WGMMA", "bogus", 1), 0);
+  const char *const args[] = {RDAGEN_PATH, "tune", config, "--backend", "emu",       "--n", "64",
+                              "--iters",   "1",    "--db", db,          "--dry-run", NULL};
+  char *argv[sizeof args / sizeof args[0]];
+  for (size_t i = 0; i < sizeof args / sizeof args[0]; i++) argv[i] = (char *)(uintptr_t)args[i];
+  rt_proc p;
+  const bool ran = rt_run(argv, 120, &p);
+  rt_env_restore("RDA_WGMMA", saved);
+  assert_true(ran);
+  if (p.exit_code != 1 || strstr(p.err, "RDA_WGMMA") == NULL || rt_exists(fresh))
+    fail_msg("tune --dry-run: exit %d, %s created: %s\nstderr: %s", p.exit_code, fresh,
+             rt_exists(fresh) ? "yes" : "no", p.err);
+  rt_proc_free(&p);
+  free(fresh);
+  rt_rmtree(dir);
+  free(dir);
+}
+
 static void test_gen_open_fails_clearly_without_home(void **state) {
   (void)state;
   char saved[4096];
@@ -496,6 +575,8 @@ int main(void) {
       cmocka_unit_test(test_gen_plan_rejects_unvalidated_config),
       cmocka_unit_test(test_gen_names_are_deterministic_across_states),
       cmocka_unit_test(test_gen_plan_uses_tuning_file_when_present),
+      cmocka_unit_test(test_gen_user_database_is_under_the_time_limit),
+      cmocka_unit_test(test_gen_tune_dry_run_creates_nothing),
       cmocka_unit_test(test_gen_open_fails_clearly_without_home),
       cmocka_unit_test(test_gen_home_prefers_environment),
       cmocka_unit_test(test_gen_close_accepts_null),

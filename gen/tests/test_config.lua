@@ -156,6 +156,78 @@ T.test("load runs the chunk with its own limits", function()
   testing.contains(msg, "config exceeds the memory limit")
 end)
 
+T.test("load bounds the time of C calls the instruction count does not see", function()
+  -- One instruction each, each a long call in C: only the clock stops them (about 20 s
+  -- without it).
+  local t0 = os.clock()
+  local _, msg = config.load("local t = {} for i = 1, 100000 do t[i] = i end\n"
+                             .. "for i = 1, 2000 do table.sort(t) end return {}", "sort.lua",
+                             { seconds = 0.2 })
+  testing.contains(msg, "sort.lua:2: config exceeds the time limit (0.2 s)")
+  _, msg = config.load("local s = ('x'):rep(1 << 20)\nfor i = 1, 100000 do s:upper() end",
+                       "upper.lua", { seconds = 0.2 })
+  testing.contains(msg, "upper.lua:2: config exceeds the time limit (0.2 s)")
+  assert(os.clock() - t0 < 5, "the limit took too long to trip")
+  -- The default limit leaves real work alone.
+  local c = assert(config.load("local t = {} for i = 1, 1000 do t[i] = -i end table.sort(t)"
+                               .. " return { heads = 1, head_dim = 32, dtype = 'bf16',"
+                               .. " segments = { -t[1] }, dilations = { 1 } }", "ok.lua"))
+  assert(c.segments[1] == 1000, "sorted")
+end)
+
+T.test("the sandbox's table.sort orders as the library's does", function()
+  local sort = config.sandbox_env().table.sort
+  assert(sort ~= table.sort, "the sandbox has its own sort")
+  local seed = os.time()
+  math.randomseed(seed)
+  local function check(a, comp, what)
+    local want, got = {}, {}
+    for i = 1, #a do want[i], got[i] = a[i], a[i] end
+    table.sort(want, comp)
+    sort(got, comp)
+    for i = 1, #a do
+      assert(got[i] == want[i], string.format("%s, n %d, seed %d: [%d] = %s, want %s", what, #a,
+                                              seed, i, tostring(got[i]), tostring(want[i])))
+    end
+  end
+  for _, n in ipairs { 0, 1, 2, 3, 5, 16, 17, 100, 1000, 4097 } do
+    local nums, strs = {}, {}
+    for i = 1, n do
+      nums[i] = math.random(-n, n) + (math.random() < 0.3 and 0.5 or 0) -- repeats, floats
+      strs[i] = string.rep(string.char(math.random(97, 100)), math.random(0, 3))
+    end
+    check(nums, nil, "numbers")
+    check(nums, function(x, y) return x > y end, "numbers, descending")
+    check(strs, nil, "strings")
+  end
+  testing.contains(testing.raises(sort, { 1, "x", 2 }), "attempt to compare")
+  testing.contains(testing.raises(sort, 5), "table expected")
+  testing.contains(testing.raises(sort, {}, 5), "function expected")
+  -- Through a config, comparator included.
+  local c = assert(config.load("local s = { 4096, 1024, 2048 }"
+                               .. " table.sort(s, function(a, b) return a > b end)"
+                               .. " return { heads = 3, head_dim = 32, dtype = 'bf16',"
+                               .. " segments = s, dilations = { 1, 1, 1 } }", "sort.lua"))
+  assert(c.segments[1] == 4096 and c.segments[2] == 2048 and c.segments[3] == 1024, "sorted")
+end)
+
+T.test("messages name a long chunk in full and always name it", function()
+  local long = "/a/very/long/folder/name/that/goes/past/lua/idsize/of/sixty/characters/x.lua"
+  assert(#long > 70)
+  for _, c in ipairs {
+    { "return {\n heads = = 1 }", long .. ":2: unexpected symbol near '='" },
+    { "local t\nreturn t.x", long .. ":2: attempt to index a nil value" },
+    { "\n\nwhile true do end", long .. ":3: config exceeds the instruction limit" },
+    { "error('', 0)", long .. ": (empty message)" },
+    { "error('')", long .. ":1: (empty message)" },
+    { "error('plain', 0)", long .. ": plain" },
+    { "return " .. string.rep("(", 300) .. "1" .. string.rep(")", 300), long .. ": " },
+  } do
+    local _, msg = config.load(c[1], long)
+    assert(msg:sub(1, #c[2]) == c[2], string.format("%q does not start with %q", msg, c[2]))
+  end
+end)
+
 T.test("the generator's string library survives a config", function()
   local c = assert(config.load("string.upper = nil return " ..
                                "{ heads = 1, head_dim = 32, dtype = 'bf16', " ..

@@ -347,6 +347,17 @@ T.test("sandbox: a user database that loops, allocates or reaches out fails clea
     assert(why:sub(1, 5) == "u.lua", why)
     assert(not why:find("\n"), "one line: " .. why)
   end
+  -- Comparing two 1 MiB strings is one instruction: the clock bounds a loop of them.
+  local slow = "local a = '" .. string.rep("x", 1 << 20) .. "'\nlocal b, c = a .. 'y', a .. 'y'\n"
+         .. "local n = 0 for i = 1, 1000000 do if b == c then n = n + 1 end end return {}"
+  local t0 = os.clock()
+  local _, why = tuning.load_user(slow, "u.lua", 0.2)
+  testing.contains(why, "u.lua:3: the tuning database exceeds the time limit (0.2 s)")
+  assert(os.clock() - t0 < 5, "the limit took too long to trip")
+  -- A name longer than Lua's chunk names (about 60 characters) is given in full.
+  local long = string.rep("/folder_with_a_long_name", 4) .. "/u.lua"
+  _, why = tuning.load_user("return {", long)
+  assert(why:sub(1, #long + 3) == long .. ":1:", why)
   -- The state is clean afterwards: a good database still loads, with all its entries.
   local text = tuning.serialize { entry { NAME.B, NAME.A } }
   local d = assert(tuning.load_user(text, "u.lua"))
