@@ -78,6 +78,37 @@ static rda_status counting_launch(rda_backend *b, rda_module *m, const unsigned 
   return g_emu_launch(b, m, grid, threads, smem, params, bytes, err);
 }
 
+/* Device memory a rank's ring pass allocates itself (beyond the caller's workspace). */
+static rda_status (*g_emu_alloc)(rda_backend *, size_t, void **, rda_err *);
+static void (*g_emu_free)(rda_backend *, void *);
+static int g_in_ring[MAXP];
+static size_t g_ring_live[MAXP], g_ring_hw[MAXP];
+static struct { void *p; size_t n; } g_ring_allocs[MAXP][256];
+static rda_status counting_alloc(rda_backend *b, size_t bytes, void **dptr, rda_err *err) {
+  const rda_status s = g_emu_alloc(b, bytes, dptr, err);
+  for (int i = 0; i < MAXP && s == RDA_OK; ++i)
+    if (g_b[i] == b && g_in_ring[i]) {
+      for (int k = 0; k < 256; ++k)
+        if (g_ring_allocs[i][k].p == NULL) {
+          g_ring_allocs[i][k].p = *dptr, g_ring_allocs[i][k].n = bytes;
+          break;
+        }
+      g_ring_live[i] += bytes;
+      if (g_ring_live[i] > g_ring_hw[i]) g_ring_hw[i] = g_ring_live[i];
+    }
+  return s;
+}
+static void counting_free(rda_backend *b, void *dptr) {
+  for (int i = 0; i < MAXP; ++i)
+    if (g_b[i] == b)
+      for (int k = 0; k < 256; ++k)
+        if (dptr != NULL && g_ring_allocs[i][k].p == dptr) {
+          g_ring_live[i] -= g_ring_allocs[i][k].n;
+          g_ring_allocs[i][k].p = NULL;
+        }
+  g_emu_free(b, dptr);
+}
+
 static int group_setup(void **state) {
   (void)state;
   rda_err err = {0};
@@ -92,6 +123,8 @@ static int group_setup(void **state) {
     }
   g_emu_launch = g_b[0]->launch;
   for (int i = 0; i < MAXP; ++i) g_b[i]->launch = counting_launch;
+  g_emu_alloc = g_b[0]->alloc, g_emu_free = g_b[0]->free;
+  for (int i = 0; i < MAXP; ++i) g_b[i]->alloc = counting_alloc, g_b[i]->free = counting_free;
   if (rda_gen_hw_builtin(g_gen, g_b[0]->arch, &g_hw, &err) != RDA_OK) {
     fprintf(stderr, "test_ring: hw: %s\n", err.msg);
     return -1;
@@ -125,6 +158,7 @@ typedef struct rank_job {
   void *mem[M_COUNT];
   size_t ws_bytes;
   rda_ring_run_stats stats, bstats;
+  size_t ring_alloc_hw; /* device bytes the ring passes allocated themselves, at most at once */
   long fwd_launches, bwd_launches; /* kernel launches of each pass */
   rda_status status;
   rda_err err;
@@ -193,6 +227,8 @@ static void *rank_main(void *arg) {
   j->status = rda_host_world_join(j->world, j->rank, j->fp, &t, &j->err);
   if (j->status == RDA_OK && j->fail_wait > 0) t = flaky_wrap(t, j->fail_wait);
   const long l0 = g_launches[j->rank];
+  g_ring_hw[j->rank] = g_ring_live[j->rank] = 0;
+  g_in_ring[j->rank] = 1;
   if (j->status == RDA_OK)
     j->status = rda_ring_fwd_run(j->b, j->pk, &j->kern, j->rp, j->rank, t, &j->a, j->mem[M_WS],
                                  j->ws_bytes, &j->stats, &j->err);
@@ -202,6 +238,8 @@ static void *rank_main(void *arg) {
     j->status = rda_ring_bwd_run(j->b, j->pk, &j->kern, j->rp, j->rank, t, &j->ba, j->mem[M_WS],
                                  j->ws_bytes, &j->bstats, &j->err);
   j->bwd_launches = g_launches[j->rank] - l1;
+  g_in_ring[j->rank] = 0;
+  j->ring_alloc_hw = g_ring_hw[j->rank];
   rda_transport_destroy(t);
   return NULL;
 }
@@ -472,6 +510,10 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
       if (j->stats.peak_bytes < planned || j->stats.peak_bytes > planned + 3 * 256)
         fail_msg("%s: rank %d held %llu bytes, the plan says %llu", what, p,
                  (unsigned long long)j->stats.peak_bytes, (unsigned long long)planned);
+      /* The workspace is the caller's; whatever the ring allocates besides must not be O(N). */
+      if (j->ring_alloc_hw > planned)
+        fail_msg("%s: rank %d allocated %zu device bytes itself beside a %llu-byte workspace", what,
+                 p, j->ring_alloc_hw, (unsigned long long)planned);
       if (rc->backward) {
         assert_int_equal(j->bstats.bytes_sent,
                          (rk->bytes_sent + 2 * rk->bytes_received) * (uint64_t)B);
@@ -634,6 +676,24 @@ static void test_ring_matches_reference_every_rank_count_causal_mod(void **state
   (void)state;
   const int ps[] = {1, 2, 3, 4, 5, 6, 7, 8};
   run_ranks("causal mod 3 branches", case_causal_mod(), 0, ps, 8);
+}
+
+/* Pieces of one row: a rank's own diagonal is then its only own key, so skipping own blocks
+ * one row too early (an off-by-one in the causal skip) loses it. Contiguous and zigzag,
+ * forward and backward. */
+static void test_ring_causal_single_row_pieces(void **state) {
+  (void)state;
+  ring_case rc = case_causal_mod();
+  const int ps[] = {5};
+  rc.n = 5; /* every rank owns one row */
+  run_ranks("causal one row per rank", rc, 0, ps, 1);
+  run_ranks("causal one row per rank, backward", rc, 1, ps, 1);
+  rc.n = 7;
+  run_ranks("causal one or two rows per rank", rc, 0, ps, 1);
+  rc = case_zigzag(1);
+  rc.n = 10; /* 2P chunks of one row */
+  run_ranks("causal zigzag one-row chunks", rc, 0, ps, 1);
+  run_ranks("causal zigzag one-row chunks, backward", rc, 1, ps, 1);
 }
 
 static void test_ring_matches_reference_noncausal_block_offsets_gqa(void **state) {
@@ -956,6 +1016,7 @@ static void test_ring_mid_ring_failure_errors_every_rank(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_ring_causal_single_row_pieces),
       cmocka_unit_test(test_ring_matches_reference_every_rank_count_causal_mod),
       cmocka_unit_test(test_ring_matches_reference_noncausal_block_offsets_gqa),
       cmocka_unit_test(test_ring_matches_reference_group_offsets_causal_gqa),
