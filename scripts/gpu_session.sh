@@ -462,7 +462,7 @@ if want_phase bench; then
   sim_json() { # record one ring-sim --json document as one line
     local doc
     doc=$(timeout 20 "${sim[@]}" --json "$@") &&
-      python3 -c 'import json, sys; d = json.loads(sys.argv[1]); print(json.dumps({"bench": "ring_sim", "args": sys.argv[2:], "sim": d}))' \
+      python3 -c 'import json, sys; d = json.loads(sys.argv[1]); print(json.dumps({"bench": "ring_sim", "predicted": True, "args": sys.argv[2:], "sim": d}))' \
         "$doc" "$@" >>"$RESULTS" || warn "ring-sim --json $* failed"
   }
   sim_json
@@ -475,7 +475,7 @@ for l in open(sys.argv[1]):
   if [ -n "$tflops" ]; then
     {
       echo "=== the same with --tflops $tflops (rda_bench_fwd's measured rate)"
-      run_step ring_sim_measured 20 0 - "${sim[@]}" --tflops "$tflops"
+      run_step ring_sim_at_measured_rate 20 0 - "${sim[@]}" --tflops "$tflops"
     } >>"$OUT/ring_sim.txt" 2>&1
     tail -n +2 "$OUT/ring_sim.txt" | sed -n '/--tflops/,$p'
     sim_json --tflops "$tflops"

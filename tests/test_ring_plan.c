@@ -651,14 +651,19 @@ static void test_ring_sim_cli_prints_ranks_and_rejects_bad_input(void **state) {
   char *dir = rt_mkdtemp();
   char *cfg = write_config(dir);
   {
+    /* A billion rows is a prediction, and says so (nothing may pass for a measurement). */
     const char *argv[] = {"ring-sim", cfg, "--n", "1e9", "--ranks", "1024", NULL};
-    run_cli(argv, 0, "slowest rank");
+    run_cli(argv, 0, "predicted slowest rank");
+    run_cli(argv, 0, "PREDICTED by rdagen ring-sim");
+    run_cli(argv, 0, "nothing was run or measured");
   }
   {
     const char *argv[] = {"ring-sim", cfg,        "--n",    "4096",   "--ranks",
                           "8",        "--layout", "zigzag", "--json", NULL};
     run_cli(argv, 0, "\"peak_bytes\"");
     run_cli(argv, 0, "\"overlap\"");
+    run_cli(argv, 0, "\"predicted\": true");
+    run_cli(argv, 0, "nothing was run or measured");
   }
   {
     const char *argv[] = {"ring-sim", cfg, "--n", "4096", "--ranks", "8", NULL};

@@ -13,6 +13,10 @@
 
 /* Default link: NVLink 4 (H100 SXM), 450 GB/s per direction = 3600 Gb/s. */
 #define SIM_DEFAULT_LINK_GBPS 3600.0
+/* What every output says it is. */
+#define SIM_SOURCE                                                                             \
+  "by rdagen ring-sim: the ring's communication plan under a cost model (link rate, compute "  \
+  "rate); nothing was run or measured"
 #define SIM_DEFAULT_TFLOPS 400.0
 /* Accepted rates: wide, and narrow enough that every modelled time (bytes < 2^63, flops < 2^111)
  * is a finite, normal double. */
@@ -171,6 +175,10 @@ static int sim_print_json(const sim_opts *o, const rda_ring_plan *p, const rda_r
   rda_err err = {0};
   rda_json_init(&j);
   rda_json_object_begin(&j);
+  /* Times here come from the cost model, never from a run: say so in the document itself, so
+   * no copy of it (results files, reports) can pass for a measurement. */
+  rda_json_key(&j, "predicted"), rda_json_bool(&j, 1);
+  rda_json_key(&j, "source"), rda_json_string(&j, SIM_SOURCE);
   rda_json_key(&j, "config"), rda_json_string(&j, o->config);
   rda_json_key(&j, "n"), rda_json_int(&j, o->n);
   rda_json_key(&j, "world_size"), rda_json_int(&j, o->ranks);
@@ -228,6 +236,7 @@ static int sim_print_json(const sim_opts *o, const rda_ring_plan *p, const rda_r
 static void sim_print_table(const sim_opts *o, const rda_ring_plan *p, const rda_ring_sim *sim) {
   const rda_config *c = rda_ring_plan_config(p);
   char a[32], b[32];
+  printf("PREDICTED %s\n", SIM_SOURCE);
   printf("config   %s: heads %d (kv %d), head_dim %d, %s, %s, offsets %s\n", o->config, c->heads,
          c->kv_heads, c->head_dim, rda_dtype_name(c->dtype), c->causal ? "causal" : "non-causal",
          rda_offsets_name(c->offsets));
@@ -262,8 +271,8 @@ static void sim_print_table(const sim_opts *o, const rda_ring_plan *p, const rda
     if (rk->peak_bytes > peak) peak = rk->peak_bytes;
   }
   printf(
-      "\nworld    slowest rank %d: %.4g s (compute %.4g s, comm %.4g s, %.1f%% of it hidden); "
-      "moved %s in all; largest peak %s\n",
+      "\nworld    predicted slowest rank %d: %.4g s (compute %.4g s, comm %.4g s, %.1f%% of it "
+      "hidden); moved %s in all; largest peak %s\n",
       slow, sim[slow].total_s, sim[slow].compute_s, sim[slow].comm_s, 100.0 * sim[slow].overlap,
       sim_bytes(moved, a, sizeof a), sim_bytes((double)peak, b, sizeof b));
 }
