@@ -349,8 +349,9 @@ static void test_fwd_matches_reference_gqa_fp16_d96_seq_first_strides(void **sta
 /* The d = 256 kernel (Q reloaded from shared memory), causal, group offsets. */
 static void test_fwd_matches_reference_causal_bf16_d256_group_offsets(void **state) {
   (void)state;
-  const fwd_case c = {.heads = 2,
-                      .kv_heads = 2,
+  /* 3 heads over 2 branches: the first branch takes the extra head (SPEC §1). */
+  const fwd_case c = {.heads = 3,
+                      .kv_heads = 3,
                       .head_dim = 256,
                       .dtype = RDA_DTYPE_BF16,
                       .causal = 1,
