@@ -64,7 +64,8 @@ typedef struct rda_plan rda_plan; /* one per attention config on a context; hold
 
 /* The detail of the last failure on ctx: one line naming the argument or the call that failed,
  * "" when none. A copy owned by the calling thread, valid until its next rda_last_error call
- * (so another thread failing meanwhile cannot change or tear it).
+ * (for any context) or its exit, so another thread failing meanwhile cannot change or tear it;
+ * never waits for another thread's plan creation.
  * With ctx NULL (or not a context): the last failure on the calling thread of a call that had no
  * usable context (e.g. a failed rda_ctx_create_*, a NULL or foreign handle). Never NULL. */
 RDA_API const char *rda_last_error(const rda_ctx *ctx);
@@ -217,7 +218,9 @@ RDA_API rda_status rda_plan_workspace_size(const rda_plan *plan, long long batch
  * - o, lse and workspace must not overlap each other or q, k, v; q, k, v may alias each other
  *   (e.g. views of one fused QKV tensor). Nothing is freed or retained after the call.
  * RDA_ERR_INVALID_ARGUMENT with the argument named in rda_last_error for a NULL, a shape or
- * dtype that does not match the plan, a misaligned pointer or stride, or a small workspace. */
+ * dtype that does not match the plan, a misaligned pointer or stride, or a small workspace.
+ * RDA_ERR_UNSUPPORTED when a segment holds 2^31 grid rows or more (ceil(min(w_i, N) / r_i);
+ * the kernels count them in 32-bit ints). Any batch B >= 1. */
 RDA_API rda_status rda_forward(const rda_plan *plan, const rda_tensor *q, const rda_tensor *k,
                                const rda_tensor *v, const rda_tensor *o, const rda_tensor *lse,
                                void *workspace, size_t workspace_bytes, void *stream);
@@ -235,7 +238,7 @@ RDA_API rda_status rda_plan_backward_workspace_size(const rda_plan *plan, long l
  * [B, N, Hkv, D], all RDA_FP32 and overwritten (not accumulated into). Results are
  * bit-identical run to run. Same stream, workspace, aliasing and checking rules as rda_forward:
  * workspace of rda_plan_backward_workspace_size() bytes; dq, dk, dv and workspace must not
- * overlap each other or any input. */
+ * overlap each other or any input. N is at most 2^31 - 1 (RDA_ERR_INVALID_ARGUMENT beyond). */
 RDA_API rda_status rda_backward(const rda_plan *plan, const rda_tensor *q, const rda_tensor *k,
                                 const rda_tensor *v, const rda_tensor *o, const rda_tensor *lse,
                                 const rda_tensor *dout, const rda_tensor *dlse,

@@ -45,9 +45,9 @@ rda_status rda_api_fail(rda_ctx *ctx, const rda_err *err) {
   const char *msg = err->msg[0] != '\0' ? err->msg : "(no detail recorded)";
   snprintf(rda_api_thread_error, sizeof rda_api_thread_error, "%s", msg);
   if (rda_api_ctx_ok(ctx)) {
-    pthread_mutex_lock(&ctx->lock);
+    pthread_mutex_lock(&ctx->err_lock);
     snprintf(ctx->last_error, sizeof ctx->last_error, "%s", msg);
-    pthread_mutex_unlock(&ctx->lock);
+    pthread_mutex_unlock(&ctx->err_lock);
   }
   return s;
 }
@@ -69,9 +69,9 @@ static _Thread_local char rda_api_thread_copy[RDA_API_MSG_LEN];
 const char *rda_last_error(const rda_ctx *ctx) {
   if (!rda_api_ctx_ok(ctx)) return rda_api_thread_error;
   rda_ctx *c = (rda_ctx *)(uintptr_t)ctx; /* the lock, not the context, changes */
-  pthread_mutex_lock(&c->lock);
+  pthread_mutex_lock(&c->err_lock);
   snprintf(rda_api_thread_copy, sizeof rda_api_thread_copy, "%s", c->last_error);
-  pthread_mutex_unlock(&c->lock);
+  pthread_mutex_unlock(&c->err_lock);
   return rda_api_thread_copy;
 }
 
@@ -91,6 +91,7 @@ void rda_api_ctx_release(rda_ctx *ctx) {
   rda_gen_close(ctx->gen);
   if (ctx->b != NULL) ctx->b->destroy(ctx->b);
   pthread_mutex_destroy(&ctx->lock);
+  pthread_mutex_destroy(&ctx->err_lock);
   free(ctx);
 }
 
@@ -115,6 +116,7 @@ static rda_status rda_api_ctx_create(rda_ctx **out, const char *which, int ordin
   atomic_init(&ctx->plans, 0);
   atomic_init(&ctx->closed, 0);
   pthread_mutex_init(&ctx->lock, NULL);
+  pthread_mutex_init(&ctx->err_lock, NULL);
   ctx->magic = RDA_API_CTX_MAGIC;
   ctx->is_cuda = strcmp(which, "cuda") == 0;
   ctx->dry = dry;
@@ -782,7 +784,7 @@ rda_status rda_api_cast(const rda_plan *plan, const float *acc, const long long 
                         const rda_tensor *o, long long batch, long long n, rda_err *err) {
   const rda_plan_k *pk = &plan->core->pk;
   if (pk->cast_kernel < 0 || pk->cast_kernel >= pk->nvariants)
-    return rda_err_set(err, RDA_ERR_INTERNAL, "rda_forward: the plan has no cast kernel");
+    return rda_err_set(err, RDA_ERR_INTERNAL, "the plan has no cast kernel");
   const rda_variant *v = &pk->variants[pk->cast_kernel];
   rda_cast_params cp;
   memset(&cp, 0, sizeof cp);
@@ -909,7 +911,7 @@ rda_status rda_forward(const rda_plan *plan, const rda_tensor *q, const rda_tens
   rda_status s = rda_fwd_run(ctx->b, &plan->core->pk, &plan->core->kernels, &a, &err);
   if (s == RDA_OK && !o_direct) s = rda_api_cast(plan, a.o, a.o_s, o, batch, n, &err);
   if (ctx->is_cuda) rda_backend_cuda_own_stream();
-  return s == RDA_OK ? RDA_OK : rda_api_fail(ctx, &err);
+  return s == RDA_OK ? RDA_OK : rda_api_failf(ctx, err.status, "%s: %s", "rda_forward", err.msg);
 }
 
 /* ---- backward ---------------------------------------------------------------------------- */
@@ -976,5 +978,5 @@ rda_status rda_backward(const rda_plan *plan, const rda_tensor *q, const rda_ten
   if (ctx->is_cuda) rda_backend_cuda_use_stream(stream);
   const rda_status s = rda_bwd_run(ctx->b, pk, &plan->core->kernels, &a, &err);
   if (ctx->is_cuda) rda_backend_cuda_own_stream();
-  return s == RDA_OK ? RDA_OK : rda_api_fail(ctx, &err);
+  return s == RDA_OK ? RDA_OK : rda_api_failf(ctx, err.status, "%s: %s", "rda_backward", err.msg);
 }

@@ -47,8 +47,11 @@ struct rda_ctx {
   rda_backend *b;
   rda_gen *gen; /* used under lock */
   rda_hw hw;
-  pthread_mutex_t lock; /* gen, cores and last_error */
+  pthread_mutex_t lock; /* gen and cores (held through a whole plan build) */
   rda_api_core *cores;  /* newest first */
+  /* last_error has a lock of its own, held only to copy it: reading or recording a message
+   * never waits for a plan build on another thread. */
+  pthread_mutex_t err_lock;
   char last_error[RDA_API_MSG_LEN];
 };
 

@@ -60,19 +60,23 @@ static int needs_init(const rda_plan_k *p) {
   return 0;
 }
 
+rda_status rda_fwd_check_grid_rows(const rda_config *cfg, long long n, rda_err *err) {
+  for (int i = 0; i < cfg->nbranch; ++i) {
+    const int64_t w = cfg->segments[i] < n ? cfg->segments[i] : n;
+    const int64_t rows = (w + cfg->dilations[i] - 1) / cfg->dilations[i];
+    if (rows > 0x7fffffffLL)
+      return rda_err_set(err, RDA_ERR_UNSUPPORTED,
+                         "branch %d: %lld grid rows per segment (N = %lld): at most 2^31 - 1", i,
+                         (long long)rows, n);
+  }
+  return RDA_OK;
+}
+
 static rda_status check_args(const rda_plan_k *p, const rda_fwd_args *a, rda_err *err) {
   if (a->batch < 1 || a->n < 1)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "batch = %lld, n = %lld: both must be >= 1",
                        a->batch, a->n);
-  /* The kernels count a segment's grid rows and tiles in 32-bit ints. */
-  for (int i = 0; i < p->cfg.nbranch; ++i) {
-    const int64_t w = p->cfg.segments[i] < a->n ? p->cfg.segments[i] : a->n;
-    const int64_t rows = (w + p->cfg.dilations[i] - 1) / p->cfg.dilations[i];
-    if (rows > 0x7fffffffLL)
-      return rda_err_set(err, RDA_ERR_UNSUPPORTED,
-                         "branch %d: %lld grid rows per segment (n = %lld): at most 2^31 - 1", i,
-                         (long long)rows, a->n);
-  }
+  RDA_TRY(rda_fwd_check_grid_rows(&p->cfg, a->n, err));
   if (a->q == NULL || a->k == NULL || a->v == NULL || a->o == NULL || a->lse == NULL)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "a tensor pointer is NULL");
   /* The kernels move 16-byte vectors: 8 storage elements of Q/K/V rows, 4 floats of O. */

@@ -36,6 +36,11 @@ void rda_fwd_unload(rda_backend *b, rda_fwd_kernels *k);
 void rda_fwd_params_for_step(const rda_plan_k *p, const rda_step *s, const rda_fwd_args *a,
                              rda_fwd_params *fp);
 
+/* RDA_ERR_UNSUPPORTED naming the branch when a segment of cfg over n rows has 2^31 grid rows or
+ * more: the kernels count them in 32-bit ints. rda_fwd_run checks it; the ring, whose ranks
+ * hold fewer rows than the segments span, checks it for the whole sequence. */
+rda_status rda_fwd_check_grid_rows(const rda_config *cfg, long long n, rda_err *err);
+
 /* Enqueue the forward pass (asynchronous on cuda). */
 rda_status rda_fwd_run(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
                        const rda_fwd_args *a, rda_err *err);

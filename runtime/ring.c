@@ -301,6 +301,11 @@ static rda_status ring_enter(rda_backend *b, const rda_plan_k *pk, const rda_fwd
   else if ((ba != NULL ? ba->batch : fa->batch) > RDA_MAX_BATCH_PER_LAUNCH)
     s = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: batch = %lld: at most %lld per call", what,
                     ba != NULL ? ba->batch : fa->batch, RDA_MAX_BATCH_PER_LAUNCH);
+  /* Segments span ranks: their grid rows count over the whole sequence. */
+  rda_err rows = {0};
+  if (s == RDA_OK && rda_fwd_check_grid_rows(rda_ring_plan_config(rp),
+                                             (long long)rda_ring_plan_n(rp), &rows) != RDA_OK)
+    s = rda_err_set(err, rows.status, "%s: %s", what, rows.msg);
   if (s != RDA_OK) {
     if (t != NULL) rda_transport_abort(t, err != NULL ? err->msg : what);
     return s;

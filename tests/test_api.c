@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include <cmocka.h> /* after the standard headers it needs */
 /* clang-format on */
@@ -707,18 +708,6 @@ static void test_forward_matches_reference_fp16_block_fused_qkv_fp32_output(void
   rda_plan_destroy(p);
 }
 
-/* SPEC §2 allows any batch: past the grid's z limit (65535) the forward runs slice by slice,
- * and the last, short slice must land at its own offsets. */
-static void test_forward_matches_reference_past_the_grid_batch_limit(void **state) {
-  (void)state;
-  rda_plan *p = NULL;
-  const char *chunk = "return { heads = 1, head_dim = 32, dtype = 'bf16', segments = {2},\n"
-                      "         dilations = {1}, causal = false }";
-  assert_int_equal(rda_plan_create_from_string(&p, g_ctx, chunk, RDA_PLAN_FORWARD), RDA_OK);
-  run_and_check("batch 65537, fp32 O", p, 65537, 2, 0, RDA_FP32, 1, NULL);
-  rda_plan_destroy(p);
-}
-
 /* A negative scale (SPEC §1 puts no sign on τ), through the struct and through a chunk: the
  * kernels fold it into the scores; O and LSE must match the float64 reference. The config keeps
  * the scale as given, and the largest magnitude allowed plans too. */
@@ -1026,17 +1015,65 @@ static void test_backward_matches_reference_bf16_causal_gqa(void **state) {
   rda_plan_destroy(p);
 }
 
-/* The backward past the grid's batch limit: slices of 65535, the last one short, each with its
- * own part of the workspace. */
-static void test_backward_matches_reference_past_the_grid_batch_limit(void **state) {
+/* A view of the last `count` batch entries of t. */
+static rda_tensor tail_of(const rda_tensor *t, long long count) {
+  rda_tensor v = *t;
+  const size_t el = t->dtype == RDA_FP32 ? 4 : 2;
+  v.data = (char *)t->data + (size_t)((t->shape[0] - count) * t->stride[0]) * el;
+  v.shape[0] = count;
+  return v;
+}
+
+/* SPEC §2 allows any batch: past the grid's z limit (65535) both passes run slice by slice.
+ * The whole result is checked against float64, and the last slice's entries bit for bit
+ * against a call on those entries alone (the kernels are deterministic): a slice that reads
+ * or writes any tensor at a wrong offset fails, however few its entries. */
+static void test_batch_past_the_grid_limit_matches_reference_and_a_tail_call(void **state) {
   (void)state;
   rda_plan *p = NULL;
-  const char *chunk = "return { heads = 1, head_dim = 32, dtype = 'fp16', segments = {2},\n"
-                      "         dilations = {1}, causal = true }";
+  const char *chunk = "return { heads = 2, kv_heads = 1, head_dim = 32, dtype = 'fp16',\n"
+                      "         segments = {2}, dilations = {1}, causal = true }";
   assert_int_equal(rda_plan_create_from_string(&p, g_ctx, chunk, RDA_PLAN_WITH_BACKWARD), RDA_OK);
+  const long long B = 65537, N = 2, T = 2, H = 2, Hkv = 1, D = 32;
   bwd_case b;
-  bwd_case_make(&b, p, 65537, 2);
+  bwd_case_make(&b, p, B, N);
+  double *o_ref, *lse_ref;
+  rt_reference(&b.c, B, N, b.q, b.k, b.v, &o_ref, &lse_ref);
+  const long long ls[2] = {H * N, N};
+  assert_true(rt_check_fwd("rda_forward batch 65537", &b.c, B, N, b.o, b.qs, b.lse, ls, o_ref,
+                           lse_ref, NULL));
+  free(o_ref), free(lse_ref);
   bwd_case_check(&b, p, 1, "rda_backward batch 65537");
+
+  const size_t nq = (size_t)(T * N * H * D), nk = (size_t)(T * N * Hkv * D), nl = (size_t)(T * H * N);
+  float *o = aalloc(nq * 4), *lse = aalloc(nl * 4);
+  float *dq = aalloc(nq * 4), *dk = aalloc(nk * 4), *dv = aalloc(nk * 4);
+  rt_poison_f32(o, nq), rt_poison_f32(lse, nl);
+  rt_poison_f32(dq, nq), rt_poison_f32(dk, nk), rt_poison_f32(dv, nk);
+  const long long sq[4] = {T, N, H, D}, sk[4] = {T, N, Hkv, D}, sl[3] = {T, H, N};
+  rda_tensor to, tl, tdq, tdk, tdv;
+  rda_tensor_contiguous(&to, o, RDA_FP32, 4, sq);
+  rda_tensor_contiguous(&tl, lse, RDA_FP32, 3, sl);
+  rda_tensor_contiguous(&tdq, dq, RDA_FP32, 4, sq);
+  rda_tensor_contiguous(&tdk, dk, RDA_FP32, 4, sk);
+  rda_tensor_contiguous(&tdv, dv, RDA_FP32, 4, sk);
+  const rda_tensor q = tail_of(&b.tq, T), k = tail_of(&b.tk, T), v = tail_of(&b.tv, T);
+  assert_int_equal(rda_forward(p, &q, &k, &v, &to, &tl, NULL, 0, NULL), RDA_OK);
+  assert_memory_equal(o, (const float *)b.o + (B - T) * b.qs[0], nq * 4);
+  assert_memory_equal(lse, (const float *)b.lse + (B - T) * H * N, nl * 4);
+
+  const rda_tensor bo = tail_of(&b.to, T), bl = tail_of(&b.tl, T), dout = tail_of(&b.tdo, T);
+  const rda_tensor dlse = tail_of(&b.tdl, T);
+  size_t ws_bytes = 0;
+  assert_int_equal(rda_plan_backward_workspace_size(p, T, N, &ws_bytes), RDA_OK);
+  void *ws = aalloc(ws_bytes);
+  assert_int_equal(rda_backward(p, &q, &k, &v, &bo, &bl, &dout, &dlse, &tdq, &tdk, &tdv, ws,
+                                ws_bytes, NULL),
+                   RDA_OK);
+  assert_memory_equal(dq, b.dq + (B - T) * b.qs[0], nq * 4);
+  assert_memory_equal(dk, b.dk + (B - T) * b.gs[0], nk * 4);
+  assert_memory_equal(dv, b.dv + (B - T) * b.gs[0], nk * 4);
+  free(o), free(lse), free(dq), free(dk), free(dv), free(ws);
   bwd_case_free(&b);
   rda_plan_destroy(p);
 }
@@ -1331,6 +1368,41 @@ static void test_last_error_is_whole_while_other_threads_fail(void **state) {
   args_free(&a);
 }
 
+/* Reading or recording a message never waits for a plan build: with the context's plan lock
+ * held (as during a build on another thread), a failing call and rda_last_error return. */
+typedef struct err_prober {
+  atomic_int done;
+  char msg[160];
+} err_prober;
+
+static void *err_prober_main(void *arg) {
+  err_prober *e = arg;
+  rda_forward(g_plan, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL); /* fails: q is NULL */
+  snprintf(e->msg, sizeof e->msg, "%s", rda_last_error(g_ctx));
+  atomic_store(&e->done, 1);
+  return NULL;
+}
+
+static void test_last_error_does_not_wait_for_a_plan_build(void **state) {
+  (void)state;
+  err_prober e;
+  atomic_init(&e.done, 0);
+  e.msg[0] = '\0';
+  pthread_mutex_lock(&g_ctx->lock);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, err_prober_main, &e), 0);
+  for (int i = 0; i < 1000 && !atomic_load(&e.done); ++i) { /* up to 10 s */
+    const struct timespec ms10 = {0, 10 * 1000 * 1000};
+    nanosleep(&ms10, NULL);
+  }
+  const int done = atomic_load(&e.done);
+  pthread_mutex_unlock(&g_ctx->lock);
+  pthread_join(t, NULL);
+  if (!done) fprintf(stderr, "rda_last_error waited for the plan lock\n");
+  assert_true(done);
+  assert_string_equal(e.msg, "rda_forward: q is NULL");
+}
+
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "--create-destroy-loop") == 0) {
     const int rc = create_destroy_loop(atoi(argv[2]));
@@ -1353,13 +1425,12 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_tensor_contiguous_checks_its_arguments),
       cmocka_unit_test(test_forward_matches_reference_bf16_causal_gqa_storage_output),
       cmocka_unit_test(test_forward_matches_reference_fp16_block_fused_qkv_fp32_output),
-      cmocka_unit_test(test_forward_matches_reference_past_the_grid_batch_limit),
       cmocka_unit_test(test_forward_matches_reference_with_negative_scale),
       cmocka_unit_test(test_forward_storage_output_is_fp32_output_rounded),
       cmocka_unit_test(test_plan_from_file_string_and_struct_agree),
       cmocka_unit_test(test_forward_on_cuda_streams_matches_reference),
       cmocka_unit_test(test_backward_matches_reference_bf16_causal_gqa),
-      cmocka_unit_test(test_backward_matches_reference_past_the_grid_batch_limit),
+      cmocka_unit_test(test_batch_past_the_grid_limit_matches_reference_and_a_tail_call),
       cmocka_unit_test(test_plan_create_rejects_unknown_flags),
       cmocka_unit_test_setup_teardown(test_plan_autotune_tunes_once_and_records_it,
                                       autotune_setup, autotune_teardown),
@@ -1368,6 +1439,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_plan_outlives_destroyed_context),
       cmocka_unit_test(test_plans_created_and_run_from_threads_at_once),
       cmocka_unit_test(test_last_error_is_whole_while_other_threads_fail),
+      cmocka_unit_test(test_last_error_does_not_wait_for_a_plan_build),
   };
   const char *filter = getenv("RDA_TEST_FILTER"); /* e.g. "*negative_scale*" while developing */
   if (filter != NULL) cmocka_set_test_filter(filter);

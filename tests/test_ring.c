@@ -1014,9 +1014,49 @@ static void test_ring_mid_ring_failure_errors_every_rank(void **state) {
   }
 }
 
+/* A segment of 2^31 grid rows spans ranks that each hold fewer rows: the ring checks grid rows
+ * over the whole sequence (the kernels count them in 32-bit ints) before anything runs, and
+ * aborts the world so that no rank waits. Nothing of the 2^31 rows is touched. */
+static void test_ring_refuses_segments_of_2_31_grid_rows(void **state) {
+  (void)state;
+  rda_config cfg;
+  const long long w[1] = {1LL << 32}, r[1] = {1};
+  rt_config_make(&cfg, 2, 2, 32, RDA_DTYPE_BF16, 0, RDA_OFFSETS_MOD, 1, w, r);
+  const long long N = 1LL << 31;
+  rda_err err = {0};
+  rda_ring_plan *rp = NULL;
+  assert_int_equal(rda_ring_plan_create(&cfg, N, 1, RDA_RING_CONTIGUOUS, &rp, &err), RDA_OK);
+  rda_plan_k pk;
+  memset(&pk, 0, sizeof pk);
+  assert_int_equal(rda_gen_plan(g_gen, &cfg, &g_hw, &pk, &err), RDA_OK);
+  rda_fwd_kernels kern = {0, NULL};
+  assert_int_equal(rda_fwd_load(g_b[0], &pk, &kern, &err), RDA_OK);
+  rda_host_world *world = NULL;
+  assert_int_equal(rda_host_world_create(1, 5.0, &world, &err), RDA_OK);
+  rda_transport *t = NULL;
+  assert_int_equal(
+      rda_host_world_join(world, 0, rda_ring_fingerprint(&cfg, N, 1, RDA_RING_CONTIGUOUS), &t, &err),
+      RDA_OK);
+  static uint16_t in[64] __attribute__((aligned(16)));
+  static float out[64] __attribute__((aligned(16)));
+  rda_fwd_args a;
+  rda_fwd_args_contiguous(&a, &cfg, 1, N, in, in, in, out, out);
+  rda_err_clear(&err);
+  assert_int_equal(rda_ring_fwd_run(g_b[0], &pk, &kern, rp, 0, t, &a, NULL, 0, NULL, &err),
+                   RDA_ERR_UNSUPPORTED);
+  if (strstr(err.msg, "ring forward: branch 0: 2147483648 grid rows per segment") == NULL)
+    fail_msg("unexpected error: %s", err.msg);
+  rda_transport_destroy(t);
+  rda_host_world_destroy(world);
+  rda_fwd_unload(g_b[0], &kern);
+  rda_plan_k_free(&pk);
+  rda_ring_plan_destroy(rp);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ring_causal_single_row_pieces),
+      cmocka_unit_test(test_ring_refuses_segments_of_2_31_grid_rows),
       cmocka_unit_test(test_ring_matches_reference_every_rank_count_causal_mod),
       cmocka_unit_test(test_ring_matches_reference_noncausal_block_offsets_gqa),
       cmocka_unit_test(test_ring_matches_reference_group_offsets_causal_gqa),
