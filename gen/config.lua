@@ -48,9 +48,11 @@ local UNSUPPORTED <const> = {
 -- rawset, pcall/xpcall (they would catch the limit errors), coroutine, string.dump, the
 -- pattern functions (a pathological pattern runs in C, out of the instruction count's sight)
 -- and table.move (moving 2^60 nils loops in C without allocating). string.rep is wrapped: an
--- empty string repeated 2^60 times would loop in C the same way. table.sort is the generator's
--- (native.sandbox_sort): the library's compares without a comparator inside one C call that no
--- hook interrupts, hours for a table of long equal strings; this one keeps to the time limit.
+-- empty string repeated 2^60 times would loop in C the same way; so are table.insert and
+-- table.remove, whose shift of t[pos..#t] would too (#t of a sparse table can be 2^62).
+-- table.sort is the generator's (native.sandbox_sort): the library's compares without a
+-- comparator inside one C call that no hook interrupts, hours for a table of long equal
+-- strings; this one keeps to the time limit.
 local SAFE_GLOBALS <const> = { "assert", "error", "ipairs", "next", "pairs", "rawequal",
                                "rawget", "rawlen", "select", "tonumber", "tostring", "type",
                                "_VERSION" }
@@ -101,6 +103,56 @@ local function safe_rep(s, n, sep)
   return string_rep(s, count, sep)
 end
 
+local table_insert <const> = table.insert
+
+-- table.insert(t, pos, v) and table.remove(t, pos) shift t[pos..#t] one place in one C loop:
+-- with t = {1, 2, 3, 4, [5] = 1, [8] = 1, ..., [2^62] = 1}, #t is 2^62, a loop no hook sees that
+-- allocates nothing. Here the shift runs in Lua, instructions the sandbox counts; an append or
+-- a pop is the library's. The arguments are checked here, with the library's messages, raised
+-- at the config's line (a call of the library from here would name this file and the local).
+-- Positions convert as the library converts them (2.0 and "2" are 2).
+local function position(v, fname)
+  local i = math.tointeger(v)
+  if i then return i end
+  local why = tonumber(v) ~= nil and "number has no integer representation"
+              or "number expected, got " .. type(v)
+  error("bad argument #2 to '" .. fname .. "' (" .. why .. ")", 3)
+end
+
+local function check_table(fname, n, t)
+  if type(t) ~= "table" then
+    error("bad argument #1 to '" .. fname .. "' (table expected, got "
+          .. (n == 0 and "no value" or type(t)) .. ")", 3)
+  end
+end
+
+local function safe_insert(...)
+  local n, t, pos, v = select("#", ...), ...
+  check_table("insert", n, t)
+  local e = #t + 1
+  if n == 2 then return table_insert(t, pos) end -- an append
+  if n ~= 3 then error("wrong number of arguments to 'insert'", 2) end
+  local p = position(pos, "insert")
+  if p < 1 or p > e then error("bad argument #2 to 'insert' (position out of bounds)", 2) end
+  for i = e, p + 1, -1 do t[i] = t[i - 1] end
+  t[p] = v
+end
+
+local function safe_remove(...)
+  local n, t, pos = select("#", ...), ...
+  check_table("remove", n, t)
+  local size = #t
+  local p = size
+  if pos ~= nil then p = position(pos, "remove") end
+  if p ~= size and (p < 1 or p > size + 1) then
+    error("bad argument #2 to 'remove' (position out of bounds)", 2)
+  end
+  local v = t[p]
+  for i = p, size - 1 do t[i] = t[i + 1] end
+  t[math.max(p, size)] = nil
+  return v
+end
+
 -- A fresh environment per run: a config may change its own copies, never the generator's.
 -- The environment's metatable cannot be reached from inside (no getmetatable there).
 function M.sandbox_env()
@@ -109,6 +161,7 @@ function M.sandbox_env()
   env.string.rep = safe_rep
   env.table = pick(table, SAFE_TABLE)
   env.table.sort = native.sandbox_sort
+  env.table.insert, env.table.remove = safe_insert, safe_remove
   env.math = {}
   for k, v in pairs(math) do
     if not UNSAFE_MATH[k] then env.math[k] = v end

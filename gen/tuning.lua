@@ -352,10 +352,9 @@ function M.load_user(text, name, seconds)
   assert(type(text) == "string" and type(name) == "string", "load_user(text, name)")
   -- sandbox_run needs env.string: an empty one, so ("x"):rep(...) finds nothing either.
   local ok, v = native.sandbox_run(text, "@" .. name, { string = {} }, MAX_INSTRUCTIONS, MAX_BYTES,
-                                   seconds)
+                                   seconds, "the tuning database")
   if not ok then
     v = tostring(v):gsub("\n.*", "") -- one line
-    v = v:gsub(": config exceeds the ", ": the tuning database exceeds the ") -- the C's wording
     if v:sub(1, #name) ~= name then v = name .. ": " .. v end
     return nil, v
   end

@@ -12,6 +12,8 @@
 #include <lua.h>
 #include <lualib.h>
 #include <math.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +32,17 @@
 
 #define RDA_GEN_MAX_CONFIG_FILE (16 << 20) /* bytes of config source we are willing to read */
 
+/* A sandboxed run the watchdog (rda_gen_enable_watchdog) watches: the thread running it (its
+ * CPU clock) and the CPU time past which it has overrun its limit by the watchdog's margin. */
+typedef struct rda_gen_watch {
+  struct rda_gen_watch *next, *prev;
+  clockid_t clock;
+  double kill_at;  /* seconds of that clock */
+  char line[1200]; /* the error line to write, "<program>: error: <name>: ...\n" */
+  size_t len;
+  int listed;
+} rda_gen_watch;
+
 struct rda_gen {
   lua_State *L;
   /* The allocator's ledger: bytes Lua holds now; while `armed` (a config chunk is running),
@@ -38,9 +51,14 @@ struct rda_gen {
   int armed, tripped;
   long long byte_budget; /* the current sandbox run's budget, for its message */
   const char *chunkname; /* the running sandboxed chunk's name, for the limits' messages */
+  const char *what;      /* what it is in them: "config" or "the tuning database" */
   long long instr_left;  /* the running sandboxed chunk's instructions left */
-  double deadline;       /* ... and when it must be done (CLOCK_MONOTONIC seconds) */
+  double deadline;       /* ... and when it must be done (this thread's CPU clock, seconds) */
+  double next_look;      /* CLOCK_MONOTONIC_COARSE seconds before which the deadline cannot be
+                            reached (rda_gen_time_up) */
   double time_limit;     /* seconds a sandboxed run may take (rda_gen_set_time_limit) */
+  double default_limit;  /* RDA_CONFIG_TIME_LIMIT, else RDA_GEN_SANDBOX_SECONDS */
+  rda_gen_watch watch;   /* this generator's entry in the watchdog's list */
   double run_seconds;    /* the running chunk's limit, for its message */
   int bridge;            /* registry reference to gen/bridge.lua's module table */
   char trace[4096];      /* message and traceback of the last failed call */
@@ -86,16 +104,50 @@ static rda_gen *rda_gen_of(lua_State *L) {
 
 /* ---- messages ---------------------------------------------------------------------------- */
 
-/* Records msg as one line: line breaks and tabs become spaces, every other control character
- * (an ESC a config put in its message, say) '?', so nothing reaches a terminal raw. */
+/* Copies msg into line[cap] as one line: line breaks and tabs become spaces, every other
+ * control character (an ESC a config put in its message, say), C0, DEL or C1 (UTF-8 \xC2\x80 to
+ * \xC2\x9F, e.g. the CSI \xC2\x9B), '?', so nothing reaches a terminal raw. A cut at cap never
+ * splits a UTF-8 sequence; an incomplete one is '?'. With first_only, msg ends at its first
+ * line break. Returns the length written. */
+static size_t rda_gen_one_line(char *line, size_t cap, const char *msg, int first_only) {
+  size_t o = 0;
+  for (size_t i = 0; msg[i] != '\0' && !(first_only && msg[i] == '\n');) {
+    const unsigned char ch = (unsigned char)msg[i];
+    size_t n = 1; /* bytes of this character as copied */
+    char rep = 0; /* its replacement, or 0 to copy it */
+    if (ch == '\n' || ch == '\r' || ch == '\t') {
+      rep = ' ';
+    } else if (ch < 0x20 || ch == 0x7f) {
+      rep = '?';
+    } else if (ch == 0xc2 && (unsigned char)msg[i + 1] >= 0x80 &&
+               (unsigned char)msg[i + 1] <= 0x9f) {
+      rep = '?';
+      n = 2;
+    } else if (ch >= 0xc0) { /* a lead byte: the whole sequence or nothing */
+      const size_t want = ch >= 0xf0 ? 4 : ch >= 0xe0 ? 3 : 2;
+      n = 1;
+      while (n < want && ((unsigned char)msg[i + n] & 0xc0) == 0x80) n++;
+      if (n < want) rep = '?';
+    } else if (ch >= 0x80) {
+      rep = '?'; /* a stray continuation byte */
+    }
+    const size_t out = rep != 0 ? 1 : n;
+    if (o + out + 1 > cap) break;
+    if (rep != 0)
+      line[o] = rep;
+    else
+      memcpy(line + o, msg + i, n);
+    o += out;
+    i += n;
+  }
+  if (cap > 0) line[o] = '\0';
+  return o;
+}
+
+/* Records msg as one line (rda_gen_one_line). */
 static rda_status rda_gen_fail_line(rda_err *err, rda_status s, const char *msg) {
   char line[sizeof err->msg];
-  size_t i = 0;
-  for (; msg[i] != '\0' && i + 1 < sizeof line; i++) {
-    const unsigned char ch = (unsigned char)msg[i];
-    line[i] = ch == '\n' || ch == '\r' || ch == '\t' ? ' ' : ch < 0x20 || ch == 0x7f ? '?' : msg[i];
-  }
-  line[i] = '\0';
+  rda_gen_one_line(line, sizeof line, msg, 0);
   return rda_err_set(err, s, "%s", line);
 }
 
@@ -136,11 +188,10 @@ static rda_status rda_gen_docall(rda_gen *g, int nargs, int nres, rda_status fai
   const char *msg = lua_tostring(L, -1);
   if (msg == NULL) msg = "(error object is not a string)";
   snprintf(g->trace, sizeof g->trace, "%s", msg);
-  const size_t first = strcspn(msg, "\n");
   char line[sizeof err->msg];
-  snprintf(line, sizeof line, "%.*s", (int)(first < sizeof line ? first : sizeof line - 1), msg);
+  rda_gen_one_line(line, sizeof line, msg, 1);
   lua_pop(L, 1);
-  return rda_gen_fail_line(err, st == LUA_ERRMEM ? RDA_ERR_OUT_OF_MEMORY : fail, line);
+  return rda_err_set(err, st == LUA_ERRMEM ? RDA_ERR_OUT_OF_MEMORY : fail, "%s", line);
 }
 
 /* Runs fn(ctx) protected: every Lua API call that can raise happens inside fn. */
@@ -172,19 +223,167 @@ static void rda_gen_push_bridge(lua_State *L, const char *fn) {
 #define RDA_GEN_CHUNK_SHOWN "(sandboxed chunk)"
 
 /* Instructions between two count events of the sandbox's hook. The hook also runs at every
- * call, and reads the clock each time: an instruction may be a long C call (table.sort of a
- * large table) or compare two 16 MiB strings, so counting instructions alone cannot bound the
- * time; this many of them between two looks at the clock is a fraction of a second at worst. */
-#define RDA_GEN_HOOK_COUNT 100
+ * call, and looks at the clock each time: an instruction may be a long C call (string.upper of
+ * 16 MiB) or compare two long strings (`<` of 24 MiB of "\0" calls strcoll per NUL: 0.2 s), so
+ * counting instructions alone cannot bound the time; 10 of them between two looks overshoot
+ * the limit by a few such compares at worst. */
+#define RDA_GEN_HOOK_COUNT 10
 
-static double rda_gen_now(void) {
+/* How far past its limit (CPU seconds) a run stuck in one instruction may go before the
+ * watchdog ends the process. */
+#define RDA_GEN_WATCHDOG_MARGIN 1.0
+
+static double rda_gen_clock(clockid_t id) {
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  if (clock_gettime(id, &ts) != 0) return 0;
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* This thread's CPU time: a stopped or throttled process spends none, so it cannot fail a
+ * valid config, and a loaded machine does not make a test's short limit flaky. */
+static double rda_gen_cpu_now(void) {
+  return rda_gen_clock(CLOCK_THREAD_CPUTIME_ID);
+}
+
+/* 1 when the running sandboxed chunk is past its deadline. Reading the thread's CPU clock is a
+ * system call (~0.3 us), too dear for every 10 instructions; the coarse monotonic clock is not.
+ * A thread's CPU time grows no faster than wall time, so after a look that found `left`
+ * seconds to go, the deadline cannot come before `left` seconds of wall time have passed: only
+ * then is the CPU clock read again. */
+static int rda_gen_time_up(rda_gen *g) {
+  const double wall = rda_gen_clock(CLOCK_MONOTONIC_COARSE);
+  if (wall < g->next_look) return 0;
+  const double left = g->deadline - rda_gen_cpu_now();
+  if (left <= 0) return 1;
+  g->next_look = wall + left;
+  return 0;
+}
+
+/* Starts the clock of a sandboxed run of `seconds`. */
+static void rda_gen_start_clock(rda_gen *g, double seconds) {
+  g->deadline = rda_gen_cpu_now() + seconds;
+  g->next_look = 0;
+}
+
+/* Seconds from RDA_CONFIG_TIME_LIMIT (RDA_GEN_SANDBOX_SECONDS when unset or empty), or -1 with
+ * err set when it is not a number from 0.01 to 3600. */
+static double rda_gen_time_limit_env(rda_err *err) {
+  const char *v = getenv("RDA_CONFIG_TIME_LIMIT");
+  if (v == NULL || v[0] == '\0') return RDA_GEN_SANDBOX_SECONDS;
+  char *end = NULL;
+  errno = 0;
+  const double x = strtod(v, &end);
+  const int digit = (v[0] >= '0' && v[0] <= '9') || v[0] == '.'; /* no space, sign, "nan" */
+  if (!digit || errno != 0 || end == v || *end != '\0' || !(x >= 0.01 && x <= 3600)) {
+    char shown[64];
+    rda_gen_one_line(shown, sizeof shown, v, 0);
+    rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                "RDA_CONFIG_TIME_LIMIT='%s': expected seconds, a number from 0.01 to 3600", shown);
+    return -1;
+  }
+  return x;
+}
+
 void rda_gen_set_time_limit(rda_gen *g, double seconds) {
-  if (g != NULL) g->time_limit = seconds > 0 && seconds <= 1e6 ? seconds : RDA_GEN_SANDBOX_SECONDS;
+  if (g != NULL) g->time_limit = seconds > 0 && seconds <= 1e6 ? seconds : g->default_limit;
+}
+
+/* ---- the watchdog (rda_gen_enable_watchdog) ------------------------------------------------ */
+
+static pthread_mutex_t rda_gen_wd_mutex = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t rda_gen_wd_cond = PTHREAD_COND_INITIALIZER;
+static char rda_gen_wd_program[64]; /* "" while the watchdog is off */
+static int rda_gen_wd_started;
+static rda_gen_watch *rda_gen_wd_list;
+
+void rda_gen_enable_watchdog(const char *program) {
+  pthread_mutex_lock(&rda_gen_wd_mutex);
+  snprintf(rda_gen_wd_program, sizeof rda_gen_wd_program, "%s",
+           program != NULL && program[0] != '\0' ? program : "rda");
+  pthread_mutex_unlock(&rda_gen_wd_mutex);
+}
+
+/* The watchdog's thread: sleeps while nothing is watched, else looks every 100 ms at each
+ * watched run's CPU clock; one past its kill time has been inside one instruction (a hash
+ * rehash of colliding keys, say) for RDA_GEN_WATCHDOG_MARGIN seconds past its limit, where no
+ * hook can stop it: its error line goes out and the process ends. */
+static void *rda_gen_wd_main(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&rda_gen_wd_mutex);
+  for (;;) {
+    while (rda_gen_wd_list == NULL) pthread_cond_wait(&rda_gen_wd_cond, &rda_gen_wd_mutex);
+    for (const rda_gen_watch *w = rda_gen_wd_list; w != NULL; w = w->next) {
+      struct timespec ts;
+      if (clock_gettime(w->clock, &ts) == 0 &&
+          (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec >= w->kill_at) {
+        ssize_t r = write(STDERR_FILENO, w->line, w->len);
+        (void)r;
+        _exit(1);
+      }
+    }
+    pthread_mutex_unlock(&rda_gen_wd_mutex);
+    const struct timespec nap = {0, 100 * 1000 * 1000};
+    nanosleep(&nap, NULL);
+    pthread_mutex_lock(&rda_gen_wd_mutex);
+  }
+  return NULL;
+}
+
+/* Puts g's current sandboxed run (this thread, name, the deadline set) under the watchdog when
+ * it is on, starting its thread on the first run. Every call is paired with rda_gen_unwatch
+ * before the sandbox returns, with nothing that can raise in between. */
+static void rda_gen_watch_run(rda_gen *g, const char *name, const char *what, double seconds) {
+  pthread_mutex_lock(&rda_gen_wd_mutex);
+  rda_gen_watch *w = &g->watch;
+  if (rda_gen_wd_program[0] == '\0' || pthread_getcpuclockid(pthread_self(), &w->clock) != 0) {
+    pthread_mutex_unlock(&rda_gen_wd_mutex);
+    return;
+  }
+  if (!rda_gen_wd_started) {
+    pthread_t t;
+    pthread_attr_t attr;
+    int ok = pthread_attr_init(&attr) == 0;
+    if (ok) {
+      pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+      ok = pthread_create(&t, &attr, rda_gen_wd_main, NULL) == 0;
+      pthread_attr_destroy(&attr);
+    }
+    if (!ok) { /* no watchdog: the hooks alone, as in a library host */
+      pthread_mutex_unlock(&rda_gen_wd_mutex);
+      return;
+    }
+    rda_gen_wd_started = 1;
+  }
+  char secs[32], shown[1024];
+  snprintf(secs, sizeof secs, "%g", seconds);
+  rda_gen_one_line(shown, sizeof shown, name, 0);
+  const int n =
+      snprintf(w->line, sizeof w->line, "%s: error: %s: %s exceeds the time limit (%s s)\n",
+               rda_gen_wd_program, shown, what, secs);
+  w->len = n < 0 ? 0 : (size_t)n < sizeof w->line ? (size_t)n : sizeof w->line;
+  if (w->len == sizeof w->line) w->line[sizeof w->line - 1] = '\n'; /* cut: still one line */
+  w->kill_at = g->deadline + RDA_GEN_WATCHDOG_MARGIN;
+  w->prev = NULL;
+  w->next = rda_gen_wd_list;
+  if (w->next != NULL) w->next->prev = w;
+  rda_gen_wd_list = w;
+  w->listed = 1;
+  pthread_cond_signal(&rda_gen_wd_cond);
+  pthread_mutex_unlock(&rda_gen_wd_mutex);
+}
+
+static void rda_gen_unwatch(rda_gen *g) {
+  rda_gen_watch *w = &g->watch;
+  pthread_mutex_lock(&rda_gen_wd_mutex);
+  if (w->listed) {
+    if (w->prev != NULL)
+      w->prev->next = w->next;
+    else
+      rda_gen_wd_list = w->next;
+    if (w->next != NULL) w->next->prev = w->prev;
+    w->listed = 0;
+  }
+  pthread_mutex_unlock(&rda_gen_wd_mutex);
 }
 
 /* Pushes "name:line" of the innermost frame of the sandboxed chunk itself on `co` (skipping
@@ -200,17 +399,24 @@ static void rda_gen_push_where(lua_State *L, lua_State *co, const char *name) {
   lua_pushstring(L, name);
 }
 
+/* Pushes "<where>: <what> exceeds the time limit (N s)". */
+static void rda_gen_push_time_error(lua_State *L, const char *where, const char *what,
+                                    double seconds) {
+  char secs[32];
+  snprintf(secs, sizeof secs, "%g", seconds);
+  lua_pushfstring(L, "%s: %s exceeds the time limit (%s s)", where, what, secs);
+}
+
 /* Raises the sandboxed chunk's limit error: its instruction limit (over_instr) or time limit. */
 static int rda_gen_sandbox_exceeded(lua_State *L, rda_gen *g, int over_instr) {
   rda_gen_push_where(L, L, g->chunkname != NULL ? g->chunkname : "config");
-  if (over_instr)
-    lua_pushliteral(L, ": config exceeds the instruction limit");
-  else {
-    char secs[32];
-    snprintf(secs, sizeof secs, "%g", g->run_seconds);
-    lua_pushfstring(L, ": config exceeds the time limit (%s s)", secs);
+  if (over_instr) {
+    lua_pushfstring(L, ": %s exceeds the instruction limit", g->what);
+    lua_concat(L, 2);
+  } else {
+    rda_gen_push_time_error(L, lua_tostring(L, -1), g->what, g->run_seconds);
+    lua_remove(L, -2);
   }
-  lua_concat(L, 2);
   return lua_error(L);
 }
 
@@ -223,14 +429,13 @@ static void rda_gen_sandbox_hook(lua_State *L, lua_Debug *ar) {
     g->instr_left -= RDA_GEN_HOOK_COUNT;
     over_instr = g->instr_left <= 0;
   }
-  if (over_instr || rda_gen_now() >= g->deadline) rda_gen_sandbox_exceeded(L, g, over_instr);
+  if (over_instr || rda_gen_time_up(g)) rda_gen_sandbox_exceeded(L, g, over_instr);
 }
 
 /* t[i] < t[j] for native.sandbox_sort (table at 1, comparator or nil at 2). Without a
- * comparator the compare runs in C, unseen by the hook, and may take a millisecond (two long
- * strings): the deadline is checked here, every 16 compares. */
-static int rda_gen_sort_less(lua_State *L, rda_gen *g, lua_Integer i, lua_Integer j,
-                             unsigned *ticks) {
+ * comparator the compare runs in C, unseen by the hook, and may take 0.2 s (two long strings
+ * of NULs): the deadline is checked here, after every compare (rda_gen_time_up is cheap). */
+static int rda_gen_sort_less(lua_State *L, rda_gen *g, lua_Integer i, lua_Integer j) {
   lua_geti(L, 1, i);
   lua_geti(L, 1, j);
   if (!lua_isnil(L, 2)) { /* a function: the call hook sees every call */
@@ -243,8 +448,7 @@ static int rda_gen_sort_less(lua_State *L, rda_gen *g, lua_Integer i, lua_Intege
   }
   const int r = lua_compare(L, -2, -1, LUA_OPLT);
   lua_pop(L, 2);
-  if ((++*ticks & 15) == 0 && g->chunkname != NULL && rda_gen_now() >= g->deadline)
-    rda_gen_sandbox_exceeded(L, g, 0);
+  if (g->chunkname != NULL && rda_gen_time_up(g)) rda_gen_sandbox_exceeded(L, g, 0);
   return r;
 }
 
@@ -259,7 +463,6 @@ static int rda_gen_l_sandbox_sort(lua_State *L) {
   const lua_Integer n = luaL_len(L, 1);
   luaL_argcheck(L, n < INT_MAX, 1, "array too big");
   rda_gen *g = rda_gen_of(L);
-  unsigned ticks = 0;
   /* Max-heap over t[1..end], built bottom-up, then the largest moved to the end, repeatedly. */
   for (lua_Integer start = n / 2, end = n; end > 1;) {
     lua_Integer root;
@@ -274,8 +477,8 @@ static int rda_gen_l_sandbox_sort(lua_State *L) {
       if (--end <= 1) break;
     }
     for (lua_Integer child; (child = 2 * root) <= end; root = child) {
-      if (child + 1 <= end && rda_gen_sort_less(L, g, child, child + 1, &ticks)) child++;
-      if (!rda_gen_sort_less(L, g, root, child, &ticks)) break;
+      if (child + 1 <= end && rda_gen_sort_less(L, g, child, child + 1)) child++;
+      if (!rda_gen_sort_less(L, g, root, child)) break;
       lua_geti(L, 1, root);
       lua_geti(L, 1, child);
       lua_seti(L, 1, root);
@@ -318,12 +521,13 @@ static void rda_gen_push_chunk_error(lua_State *L, const char *msg, const char *
   luaL_pushresult(&b);
 }
 
-/* native.sandbox_run(text, name, env, max_instructions, max_bytes[, max_seconds])
+/* native.sandbox_run(text, name, env, max_instructions, max_bytes[, max_seconds[, what]])
  *   -> true, value | false, message
  * Loads text (source only) as the chunk `name` (a leading '=' or '@' is dropped) with env as
  * its _ENV and runs it in a fresh coroutine. A hook counts its instructions and bounds its time
  * (max_seconds; default the generator's limit, rda_gen_set_time_limit, parse included); its
- * allocations, parse included, are bounded by max_bytes. While it runs, string methods
+ * allocations, parse included, are bounded by max_bytes. The limits' messages call it `what`
+ * (default "config"; "the tuning database"). While it runs, string methods
  * ("x"):rep() see env.string instead of the generator's string library. A message names
  * `name` in full, on one line when it reaches C (rda_gen_fail_line). */
 static int rda_gen_l_sandbox_run(lua_State *L) {
@@ -341,7 +545,8 @@ static int rda_gen_l_sandbox_run(lua_State *L) {
   luaL_argcheck(L, lua_getfield(L, 3, "string") == LUA_TTABLE, 3, "env.string must be a table");
   lua_pop(L, 1);
   if (name[0] == '=' || name[0] == '@') name++;
-  lua_settop(L, 6);
+  const char *what = luaL_optstring(L, 7, "config");
+  lua_settop(L, 7);
 
   if (len > 0 && text[0] == LUA_SIGNATURE[0]) {
     lua_pushboolean(L, 0);
@@ -349,19 +554,29 @@ static int rda_gen_l_sandbox_run(lua_State *L) {
                     name);
     return 2;
   }
-  lua_State *co = lua_newthread(L); /* 7 */
+  lua_State *co = lua_newthread(L); /* 8 */
   /* One budget for the parse and the run: a chunk's constants and functions count too. */
-  g->deadline = rda_gen_now() + max_seconds;
+  rda_gen_start_clock(g, max_seconds);
+  g->run_seconds = max_seconds;
   g->limit = g->used + (size_t)max_bytes;
   g->byte_budget = (long long)max_bytes;
   g->tripped = 0;
   g->armed = 1;
+  rda_gen_watch_run(g, name, what, max_seconds);
   const int loaded = luaL_loadbufferx(co, text, len, RDA_GEN_CHUNK, "t");
+  rda_gen_unwatch(g);
   g->armed = 0;
+  /* No hook runs during the parse, nor inside one long instruction: a look at the clock after
+   * each, so an overrun is never accepted. */
+  if (rda_gen_cpu_now() >= g->deadline) {
+    lua_pushboolean(L, 0);
+    rda_gen_push_time_error(L, name, what, max_seconds);
+    return 2;
+  }
   if (loaded != LUA_OK) {
     lua_pushboolean(L, 0);
     if (loaded == LUA_ERRMEM && g->tripped) {
-      lua_pushfstring(L, "%s: config exceeds the memory limit (%d MiB)", name,
+      lua_pushfstring(L, "%s: %s exceeds the memory limit (%d MiB)", name, what,
                       (int)(g->byte_budget >> 20));
     } else {
       lua_xmove(co, L, 1);
@@ -376,25 +591,32 @@ static int rda_gen_l_sandbox_run(lua_State *L) {
 
   lua_pushliteral(L, "");
   if (!lua_getmetatable(L, -1)) return luaL_error(L, "strings have no metatable");
-  lua_remove(L, -2);             /* 8: the string metatable */
-  lua_getfield(L, 8, "__index"); /* 9: the generator's string library */
+  lua_remove(L, -2);             /* 9: the string metatable */
+  lua_getfield(L, 9, "__index"); /* 10: the generator's string library */
   lua_getfield(L, 3, "string");
-  lua_setfield(L, 8, "__index");
+  lua_setfield(L, 9, "__index");
 
   lua_sethook(co, rda_gen_sandbox_hook, LUA_MASKCOUNT | LUA_MASKCALL, RDA_GEN_HOOK_COUNT);
   g->instr_left = (long long)max_instr;
-  g->run_seconds = max_seconds;
   g->tripped = 0;
   g->chunkname = name;
+  g->what = what;
   g->armed = 1;
   int nres = 0;
+  rda_gen_watch_run(g, name, what, max_seconds);
   const int st = lua_resume(co, L, 0, &nres);
+  rda_gen_unwatch(g);
   g->armed = 0;
   g->chunkname = NULL;
   lua_sethook(co, NULL, 0, 0);
-  lua_pushvalue(L, 9);
-  lua_setfield(L, 8, "__index");
+  lua_pushvalue(L, 10);
+  lua_setfield(L, 9, "__index");
 
+  if (st == LUA_OK && rda_gen_cpu_now() >= g->deadline) {
+    lua_pushboolean(L, 0);
+    rda_gen_push_time_error(L, name, what, max_seconds);
+    return 2;
+  }
   if (st == LUA_OK) {
     lua_pushboolean(L, 1);
     if (nres > 0) {
@@ -408,7 +630,7 @@ static int rda_gen_l_sandbox_run(lua_State *L) {
   lua_pushboolean(L, 0);
   if (st == LUA_ERRMEM && g->tripped) {
     rda_gen_push_where(L, co, name);
-    lua_pushfstring(L, ": config exceeds the memory limit (%d MiB)", (int)(g->byte_budget >> 20));
+    lua_pushfstring(L, ": %s exceeds the memory limit (%d MiB)", what, (int)(g->byte_budget >> 20));
     lua_concat(L, 2);
   } else if (st == LUA_YIELD) {
     lua_pushfstring(L, "%s: the config yielded instead of returning a table", name);
@@ -533,7 +755,12 @@ rda_status rda_gen_open(rda_gen **out, rda_err *err) {
   rda_gen *g = calloc(1, sizeof *g);
   if (g == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "generator: out of memory");
   g->bridge = LUA_NOREF;
-  g->time_limit = RDA_GEN_SANDBOX_SECONDS;
+  g->default_limit = rda_gen_time_limit_env(err);
+  if (g->default_limit < 0) {
+    free(g);
+    return RDA_ERR_INVALID_ARGUMENT;
+  }
+  g->time_limit = g->default_limit;
   g->L = lua_newstate(rda_gen_alloc, g);
   if (g->L == NULL) {
     free(g);
@@ -550,6 +777,7 @@ rda_status rda_gen_open(rda_gen **out, rda_err *err) {
 
 void rda_gen_close(rda_gen *g) {
   if (g == NULL) return;
+  rda_gen_unwatch(g); /* never listed here; for certainty, as g's memory goes */
   if (g->L != NULL) lua_close(g->L);
   free(g);
 }
@@ -670,8 +898,10 @@ rda_status rda_gen_config_file(rda_gen *g, const char *path, rda_config *out, rd
   if (g == NULL || path == NULL || out == NULL)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_gen_config_file: NULL argument");
   memset(out, 0, sizeof *out);
-  /* O_NONBLOCK: a FIFO (or device) named as the config must fail the regular-file check
-   * below, not hang the open waiting for a writer. */
+  /* O_NONBLOCK: the open of a FIFO (or device) must not wait for a writer. A FIFO or pipe
+   * (`<(cat ok.lua)`, /dev/stdin of `cat ok.lua | rdagen ...`) is read with poll() under the
+   * time limit, so one that nobody writes fails after it; folders, sockets and devices are
+   * refused. */
   const int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0)
     return rda_gen_fail_fmt(err, RDA_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
@@ -681,34 +911,57 @@ rda_status rda_gen_config_file(rda_gen *g, const char *path, rda_config *out, rd
     close(fd);
     return rda_gen_fail_fmt(err, RDA_ERR_IO, "%s: cannot read: %s", path, strerror(e));
   }
-  if (!S_ISREG(st.st_mode)) {
+  const int fifo = S_ISFIFO(st.st_mode);
+  if (!S_ISREG(st.st_mode) && !fifo) {
     close(fd);
     return rda_gen_fail_fmt(err, RDA_ERR_IO, "%s: cannot read: not a regular file (%s)", path,
                             S_ISDIR(st.st_mode)    ? "a folder"
-                            : S_ISFIFO(st.st_mode) ? "a FIFO"
                             : S_ISSOCK(st.st_mode) ? "a socket"
                                                    : "a device");
   }
   const int fl = fcntl(fd, F_GETFL);
-  if (fl >= 0) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK); /* a regular file: plain reads */
+  if (!fifo && fl >= 0) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK); /* a regular file */
   char *buf = malloc(RDA_GEN_MAX_CONFIG_FILE + 1);
   if (buf == NULL) {
     close(fd);
     return rda_gen_fail_fmt(err, RDA_ERR_OUT_OF_MEMORY, "%s: out of memory reading it", path);
   }
-  /* Read to the end (at most one byte past the limit), whatever st_size said. */
+  /* Read to the end (at most one byte past the limit), whatever st_size said. A FIFO: waiting
+   * (wall time: a writer may be slow, not us) at most the time limit in all. */
+  const double give_up = rda_gen_clock(CLOCK_MONOTONIC) + g->time_limit;
   size_t len = 0;
-  int bad = 0;
+  int bad = 0, late = 0;
   while (len < RDA_GEN_MAX_CONFIG_FILE + 1) {
+    if (fifo) {
+      const double left = give_up - rda_gen_clock(CLOCK_MONOTONIC);
+      struct pollfd pfd = {fd, POLLIN, 0};
+      const int pr = left > 0 ? poll(&pfd, 1, (int)(left * 1000) + 1) : 0;
+      if (pr < 0 && errno == EINTR) continue;
+      if (pr < 0) {
+        bad = errno;
+        break;
+      }
+      if (pr == 0) {
+        late = 1;
+        break;
+      }
+    }
     const ssize_t r = read(fd, buf + len, RDA_GEN_MAX_CONFIG_FILE + 1 - len);
-    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EINTR || (fifo && errno == EAGAIN))) continue;
     if (r < 0) bad = errno != 0 ? errno : EIO;
     if (r <= 0) break;
     len += (size_t)r;
   }
   close(fd);
   rda_status s;
-  if (bad)
+  if (late) {
+    char secs[32];
+    snprintf(secs, sizeof secs, "%g", g->time_limit);
+    s = rda_gen_fail_fmt(err, RDA_ERR_IO,
+                         "%s: cannot read: the pipe was not written and closed within the time "
+                         "limit (%s s)",
+                         path, secs);
+  } else if (bad)
     s = rda_gen_fail_fmt(err, RDA_ERR_IO, "%s: cannot read: %s", path, strerror(bad));
   else if (len > RDA_GEN_MAX_CONFIG_FILE)
     s = rda_gen_fail_fmt(err, RDA_ERR_CONFIG, "%s: larger than %d MiB: not a config", path,

@@ -74,28 +74,45 @@ rda_status rda_gen_open(rda_gen **out, rda_err *err);
 void rda_gen_close(rda_gen *g); /* accepts NULL */
 
 /* Run a config chunk in the sandbox and validate it (SPEC §3). On failure (RDA_ERR_CONFIG;
- * RDA_ERR_IO when the file cannot be opened or read, or is not a regular file: a FIFO is
- * refused, never waited on) err holds one line that starts with the config's full name (path
- * or chunkname), then what is wrong: the key, the value and what is allowed, or the chunk's own
- * error (its control characters replaced); *out is zeroed. The sandbox: no io, os, require,
- * load, dofile, debug, metatables or pcall; at most 10^7 VM instructions, 64 MiB allocated
- * (parse included) and RDA_GEN_SANDBOX_SECONDS of wall-clock time (parse included; "<name>:
- * config exceeds the time limit (N s)"), checked at every call and every 100 instructions, so
- * no loop of C calls (table.sort, string.upper of a 16 MiB string) can hang the tool. A user's
+ * RDA_ERR_IO when the file cannot be opened or read, or is a folder, socket or device) err holds
+ * one line that starts with the config's full name (path or chunkname), then what is wrong: the
+ * key, the value and what is allowed, or the chunk's own error (its control characters, C1
+ * included, replaced); *out is zeroed. A FIFO or pipe (`<(cat c.lua)`, /dev/stdin) is read
+ * until its writer closes it, waiting at most the time limit (RDA_ERR_IO after that). The
+ * sandbox: no io, os, require, load, dofile, debug, metatables or pcall; at most 10^7 VM
+ * instructions, 64 MiB allocated (parse included) and the time limit (rda_gen_set_time_limit;
+ * RDA_CONFIG_TIME_LIMIT, default RDA_GEN_SANDBOX_SECONDS) of the running thread's CPU time
+ * (parse included; "<name>: config exceeds the time limit (N s)"), checked at every call and
+ * every 10 instructions, and once more after the chunk returns, so no loop of C calls
+ * (table.sort, string.upper of a 16 MiB string) can hang the tool and no overrun is accepted.
+ * One VM instruction can still run long unseen (a table rehash of 2^19 keys that collide in
+ * Lua's hash: minutes): a host program that loads untrusted configs should run them in a
+ * process of its own it can kill, or, as rdagen does, call rda_gen_enable_watchdog. A user's
  * tuning database runs under the same three limits. */
 rda_status rda_gen_config_file(rda_gen *g, const char *path, rda_config *out, rda_err *err);
 rda_status rda_gen_config_string(rda_gen *g, const char *chunk, const char *chunkname,
                                  rda_config *out, rda_err *err);
 
-/* The sandbox's default time limit, in seconds. Real configs take well under a millisecond and
- * a user tuning database of a few thousand entries tens of milliseconds: only a runaway chunk
- * comes near it. */
+/* The sandbox's default time limit, in CPU seconds. Real configs take well under a millisecond
+ * and a user tuning database of a few thousand entries tens of milliseconds: only a runaway
+ * chunk comes near it. The environment variable RDA_CONFIG_TIME_LIMIT (seconds, a number from
+ * 0.01 to 3600), read by rda_gen_open, replaces it; any other value fails rda_gen_open
+ * (RDA_ERR_INVALID_ARGUMENT, naming it). */
 #define RDA_GEN_SANDBOX_SECONDS 5.0
 
-/* For tests: the time limit of this generator's sandboxed runs (configs and user tuning
- * databases), so a test of it runs fast; seconds <= 0 restores RDA_GEN_SANDBOX_SECONDS. Not a
- * user setting. */
+/* The time limit of this generator's sandboxed runs (configs and user tuning databases), for
+ * tests; seconds <= 0 restores the default (RDA_CONFIG_TIME_LIMIT, else
+ * RDA_GEN_SANDBOX_SECONDS). */
 void rda_gen_set_time_limit(rda_gen *g, double seconds);
+
+/* For a program (rdagen) that runs untrusted configs in its own process: from now on, in
+ * every generator of the process, a sandboxed run still inside one VM instruction 1 s past its
+ * time limit (in CPU time; the hooks cannot stop it there) ends the process: the line
+ * "<program>: error: <name>: config exceeds the time limit (N s)" goes to stderr (write(2)) and
+ * the process exits with status 1 (_exit: no atexit handlers, no buffers flushed). A thread
+ * starts at the first sandboxed run after this call and watches every run in progress, from
+ * any thread. A library must not call this on its host's behalf. */
+void rda_gen_enable_watchdog(const char *program);
 
 /* The built-in profile of an offline target (80, 86, 89, 90); any other arch is
  * RDA_ERR_INVALID_ARGUMENT with a message listing the known ones. */

@@ -16,10 +16,13 @@
 #include <lua.h>
 #include <lualib.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -243,22 +246,55 @@ static void test_config_missing_file_is_io_error(void **state) {
   assert_non_null(strstr(err.msg, "/tmp: cannot read: not a regular file (a folder)"));
 }
 
-/* A FIFO named as the config (no writer: a blocking open would wait forever) is refused at
- * once, as is a device. */
-static void test_config_file_refuses_fifo_and_devices(void **state) {
+static double now_s(void);
+
+/* A FIFO or pipe named as the config (`<(cat c.lua)`, /dev/stdin of a pipeline) is read to its
+ * end. With no writer it fails after the time limit, one line, instead of hanging (a blocking
+ * open or read would wait forever); a device is refused at once. */
+static void test_config_file_reads_fifos_and_refuses_devices(void **state) {
   char *dir = rt_mkdtemp();
   assert_non_null(dir);
   char *fifo = rt_path(dir, "config.lua");
   assert_int_equal(mkfifo(fifo, 0600), 0);
   rda_config c;
   rda_err err = {0};
+  rda_gen_set_time_limit(*state, 0.3);
   alarm(20); /* a hang fails the test (SIGALRM) instead of stalling the suite */
-  const rda_status s = rda_gen_config_file(*state, fifo, &c, &err);
+  const double t0 = now_s();
+  rda_status s = rda_gen_config_file(*state, fifo, &c, &err);
+  const double took = now_s() - t0;
   alarm(0);
   assert_int_equal(s, RDA_ERR_IO);
   char want[4200];
-  snprintf(want, sizeof want, "%s: cannot read: not a regular file (a FIFO)", fifo);
+  snprintf(want, sizeof want,
+           "%s: cannot read: the pipe was not written and closed within the time limit (0.3 s)",
+           fifo);
   assert_string_equal(err.msg, want);
+  assert_true(took >= 0.25 && took < 5);
+  /* A writer that takes its time (in pieces, 50 ms apart) is waited for. */
+  const pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    const int fd = open(fifo, O_WRONLY);
+    static const char *const parts[] = {"return { heads = 8, head_dim = 64,", " dtype = 'fp16',",
+                                        " segments = { 512 }, dilations = { 2 } }"};
+    for (size_t i = 0; fd >= 0 && i < 3; i++) {
+      const struct timespec nap = {0, 50 * 1000 * 1000};
+      nanosleep(&nap, NULL);
+      if (write(fd, parts[i], strlen(parts[i])) < 0) _exit(1);
+    }
+    _exit(fd >= 0 ? 0 : 1);
+  }
+  rda_err_clear(&err);
+  alarm(20);
+  s = rda_gen_config_file(*state, fifo, &c, &err);
+  alarm(0);
+  int wst = 0;
+  assert_int_equal(waitpid(pid, &wst, 0), pid);
+  rda_gen_set_time_limit(*state, 0);
+  if (s != RDA_OK) fail_msg("a FIFO with a writer: %s", err.msg);
+  assert_true(c.heads == 8 && c.head_dim == 64 && c.dtype == RDA_DTYPE_FP16 &&
+              c.segments[0] == 512 && c.dilations[0] == 2);
   rda_err_clear(&err);
   assert_int_equal(rda_gen_config_file(*state, "/dev/zero", &c, &err), RDA_ERR_IO);
   assert_string_equal(err.msg, "/dev/zero: cannot read: not a regular file (a device)");
@@ -723,6 +759,93 @@ static int dump_writer(lua_State *L, const void *p, size_t sz, void *ud) {
   return 0;
 }
 
+/* 1 when s is valid UTF-8 holding no control character: C0, DEL or C1 (U+0080..U+009F). */
+static int clean_utf8(const char *s) {
+  for (const unsigned char *p = (const unsigned char *)s; *p != '\0';) {
+    if (*p < 0x20 || *p == 0x7f) return 0;
+    if (*p < 0x80) {
+      p++;
+      continue;
+    }
+    const int n = *p >= 0xf0 ? 4 : *p >= 0xe0 ? 3 : *p >= 0xc2 ? 2 : 0;
+    if (n == 0) return 0;
+    for (int i = 1; i < n; i++)
+      if ((p[i] & 0xc0) != 0x80) return 0;
+    if (p[0] == 0xc2 && p[1] <= 0x9f) return 0;
+    p += n;
+  }
+  return 1;
+}
+
+/* Terminal controls encoded in UTF-8 (the C1 CSI \xC2\x9B, as ESC [ does) are replaced as the
+ * C0 ones are, and a message cut at the message size never ends in part of a character: every
+ * cut offset within 2-, 3- and 4-byte characters is tried. */
+static void test_config_errors_hold_no_c1_controls_nor_split_characters(void **state) {
+  rda_config c;
+  rda_err err = {0};
+  assert_int_equal(rda_gen_config_string(*state,
+                                         "error('a\xC2\x9B"
+                                         "31mred\xC2\x85"
+                                         "b\xC2\xA0\xC3\xA9', 0)",
+                                         "configs/x.lua", &c, &err),
+                   RDA_ERR_CONFIG);
+  assert_string_equal(err.msg, "configs/x.lua: a?31mred?b\xC2\xA0\xC3\xA9");
+  static const char *const chars[] = {"\xC3\xA9", "\xE2\x82\xAC", "\xF0\x9F\x98\x80"};
+  for (size_t k = 0; k < sizeof chars / sizeof chars[0]; k++) {
+    for (int pad = 0; pad < 4; pad++) {
+      char text[256];
+      snprintf(text, sizeof text, "error(('a'):rep(%d) .. ('%s'):rep(600) .. ('z'):rep(%d), 0)",
+               pad, chars[k], 10 + pad);
+      rda_err_clear(&err);
+      assert_int_equal(rda_gen_config_string(*state, text, "configs/x.lua", &c, &err),
+                       RDA_ERR_CONFIG);
+      if (!clean_utf8(err.msg)) fail_msg("pad %d, char %zu: not clean UTF-8: %s", pad, k, err.msg);
+      assert_true(strlen(err.msg) > sizeof err.msg - 8); /* it was cut, near the end */
+    }
+  }
+}
+
+/* RDA_CONFIG_TIME_LIMIT sets the sandbox's time limit of every generator opened after it;
+ * anything but a number of seconds from 0.01 to 3600 fails the open, naming it. */
+static void test_config_time_limit_from_the_environment(void **state) {
+  (void)state;
+  char *saved = rt_env_save("RDA_CONFIG_TIME_LIMIT");
+  static const char *const bad[] = {"0", "-1", "abc", "1e9", "nan", "inf", " 1", "1s", "0.001"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    assert_int_equal(setenv("RDA_CONFIG_TIME_LIMIT", bad[i], 1), 0);
+    rda_gen *g = NULL;
+    rda_err err = {0};
+    assert_int_equal(rda_gen_open(&g, &err), RDA_ERR_INVALID_ARGUMENT);
+    assert_null(g);
+    char want[256];
+    snprintf(want, sizeof want,
+             "RDA_CONFIG_TIME_LIMIT='%s': expected seconds, a number from 0.01 to 3600", bad[i]);
+    assert_string_equal(err.msg, want);
+  }
+  assert_int_equal(setenv("RDA_CONFIG_TIME_LIMIT", "0.25", 1), 0);
+  rda_gen *g = NULL;
+  rda_err err = {0};
+  assert_int_equal(rda_gen_open(&g, &err), RDA_OK);
+  rda_config c;
+  assert_int_equal(rda_gen_config_string(g,
+                                         "local s = ('x'):rep(1 << 20)\n"
+                                         "for i = 1, 100000 do local u = s:upper() end",
+                                         "t.lua", &c, &err),
+                   RDA_ERR_CONFIG);
+  assert_string_equal(err.msg, "t.lua:2: config exceeds the time limit (0.25 s)");
+  rda_gen_set_time_limit(g, 1.5);
+  rda_gen_set_time_limit(g, 0); /* back to the environment's, not the built-in 5 s */
+  rda_err_clear(&err);
+  assert_int_equal(rda_gen_config_string(g,
+                                         "local s = ('x'):rep(1 << 20)\n"
+                                         "for i = 1, 100000 do local u = s:upper() end",
+                                         "t.lua", &c, &err),
+                   RDA_ERR_CONFIG);
+  assert_string_equal(err.msg, "t.lua:2: config exceeds the time limit (0.25 s)");
+  rda_gen_close(g);
+  rt_env_restore("RDA_CONFIG_TIME_LIMIT", saved);
+}
+
 static void test_config_rejects_binary_chunk(void **state) {
   lua_State *L = luaL_newstate();
   assert_non_null(L);
@@ -933,6 +1056,59 @@ static void test_config_time_limit_stops_loops_of_c_calls(void **state) {
   assert_true((now_s() - t1) / 100 < RDA_GEN_SANDBOX_SECONDS / 100);
 }
 
+/* The time limit counts the sandbox thread's CPU time: a process stopped or starved while a
+ * config runs (here: the thread paused 1 s in a signal handler, as SIGSTOP or a throttled
+ * container would) does not fail a config that needs well under the limit of CPU. */
+typedef struct paused_run {
+  rda_gen *g;
+  rda_status status;
+  rda_err err;
+  rda_config c;
+  volatile int started;
+} paused_run;
+
+static void pause_handler(int sig) {
+  (void)sig;
+  const struct timespec nap = {1, 0};
+  nanosleep(&nap, NULL);
+}
+
+static void *paused_run_main(void *arg) {
+  paused_run *r = arg;
+  r->started = 1;
+  r->status = rda_gen_config_string(r->g,
+                                    "local s = ('x'):rep(4 << 20)\n"
+                                    "for i = 1, 40 do local u = s:upper() end\n"
+                                    "return { heads = 2, head_dim = 32, dtype = 'bf16',"
+                                    " segments = { 16 }, dilations = { 1 } }",
+                                    "paused.lua", &r->c, &r->err);
+  return NULL;
+}
+
+static void test_config_time_limit_is_cpu_time(void **state) {
+  struct sigaction sa, old;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = pause_handler;
+  sigemptyset(&sa.sa_mask);
+  assert_int_equal(sigaction(SIGUSR1, &sa, &old), 0);
+  rda_gen_set_time_limit(*state, 0.6);
+  paused_run r = {.g = *state, .status = RDA_ERR_INTERNAL};
+  pthread_t t;
+  const double t0 = now_s();
+  assert_int_equal(pthread_create(&t, NULL, paused_run_main, &r), 0);
+  while (!r.started) sched_yield();
+  const struct timespec nap = {0, 30 * 1000 * 1000};
+  nanosleep(&nap, NULL);
+  assert_int_equal(pthread_kill(t, SIGUSR1), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  const double took = now_s() - t0;
+  rda_gen_set_time_limit(*state, 0);
+  sigaction(SIGUSR1, &old, NULL);
+  if (r.status != RDA_OK) fail_msg("a paused config failed after %.2f s: %s", took, r.err.msg);
+  assert_int_equal(r.c.heads, 2);
+  assert_true(took > 1.0); /* it was paused while it ran: the test tested something */
+}
+
 /* The parse is under the memory limit too: a chunk of a million distinct constants needs far
  * more than 64 MiB to compile, though running it would fit. */
 static void test_config_parse_is_under_the_memory_limit(void **state) {
@@ -979,7 +1155,7 @@ int main(void) {
       cmocka_unit_test(test_config_spec_example_file_matches_spec),
       cmocka_unit_test(test_config_file_errors_name_the_file),
       cmocka_unit_test(test_config_missing_file_is_io_error),
-      cmocka_unit_test(test_config_file_refuses_fifo_and_devices),
+      cmocka_unit_test(test_config_file_reads_fifos_and_refuses_devices),
       cmocka_unit_test(test_config_errors_name_a_long_path_in_full),
       cmocka_unit_test(test_config_rejects_head_dim_with_exact_message),
       cmocka_unit_test(test_config_rejects_unknown_key),
@@ -1024,6 +1200,8 @@ int main(void) {
       cmocka_unit_test(test_config_syntax_error_carries_chunk_and_line),
       cmocka_unit_test(test_config_runtime_error_carries_chunk_and_line),
       cmocka_unit_test(test_config_errors_are_one_clean_line),
+      cmocka_unit_test(test_config_errors_hold_no_c1_controls_nor_split_characters),
+      cmocka_unit_test(test_config_time_limit_from_the_environment),
       cmocka_unit_test(test_config_rejects_binary_chunk),
       cmocka_unit_test(test_config_sandbox_has_no_os),
       cmocka_unit_test(test_config_sandbox_has_no_io),
@@ -1040,6 +1218,7 @@ int main(void) {
       cmocka_unit_test(test_config_stops_table_bomb),
       cmocka_unit_test(test_config_stops_c_loops_that_allocate_nothing),
       cmocka_unit_test(test_config_time_limit_stops_loops_of_c_calls),
+      cmocka_unit_test(test_config_time_limit_is_cpu_time),
       cmocka_unit_test(test_config_parse_is_under_the_memory_limit),
       cmocka_unit_test(test_config_generator_recovers_after_limits),
   };

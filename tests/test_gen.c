@@ -521,6 +521,116 @@ static void test_gen_tune_dry_run_creates_nothing(void **state) {
   free(dir);
 }
 
+static double wall_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Runs rdagen with argv[1..] (NULL-terminated) and RDA_CONFIG_TIME_LIMIT=limit, at most
+ * timeout_s seconds; *took: its wall time. */
+static rt_proc run_rdagen(const char *limit, int timeout_s, double *took, const char *arg, ...) {
+  char *argv[16] = {(char *)(uintptr_t)RDAGEN_PATH};
+  va_list ap;
+  va_start(ap, arg);
+  int n = 1;
+  for (const char *a = arg; a != NULL && n < 15; a = va_arg(ap, const char *))
+    argv[n++] = (char *)(uintptr_t)a;
+  va_end(ap);
+  argv[n] = NULL;
+  char *saved = rt_env_save("RDA_CONFIG_TIME_LIMIT");
+  assert_int_equal(setenv("RDA_CONFIG_TIME_LIMIT", limit, 1), 0);
+  rt_proc p;
+  const double t0 = wall_s();
+  const bool ran = rt_run(argv, timeout_s, &p);
+  *took = wall_s() - t0;
+  rt_env_restore("RDA_CONFIG_TIME_LIMIT", saved);
+  assert_true(ran);
+  return p;
+}
+
+/* 1 when err is the one line "rdagen: error: <name>: <what> exceeds the time limit (1 s)", or
+ * the same with ":<line>" after the name (the hooks caught it before the long instruction: a
+ * slow build may get that far within the limit). */
+static int is_time_limit_line(const char *err, const char *name, const char *what) {
+  char head[4300], tail[128];
+  snprintf(head, sizeof head, "rdagen: error: %s", name);
+  snprintf(tail, sizeof tail, ": %s exceeds the time limit (1 s)\n", what);
+  const size_t hn = strlen(head), tn = strlen(tail), n = strlen(err);
+  if (n < hn + tn || strncmp(err, head, hn) != 0 || strcmp(err + n - tn, tail) != 0) return 0;
+  const char *mid = err + hn, *end = err + n - tn;
+  if (mid == end) return 1;
+  if (*mid++ != ':' || mid == end) return 0;
+  for (; mid < end; mid++)
+    if (*mid < '0' || *mid > '9') return 0;
+  return 1;
+}
+
+/* SPEC §3: a config cannot hang the tool. Inserting 2^19 + 1 keys that all collide in Lua's
+ * hash (i * (2^20 - 1): the node part of 2^20 slots hashes them mod 2^20 - 1) makes the last
+ * rehash one VM instruction of half a minute to minutes, where no hook runs; rdagen's watchdog
+ * ends it one second past the limit, with one error line, for a config and for a user tuning
+ * database alike. */
+static void test_gen_rdagen_stops_a_config_stuck_in_one_instruction(void **state) {
+  (void)state;
+  char *dir = rt_mkdtemp();
+  assert_non_null(dir);
+  char *config = rt_path(dir, "collide.lua"), *db = rt_path(dir, "collide_db.lua");
+  char *ok = rt_path(dir, "ok.lua"), *out = rt_path(dir, "out");
+  static const char collide[] =
+      "local P = (1 << 20) - 1\nlocal t = {}\nfor i = 1, (1 << 19) + 1 do t[i * P] = true end\n";
+  static const char body[] =
+      "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 64 }, dilations = { 1 } }\n";
+  char text[512];
+  snprintf(text, sizeof text, "%s%s", collide, body);
+  assert_true(rt_write_file(config, text, strlen(text)));
+  snprintf(text, sizeof text, "%sreturn {}\n", collide);
+  assert_true(rt_write_file(db, text, strlen(text)));
+  assert_true(rt_write_file(ok, body, strlen(body)));
+  double took;
+  rt_proc p = run_rdagen("1", 40, &took, "ring-sim", config, "--n", "256", "--ranks", "2", NULL);
+  if (p.exit_code != 1 || !is_time_limit_line(p.err, config, "config") || took > 15)
+    fail_msg("config: exit %d after %.1f s, stderr: %s", p.exit_code, took, p.err);
+  rt_proc_free(&p);
+  char *saved = rt_env_save("RDA_TUNING_DB");
+  assert_int_equal(setenv("RDA_TUNING_DB", db, 1), 0);
+  p = run_rdagen("1", 40, &took, "emit", ok, "--arch", "sm_90", "--out", out, NULL);
+  rt_env_restore("RDA_TUNING_DB", saved);
+  if (p.exit_code != 1 || !is_time_limit_line(p.err, db, "the tuning database") || took > 15)
+    fail_msg("database: exit %d after %.1f s, stderr: %s", p.exit_code, took, p.err);
+  rt_proc_free(&p);
+  assert_false(rt_exists(out));
+  free(config);
+  free(db);
+  free(ok);
+  free(out);
+  rt_rmtree(dir);
+  free(dir);
+}
+
+/* A config read from a pipe (`cat c.lua | rdagen ... /dev/stdin`) works, as before f0b3483. */
+static void test_gen_rdagen_reads_a_piped_config(void **state) {
+  (void)state;
+  char *dir = rt_mkdtemp();
+  assert_non_null(dir);
+  char *config = rt_path(dir, "c.lua");
+  static const char body[] =
+      "return { heads = 6, head_dim = 64, dtype = 'bf16', segments = { 64 }, dilations = { 1 } }\n";
+  assert_true(rt_write_file(config, body, strlen(body)));
+  char cmd[9000];
+  snprintf(cmd, sizeof cmd, "cat '%s' | '%s' ring-sim /dev/stdin --n 256 --ranks 2", config,
+           RDAGEN_PATH);
+  char *argv[] = {(char *)(uintptr_t) "/bin/sh", (char *)(uintptr_t) "-c", cmd, NULL};
+  rt_proc p;
+  assert_true(rt_run(argv, 60, &p));
+  if (p.exit_code != 0 || strstr(p.out, "config   /dev/stdin: heads 6 (kv 6)") == NULL)
+    fail_msg("exit %d\nstdout: %s\nstderr: %s", p.exit_code, p.out, p.err);
+  rt_proc_free(&p);
+  free(config);
+  rt_rmtree(dir);
+  free(dir);
+}
+
 static void test_gen_open_fails_clearly_without_home(void **state) {
   (void)state;
   char saved[4096];
@@ -577,6 +687,8 @@ int main(void) {
       cmocka_unit_test(test_gen_plan_uses_tuning_file_when_present),
       cmocka_unit_test(test_gen_user_database_is_under_the_time_limit),
       cmocka_unit_test(test_gen_tune_dry_run_creates_nothing),
+      cmocka_unit_test(test_gen_rdagen_stops_a_config_stuck_in_one_instruction),
+      cmocka_unit_test(test_gen_rdagen_reads_a_piped_config),
       cmocka_unit_test(test_gen_open_fails_clearly_without_home),
       cmocka_unit_test(test_gen_home_prefers_environment),
       cmocka_unit_test(test_gen_close_accepts_null),

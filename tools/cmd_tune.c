@@ -35,7 +35,8 @@ static const char tune_usage_text[] =
     "  --seed      of the random inputs (default 1)\n"
     "  --db        the database to update (default $RDA_TUNING_DB, else tuning.lua in the\n"
     "              cache folder); the plans made while tuning read it too\n"
-    "  --dry-run   tune and print, but write (or create, or lock) nothing\n"
+    "  --dry-run   tune and print, but write (or create, or lock) no database; the kernels\n"
+    "              compiled still go to the kernel cache, as for any command\n"
     "Runs that write one database take turns (a lock beside it): a second one waits for the\n"
     "first.\n"
     "Flags may come in any order, as '--flag value' or '--flag=value'.\n";
@@ -194,8 +195,8 @@ int rdagen_cmd_tune(int argc, char **argv) {
   rc = 1;
   /* One tune at a time per database, from before the tasks are listed to the write: a second
    * run waits, so neither skews the other's timings and each merges into the other's result.
-   * A dry run writes nothing, so it takes no lock: the lock's file (and a missing folder of
-   * the database, which taking it creates) would be the one thing it left behind. */
+   * A dry run writes no database, so it takes no lock: the lock's file (and a missing folder
+   * of the database, which taking it creates) would be left behind for nothing. */
   if (rda_gen_open(&g, &err) != RDA_OK ||
       rda_gen_config_file(g, opt.config, &cfg, &err) != RDA_OK ||
       (!opt.dry_run && rda_tuning_db_lock(db_path, &lock, &err) != RDA_OK) ||

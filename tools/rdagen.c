@@ -3,6 +3,7 @@
  * "rdagen: error: ..." line on stderr), 2 bad usage. */
 #include "commands.h"
 
+#include "gen.h"
 #include "rda.h"
 
 #include <stdarg.h>
@@ -67,6 +68,9 @@ int rdagen_usage(const char *fmt, ...) {
 }
 
 int main(int argc, char **argv) {
+  /* A config runs in this process: one stuck in a single Lua instruction past its time limit
+   * ends it with one error line (SPEC §3: a config cannot hang the tool). */
+  rda_gen_enable_watchdog("rdagen");
   if (argc < 2) {
     fputs(rdagen_usage_text, stderr);
     return 2;

@@ -238,4 +238,115 @@ T.test("the generator's string library survives a config", function()
   assert(string.dump == nil, "string.dump is gone from the generator")
 end)
 
+-- A sparse table whose border #t is 2^40 or 2^62 ({1, 2, 3, 4, [5] = 1} and every power of two
+-- up to it, as one constructor): the library's insert/remove at position 1 would shift #t
+-- slots in one C loop, hours to forever.
+local function sparse(e, op)
+  local parts = { "local t = {1, 2, 3, 4, [5] = 1" }
+  for k = 3, e do parts[#parts + 1] = (", [%d] = 1"):format(1 << k) end
+  return table.concat(parts) .. ("}\nassert(#t == 1 << %d, 'border ' .. #t)\n%s\nreturn {}")
+    :format(e, op)
+end
+
+T.test("table.insert and table.remove shift in counted instructions", function()
+  for _, e in ipairs { 40, 62 } do
+    for _, op in ipairs { "table.insert(t, 1, 0)", "table.remove(t, 1)",
+                          "table.insert(t, 2.0, 0)", "table.remove(t, '1')" } do
+      local t0 = os.clock()
+      local _, msg = config.load(sparse(e, op), "sparse.lua", { seconds = 30 })
+      testing.contains(msg, "sparse.lua:3: config exceeds the instruction limit")
+      assert(os.clock() - t0 < 10, op .. " took too long")
+    end
+  end
+end)
+
+T.test("table.insert and table.remove behave as the library's", function()
+  local env = config.sandbox_env()
+  local ins, rem = env.table.insert, env.table.remove
+  local seed = os.time()
+  math.randomseed(seed)
+  for round = 1, 300 do
+    local n = math.random(0, 12)
+    local a, b = {}, {}
+    for i = 1, n do a[i] = math.random(1000); b[i] = a[i] end
+    for _ = 1, 6 do
+      local pos = math.random(-1, n + 2)
+      if math.random(4) == 1 then pos = pos + 0.0 end
+      local r1, r2
+      if math.random(2) == 1 then
+        local v = math.random(1000)
+        r1 = table.pack(pcall(table.insert, a, pos, v))
+        r2 = table.pack(pcall(ins, b, pos, v))
+      else
+        r1 = table.pack(pcall(table.remove, a, pos))
+        r2 = table.pack(pcall(rem, b, pos))
+      end
+      assert(r1.n == r2.n and r1[1] == r2[1], "seed " .. seed .. " round " .. round)
+      if r1[1] then
+        assert(r1[2] == r2[2], "result, seed " .. seed)
+      else
+        assert(r1[2]:match("%(.*%)$") == r2[2]:match("%(.*%)$"), r2[2])
+      end
+      assert(#a == #b, "length, seed " .. seed)
+      for i = 0, #a + 1 do assert(rawequal(a[i], b[i]), "slot " .. i .. ", seed " .. seed) end
+    end
+  end
+  -- Appends, pops and the library's errors, naming 'insert'/'remove' and the config's line.
+  local c = assert(config.load("local t = {}\ntable.insert(t, 5)\ntable.insert(t, 1, 4)\n"
+                               .. "table.insert(t, 3, 6)\nlocal x = table.remove(t)\n"
+                               .. "return { heads = 1, head_dim = 32, dtype = 'bf16',"
+                               .. " segments = { t[1] * 10 + t[2] + x * 100 }, dilations = { 1 } }",
+                               "ok.lua"))
+  assert(c.segments[1] == 645, "insert/remove results " .. c.segments[1])
+  local _, msg = config.load("local t = {1, 2}\ntable.insert(t, 5, 1)", "pos.lua")
+  testing.contains(msg, "pos.lua:2: bad argument #2 to 'insert' (position out of bounds)")
+  _, msg = config.load("local t = {1, 2}\ntable.insert(t, 1, 2, 3)", "args.lua")
+  testing.contains(msg, "args.lua:2: wrong number of arguments to 'insert'")
+  _, msg = config.load("local t = {1, 2}\ntable.remove(t, 7)", "rem.lua")
+  testing.contains(msg, "rem.lua:2: bad argument #2 to 'remove' (position out of bounds)")
+  _, msg = config.load("table.insert(nil, 1, 2)", "nil.lua")
+  testing.contains(msg, "nil.lua:1: bad argument #1 to 'insert' (table expected, got nil)")
+end)
+
+-- Two calls of string.upper on 40 MiB (some 60 ms each) in fewer than 10 instructions (the
+-- hook's count): no count event comes; only call events (the calls, and the __close of the
+-- library's string buffer each makes) see the limit pass, inside the chunk at one of its lines.
+-- Without them the chunk would run to its end, caught only there, with no line.
+T.test("the call hook stops a chunk between two long C calls", function()
+  local native = require "rda.native"
+  local big, nuls = ("x"):rep(40 << 20), ("\0"):rep(8 << 20)
+  local function run(text, name, seconds)
+    collectgarbage() -- no collector debt of the test's own garbage charged to the chunk
+    return native.sandbox_run(text, name, { string = {}, up = string.upper, s = big, z = nuls },
+                              1000, 1 << 28, seconds)
+  end
+  local ok, msg = run("up(s)\nup(s)", "=calls.lua", 0.04)
+  assert(not ok, "accepted")
+  assert(msg:match("^calls%.lua:[12]: config exceeds the time limit %(0%.04 s%)$"), msg)
+  -- One long instruction (`<` of 8 MiB of NULs: 8M calls of strcoll, no call of a function)
+  -- and the chunk returns: no hook event came, the clock is read once more, never accepting it.
+  ok, msg = run("local x = z < z", "=once.lua", 0.02)
+  assert(not ok, "an overrun chunk was accepted")
+  assert(msg == "once.lua: config exceeds the time limit (0.02 s)", msg)
+  assert(run("up(s) return 1", "=fast.lua", 5))
+end)
+
+-- `<` of two long strings of NULs calls strcoll once per NUL: 8 MiB of them take some 0.07 s a
+-- compare, all in one instruction. The clock must be read often enough that the limit is
+-- overshot by a few compares at most, in a loop and in table.sort.
+T.test("long string compares overshoot the limit by little", function()
+  local cases = {
+    "local a = ('\\0'):rep(8 << 20)\nfor i = 1, 1000 do if a < a then error('x') end end",
+    "local a = ('\\0'):rep(8 << 20)\nlocal t = {}\nfor i = 1, 200 do t[i] = a end\n"
+      .. "table.sort(t)",
+  }
+  for _, text in ipairs(cases) do
+    local t0 = os.clock()
+    local _, msg = config.load(text, "lt.lua", { seconds = 0.3 })
+    local took = os.clock() - t0
+    testing.contains(msg, "config exceeds the time limit (0.3 s)")
+    assert(took < 0.3 + 0.5, string.format("%.2f s for a limit of 0.3 s", took))
+  end
+end)
+
 T.run()
