@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -232,6 +233,7 @@ static rda_status rda_cache_folder_at(const char *target, int create, int need_w
                                       rda_err *err) {
   *usable = 0;
   why[0] = '\0';
+  if (cap > 0) out[0] = '\0'; /* "no root" (rda_cache_dir_path failing) leaves it empty */
   if (target != NULL && (target[0] == '\0' || target[0] == '.' || strchr(target, '/') != NULL))
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "cache target '%s': not a folder name",
                        target);
@@ -845,6 +847,9 @@ static rda_status rda_cache_open_root(const char *target, char *root, size_t cap
     if (target != NULL && strcmp(target, e->d_name) != 0) continue;
     struct stat sb;
     if (fstatat(fd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISLNK(sb.st_mode)) continue;
+    /* Only a link that leads to a folder poses as a target folder; a link to a file (the
+     * tuning database, tuning.lua, lives here by default) or a dangling one is none of ours. */
+    if (fstatat(fd, e->d_name, &sb, 0) != 0 || !S_ISDIR(sb.st_mode)) continue;
     char path[kCachePath];
     snprintf(path, sizeof path, "%s/%s", root, e->d_name);
     st = rda_cache_refuse_link(path, err);
@@ -961,22 +966,40 @@ rda_status rda_cache_evict(unsigned long long max_bytes, const char *keep, size_
 typedef struct rda_cache_clear_ctx {
   size_t removed, left;
   long long now;
+  size_t failed;             /* names that stayed (not ENOENT), over every target */
+  int fail_errno;            /* the first failure's */
+  char fail_dir[kCachePath]; /* and its folder */
 } rda_cache_clear_ctx;
 
 static rda_status rda_cache_clear_target(int dfd, const char *dir, const char *name, void *ctx,
                                          rda_err *err) {
-  (void)dir, (void)name, (void)err;
+  (void)name, (void)err;
   rda_cache_clear_ctx *c = ctx;
   DIR *t = rda_cache_walk(dfd);
-  if (t == NULL) return RDA_OK;
+  if (t == NULL) {
+    if (c->failed++ == 0) {
+      c->fail_errno = errno;
+      snprintf(c->fail_dir, sizeof c->fail_dir, "%s", dir);
+    }
+    return RDA_OK;
+  }
+  /* A file that stays (a read-only folder, an immutable file) is a failed clear, not a quiet
+   * "removed 0": counted, the other targets still cleared, and told as one line by
+   * rda_cache_clear. ENOENT: removed by someone else meanwhile. */
   for (struct dirent *f; (f = readdir(t)) != NULL;) {
     if (f->d_name[0] == '.') continue;
+    int rc = 0;
     if (rda_cache_in_flight_name(f->d_name)) {
       c->left += (size_t)rda_cache_remove_if_stale(dfd, f->d_name, c->now);
     } else if (rda_cache_ends_with(f->d_name, ".rda")) {
-      if (unlinkat(dfd, f->d_name, 0) == 0) ++c->removed;
+      rc = unlinkat(dfd, f->d_name, 0);
+      if (rc == 0) ++c->removed;
     } else if (rda_cache_ends_with(f->d_name, ".use")) {
-      (void)unlinkat(dfd, f->d_name, 0);
+      rc = unlinkat(dfd, f->d_name, 0);
+    }
+    if (rc != 0 && errno != ENOENT && c->failed++ == 0) {
+      c->fail_errno = errno;
+      snprintf(c->fail_dir, sizeof c->fail_dir, "%s", dir);
     }
   }
   closedir(t);
@@ -991,19 +1014,31 @@ rda_status rda_cache_clear(const char *target, size_t *removed, size_t *left, rd
   RDA_TRY(rda_cache_open_root(target, root, sizeof root, &rootfd, err));
   rda_cache_memory_clear();
   if (rootfd < 0) return RDA_OK; /* no cache yet */
-  rda_cache_clear_ctx c = {0, 0, rda_cache_now_ns()};
-  const rda_status st =
-      rda_cache_each_target(rootfd, root, target, rda_cache_clear_target, &c, err);
+  /* On the heap: fail_dir is a whole path. */
+  rda_cache_clear_ctx *c = calloc(1, sizeof *c);
+  if (c == NULL) {
+    close(rootfd);
+    return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "cache clear: out of memory");
+  }
+  c->now = rda_cache_now_ns();
+  rda_status st = rda_cache_each_target(rootfd, root, target, rda_cache_clear_target, c, err);
   close(rootfd);
-  if (removed != NULL) *removed = c.removed;
-  if (left != NULL) *left = c.left;
+  if (removed != NULL) *removed = c->removed;
+  if (left != NULL) *left = c->left;
+  if (st == RDA_OK && c->failed > 0)
+    st = rda_err_set(err, RDA_ERR_CACHE,
+                     "cache clear: %zu file%s could not be removed, first in cache folder '%s': %s",
+                     c->failed, c->failed == 1 ? "" : "s", c->fail_dir, strerror(c->fail_errno));
+  free(c);
   return st;
 }
 
 /* ================================================================== cubins */
 
-rda_status rda_cache_cubin(int arch, const char *name, const char *source, unsigned char **image,
-                           size_t *bytes, int *compiled, rda_err *err) {
+/* rda_cache_cubin; with must_store, a compiled cubin that did not reach the disk is an error. */
+static rda_status rda_cache_cubin_at(int arch, const char *name, const char *source,
+                                     unsigned char **image, size_t *bytes, int *compiled,
+                                     int must_store, rda_err *err) {
   *image = NULL;
   *bytes = 0;
   if (compiled != NULL) *compiled = 0;
@@ -1031,14 +1066,44 @@ rda_status rda_cache_cubin(int arch, const char *name, const char *source, unsig
   rda_log(RDA_LOG_INFO, "compiled %s for %s in %.2f s (cache miss: %s)", name, target,
           img.compile_s, why);
   rda_err put = {0}; /* a cache that cannot take the entry (disk full) costs a recompile later */
-  if (rda_cache_put(target, &key, name, source, img.image, img.image_bytes, &put) != RDA_OK)
+  rda_status stored = RDA_OK;
+  if (must_store) { /* rda_cache_put keeps an entry in memory only when the folder is unusable */
+    char dir[kCachePath], unusable[1024];
+    int usable = 0;
+    stored =
+        rda_cache_folder_try(target, dir, sizeof dir, &usable, unusable, sizeof unusable, &put);
+    if (stored == RDA_OK && !usable) stored = rda_err_set(&put, RDA_ERR_CACHE, "%s", unusable);
+  }
+  if (stored == RDA_OK)
+    stored = rda_cache_put(target, &key, name, source, img.image, img.image_bytes, &put);
+  if (stored != RDA_OK) {
+    if (must_store) {
+      rda_nvrtc_out_free(&img);
+      return rda_err_set(err, RDA_ERR_CACHE, "%s compiled for %s but not stored in the cache: %s",
+                         name, target, put.msg);
+    }
     rda_log(RDA_LOG_INFO, "%s not cached: %s", name, put.msg);
+  }
   *image = img.image; /* hand the buffer over */
   *bytes = img.image_bytes;
   img.image = NULL;
   if (compiled != NULL) *compiled = 1;
   rda_nvrtc_out_free(&img);
   return RDA_OK;
+}
+
+rda_status rda_cache_cubin(int arch, const char *name, const char *source, unsigned char **image,
+                           size_t *bytes, int *compiled, rda_err *err) {
+  return rda_cache_cubin_at(arch, name, source, image, bytes, compiled, 0, err);
+}
+
+rda_status rda_cache_cubin_store(int arch, const char *name, const char *source, int *compiled,
+                                 rda_err *err) {
+  unsigned char *image = NULL;
+  size_t bytes = 0;
+  const rda_status st = rda_cache_cubin_at(arch, name, source, &image, &bytes, compiled, 1, err);
+  free(image);
+  return st;
 }
 
 /* ================================================================== bundles */
@@ -1173,16 +1238,39 @@ static int rda_cache_jentry(rda_cache_json *j, rda_cache_bundle_entry *e) {
   }
 }
 
+/* The bundles already warned about (no cubin_sha256): one warning per bundle per process,
+ * not one per kernel load. A fixed table: past it, further bundles are warned about again. */
+static pthread_mutex_t rda_cache_old_bundle_mu = PTHREAD_MUTEX_INITIALIZER;
+static char rda_cache_old_bundles[16][65]; /* SHA-256 of the folder's path */
+static int rda_cache_old_bundle_count;
+
+/* 1 the first time `folder` is seen here. */
+static int rda_cache_old_bundle_first(const char *folder) {
+  char id[65];
+  rda_cache_sha256_hex(folder, strlen(folder), id);
+  int first = 1;
+  pthread_mutex_lock(&rda_cache_old_bundle_mu);
+  for (int i = 0; i < rda_cache_old_bundle_count && first; ++i)
+    first = strcmp(rda_cache_old_bundles[i], id) != 0;
+  if (first && rda_cache_old_bundle_count < 16)
+    memcpy(rda_cache_old_bundles[rda_cache_old_bundle_count++], id, sizeof id);
+  pthread_mutex_unlock(&rda_cache_old_bundle_mu);
+  return first;
+}
+
 /* The cubin of a matching bundle entry, read (never blocking: rda_cache_read_file) and checked
  * against the entry's "cubin_sha256"; 1 when it is sound (*image malloc'd), else 0 and logged:
  * the cache or NVRTC serve instead. */
 static int rda_cache_bundle_cubin(const char *folder, const rda_cache_bundle_entry *e,
                                   const char *file, unsigned char **image, size_t *bytes) {
   if (strlen(e->cubin_sha) != 64) {
-    rda_log(RDA_LOG_INFO,
-            "bundle %s/manifest.json: %s for %s has no cubin_sha256 (an older rdagen emit): "
-            "not used, re-run rdagen emit",
-            folder, e->name, e->arch);
+    /* A bundle from before cubin_sha256 was recorded: its cubins cannot be verified, so none is
+     * used; said at warning level (the default), since the user has to re-emit it. */
+    if (rda_cache_old_bundle_first(folder))
+      rda_log(RDA_LOG_WARN,
+              "bundle %s was written by an older rdagen emit (no cubin_sha256 in its "
+              "manifest.json): its kernels are not used; re-run rdagen emit for it",
+              folder);
     return 0;
   }
   unsigned char *buf = NULL;

@@ -51,7 +51,7 @@ void rda_cache_key_of(const rda_cache_inputs *in, rda_cache_key *out);
  * writable by group or others (a kernel loaded from there could be anyone's code), or when the
  * target folder is a symbolic link (one policy for get, put, list, evict and clear: refused;
  * the root itself may be a link). RDA_ERR_CACHE too when it cannot be used (no root, cannot be
- * created, not a folder). */
+ * created, not a folder). `out` is always a string ("" when there is no root). */
 rda_status rda_cache_folder(const char *target, char *out, size_t cap, rda_err *err);
 
 /* rda_cache_folder for writing, telling a refusal (an error, as above) from a folder that
@@ -115,8 +115,10 @@ typedef struct rda_cache_entry_info {
 } rda_cache_entry_info;
 
 /* Every entry (of `target`, or all when NULL), least recently used first. *out malloc'd. A
- * missing cache root is an empty cache (nothing is created); a symlinked target folder is
- * refused (rda_cache_folder). */
+ * missing cache root is an empty cache (nothing is created); no root at all (RDA_CACHE_DIR,
+ * XDG_CACHE_HOME and HOME unset) is RDA_ERR_CACHE; a symlinked target folder is refused
+ * (rda_cache_folder). Other links in the root that do not lead to a folder (tuning.lua, the
+ * tuning database, may be one) are no target folders: skipped, as by evict and clear. */
 rda_status rda_cache_list(const char *target, rda_cache_entry_info **out, size_t *count,
                           rda_err *err);
 
@@ -124,7 +126,10 @@ rda_status rda_cache_list(const char *target, rda_cache_entry_info **out, size_t
  * Temporaries and emulator header folders younger than an hour may belong to a process
  * running now: they are left, and *left (may be NULL) counts them; older ones go. Never
  * deletes through a symbolic link (rda_cache_remove_tree); a symlinked target folder refuses
- * the whole clear before anything is deleted. A missing cache root is not created. */
+ * the whole clear before anything is deleted. A missing cache root is not created. An entry
+ * or access record that cannot be removed (a read-only folder; not ENOENT) or a target folder
+ * that cannot be read: every other target is still cleared, then RDA_ERR_CACHE with one line
+ * giving the count and naming the first such folder. */
 rda_status rda_cache_clear(const char *target, size_t *removed, size_t *left, rda_err *err);
 
 /* Delete least recently used entries until the cache holds at most max_bytes; `keep` (a key
@@ -138,16 +143,24 @@ rda_status rda_cache_evict(unsigned long long max_bytes, const char *keep, size_
 rda_status rda_cache_cubin(int arch, const char *name, const char *source, unsigned char **image,
                            size_t *bytes, int *compiled, rda_err *err);
 
+/* rda_cache_cubin for filling the cache (`rdagen cache warm`): the cubin is not kept, and one
+ * that was compiled but could not be stored on disk (disk full, folder unusable) is
+ * RDA_ERR_CACHE naming the kernel and why, where rda_cache_cubin only logs it. */
+rda_status rda_cache_cubin_store(int arch, const char *name, const char *source, int *compiled,
+                                 rda_err *err);
+
 /* ---- ahead-of-time bundles (folders written by `rdagen emit`) ---------------------------- */
 
 /* Find a cubin for (name, arch, source) in the bundles listed in `path_list` (colon-separated
  * folders, e.g. $RDA_KERNEL_PATH; NULL or "" means none): the manifest.json of each folder is
  * read and an entry matches when its name, arch and "source_sha256" all match (a stale bundle
  * is never used) and its cubin file is a regular file whose SHA-256 is the entry's
- * "cubin_sha256" (an entry without one, or a cubin changed since, is logged at RDA_LOG=info
- * and passed over). On a match *found is 1, file (cap bytes) holds the cubin's path and
- * *image (malloc'd) its verified bytes. A folder without a readable manifest is skipped; a
- * malformed manifest is RDA_ERR_CACHE naming it. */
+ * "cubin_sha256" (a cubin changed since is logged at RDA_LOG=info and passed over; an entry
+ * without one comes from an emit before this version: passed over too, with one
+ * "rda: warning:" line on stderr per bundle folder and process, whatever RDA_LOG says). On a
+ * match *found is 1, file (cap bytes) holds the cubin's path and *image (malloc'd) its verified
+ * bytes. A folder without a readable manifest is skipped; a malformed manifest is RDA_ERR_CACHE
+ * naming it. */
 rda_status rda_cache_bundle_load(const char *path_list, const char *name, int arch,
                                  const char *source, unsigned char **image, size_t *bytes,
                                  char *file, size_t cap, int *found, rda_err *err);

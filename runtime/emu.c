@@ -512,8 +512,9 @@ static rda_status rda_emu_fetch(rda_emu_impl *im, const char *dir, const rda_emu
   const double t0 = rda_log_now();
   char inc[kEmuPath], src_path[kEmuPath];
   rda_status st = RDA_OK;
-  /* Another process's `rdagen cache clear` may take the header folder (an old one) while the
-   * compiler reads it: then it is written again and the compile tried once more. */
+  /* Another process's `rdagen cache clear` may take the header folder (an old one), wholly or
+   * in part, while the compiler reads it: a failed compile whose headers are not intact any
+   * more writes them again and is tried once more. */
   for (int attempt = 0; attempt < 2; ++attempt) {
     rda_err first = {0};
     st = rda_emu_headers(dir, kp->headers, inc, sizeof inc, &first);
@@ -522,13 +523,13 @@ static rda_status rda_emu_fetch(rda_emu_impl *im, const char *dir, const rda_emu
     if (st == RDA_OK)
       st = rda_emu_compile(im, dir, inc, src_rel != NULL ? NULL : source,
                            src_rel != NULL ? src_path : NULL, name, image, bytes, &first);
-    struct stat sb;
-    if (st == RDA_OK || attempt == 1 || lstat(inc, &sb) == 0) {
+    if (st == RDA_OK || attempt == 1 || rda_emu_headers_intact(inc)) {
       if (st != RDA_OK) return rda_err_set(err, st, "%s", first.msg);
       break;
     }
-    rda_log(RDA_LOG_INFO, "emulator headers %s vanished while compiling %s: writing them again",
-            inc, name);
+    rda_log(RDA_LOG_INFO,
+            "emulator headers %s changed or vanished while compiling %s: writing them again", inc,
+            name);
   }
   rda_log(RDA_LOG_INFO, "compiled %s for %s in %.2f s (cache miss: %s)", name, kp->target,
           rda_log_now() - t0, why);

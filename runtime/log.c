@@ -1,8 +1,9 @@
-/* log.c — RDA_LOG=info|debug: one line per compile, load or cache event on stderr, so that a
- * cold compile never looks like a hang. Each line is written with one write(2), so lines of
- * concurrent threads and processes do not interleave. */
+/* log.c — warnings, and with RDA_LOG=info|debug one line per compile, load or cache event on
+ * stderr, so that a cold compile never looks like a hang. Each line is written with one write(2),
+ * so lines of concurrent threads and processes do not interleave. */
 #include "log.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,10 +13,11 @@
 
 rda_log_level rda_log_level_now(void) {
   const char *v = getenv("RDA_LOG");
-  if (v == NULL) return RDA_LOG_OFF;
+  if (v == NULL) return RDA_LOG_WARN;
   if (strcmp(v, "debug") == 0) return RDA_LOG_DEBUG;
   if (strcmp(v, "info") == 0) return RDA_LOG_INFO;
-  return RDA_LOG_OFF;
+  if (strcmp(v, "off") == 0) return RDA_LOG_OFF;
+  return RDA_LOG_WARN;
 }
 
 int rda_log_enabled(rda_log_level level) {
@@ -25,7 +27,8 @@ int rda_log_enabled(rda_log_level level) {
 void rda_log(rda_log_level level, const char *fmt, ...) {
   if (!rda_log_enabled(level)) return;
   char line[1200];
-  int n = snprintf(line, sizeof line, "rda: %s: ", level == RDA_LOG_DEBUG ? "debug" : "info");
+  static const char *const names[] = {"off", "warning", "info", "debug"};
+  int n = snprintf(line, sizeof line, "rda: %s: ", names[level]);
   if (n < 0) return;
   va_list ap;
   va_start(ap, fmt);
@@ -38,6 +41,7 @@ void rda_log(rda_log_level level, const char *fmt, ...) {
   line[len++] = '\n';
   for (size_t off = 0; off < len;) {
     const ssize_t w = write(2, line + off, len - off);
+    if (w < 0 && errno == EINTR) continue;
     if (w <= 0) break;
     off += (size_t)w;
   }

@@ -1,12 +1,20 @@
-/* log.h — what rda tells about its work when asked: RDA_LOG=info (what was compiled or loaded,
- * from where, why, how long) or RDA_LOG=debug (also every cache hit); one line per event on
- * stderr, "rda: info: ...". Silent by default. The only place runtime/ writes anything. */
+/* log.h — what rda tells about its work: warnings (something the user should act on, e.g. a
+ * kernel bundle that can no longer be used) unless RDA_LOG=off; RDA_LOG=info also what was
+ * compiled or loaded, from where, why, how long; RDA_LOG=debug also every cache hit. One line
+ * per event on stderr, "rda: warning: ...", "rda: info: ...". The only place runtime/ writes
+ * anything. */
 #ifndef RDA_LOG_H
 #define RDA_LOG_H
 
-typedef enum { RDA_LOG_OFF = 0, RDA_LOG_INFO = 1, RDA_LOG_DEBUG = 2 } rda_log_level;
+typedef enum {
+  RDA_LOG_OFF = 0,
+  RDA_LOG_WARN = 1,
+  RDA_LOG_INFO = 2,
+  RDA_LOG_DEBUG = 3
+} rda_log_level;
 
-/* The level $RDA_LOG asks for (read at each call: "info", "debug"; anything else is off). */
+/* The level $RDA_LOG asks for (read at each call: "off", "info", "debug"; unset or anything
+ * else: warnings only). */
 rda_log_level rda_log_level_now(void);
 
 /* 1 when events of `level` are printed now. */

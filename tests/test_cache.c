@@ -1448,6 +1448,275 @@ static void test_cache_memory_hits_are_logged_at_debug(void **state) {
   free(log);
 }
 
+/* ---- review fixes (fix-cache2) ------------------------------------------------------------- */
+
+/* A link in the cache root that leads to a file (tuning.lua, the user's tuning database, lives
+ * there by default) or nowhere is no target folder: list, clear and eviction work around it and
+ * leave it and its file alone. */
+static void test_cache_link_to_a_file_in_the_root_is_no_target(void **state) {
+  cache_fixture *f = *state;
+  char *real = rt_path(f->root, "tuning-real.lua"), *link = rt_path(f->root, "tuning.lua");
+  char *dangling = rt_path(f->root, "gone");
+  const char db[] = "return { entries = {} }\n";
+  assert_true(rt_write_file(real, db, sizeof db - 1));
+  assert_int_equal(symlink(real, link), 0);
+  assert_int_equal(symlink("/nonexistent/rda-cache-target", dangling), 0);
+  put_entry("kernel_l1", 3000);
+  put_entry("kernel_l2", 3000);
+  rda_cache_entry_info *v = NULL;
+  size_t n = 0;
+  rda_err err = {0};
+  const rda_status st = rda_cache_list(NULL, &v, &n, &err);
+  if (st != RDA_OK) fprintf(stderr, "list: %s\n", err.msg);
+  assert_int_equal(st, RDA_OK);
+  assert_int_equal(n, 2);
+  free(v);
+  /* Eviction (run by every put) still works: a 7000-byte limit holds two entries, not three. */
+  setenv("RDA_CACHE_MAX_BYTES", "7000", 1);
+  put_entry("kernel_l3", 3000);
+  assert_false(has_entry("kernel_l1"));
+  assert_true(has_entry("kernel_l2"));
+  assert_true(has_entry("kernel_l3"));
+  unsetenv("RDA_CACHE_MAX_BYTES");
+  size_t removed = 0;
+  assert_int_equal(rda_cache_clear(NULL, &removed, NULL, &err), RDA_OK);
+  assert_int_equal(removed, 2);
+  size_t len = 0;
+  char *kept = rt_read_file(link, &len); /* through the link: both kept */
+  assert_non_null(kept);
+  assert_int_equal(len, sizeof db - 1);
+  assert_memory_equal(kept, db, len);
+  struct stat sb;
+  assert_int_equal(lstat(dangling, &sb), 0);
+  /* The command line too: list and clear exit 0. */
+  char *list[] = {S(RDAGEN_PATH), S("cache"), S("list"), NULL};
+  char *clear[] = {S(RDAGEN_PATH), S("cache"), S("clear"), NULL};
+  rt_proc p;
+  assert_true(rt_run(list, 60, &p));
+  if (p.exit_code != 0 || strstr(p.out, "0 entries") == NULL)
+    fprintf(stderr, "cache list: exit %d: %s%s", p.exit_code, p.out, p.err);
+  assert_int_equal(p.exit_code, 0);
+  rt_proc_free(&p);
+  assert_true(rt_run(clear, 60, &p));
+  assert_int_equal(p.exit_code, 0);
+  rt_proc_free(&p);
+  free(kept), free(real), free(link), free(dangling);
+}
+
+/* No cache root at all (RDA_CACHE_DIR, XDG_CACHE_HOME and HOME unset): list and clear fail
+ * with the one line that says so, never "0 entries" from an unset path. */
+static void test_cache_no_cache_root_at_all_is_one_error(void **state) {
+  (void)state;
+  char *saved_xdg = rt_env_save("XDG_CACHE_HOME"), *saved_home = rt_env_save("HOME");
+  unsetenv("RDA_CACHE_DIR");
+  unsetenv("XDG_CACHE_HOME");
+  unsetenv("HOME");
+  rda_cache_entry_info *v = NULL;
+  size_t n = 7;
+  rda_err err = {0};
+  assert_int_equal(rda_cache_list(NULL, &v, &n, &err), RDA_ERR_CACHE);
+  assert_non_null(strstr(err.msg, "RDA_CACHE_DIR"));
+  assert_int_equal(n, 0);
+  memset(&err, 0, sizeof err);
+  assert_int_equal(rda_cache_clear(NULL, NULL, NULL, &err), RDA_ERR_CACHE);
+  assert_non_null(strstr(err.msg, "RDA_CACHE_DIR"));
+  char dir[256];
+  memset(dir, 'x', sizeof dir);
+  assert_int_equal(rda_cache_folder("sm_90", dir, sizeof dir, &err), RDA_ERR_CACHE);
+  assert_string_equal(dir, ""); /* written even then */
+  char *list[] = {S(RDAGEN_PATH), S("cache"), S("list"), NULL};
+  rt_proc p;
+  assert_true(rt_run(list, 60, &p));
+  if (p.exit_code != 1 || rt_count_lines(p.err) != 1 || strstr(p.err, "RDA_CACHE_DIR") == NULL)
+    fprintf(stderr, "cache list: exit %d: %s%s", p.exit_code, p.out, p.err);
+  assert_int_equal(p.exit_code, 1);
+  assert_int_equal(rt_count_lines(p.err), 1);
+  assert_non_null(strstr(p.err, "RDA_CACHE_DIR"));
+  rt_proc_free(&p);
+  rt_env_restore("XDG_CACHE_HOME", saved_xdg);
+  rt_env_restore("HOME", saved_home);
+}
+
+/* Make `dir` refuse unlinks: chmod a-w for a user; root ignores modes, so the immutable flag
+ * (chattr +i) then. 0 when neither works here (the test is skipped). */
+static int make_undeletable(const char *dir, int on) {
+  char cmd[4200];
+  if (geteuid() != 0) return chmod(dir, on ? 0500 : 0700) == 0;
+  snprintf(cmd, sizeof cmd, "chattr %ci '%s' 2>/dev/null", on ? '+' : '-', dir);
+  return system(cmd) == 0;
+}
+
+/* Entries that cannot be removed fail `cache clear` with one line naming their folder (after
+ * the other targets are cleared), never a quiet "removed 0 entries". */
+static void test_cache_clear_that_cannot_remove_fails_naming_the_folder(void **state) {
+  cache_fixture *f = *state;
+  put_entry("kernel_ro1", 500);
+  put_entry("kernel_ro2", 500);
+  const rda_cache_key k = key_for("kernel_ro80");
+  unsigned char *payload = random_bytes(300);
+  rda_err err = {0};
+  assert_int_equal(rda_cache_put("sm_80", &k, "kernel_ro80", "kernel_ro80", payload, 300, &err),
+                   RDA_OK);
+  free(payload);
+  char *dir = rt_path(f->root, "sm_90"), *dir80 = rt_path(f->root, "sm_80");
+  if (!make_undeletable(dir, 1)) {
+    free(dir), free(dir80);
+    skip();
+  }
+  size_t removed = 0;
+  const rda_status st = rda_cache_clear(NULL, &removed, NULL, &err);
+  char *clear[] = {S(RDAGEN_PATH), S("cache"), S("clear"), NULL};
+  rt_proc p;
+  assert_true(rt_run(clear, 60, &p));
+  const int sm90_left = count_named(dir, ".rda"), sm80_left = count_named(dir80, ".rda");
+  assert_true(make_undeletable(dir, 0));
+  if (st != RDA_ERR_CACHE || p.exit_code != 1)
+    fprintf(stderr, "clear: %d %s / exit %d: %s%s", (int)st, err.msg, p.exit_code, p.out, p.err);
+  assert_int_equal(st, RDA_ERR_CACHE);
+  assert_non_null(strstr(err.msg, dir));
+  assert_non_null(strstr(err.msg, "could not be removed"));
+  assert_int_equal(removed, 1); /* sm_80's entry */
+  assert_int_equal(sm80_left, 0);
+  assert_int_equal(sm90_left, 2);
+  assert_int_equal(p.exit_code, 1);
+  assert_int_equal(rt_count_lines(p.err), 1);
+  assert_non_null(strstr(p.err, dir));
+  assert_string_equal(p.out, "");
+  rt_proc_free(&p);
+  assert_true(has_entry("kernel_ro1"));
+  free(dir), free(dir80);
+}
+
+/* A compiler wrapper that deletes one header out of the -I folder on its first compile of a
+ * kernel (a .cu file; the emulator runtime is built first and left alone): a concurrent clear
+ * caught halfway: the emulator sees the headers damaged, writes them again and
+ * retries, as it does when the whole folder vanished. */
+static void test_cache_emulator_survives_a_partly_deleted_header_folder(void **state) {
+  cache_fixture *f = *state;
+  char *wrapper = rt_path(f->root, "cxx-wrapper.sh"), *mark = rt_path(f->root, "deleted-once");
+  char script[8192];
+  snprintf(script, sizeof script,
+           "#!/bin/sh\n"
+           "inc=; cu=\n"
+           "for a in \"$@\"; do case \"$a\" in -I*) inc=\"${a#-I}\";; *.cu) cu=1;; esac; done\n"
+           "if [ -n \"$inc\" ] && [ -n \"$cu\" ] && [ ! -e '%s' ]; then\n"
+           "  : > '%s'; rm -f \"$inc/rda_device.cuh\"; fi\n"
+           "exec c++ \"$@\"\n",
+           mark, mark);
+  assert_true(rt_write_file(wrapper, script, strlen(script)));
+  assert_int_equal(chmod(wrapper, 0700), 0);
+  char *saved = rt_env_save("RDA_EMU_CXX");
+  setenv("RDA_EMU_CXX", wrapper, 1);
+  rda_backend *b = NULL;
+  rda_err err = {0};
+  assert_int_equal(rda_backend_emu_open(&b, 90, &err), RDA_OK);
+  char src[] =
+      "#include \"rda_device.cuh\"\n"
+      "struct partial_params { float *out; float v; };\n"
+      "extern \"C\" __global__ void partial_k(const partial_params p) {\n"
+      "  p.out[threadIdx.x] = p.v * (float)(threadIdx.x + 1); }\n"
+      "RDA_EMU_EXPORT(partial_k, partial_params)\n";
+  rda_variant v;
+  memset(&v, 0, sizeof v);
+  snprintf(v.name, sizeof v.name, "partial_k");
+  v.source = src;
+  rda_module *m = NULL;
+  const rda_status st = b->load(b, &v, &m, &err);
+  if (st != RDA_OK) fprintf(stderr, "%s\n", err.msg);
+  assert_int_equal(st, RDA_OK);
+  assert_true(rt_exists(mark)); /* a header really was taken once */
+  const float val = (float)rt_rng_normal(rt_global_rng());
+  float out[16];
+  for (int i = 0; i < 16; ++i) out[i] = -12345.0f;
+  struct {
+    float *out;
+    float v;
+  } params = {out, val};
+  const unsigned grid[3] = {1, 1, 1};
+  assert_int_equal(b->launch(b, m, grid, 16, 0, &params, sizeof params, &err), RDA_OK);
+  for (int i = 0; i < 16; ++i) assert_true(out[i] == val * (float)(i + 1));
+  b->unload(b, m);
+  b->destroy(b);
+  rt_env_restore("RDA_EMU_CXX", saved);
+  free(wrapper), free(mark);
+}
+
+/* A bundle from an emit before cubin_sha256 was recorded is passed over with one warning per
+ * bundle, whatever RDA_LOG says (the user must re-emit it), not one per kernel looked up. */
+static void test_cache_bundle_without_cubin_sha_warns_once_per_bundle(void **state) {
+  cache_fixture *f = *state;
+  const char *src = "extern \"C\" __global__ void rda_old() {}\n";
+  char sha[65];
+  rda_err err = {0};
+  assert_int_equal(rda_cache_source_sha(src, sha, &err), RDA_OK);
+  char *b1 = rt_path(f->root, "old1"), *b2 = rt_path(f->root, "old2");
+  char body[2048];
+  snprintf(body, sizeof body,
+           "{\"kernels\": [\n"
+           "{\"name\": \"rda_old\", \"arch\": \"sm_90\", \"cubin\": \"o90.cubin\", "
+           "\"source_sha256\": \"%s\"},\n"
+           "{\"name\": \"rda_old\", \"arch\": \"sm_80\", \"cubin\": \"o80.cubin\", "
+           "\"source_sha256\": \"%s\"}\n"
+           "]}\n",
+           sha, sha);
+  const char *bundles[] = {b1, b2};
+  for (int i = 0; i < 2; ++i) {
+    assert_int_equal(mkdir(bundles[i], 0700), 0);
+    write_manifest(bundles[i], body);
+    const char *names[] = {"o90.cubin", "o80.cubin"};
+    for (int c = 0; c < 2; ++c) {
+      char *p = rt_path(bundles[i], names[c]);
+      assert_true(rt_write_file(p, "cubin", 5));
+      free(p);
+    }
+  }
+  char list[8192];
+  snprintf(list, sizeof list, "%s:%s", b1, b2);
+  char *log = rt_path(f->root, "stderr.txt");
+  /* RDA_LOG=off silences even warnings (checked first, in a process of its own). */
+  for (int quiet = 1; quiet >= 0; --quiet) {
+    fflush(stderr);
+    const pid_t pid = fork(); /* a fresh process: the once-per-bundle memory starts empty */
+    assert_true(pid >= 0);
+    if (pid == 0) {
+      const int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      if (fd < 0 || dup2(fd, 2) < 0) _exit(3);
+      if (quiet)
+        setenv("RDA_LOG", "off", 1);
+      else
+        unsetenv("RDA_LOG");
+      char file[4096];
+      for (int rep = 0; rep < 3; ++rep) {
+        for (int arch = 80; arch <= 90; arch += 10) {
+          int found = 1;
+          if (rda_cache_bundle_find(list, "rda_old", arch, src, file, sizeof file, &found, NULL) !=
+                  RDA_OK ||
+              found)
+            _exit(4);
+        }
+      }
+      _exit(0);
+    }
+    wait_all_exit_zero(&pid, 1);
+    char *text = rt_read_file(log, NULL);
+    assert_non_null(text);
+    if (quiet) {
+      assert_string_equal(text, "");
+      free(text);
+      continue;
+    }
+    if (rt_count_lines(text) != 2) fprintf(stderr, "log:\n%s", text);
+    assert_int_equal(rt_count_lines(text), 2);
+    const char *w1 = strstr(text, "rda: warning: bundle ");
+    assert_non_null(w1);
+    assert_non_null(strstr(w1, b1));
+    assert_non_null(strstr(text, b2));
+    assert_non_null(strstr(text, "re-run rdagen emit"));
+    free(text);
+  }
+  free(log), free(b1), free(b2);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cache_sha256_matches_fips_vectors),
@@ -1484,6 +1753,11 @@ int main(void) {
       T(test_cache_symlinked_target_folder_is_refused_everywhere),
       T(test_cache_fifo_in_the_cache_never_blocks),
       T(test_cache_memory_hits_are_logged_at_debug),
+      T(test_cache_link_to_a_file_in_the_root_is_no_target),
+      T(test_cache_no_cache_root_at_all_is_one_error),
+      T(test_cache_clear_that_cannot_remove_fails_naming_the_folder),
+      T(test_cache_emulator_survives_a_partly_deleted_header_folder),
+      T(test_cache_bundle_without_cubin_sha_warns_once_per_bundle),
 #undef T
   };
   const char *filter = getenv("RDA_TEST_FILTER"); /* e.g. "*link*" while developing */

@@ -1071,7 +1071,7 @@ static void test_cli_ring_cuda_matches_reference_or_fails_cleanly(void **state) 
 
 /* `rdagen tune` on the emulator with a private database (RDA_TUNING_DB and --db): it writes the
  * database, which loads (a plan made with it takes tuned tiles; `rdagen run` works with it);
- * --dry-run writes nothing. */
+ * --dry-run writes no database. */
 static void test_cli_tune_writes_a_database_that_plans_read(void **state) {
   fixture *f = *state;
   char *db = rt_path(f->dir, "tuning.lua"), *dry = rt_path(f->dir, "dry.lua");
@@ -1203,7 +1203,25 @@ static void test_cli_tune_bad_input_exits_and_keeps_the_database(void **state) {
 /* `rdagen cache list|clear` usage and limits, and `rdagen emit --out` all or nothing. Each test
  * points RDA_CACHE_DIR at a private folder (never CTest's shared cache) and puts it back. */
 
-#include "cache.h" /* here, to keep this section in one piece: SHA-256 of the bundle files */
+#include <signal.h> /* here, to keep this section in one piece: SIGXFSZ, RLIMIT_FSIZE */
+#include <sys/resource.h>
+
+#include "cache.h" /* SHA-256 of the bundle files */
+
+/* run_rdagen with file writes capped at max_file bytes (RLIMIT_FSIZE, SIGXFSZ ignored so a
+ * write past it fails with EFBIG instead of killing rdagen): a disk that fills up mid-write. */
+static rt_proc run_rdagen_fsize(int timeout_s, const char *const *args, rlim_t max_file) {
+  struct rlimit old, lim;
+  assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+  lim = old;
+  lim.rlim_cur = max_file;
+  void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN); /* inherited across exec */
+  assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+  rt_proc p = run_rdagen(timeout_s, args);
+  assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+  signal(SIGXFSZ, old_handler);
+  return p;
+}
 
 /* A private cache folder inside the fixture (not created: `cache_dir` names it). */
 static char *private_cache(const fixture *f, char **saved) {
@@ -1307,7 +1325,9 @@ static void test_cli_cache_clear_says_it_left_in_flight_files(void **state) {
   const char *const clear[] = {"cache", "clear", NULL};
   rt_proc p = run_rdagen(60, clear);
   if (p.exit_code != 0 || rt_count_lines(p.out) != 1 ||
-      strstr(p.out, "removed 0 entries") == NULL || strstr(p.out, "left 1 in-flight") == NULL ||
+      strstr(p.out,
+             "removed 0 entries; left 1 recent temporary files (younger than an hour; "
+             "they may belong to running builds)") == NULL ||
       !rt_exists(tmp)) {
     show("cache clear with a write in progress", &p);
     fail();
@@ -1434,14 +1454,141 @@ static void test_cli_emit_is_all_or_nothing_and_records_cubin_sha(void **state) 
     fail();
   }
   rt_proc_free(&p);
-  /* Unblocked, it succeeds and the manifest lists the PTX. */
   assert_int_equal(rmdir(blocker), 0);
+  free(before), free(after);
+  /* A failure mid-write, past every check: the disk fills up (RLIMIT_FSIZE) after some of the
+   * new files were written. The files --ptx changes are written in manifest order (each PTX,
+   * then the manifest); a probe emit elsewhere gives their sizes, and the cap lets the first
+   * ones through and stops a later, bigger one. */
+  char *probe = rt_path(f->dir, "probe");
+  const char *const emit_probe[] = {"emit",  f->config, "--arch", "sm_80",
+                                    "--out", probe,     "--ptx",  NULL};
+  p = run_rdagen(600, emit_probe);
+  if (p.exit_code != 0) show("emit --ptx (probe)", &p);
+  assert_int_equal(p.exit_code, 0);
+  rt_proc_free(&p);
+  size_t sizes[64];
+  int nsizes = 0;
+  for (const char *at = strstr(text, "\"name\": \""); at != NULL && nsizes < 63;
+       at = strstr(at + 1, "\"name\": \"")) {
+    char name[256], file[300];
+    assert_int_equal(sscanf(at, "\"name\": \"%255[^\"]\"", name), 1);
+    snprintf(file, sizeof file, "%s.sm_80.ptx", name);
+    char *path = rt_path(probe, file);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    sizes[nsizes++] = (size_t)sb.st_size;
+    free(path);
+  }
+  char *probe_manifest = rt_path(probe, "manifest.json");
+  struct stat mb;
+  assert_int_equal(stat(probe_manifest, &mb), 0);
+  sizes[nsizes++] = (size_t)mb.st_size; /* the new manifest: about as long (compile_s differs) */
+  size_t cap = 0, first_max = 0;
+  for (int i = 0; i + 1 < nsizes && cap == 0; ++i) {
+    first_max = sizes[i] > first_max ? sizes[i] : first_max;
+    for (int k = i + 1; k < nsizes; ++k)
+      if (sizes[k] > first_max + 512) cap = first_max; /* files 0..i fit, file k does not */
+  }
+  assert_true(cap > 0); /* else no order of sizes to fail mid-write with */
+  before = folder_state(out);
+  p = run_rdagen_fsize(600, emit_ptx, (rlim_t)cap);
+  after = folder_state(out);
+  if (p.exit_code != 1 || rt_count_lines(p.err) != 1 || strstr(p.err, "emit: ") == NULL ||
+      strcmp(before, after) != 0) {
+    show("emit filling the disk mid-write", &p);
+    fprintf(stderr, "cap %zu bytes\nbefore:\n%safter:\n%s", cap, before, after);
+    fail();
+  }
+  rt_proc_free(&p);
+  /* Unblocked, it succeeds and the manifest lists each PTX, which holds what the probe's does. */
   p = run_rdagen(600, emit_ptx);
   if (p.exit_code != 0) show("emit --ptx", &p);
   assert_int_equal(p.exit_code, 0);
   rt_proc_free(&p);
   assert_true(rt_exists(blocker));
+  char *with_ptx = rt_read_file(manifest, NULL);
+  assert_non_null(with_ptx);
+  int listed = 0;
+  for (const char *at = strstr(with_ptx, "\"name\": \""); at != NULL;
+       at = strstr(at + 1, "\"name\": \"")) {
+    char name[256], want[300], got[300];
+    assert_int_equal(sscanf(at, "\"name\": \"%255[^\"]\"", name), 1);
+    snprintf(want, sizeof want, "%s.sm_80.ptx", name);
+    const char *end = strchr(at, '}');
+    const char *ptx_key = strstr(at, "\"ptx\": \"");
+    assert_true(end != NULL && ptx_key != NULL && ptx_key < end); /* in this entry */
+    assert_int_equal(sscanf(ptx_key, "\"ptx\": \"%299[^\"]\"", got), 1);
+    assert_string_equal(got, want);
+    char *mine = rt_path(out, want), *theirs = rt_path(probe, want);
+    size_t n1 = 0, n2 = 0;
+    char *a = rt_read_file(mine, &n1), *b = rt_read_file(theirs, &n2);
+    assert_true(a != NULL && b != NULL && n1 == n2 && n1 > 0 && memcmp(a, b, n1) == 0);
+    free(a), free(b), free(mine), free(theirs);
+    listed++;
+  }
+  assert_int_equal(listed, checked); /* one per cubin */
   free(before), free(after), free(text), free(blocker), free(manifest), free(out);
+  free(with_ptx), free(probe_manifest), free(probe);
+  rt_env_restore("RDA_CACHE_DIR", saved);
+  free(cache);
+}
+
+/* A failed emit into a new nested --out (keep/n1/n2/n3 with only keep there) removes every
+ * folder it created, and only those. The failure: the disk is full at the first write. */
+static void test_cli_emit_failure_removes_the_folders_it_created(void **state) {
+  fixture *f = *state;
+  char *saved = NULL;
+  char *cache = private_cache(f, &saved);
+  char *keep = rt_path(f->dir, "keep");
+  assert_int_equal(mkdir(keep, 0700), 0);
+  char *out = rt_path(keep, "n1/n2/n3"), *n1 = rt_path(keep, "n1");
+  const char *const emit[] = {"emit", f->config, "--arch", "sm_80", "--out", out, NULL};
+  rt_proc p = run_rdagen_fsize(600, emit, 16);
+  if (p.exit_code != 1 || rt_count_lines(p.err) != 1 || rt_exists(n1) || !rt_exists(keep) ||
+      rt_count_entries(keep) != 0) {
+    show("emit into a new nested folder, disk full", &p);
+    fail();
+  }
+  rt_proc_free(&p);
+  /* The same, --out given with a trailing slash. */
+  char *out_slash = rt_path(keep, "n1/n2/");
+  const char *const emit2[] = {"emit", f->config, "--arch", "sm_80", "--out", out_slash, NULL};
+  p = run_rdagen_fsize(600, emit2, 16);
+  if (p.exit_code != 1 || rt_exists(n1) || rt_count_entries(keep) != 0) {
+    show("emit into a new nested folder/, disk full", &p);
+    fail();
+  }
+  rt_proc_free(&p);
+  free(keep), free(out), free(n1), free(out_slash);
+  rt_env_restore("RDA_CACHE_DIR", saved);
+  free(cache);
+}
+
+/* `cache warm` exists to fill the cache: when what it compiled cannot be stored (the disk is
+ * full) it fails with one line, where a run only costs a recompile later. */
+static void test_cli_cache_warm_fails_when_the_disk_is_full(void **state) {
+  fixture *f = *state;
+  char *saved = NULL;
+  char *cache = private_cache(f, &saved);
+  const char *const warm[] = {"cache", "warm", f->config, "--arch", "sm_80", NULL};
+  rt_proc p = run_rdagen_fsize(600, warm, 4096); /* smaller than any cubin entry */
+  if (p.exit_code != 1 || rt_count_lines(p.err) != 1 ||
+      strstr(p.err, "not stored in the cache") == NULL || strstr(p.err, cache) == NULL) {
+    show("cache warm onto a full disk", &p);
+    fail();
+  }
+  rt_proc_free(&p);
+  /* With room, it fills the cache, and a second warm finds everything there. */
+  p = run_rdagen(600, warm);
+  if (p.exit_code != 0) show("cache warm", &p);
+  assert_int_equal(p.exit_code, 0);
+  rt_proc_free(&p);
+  p = run_rdagen(600, warm);
+  if (p.exit_code != 0 || strstr(p.out, "\n0 compiled, ") == NULL) show("cache warm again", &p);
+  assert_int_equal(p.exit_code, 0);
+  assert_non_null(strstr(p.out, "\n0 compiled, "));
+  rt_proc_free(&p);
   rt_env_restore("RDA_CACHE_DIR", saved);
   free(cache);
 }
@@ -1511,6 +1658,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cli_emit_is_all_or_nothing_and_records_cubin_sha, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_cache_warm_into_an_unusable_cache_fails, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cli_emit_failure_removes_the_folders_it_created, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cli_cache_warm_fails_when_the_disk_is_full, setup,
                                       teardown),
   };
   const char *filter = getenv("RDA_TEST_FILTER"); /* e.g. "*links*" while developing */

@@ -22,8 +22,8 @@ static const char cache_usage_text[] =
     "one folder per target (sm_90, emu-x86_64, ...); RDA_CACHE_MAX_BYTES bounds its size.\n"
     "TARGET is sm_XX or emu-<machine> (the emulator's, e.g. emu-x86_64).\n"
     "  list    one line per entry: target, kernel, bytes, last use (least recent first)\n"
-    "  clear   delete the entries (of one target with --arch); files of builds running now\n"
-    "          (temporaries younger than an hour) are left\n"
+    "  clear   delete the entries (of one target with --arch); temporary files younger than\n"
+    "          an hour are left (they may belong to running builds)\n"
     "  warm    compile every kernel CONFIG plans for each sm_XX into the cache (no GPU needed)\n";
 
 /* "--arch X" or "--arch=X" at argv[*i]: 1 with *value set (advancing *i), 0 when argv[*i] is
@@ -87,8 +87,8 @@ static int cache_clear(const char *target) {
   if (rda_cache_clear(target, &removed, &left, &err) != RDA_OK) return rdagen_fail("%s", err.msg);
   if (left > 0)
     printf(
-        "removed %zu entries; left %zu in-flight files of builds running now (younger than "
-        "an hour)\n",
+        "removed %zu entries; left %zu recent temporary files (younger than an hour; they may "
+        "belong to running builds)\n",
         removed, left);
   else
     printf("removed %zu entries\n", removed);
@@ -128,14 +128,11 @@ static int cache_warm(const char *config, const int *archs, int narchs) {
     }
     for (int i = 0; i < plan.nvariants && rc == 0; ++i) {
       const rda_variant *v = &plan.variants[i];
-      unsigned char *image = NULL;
-      size_t bytes = 0;
-      int built = 0;
-      if (rda_cache_cubin(archs[a], v->name, v->source, &image, &bytes, &built, &err) != RDA_OK) {
+      int built = 0; /* a cubin compiled but not stored (disk full) fails: filling is the job */
+      if (rda_cache_cubin_store(archs[a], v->name, v->source, &built, &err) != RDA_OK) {
         rc = rdagen_fail("%s", err.msg);
         break;
       }
-      free(image);
       printf("sm_%d  %-56s %s\n", archs[a], v->name, built ? "compiled" : "already cached");
       compiled += built;
       present += !built;

@@ -31,9 +31,10 @@ static const char emit_usage_text[] =
     "  <name>.<sm_XX>.cubin    the cubin for each target\n"
     "  <name>.<sm_XX>.ptx      its PTX, with --ptx\n"
     "  manifest.json           {\"kernels\": [{name, arch, entry, cubin, source_sha256,\n"
-    "                          cubin_sha256, registers, spill_bytes, smem_bytes, compile_s, tile,\n"
-    "                          tuned}, ...]}  (tile: \"\" for the small kernels; tuned: taken\n"
-    "                          from a tuning database, see rdagen tune)\n"
+    "                          cubin_sha256, ptx (with --ptx), registers, spill_bytes,\n"
+    "                          smem_bytes, compile_s, tile, tuned}, ...]}  (tile: \"\" for the\n"
+    "                          small kernels; tuned: taken from a tuning database, see\n"
+    "                          rdagen tune)\n"
     "DIR can then be named in RDA_KERNEL_PATH (colon-separated folders): librda loads a\n"
     "cubin from it instead of compiling when name, arch and source_sha256 all match and the\n"
     "cubin's SHA-256 is its cubin_sha256. On any failure DIR is left as it was.\n"
@@ -173,10 +174,31 @@ static void emit_compile_all(emit_job *jobs, int njobs) {
   pthread_mutex_destroy(&q.lock);
 }
 
-/* mkdir -p. */
-static int emit_mkdirs(const char *path, char *why, size_t why_len) {
-  char buf[4096];
-  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
+/* The folders an emit created for --out (mkdir -p), so that a failure removes them all again:
+ * the length of each created prefix of the path, outermost first. */
+typedef struct emit_made {
+  char path[4096];
+  size_t len[128];
+  int n;
+} emit_made;
+
+/* rmdir every folder this run created, innermost first (each is empty again after a failure;
+ * one that is not, say filled by someone else meanwhile, stays). */
+static void emit_unmake(emit_made *m) {
+  for (int i = m->n - 1; i >= 0; --i) {
+    const char saved = m->path[m->len[i]];
+    m->path[m->len[i]] = '\0';
+    (void)rmdir(m->path);
+    m->path[m->len[i]] = saved;
+  }
+  m->n = 0;
+}
+
+/* mkdir -p, recording in *m what it created; on failure those are removed again. */
+static int emit_mkdirs(const char *path, emit_made *m, char *why, size_t why_len) {
+  char *buf = m->path;
+  m->n = 0;
+  if (snprintf(buf, sizeof m->path, "%s", path) >= (int)sizeof m->path) {
     snprintf(why, why_len, "%s: path too long", path);
     return -1;
   }
@@ -184,8 +206,12 @@ static int emit_mkdirs(const char *path, char *why, size_t why_len) {
     const char c = *p;
     if (c != '/' && c != '\0') continue;
     *p = '\0';
-    if (mkdir(buf, 0777) != 0 && errno != EEXIST) {
+    if (mkdir(buf, 0777) == 0) {
+      if (m->n < (int)(sizeof m->len / sizeof *m->len)) m->len[m->n++] = (size_t)(p - buf);
+    } else if (errno != EEXIST) {
       snprintf(why, why_len, "cannot create folder %s: %s", buf, strerror(errno));
+      *p = c;
+      emit_unmake(m);
       return -1;
     }
     *p = c;
@@ -194,6 +220,7 @@ static int emit_mkdirs(const char *path, char *why, size_t why_len) {
   struct stat st;
   if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
     snprintf(why, why_len, "--out %s is not a folder", path);
+    emit_unmake(m);
     return -1;
   }
   return 0;
@@ -261,6 +288,12 @@ static rda_status emit_manifest(const emit_job *jobs, int njobs, rda_json *j, rd
     rda_cache_sha256_hex(k->cubin.image, k->cubin.image_bytes, cubin_sha);
     rda_json_key(j, "cubin_sha256");
     rda_json_string(j, cubin_sha);
+    if (k->want_ptx) { /* written beside the cubin with --ptx */
+      char ptx[192];
+      snprintf(ptx, sizeof ptx, "%s.%s.ptx", k->v->name, arch);
+      rda_json_key(j, "ptx");
+      rda_json_string(j, ptx);
+    }
     rda_json_key(j, "registers");
     rda_json_int(j, k->cubin.registers);
     rda_json_key(j, "spill_bytes");
@@ -310,14 +343,13 @@ static int emit_add(const char *dir, const char *name, const void *data, size_t 
  * Returns the exit status. */
 static int emit_write_all(const emit_opts *o, const emit_job *jobs, int njobs) {
   char why[4400];
-  struct stat st;
-  const int created = stat(o->out, &st) != 0 && errno == ENOENT;
-  if (emit_mkdirs(o->out, why, sizeof why) != 0) return rdagen_fail("emit: %s", why);
+  static emit_made made; /* one emit per process; 4 KiB kept off the stack */
+  if (emit_mkdirs(o->out, &made, why, sizeof why) != 0) return rdagen_fail("emit: %s", why);
   rda_json j;
   rda_err err = {0};
   if (emit_manifest(jobs, njobs, &j, &err) != RDA_OK) {
     rda_json_free(&j);
-    if (created) (void)rmdir(o->out);
+    emit_unmake(&made);
     return rdagen_fail("emit: %s", err.msg);
   }
   const int cap = 3 * njobs + 1;
@@ -376,7 +408,7 @@ static int emit_write_all(const emit_opts *o, const emit_job *jobs, int njobs) {
   free(out_jobs);
   rda_json_free(&j);
   if (rc != 0) {
-    if (created) (void)rmdir(o->out); /* made by this run, and empty again */
+    emit_unmake(&made); /* --out and its parents made by this run, and empty again */
     return rdagen_fail("emit: %s", why);
   }
   return 0;
