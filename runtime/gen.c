@@ -109,6 +109,26 @@ static rda_gen *rda_gen_of(lua_State *L) {
  * \xC2\x9F, e.g. the CSI \xC2\x9B), '?', so nothing reaches a terminal raw. A cut at cap never
  * splits a UTF-8 sequence; an incomplete one is '?'. With first_only, msg ends at its first
  * line break. Returns the length written. */
+/* Bytes of the well-formed UTF-8 character at s (RFC 3629: no overlong forms, surrogates or
+ * code points past U+10FFFF), or 0. */
+static size_t rda_gen_utf8_len(const unsigned char *s) {
+  const unsigned char c = s[0];
+  size_t n;
+  unsigned char lo = 0x80, hi = 0xbf; /* the second byte's range */
+  if (c >= 0xc2 && c <= 0xdf)
+    n = 2;
+  else if (c >= 0xe0 && c <= 0xef)
+    n = 3, lo = c == 0xe0 ? 0xa0 : 0x80, hi = c == 0xed ? 0x9f : 0xbf;
+  else if (c >= 0xf0 && c <= 0xf4)
+    n = 4, lo = c == 0xf0 ? 0x90 : 0x80, hi = c == 0xf4 ? 0x8f : 0xbf;
+  else
+    return 0;
+  if (s[1] < lo || s[1] > hi) return 0;
+  for (size_t k = 2; k < n; ++k)
+    if ((s[k] & 0xc0) != 0x80) return 0;
+  return n;
+}
+
 static size_t rda_gen_one_line(char *line, size_t cap, const char *msg, int first_only) {
   size_t o = 0;
   for (size_t i = 0; msg[i] != '\0' && !(first_only && msg[i] == '\n');) {
@@ -119,17 +139,12 @@ static size_t rda_gen_one_line(char *line, size_t cap, const char *msg, int firs
       rep = ' ';
     } else if (ch < 0x20 || ch == 0x7f) {
       rep = '?';
-    } else if (ch == 0xc2 && (unsigned char)msg[i + 1] >= 0x80 &&
-               (unsigned char)msg[i + 1] <= 0x9f) {
-      rep = '?';
-      n = 2;
-    } else if (ch >= 0xc0) { /* a lead byte: the whole sequence or nothing */
-      const size_t want = ch >= 0xf0 ? 4 : ch >= 0xe0 ? 3 : 2;
-      n = 1;
-      while (n < want && ((unsigned char)msg[i + n] & 0xc0) == 0x80) n++;
-      if (n < want) rep = '?';
     } else if (ch >= 0x80) {
-      rep = '?'; /* a stray continuation byte */
+      /* A whole well-formed character, or '?' for this byte (a stray continuation byte, an
+       * invalid or overlong lead); C1 controls (U+0080..U+009F) are '?' too. */
+      n = rda_gen_utf8_len((const unsigned char *)msg + i);
+      if (n == 0 || (ch == 0xc2 && (unsigned char)msg[i + 1] <= 0x9f)) rep = '?';
+      if (n == 0) n = 1;
     }
     const size_t out = rep != 0 ? 1 : n;
     if (o + out + 1 > cap) break;

@@ -790,6 +790,18 @@ static void test_config_errors_hold_no_c1_controls_nor_split_characters(void **s
                                          "configs/x.lua", &c, &err),
                    RDA_ERR_CONFIG);
   assert_string_equal(err.msg, "configs/x.lua: a?31mred?b\xC2\xA0\xC3\xA9");
+  /* Ill-formed UTF-8 that lenient decoders read as controls: an overlong CSI (C0 9B, E0 82 9B),
+   * a surrogate (ED A0 80), a lead past F4 (F8): every byte of them is '?'. */
+  rda_err_clear(&err);
+  assert_int_equal(rda_gen_config_string(*state,
+                                         "error('A\xC0\x9B"
+                                         "B\xE0\x82\x9B"
+                                         "C\xED\xA0\x80"
+                                         "D\xF8\x80\x80\x9B"
+                                         "E', 0)",
+                                         "configs/x.lua", &c, &err),
+                   RDA_ERR_CONFIG);
+  assert_string_equal(err.msg, "configs/x.lua: A??B???C???D????E");
   static const char *const chars[] = {"\xC3\xA9", "\xE2\x82\xAC", "\xF0\x9F\x98\x80"};
   for (size_t k = 0; k < sizeof chars / sizeof chars[0]; k++) {
     for (int pad = 0; pad < 4; pad++) {
