@@ -1133,19 +1133,20 @@ static void test_cache_clear_leaves_in_flight_files_of_running_processes(void **
   free(young_tmp), free(old_tmp), free(young_inc), free(old_inc), free(hdr);
 }
 
-/* A compiler wrapper that deletes the -I header folder on its first compile (as a concurrent
- * `cache clear` of an old folder would): the emulator writes the headers again and retries. */
-static void test_cache_emulator_survives_its_header_folder_vanishing(void **state) {
-  cache_fixture *f = *state;
-  char *wrapper = rt_path(f->root, "cxx-wrapper.sh"), *mark = rt_path(f->root, "deleted-once");
+/* Loads and runs a small kernel on an emulator whose compiler is a wrapper that, on the first
+ * compile matching `when` (a shell test over $inc, the -I header folder, and $cu, set for a .cu
+ * file), runs `damage` once: the emulator must see its headers damaged, write them again and
+ * retry, and the kernel must compute the right values. */
+static void emu_survives_header_damage(cache_fixture *f, const char *when, const char *damage) {
+  char *wrapper = rt_path(f->root, "cxx-wrapper.sh"), *mark = rt_path(f->root, "damaged-once");
   char script[8192];
   snprintf(script, sizeof script,
            "#!/bin/sh\n"
-           "inc=\n"
-           "for a in \"$@\"; do case \"$a\" in -I*) inc=\"${a#-I}\";; esac; done\n"
-           "if [ -n \"$inc\" ] && [ ! -e '%s' ]; then : > '%s'; rm -rf \"$inc\"; fi\n"
+           "inc=; cu=\n"
+           "for a in \"$@\"; do case \"$a\" in -I*) inc=\"${a#-I}\";; *.cu) cu=1;; esac; done\n"
+           "if %s && [ ! -e '%s' ]; then : > '%s'; %s; fi\n"
            "exec c++ \"$@\"\n",
-           mark, mark);
+           when, mark, mark, damage);
   assert_true(rt_write_file(wrapper, script, strlen(script)));
   assert_int_equal(chmod(wrapper, 0700), 0);
   char *saved = rt_env_save("RDA_EMU_CXX");
@@ -1155,19 +1156,19 @@ static void test_cache_emulator_survives_its_header_folder_vanishing(void **stat
   assert_int_equal(rda_backend_emu_open(&b, 90, &err), RDA_OK);
   char src[] =
       "#include \"rda_device.cuh\"\n"
-      "struct vanish_params { float *out; float v; };\n"
-      "extern \"C\" __global__ void vanish_k(const vanish_params p) {\n"
-      "  p.out[threadIdx.x] = p.v + (float)threadIdx.x; }\n"
-      "RDA_EMU_EXPORT(vanish_k, vanish_params)\n";
+      "struct damage_params { float *out; float v; };\n"
+      "extern \"C\" __global__ void damage_k(const damage_params p) {\n"
+      "  p.out[threadIdx.x] = p.v * (float)(threadIdx.x + 1); }\n"
+      "RDA_EMU_EXPORT(damage_k, damage_params)\n";
   rda_variant v;
   memset(&v, 0, sizeof v);
-  snprintf(v.name, sizeof v.name, "vanish_k");
+  snprintf(v.name, sizeof v.name, "damage_k");
   v.source = src;
   rda_module *m = NULL;
   const rda_status st = b->load(b, &v, &m, &err);
   if (st != RDA_OK) fprintf(stderr, "%s\n", err.msg);
   assert_int_equal(st, RDA_OK);
-  assert_true(rt_exists(mark)); /* the folder really was taken once */
+  assert_true(rt_exists(mark)); /* the headers really were damaged once */
   const float val = (float)rt_rng_normal(rt_global_rng());
   float out[16];
   for (int i = 0; i < 16; ++i) out[i] = -12345.0f;
@@ -1177,11 +1178,17 @@ static void test_cache_emulator_survives_its_header_folder_vanishing(void **stat
   } params = {out, val};
   const unsigned grid[3] = {1, 1, 1};
   assert_int_equal(b->launch(b, m, grid, 16, 0, &params, sizeof params, &err), RDA_OK);
-  for (int i = 0; i < 16; ++i) assert_true(out[i] == val + (float)i);
+  for (int i = 0; i < 16; ++i) assert_true(out[i] == val * (float)(i + 1));
   b->unload(b, m);
   b->destroy(b);
   rt_env_restore("RDA_EMU_CXX", saved);
   free(wrapper), free(mark);
+}
+
+/* The whole header folder deleted on the first compile, as a concurrent `cache clear` of an
+ * old folder would. */
+static void test_cache_emulator_survives_its_header_folder_vanishing(void **state) {
+  emu_survives_header_damage(*state, "[ -n \"$inc\" ]", "rm -rf \"$inc\"");
 }
 
 /* A cache folder that cannot be created (a file in the way) is "compile, do not cache": gets
@@ -1587,58 +1594,11 @@ static void test_cache_clear_that_cannot_remove_fails_naming_the_folder(void **s
   free(dir), free(dir80);
 }
 
-/* A compiler wrapper that deletes one header out of the -I folder on its first compile of a
- * kernel (a .cu file; the emulator runtime is built first and left alone): a concurrent clear
- * caught halfway: the emulator sees the headers damaged, writes them again and
- * retries, as it does when the whole folder vanished. */
+/* One header deleted on the first compile of a kernel (a .cu file; the emulator runtime is
+ * built first and left alone): a concurrent clear caught halfway. */
 static void test_cache_emulator_survives_a_partly_deleted_header_folder(void **state) {
-  cache_fixture *f = *state;
-  char *wrapper = rt_path(f->root, "cxx-wrapper.sh"), *mark = rt_path(f->root, "deleted-once");
-  char script[8192];
-  snprintf(script, sizeof script,
-           "#!/bin/sh\n"
-           "inc=; cu=\n"
-           "for a in \"$@\"; do case \"$a\" in -I*) inc=\"${a#-I}\";; *.cu) cu=1;; esac; done\n"
-           "if [ -n \"$inc\" ] && [ -n \"$cu\" ] && [ ! -e '%s' ]; then\n"
-           "  : > '%s'; rm -f \"$inc/rda_device.cuh\"; fi\n"
-           "exec c++ \"$@\"\n",
-           mark, mark);
-  assert_true(rt_write_file(wrapper, script, strlen(script)));
-  assert_int_equal(chmod(wrapper, 0700), 0);
-  char *saved = rt_env_save("RDA_EMU_CXX");
-  setenv("RDA_EMU_CXX", wrapper, 1);
-  rda_backend *b = NULL;
-  rda_err err = {0};
-  assert_int_equal(rda_backend_emu_open(&b, 90, &err), RDA_OK);
-  char src[] =
-      "#include \"rda_device.cuh\"\n"
-      "struct partial_params { float *out; float v; };\n"
-      "extern \"C\" __global__ void partial_k(const partial_params p) {\n"
-      "  p.out[threadIdx.x] = p.v * (float)(threadIdx.x + 1); }\n"
-      "RDA_EMU_EXPORT(partial_k, partial_params)\n";
-  rda_variant v;
-  memset(&v, 0, sizeof v);
-  snprintf(v.name, sizeof v.name, "partial_k");
-  v.source = src;
-  rda_module *m = NULL;
-  const rda_status st = b->load(b, &v, &m, &err);
-  if (st != RDA_OK) fprintf(stderr, "%s\n", err.msg);
-  assert_int_equal(st, RDA_OK);
-  assert_true(rt_exists(mark)); /* a header really was taken once */
-  const float val = (float)rt_rng_normal(rt_global_rng());
-  float out[16];
-  for (int i = 0; i < 16; ++i) out[i] = -12345.0f;
-  struct {
-    float *out;
-    float v;
-  } params = {out, val};
-  const unsigned grid[3] = {1, 1, 1};
-  assert_int_equal(b->launch(b, m, grid, 16, 0, &params, sizeof params, &err), RDA_OK);
-  for (int i = 0; i < 16; ++i) assert_true(out[i] == val * (float)(i + 1));
-  b->unload(b, m);
-  b->destroy(b);
-  rt_env_restore("RDA_EMU_CXX", saved);
-  free(wrapper), free(mark);
+  emu_survives_header_damage(*state, "[ -n \"$inc\" ] && [ -n \"$cu\" ]",
+                             "rm -f \"$inc/rda_device.cuh\"");
 }
 
 /* A bundle from an emit before cubin_sha256 was recorded is passed over with one warning per
