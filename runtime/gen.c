@@ -310,12 +310,33 @@ static pthread_cond_t rda_gen_wd_cond = PTHREAD_COND_INITIALIZER;
 static char rda_gen_wd_program[64]; /* "" while the watchdog is off */
 static int rda_gen_wd_started;
 static rda_gen_watch *rda_gen_wd_list;
+/* Files the process removes when the watchdog ends it (rda_gen_watchdog_remove_on_kill). */
+enum { RDA_GEN_WD_FILES = 4 };
+static char rda_gen_wd_files[RDA_GEN_WD_FILES][4200];
 
 void rda_gen_enable_watchdog(const char *program) {
   pthread_mutex_lock(&rda_gen_wd_mutex);
   snprintf(rda_gen_wd_program, sizeof rda_gen_wd_program, "%s",
            program != NULL && program[0] != '\0' ? program : "rda");
   pthread_mutex_unlock(&rda_gen_wd_mutex);
+}
+
+int rda_gen_watchdog_remove_on_kill(const char *path, int remove) {
+  if (path == NULL || path[0] == '\0' || strlen(path) >= sizeof rda_gen_wd_files[0]) return 0;
+  int done = 0;
+  pthread_mutex_lock(&rda_gen_wd_mutex);
+  for (int i = 0; i < RDA_GEN_WD_FILES && !done; ++i) {
+    char *slot = rda_gen_wd_files[i];
+    if (remove && slot[0] == '\0') {
+      memcpy(slot, path, strlen(path) + 1);
+      done = 1;
+    } else if (!remove && strcmp(slot, path) == 0) {
+      slot[0] = '\0';
+      done = 1;
+    }
+  }
+  pthread_mutex_unlock(&rda_gen_wd_mutex);
+  return done;
 }
 
 /* The watchdog's thread: sleeps while nothing is watched, else looks every 100 ms at each
@@ -333,6 +354,8 @@ static void *rda_gen_wd_main(void *arg) {
           (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec >= w->kill_at) {
         ssize_t r = write(STDERR_FILENO, w->line, w->len);
         (void)r;
+        for (int i = 0; i < RDA_GEN_WD_FILES; ++i)
+          if (rda_gen_wd_files[i][0] != '\0') (void)unlink(rda_gen_wd_files[i]);
         _exit(1);
       }
     }

@@ -114,6 +114,11 @@ void rda_gen_set_time_limit(rda_gen *g, double seconds);
  * any thread. A library must not call this on its host's behalf. */
 void rda_gen_enable_watchdog(const char *program);
 
+/* remove = 1: when the watchdog ends the process, it first removes the file at path (e.g. a
+ * lock file whose holder's cleanup would otherwise never run); at most 4 such files, each
+ * path under 4200 bytes (else 0). remove = 0: forget path again (1 when it was there). */
+int rda_gen_watchdog_remove_on_kill(const char *path, int remove);
+
 /* The built-in profile of an offline target (80, 86, 89, 90); any other arch is
  * RDA_ERR_INVALID_ARGUMENT with a message listing the known ones. */
 rda_status rda_gen_hw_builtin(rda_gen *g, int arch, rda_hw *out, rda_err *err);

@@ -600,6 +600,15 @@ static void test_gen_rdagen_stops_a_config_stuck_in_one_instruction(void **state
     fail_msg("database: exit %d after %.1f s, stderr: %s", p.exit_code, took, p.err);
   rt_proc_free(&p);
   assert_false(rt_exists(out));
+  /* A tune holds the database's lock while plans load it: ended there, it leaves no lock file
+   * beside the database (its unlock never runs). */
+  char *lock = rt_path(dir, "collide_db.lua.lock");
+  p = run_rdagen("1", 40, &took, "tune", ok, "--backend", "emu", "--n", "256", "--db", db, NULL);
+  if (p.exit_code != 1 || !is_time_limit_line(p.err, db, "the tuning database") || took > 15)
+    fail_msg("tune: exit %d after %.1f s, stderr: %s", p.exit_code, took, p.err);
+  rt_proc_free(&p);
+  if (rt_exists(lock)) fail_msg("tune left %s behind", lock);
+  free(lock);
   free(config);
   free(db);
   free(ok);

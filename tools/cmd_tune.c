@@ -204,6 +204,10 @@ int rdagen_cmd_tune(int argc, char **argv) {
     rdagen_fail("%s", err.msg);
     goto done;
   }
+  /* The database, loaded at every plan below, runs sandboxed: should rdagen's watchdog end the
+   * process inside it, the lock's file must not outlive the lock (the unlock below never
+   * runs then). */
+  if (lock.fd >= 0) (void)rda_gen_watchdog_remove_on_kill(lock.path, 1);
   if (rda_backend_open(opt.backend, &b, why, sizeof why, &err) != RDA_OK) {
     rdagen_fail("%s", err.msg);
     goto done;
@@ -252,6 +256,7 @@ int rdagen_cmd_tune(int argc, char **argv) {
   }
   rc = 0;
 done:
+  if (lock.fd >= 0) (void)rda_gen_watchdog_remove_on_kill(lock.path, 0);
   rda_tuning_db_unlock(&lock);
   free(reports);
   free(db_text);
