@@ -345,21 +345,6 @@ rda_status rda_npy_read(const char *path, rda_npy *out, rda_err *err) {
 
 /* --- writing ---------------------------------------------------------------------------------- */
 
-static rda_status rda_npy_write_all(int fd, const void *data, size_t len, const char *path,
-                                    rda_err *err) {
-  const unsigned char *p = data;
-  while (len > 0) {
-    const ssize_t n = write(fd, p, len);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return rda_err_set(err, RDA_ERR_IO, "%s: write failed: %s", path, strerror(errno));
-    }
-    p += n;
-    len -= (size_t)n;
-  }
-  return RDA_OK;
-}
-
 static rda_status rda_npy_write_body(int fd, const char *path, int ndim, const long long *shape,
                                      size_t count, const float *data, rda_err *err) {
   /* Header: magic, version 1.0, u16 length, the dict padded with spaces and ended by '\n' so
@@ -382,7 +367,7 @@ static rda_status rda_npy_write_body(int fd, const char *path, int ndim, const l
   memcpy(head + 10, dict, (size_t)len);
   memset(head + 10 + len, ' ', hlen - (size_t)len - 1);
   head[total - 1] = '\n';
-  RDA_TRY(rda_npy_write_all(fd, head, total, path, err));
+  RDA_TRY(rda_out_write_all(fd, path, head, total, err));
 
   unsigned char buf[1 << 16];
   size_t done = 0;
@@ -396,7 +381,7 @@ static rda_status rda_npy_write_body(int fd, const char *path, int ndim, const l
       buf[4 * i + 2] = (unsigned char)((u >> 16) & 0xff);
       buf[4 * i + 3] = (unsigned char)(u >> 24);
     }
-    RDA_TRY(rda_npy_write_all(fd, buf, 4 * n, path, err));
+    RDA_TRY(rda_out_write_all(fd, path, buf, 4 * n, err));
     done += n;
   }
   return RDA_OK;

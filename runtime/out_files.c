@@ -11,6 +11,25 @@
 #include <string.h>
 #include <unistd.h>
 
+rda_status rda_out_write_all(int fd, const char *path, const void *data, size_t len, rda_err *err) {
+  const unsigned char *p = data;
+  while (len > 0) {
+    const ssize_t w = write(fd, p, len);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0)
+      return rda_err_set(err, RDA_ERR_IO, "%s: write failed: %s", path,
+                         w < 0 ? strerror(errno) : "nothing written");
+    p += w;
+    len -= (size_t)w;
+  }
+  return RDA_OK;
+}
+
+rda_status rda_out_write_bytes(int fd, const char *path, const void *ctx, rda_err *err) {
+  const rda_out_bytes *b = ctx;
+  return rda_out_write_all(fd, path, b->data, b->len, err);
+}
+
 rda_status rda_path_follow_links(const char *path, char *out, size_t cap, rda_err *err) {
   char cur[4096], text[4096], next[4096];
   if (snprintf(cur, sizeof cur, "%s", path) >= (int)sizeof cur)

@@ -47,6 +47,18 @@ int rda_out_file_is(const rda_out_file *f, const struct stat *st);
 /* Writes one file's content to fd (a new temporary); errors name `path`. */
 typedef rda_status (*rda_out_write_fn)(int fd, const char *path, const void *ctx, rda_err *err);
 
+/* Writes all len bytes of data to fd, through interrupted and short writes; RDA_ERR_IO
+ * "<path>: write failed: <why>" when write(2) fails or writes nothing. */
+rda_status rda_out_write_all(int fd, const char *path, const void *data, size_t len, rda_err *err);
+
+/* A file's content as bytes in memory, and the rda_out_write_fn that writes it (ctx: an
+ * rda_out_bytes). */
+typedef struct rda_out_bytes {
+  const void *data;
+  size_t len;
+} rda_out_bytes;
+rda_status rda_out_write_bytes(int fd, const char *path, const void *ctx, rda_err *err);
+
 typedef struct rda_out_job {
   const rda_out_file *file; /* checked, distinct from every other job's (rda_out_file_same) */
   rda_out_write_fn write;

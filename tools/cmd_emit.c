@@ -237,28 +237,6 @@ static int emit_same_content(const char *path, const void *data, size_t len) {
   return same;
 }
 
-/* One output file's bytes, written by rda_out_files_replace. */
-typedef struct emit_blob {
-  const void *data;
-  size_t len;
-} emit_blob;
-
-static rda_status emit_write_blob(int fd, const char *path, const void *ctx, rda_err *err) {
-  const emit_blob *b = ctx;
-  const char *p = b->data;
-  size_t left = b->len;
-  while (left > 0) {
-    const ssize_t w = write(fd, p, left);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0)
-      return rda_err_set(err, RDA_ERR_IO, "cannot write %s: %s", path,
-                         w < 0 ? strerror(errno) : "short write");
-    p += w;
-    left -= (size_t)w;
-  }
-  return RDA_OK;
-}
-
 /* The manifest: one entry per job, in --arch order then plan order. smem_bytes is the total a
  * block needs: ptxas' static shared memory plus the variant's dynamic shared memory. */
 static rda_status emit_manifest(const emit_job *jobs, int njobs, rda_json *j, rda_err *err) {
@@ -316,7 +294,7 @@ static rda_status emit_manifest(const emit_job *jobs, int njobs, rda_json *j, rd
 /* One output of an emit: DIR/name and its bytes. */
 typedef struct emit_file {
   char path[4200];
-  emit_blob blob;
+  rda_out_bytes blob;
   rda_out_file out;
 } emit_file;
 
@@ -396,7 +374,7 @@ static int emit_write_all(const emit_opts *o, const emit_job *jobs, int njobs) {
     }
     if (rc != 0) break;
     out_jobs[njobs_out].file = &f->out;
-    out_jobs[njobs_out].write = emit_write_blob;
+    out_jobs[njobs_out].write = rda_out_write_bytes;
     out_jobs[njobs_out].ctx = &f->blob;
     ++njobs_out;
   }

@@ -309,24 +309,6 @@ static rda_status run_write_npy(int fd, const char *path, const void *ctx, rda_e
   return rda_npy_write_f32_fd(fd, path, w->ndim, w->shape, w->data, err);
 }
 
-/* The --stats JSON (a line of text). */
-typedef struct run_text {
-  const char *buf;
-  size_t len;
-} run_text;
-
-static rda_status run_write_text(int fd, const char *path, const void *ctx, rda_err *err) {
-  const run_text *t = ctx;
-  size_t done = 0;
-  while (done < t->len) {
-    const ssize_t w = write(fd, t->buf + done, t->len - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return rda_err_set(err, RDA_ERR_IO, "%s: write failed: %s", path, strerror(errno));
-    done += (size_t)w;
-  }
-  return RDA_OK;
-}
-
 /* The ring's statistics as JSON text ending in a newline, into j (the caller frees it). */
 static int run_stats_json(rda_json *j, const rda_ring_run_stats *stats, int P) {
   rda_err err = {0};
@@ -407,7 +389,7 @@ static int run_check_uncovered(const char *path, const rda_config *cfg, const fl
  * says exactly what holds on a failure: each target as before, nothing new left). */
 static int run_write_results(const run_opts *opt, const rda_out_file files[RUN_NOUT],
                              const rda_config *cfg, const run_state *s, long long B, long long N,
-                             int backward, const run_text *stats) {
+                             int backward, const rda_out_bytes *stats) {
   const long long H = cfg->heads, Hkv = cfg->kv_heads, D = cfg->head_dim;
   const run_npy_out npy[5] = {
       {4, {B, N, H, D}, s->o},     {3, {B, H, N, 0}, s->lse},    {4, {B, N, H, D}, s->gq},
@@ -427,7 +409,7 @@ static int run_write_results(const run_opts *opt, const rda_out_file files[RUN_N
     if (paths[i] != NULL && (i < RUN_OUT_DQ || backward))
       jobs[n++] = (rda_out_job){&files[i], run_write_npy, &npy[i]};
   if (stats != NULL && paths[RUN_OUT_STATS] != NULL)
-    jobs[n++] = (rda_out_job){&files[RUN_OUT_STATS], run_write_text, stats};
+    jobs[n++] = (rda_out_job){&files[RUN_OUT_STATS], rda_out_write_bytes, stats};
   rda_err err = {0};
   if (rda_out_files_replace(jobs, n, NULL, &err) != RDA_OK) return rdagen_fail("%s", err.msg);
   return 0;
@@ -493,7 +475,7 @@ static int run_attention(const run_opts *opt, const rda_out_file files[RUN_NOUT]
     if (rc == 0 && opt->stats != NULL) rc = run_stats_json(&j, stats, (int)opt->ranks);
     free(stats);
     if (rc == 0) {
-      const run_text text = {opt->stats != NULL ? j.buf : NULL, opt->stats != NULL ? j.len : 0};
+      const rda_out_bytes text = {opt->stats != NULL ? j.buf : NULL, opt->stats != NULL ? j.len : 0};
       rc = run_write_results(opt, files, cfg, s, B, N, backward, &text);
     }
     rda_json_free(&j);
