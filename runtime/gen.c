@@ -104,11 +104,6 @@ static rda_gen *rda_gen_of(lua_State *L) {
 
 /* ---- messages ---------------------------------------------------------------------------- */
 
-/* Copies msg into line[cap] as one line: line breaks and tabs become spaces, every other
- * control character (an ESC a config put in its message, say), C0, DEL or C1 (UTF-8 \xC2\x80 to
- * \xC2\x9F, e.g. the CSI \xC2\x9B), '?', so nothing reaches a terminal raw. A cut at cap never
- * splits a UTF-8 sequence; an incomplete one is '?'. With first_only, msg ends at its first
- * line break. Returns the length written. */
 /* Bytes of the well-formed UTF-8 character at s (RFC 3629: no overlong forms, surrogates or
  * code points past U+10FFFF), or 0. */
 static size_t rda_gen_utf8_len(const unsigned char *s) {
@@ -129,6 +124,11 @@ static size_t rda_gen_utf8_len(const unsigned char *s) {
   return n;
 }
 
+/* Copies msg into line[cap] as one line: line breaks and tabs become spaces, every other
+ * control character (an ESC a config put in its message, say), C0, DEL or C1 (UTF-8 \xC2\x80 to
+ * \xC2\x9F, e.g. the CSI \xC2\x9B), '?', so nothing reaches a terminal raw. A cut at cap never
+ * splits a UTF-8 sequence; an incomplete one is '?'. With first_only, msg ends at its first
+ * line break. Returns the length written. */
 static size_t rda_gen_one_line(char *line, size_t cap, const char *msg, int first_only) {
   size_t o = 0;
   for (size_t i = 0; msg[i] != '\0' && !(first_only && msg[i] == '\n');) {
@@ -303,6 +303,13 @@ void rda_gen_set_time_limit(rda_gen *g, double seconds) {
   if (g != NULL) g->time_limit = seconds > 0 && seconds <= 1e6 ? seconds : g->default_limit;
 }
 
+/* "<where>: <what> exceeds the time limit (N s)" into out[cap]: one text for the hooks' error
+ * and the watchdog's line. Returns snprintf's count. */
+static int rda_gen_time_message(char *out, size_t cap, const char *where, const char *what,
+                                double seconds) {
+  return snprintf(out, cap, "%s: %s exceeds the time limit (%g s)", where, what, seconds);
+}
+
 /* ---- the watchdog (rda_gen_enable_watchdog) ------------------------------------------------ */
 
 static pthread_mutex_t rda_gen_wd_mutex = PTHREAD_MUTEX_INITIALIZER;
@@ -349,9 +356,7 @@ static void *rda_gen_wd_main(void *arg) {
   for (;;) {
     while (rda_gen_wd_list == NULL) pthread_cond_wait(&rda_gen_wd_cond, &rda_gen_wd_mutex);
     for (const rda_gen_watch *w = rda_gen_wd_list; w != NULL; w = w->next) {
-      struct timespec ts;
-      if (clock_gettime(w->clock, &ts) == 0 &&
-          (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec >= w->kill_at) {
+      if (rda_gen_clock(w->clock) >= w->kill_at) { /* 0 when the clock cannot be read */
         ssize_t r = write(STDERR_FILENO, w->line, w->len);
         (void)r;
         for (int i = 0; i < RDA_GEN_WD_FILES; ++i)
@@ -392,14 +397,18 @@ static void rda_gen_watch_run(rda_gen *g, const char *name, const char *what, do
     }
     rda_gen_wd_started = 1;
   }
-  char secs[32], shown[1024];
-  snprintf(secs, sizeof secs, "%g", seconds);
+  char shown[1024];
   rda_gen_one_line(shown, sizeof shown, name, 0);
-  const int n =
-      snprintf(w->line, sizeof w->line, "%s: error: %s: %s exceeds the time limit (%s s)\n",
-               rda_gen_wd_program, shown, what, secs);
-  w->len = n < 0 ? 0 : (size_t)n < sizeof w->line ? (size_t)n : sizeof w->line;
-  if (w->len == sizeof w->line) w->line[sizeof w->line - 1] = '\n'; /* cut: still one line */
+  /* "<program>: error: <message>\n", cut to the buffer and still one line. */
+  int n = snprintf(w->line, sizeof w->line, "%s: error: ", rda_gen_wd_program);
+  if (n < 0) n = 0;
+  if ((size_t)n < sizeof w->line - 1) {
+    const int m = rda_gen_time_message(w->line + n, sizeof w->line - 1 - (size_t)n, shown, what,
+                                       seconds);
+    n += m < 0 ? 0 : m;
+  }
+  w->len = (size_t)n < sizeof w->line - 1 ? (size_t)n : sizeof w->line - 2;
+  w->line[w->len++] = '\n';
   w->kill_at = g->deadline + RDA_GEN_WATCHDOG_MARGIN;
   w->prev = NULL;
   w->next = rda_gen_wd_list;
@@ -437,12 +446,12 @@ static void rda_gen_push_where(lua_State *L, lua_State *co, const char *name) {
   lua_pushstring(L, name);
 }
 
-/* Pushes "<where>: <what> exceeds the time limit (N s)". */
+/* Pushes "<where>: <what> exceeds the time limit (N s)" (rda_gen_time_message). */
 static void rda_gen_push_time_error(lua_State *L, const char *where, const char *what,
                                     double seconds) {
-  char secs[32];
-  snprintf(secs, sizeof secs, "%g", seconds);
-  lua_pushfstring(L, "%s: %s exceeds the time limit (%s s)", where, what, secs);
+  char line[4400]; /* where: a path (PATH_MAX) and a line number */
+  rda_gen_time_message(line, sizeof line, where, what, seconds);
+  lua_pushstring(L, line);
 }
 
 /* Raises the sandboxed chunk's limit error: its instruction limit (over_instr) or time limit. */
