@@ -197,15 +197,6 @@ static rda_status rda_cache_check_stat(const char *path, const struct stat *st, 
   return RDA_OK;
 }
 
-rda_status rda_cache_check_folder(const char *path, rda_err *err) {
-  struct stat st;
-  if (stat(path, &st) != 0)
-    return rda_err_set(err, RDA_ERR_CACHE, "cache folder '%s': %s", path, strerror(errno));
-  if (!S_ISDIR(st.st_mode))
-    return rda_err_set(err, RDA_ERR_CACHE, "cache folder '%s' is not a folder", path);
-  return rda_cache_check_stat(path, &st, err);
-}
-
 /* The refusal of a per-target folder that is a symbolic link: one policy for get, put, list,
  * evict and clear (a link could lead the cache's deletes and loads anywhere). */
 static rda_status rda_cache_refuse_link(const char *path, rda_err *err) {
@@ -327,11 +318,6 @@ rda_status rda_cache_max_bytes_get(unsigned long long *out, rda_err *err) {
                        ULLONG_MAX);
   *out = n << shift;
   return RDA_OK;
-}
-
-unsigned long long rda_cache_max_bytes(void) {
-  unsigned long long n = 0;
-  return rda_cache_max_bytes_get(&n, NULL) == RDA_OK ? n : 1ull << 30;
 }
 
 /* ================================================================== memory */

@@ -62,17 +62,11 @@ rda_status rda_cache_folder(const char *target, char *out, size_t cap, rda_err *
 rda_status rda_cache_folder_try(const char *target, char *out, size_t cap, int *usable,
                                 char *why, size_t why_cap, rda_err *err);
 
-/* The folder check alone: owned by this user, not writable by group or others, a folder. */
-rda_status rda_cache_check_folder(const char *path, rda_err *err);
-
 /* RDA_CACHE_MAX_BYTES: digits with an optional K, M or G suffix (binary), default 1 GiB when
  * unset or empty. Anything else (a sign, blanks, another suffix, a value past 2^64 - 1) is
  * RDA_ERR_INVALID_ARGUMENT with one line naming the value; rda_cache_get and rda_cache_put
  * fail with it, so a command that compiles or lists the cache stops there. */
 rda_status rda_cache_max_bytes_get(unsigned long long *out, rda_err *err);
-
-/* rda_cache_max_bytes_get's value, or the default when it is invalid (for display). */
-unsigned long long rda_cache_max_bytes(void);
 
 /* rm -r that never follows a symbolic link: every folder is opened O_NOFOLLOW and its names
  * removed relative to it, so a link is unlinked itself and what it points to is kept. Best
@@ -96,7 +90,7 @@ rda_status rda_cache_get(const char *target, const rda_cache_key *key, const cha
 /* Store an entry (name is for `rdagen cache list`; source is kept for the collision check):
  * temporary file in the target folder, fsync, rename — concurrent writers of the same key all
  * succeed and leave one whole entry. Also kept in memory. Evicts least recently used entries
- * when the cache grows past rda_cache_max_bytes(). A folder that cannot be used
+ * when the cache grows past rda_cache_max_bytes_get()'s limit. A folder that cannot be used
  * (rda_cache_folder_try) stores it in memory only and returns RDA_OK. */
 rda_status rda_cache_put(const char *target, const rda_cache_key *key, const char *name,
                          const char *source, const void *data, size_t bytes, rda_err *err);
