@@ -504,8 +504,7 @@ static void test_bwd_wgmma_matches_reference_gqa_bf16_d128_multi_tile_dilated(vo
 /* The dQ wgmma path, causal: warpgroups whose rows see every, some and none of a key tile (skip
  * and mask per warpgroup of 64 rows, the mask per row), fp16 with a custom scale, d = 64,
  * dilated block offsets beside a dense branch, batch 2. */
-static void test_bwd_wgmma_matches_reference_causal_fp16_d64_block_offsets(void **state) {
-  (void)state;
+static bwd_case wgmma_causal_fp16_d64_block_case(void) {
   const bwd_case c = {.heads = 4,
                       .kv_heads = 2,
                       .head_dim = 64,
@@ -517,6 +516,12 @@ static void test_bwd_wgmma_matches_reference_causal_fp16_d64_block_offsets(void 
                       .n = 320,
                       .scale = 0.3,
                       .wgmma = 1};
+  return c;
+}
+
+static void test_bwd_wgmma_matches_reference_causal_fp16_d64_block_offsets(void **state) {
+  (void)state;
+  const bwd_case c = wgmma_causal_fp16_d64_block_case();
   run_case(__func__, &c);
 }
 
@@ -541,19 +546,9 @@ static void test_bwd_wgmma_overlap_dq_matches_reference(void **state) {
   c.causal = 1;
   c.dq_tile = "bm64_bn64_w4_s3_wgo";
   run_case("wgmma_overlap_dq_bm64_causal_gqa_bf16_d128", &c);
-  const bwd_case d = {.heads = 4,
-                      .kv_heads = 2,
-                      .head_dim = 64,
-                      .dtype = RDA_DTYPE_FP16,
-                      .causal = 1,
-                      .offsets = RDA_OFFSETS_BLOCK,
-                      BR2(320, 1, 128, 2),
-                      .batch = 2,
-                      .n = 320,
-                      .scale = 0.3,
-                      .with_dlse = 1,
-                      .wgmma = 1,
-                      .dq_tile = "bm128_bn128_w8_s3_wgo"};
+  bwd_case d = wgmma_causal_fp16_d64_block_case();
+  d.with_dlse = 1;
+  d.dq_tile = "bm128_bn128_w8_s3_wgo";
   run_case("wgmma_overlap_dq_causal_fp16_d64_block", &d);
 }
 

@@ -493,8 +493,7 @@ static void test_fwd_matches_reference_causal_bf16_d128_multi_tile_diagonal(void
  * skip and the mask are decided per warpgroup of 64 rows, the mask applied per row), fp16 with
  * a custom scale, d = 64, dilated block offsets beside a dense branch (the 64-row wgmma tile
  * for its 64-row grids, the 128-row one for the dense grid), batch 2. */
-static void test_fwd_wgmma_matches_reference_causal_fp16_d64_block_offsets(void **state) {
-  (void)state;
+static fwd_case wgmma_causal_fp16_d64_block_case(void) {
   const fwd_case c = {.heads = 4,
                       .kv_heads = 2,
                       .head_dim = 64,
@@ -506,6 +505,12 @@ static void test_fwd_wgmma_matches_reference_causal_fp16_d64_block_offsets(void 
                       .n = 320,
                       .scale = 0.3,
                       .wgmma = 1};
+  return c;
+}
+
+static void test_fwd_wgmma_matches_reference_causal_fp16_d64_block_offsets(void **state) {
+  (void)state;
+  const fwd_case c = wgmma_causal_fp16_d64_block_case();
   run_case(__func__, &c);
 }
 
@@ -537,18 +542,9 @@ static void test_fwd_wgmma_overlap_matches_reference_gqa_bf16_d128(void **state)
  * flight. */
 static void test_fwd_wgmma_overlap_matches_reference_causal_fp16_d64(void **state) {
   (void)state;
-  const fwd_case c = {.heads = 4,
-                      .kv_heads = 2,
-                      .head_dim = 64,
-                      .dtype = RDA_DTYPE_FP16,
-                      .causal = 1,
-                      .offsets = RDA_OFFSETS_BLOCK,
-                      BR2(320, 1, 128, 2),
-                      .batch = 2,
-                      .n = 320,
-                      .scale = -0.3,
-                      .wgmma = 1,
-                      .tile = "bm128_bn128_w8_s3_wgo"};
+  fwd_case c = wgmma_causal_fp16_d64_block_case();
+  c.scale = -0.3;
+  c.tile = "bm128_bn128_w8_s3_wgo";
   run_case(__func__, &c);
 }
 
