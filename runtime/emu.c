@@ -95,11 +95,6 @@ static rda_status rda_emu_path(char *out, size_t cap, rda_err *err, const char *
 
 /* ------------------------------------------------------------------ files */
 
-/* rm -r (a temporary header folder), never through a symbolic link. */
-static void rda_emu_rmtree(const char *path) {
-  rda_cache_remove_tree(path);
-}
-
 static rda_status rda_emu_write_file(const char *path, const void *data, size_t n, rda_err *err) {
   const int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0)
@@ -153,7 +148,8 @@ static rda_status rda_emu_headers(const char *dir, const char *digest, char *inc
   RDA_TRY(rda_emu_path(tmp, sizeof tmp, err, "%s.tmp.%ld.%lu", inc, (long)getpid(),
                        atomic_fetch_add(&counter, 1)));
   struct stat st;
-  if (lstat(inc, &st) == 0 && S_ISDIR(st.st_mode)) {
+  const int present = lstat(inc, &st) == 0;
+  if (present && S_ISDIR(st.st_mode)) {
     if (rda_emu_headers_intact(inc)) {
       /* In use: a fresh mtime keeps `rdagen cache clear` from taking it now (it leaves
        * header folders younger than an hour). */
@@ -162,8 +158,8 @@ static rda_status rda_emu_headers(const char *dir, const char *digest, char *inc
     }
     /* Damaged (a file edited or removed by hand): move it aside, then write it anew. */
     rda_log(RDA_LOG_INFO, "emulator headers in %s damaged: rewriting them", inc);
-    if (rename(inc, tmp) == 0) rda_emu_rmtree(tmp);
-  } else if (lstat(inc, &st) == 0) { /* a file or a link in its place: never followed */
+    if (rename(inc, tmp) == 0) rda_cache_remove_tree(tmp);
+  } else if (present) { /* a file or a link in its place: never followed */
     rda_log(RDA_LOG_INFO, "emulator headers %s: not a folder, replacing it", inc);
     (void)unlink(inc);
   }
@@ -190,7 +186,7 @@ static rda_status rda_emu_headers(const char *dir, const char *digest, char *inc
   }
   if (s == RDA_OK && rename(tmp, inc) != 0 && errno != EEXIST && errno != ENOTEMPTY)
     s = rda_err_set(err, RDA_ERR_CACHE, "emu: cannot store '%s': %s", inc, strerror(errno));
-  rda_emu_rmtree(tmp); /* gone already after a rename; another builder won otherwise */
+  rda_cache_remove_tree(tmp); /* gone already after a rename; another builder won otherwise */
   return s;
 }
 
@@ -618,7 +614,7 @@ static rda_status rda_emu_load(rda_backend *b, const rda_variant *v, rda_module 
       st = rda_emu_fetch(im, dir, kp, &key, v->name, v->source, NULL, &image, &bytes, err);
     if (st == RDA_OK) st = rda_emu_dlopen_bytes(dir, image, bytes, RTLD_NOW | RTLD_LOCAL, &dl, err);
     free(image);
-    if (private_dir) rda_emu_rmtree(dir);
+    if (private_dir) rda_cache_remove_tree(dir);
     if (st == RDA_OK && (sh = rda_emu_shared_put(key.hex, dl)) == NULL)
       st = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "emu: out of memory");
   }
