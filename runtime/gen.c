@@ -346,6 +346,14 @@ int rda_gen_watchdog_remove_on_kill(const char *path, int remove) {
   return done;
 }
 
+int rda_gen_watchdog_watching(void) {
+  int n = 0;
+  pthread_mutex_lock(&rda_gen_wd_mutex);
+  for (const rda_gen_watch *w = rda_gen_wd_list; w != NULL; w = w->next) n++;
+  pthread_mutex_unlock(&rda_gen_wd_mutex);
+  return n;
+}
+
 /* The watchdog's thread: sleeps while nothing is watched, else looks every 100 ms at each
  * watched run's CPU clock; one past its kill time has been inside one instruction (a hash
  * rehash of colliding keys, say) for RDA_GEN_WATCHDOG_MARGIN seconds past its limit, where no

@@ -119,6 +119,10 @@ void rda_gen_enable_watchdog(const char *program);
  * path under 4200 bytes (else 0). remove = 0: forget path again (1 when it was there). */
 int rda_gen_watchdog_remove_on_kill(const char *path, int remove);
 
+/* For tests only: how many sandboxed runs the watchdog watches at this moment, from every
+ * thread (0 while it is off, and whenever no run is in progress). */
+int rda_gen_watchdog_watching(void);
+
 /* The built-in profile of an offline target (80, 86, 89, 90); any other arch is
  * RDA_ERR_INVALID_ARGUMENT with a message listing the known ones. */
 rda_status rda_gen_hw_builtin(rda_gen *g, int arch, rda_hw *out, rda_err *err);

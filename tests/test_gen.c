@@ -11,11 +11,17 @@
 /* clang-format on */
 
 #include <dirent.h>
+#include <errno.h>
 #include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -640,6 +646,656 @@ static void test_gen_rdagen_reads_a_piped_config(void **state) {
   free(dir);
 }
 
+/* ---- several threads: the time limit and the watchdog ----------------------------------------
+ * Each thread runs a generator of its own (one is not thread-safe); every sandboxed run, from
+ * any thread, is put on the watchdog's process-wide list under its mutex while it runs. The
+ * watchdog cannot be switched off again and its thread does not survive a fork, so each case
+ * that switches it on runs in a forked child of its own (th_child) that reports through its exit
+ * status and stderr; this process never switches it on. */
+
+/* The process's CPU time, all threads: a forked child's starts at 0. */
+static double th_process_cpu_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static double th_cpu_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Records the first failure of a thread (or scenario) in why[cap]; later ones are dropped. */
+static void th_fail(char *why, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void th_fail(char *why, size_t cap, const char *fmt, ...) {
+  if (why[0] != '\0') return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, cap, fmt, ap);
+  va_end(ap);
+}
+
+/* A config chunk and what it must load as. */
+typedef struct th_config {
+  char name[96];
+  char text[1024];
+  rda_config want;
+} th_config;
+
+/* The line of th_config_make's compare loop: where the hooks stop a runaway. */
+#define TH_BURN_LINE 3
+
+/* A random valid config whose chunk first compares two distinct strings of 1 MiB `burn` times:
+ * one VM instruction per compare but tens of microseconds of CPU, so the sandbox's clock, not
+ * its instruction count, bounds a long loop of them. heads comes out right only when every
+ * compare ran. */
+static void th_config_make(th_config *c, rt_rng *r, long long burn, const char *name) {
+  static const int dims[] = {32, 64, 96, 128};
+  rda_config *w = &c->want;
+  memset(w, 0, sizeof *w);
+  w->heads = (int)rt_rng_range(r, 1, 48);
+  w->kv_heads = (int)rt_rng_range(r, 1, w->heads);
+  while (w->heads % w->kv_heads != 0) w->kv_heads--; /* down to a divisor (1 at worst) */
+  w->head_dim = dims[rt_rng_range(r, 0, 3)];
+  w->dtype = rt_rng_range(r, 0, 1) ? RDA_DTYPE_FP16 : RDA_DTYPE_BF16;
+  w->causal = (int)rt_rng_range(r, 0, 1);
+  w->offsets = RDA_OFFSETS_MOD;
+  w->nbranch = (int)rt_rng_range(r, 1, 3);
+  char seg[96] = "", dil[96] = "";
+  for (int i = 0; i < w->nbranch; i++) {
+    w->segments[i] = rt_rng_range(r, 1, 1 << 14);
+    w->dilations[i] = rt_rng_range(r, 1, 8);
+    snprintf(seg + strlen(seg), sizeof seg - strlen(seg), "%s%lld", i > 0 ? ", " : "",
+             (long long)w->segments[i]);
+    snprintf(dil + strlen(dil), sizeof dil - strlen(dil), "%s%lld", i > 0 ? ", " : "",
+             (long long)w->dilations[i]);
+  }
+  w->scale = 1.0 / sqrt((double)w->head_dim);
+  snprintf(c->name, sizeof c->name, "%s", name);
+  snprintf(c->text, sizeof c->text,
+           "local n = 0\n"
+           "local a, b = string.rep('x', %d) .. 'y', string.rep('x', %d) .. 'y'\n"
+           "for i = 1, %lld do if a == b then n = n + 1 end end\n"
+           "return { heads = %d + n - %lld, kv_heads = %d, head_dim = %d, dtype = '%s',"
+           " causal = %s, segments = { %s }, dilations = { %s } }\n",
+           burn > 0 ? 1 << 20 : 1, burn > 0 ? 1 << 20 : 1, burn, w->heads, burn, w->kv_heads,
+           w->head_dim, w->dtype == RDA_DTYPE_FP16 ? "fp16" : "bf16", w->causal ? "true" : "false",
+           seg, dil);
+}
+
+/* 1 when got is c->want; else 0 with what differs in why. */
+static int th_config_check(const th_config *c, const rda_config *got, char *why, size_t cap) {
+  const rda_config *w = &c->want;
+  int same = got->heads == w->heads && got->kv_heads == w->kv_heads &&
+             got->head_dim == w->head_dim && got->dtype == w->dtype && got->causal == w->causal &&
+             got->offsets == w->offsets && got->nbranch == w->nbranch &&
+             fabs(got->scale - w->scale) <= 1e-12;
+  for (int i = 0; same && i < w->nbranch; i++)
+    same = got->segments[i] == w->segments[i] && got->dilations[i] == w->dilations[i];
+  if (!same)
+    th_fail(why, cap, "%s: loaded heads %d kv %d d %d dtype %d causal %d nbranch %d, want heads %d",
+            c->name, got->heads, got->kv_heads, got->head_dim, got->dtype, got->causal,
+            got->nbranch, w->heads);
+  return same;
+}
+
+/* "<name>:<line>: config exceeds the time limit (<limit> s)": the hooks' message. */
+static void th_time_message(char *out, size_t cap, const char *name, double limit) {
+  snprintf(out, cap, "%s:%d: config exceeds the time limit (%g s)", name, TH_BURN_LINE, limit);
+}
+
+/* CPU seconds one compare of th_config_make's chunk takes in this build, on this machine (-1
+ * when the chunk fails: no cmocka assertion here, a forked child calls this too). */
+static double th_compare_cost(rda_gen *g, rt_rng *r) {
+  enum { N = 400 };
+  double best[2] = {1e9, 1e9};
+  for (int rep = 0; rep < 2; rep++) {
+    for (int k = 0; k < 2; k++) {
+      th_config c;
+      th_config_make(&c, r, k == 0 ? 1 : N + 1, "calibrate.lua");
+      rda_config got;
+      rda_err err = {0};
+      const double t0 = th_cpu_s();
+      const rda_status s = rda_gen_config_string(g, c.text, c.name, &got, &err);
+      const double t = th_cpu_s() - t0;
+      if (s != RDA_OK) return -1;
+      if (t < best[k]) best[k] = t;
+    }
+  }
+  const double per = (best[1] - best[0]) / N;
+  return per > 1e-6 ? per : 1e-6;
+}
+
+/* ---- several threads at once, one runaway ---- */
+
+enum { TH_MIXED_THREADS = 4, TH_SLOW_RUNS = 3 };
+
+typedef struct th_mixed_job {
+  rt_rng rng;
+  int id, runaway;
+  double limit;
+  long long burn; /* compares per slow config */
+  pthread_barrier_t *go;
+  th_config cases[TH_SLOW_RUNS];
+  rda_plan_k plans[TH_SLOW_RUNS]; /* each case's plan on sm_90 */
+  int nplans;
+  double cpu; /* the runaway: thread CPU seconds its run took */
+  char why[1200];
+} th_mixed_job;
+
+static void *th_mixed_main(void *arg) {
+  th_mixed_job *j = arg;
+  rda_gen *g = NULL;
+  rda_err err = {0};
+  rda_hw hw;
+  if (rda_gen_open(&g, &err) != RDA_OK || rda_gen_hw_builtin(g, 90, &hw, &err) != RDA_OK)
+    th_fail(j->why, sizeof j->why, "thread %d: %s", j->id, err.msg);
+  else
+    rda_gen_set_time_limit(g, j->limit);
+  pthread_barrier_wait(j->go); /* all threads run their configs at the same time */
+  if (g == NULL || j->why[0] != '\0') {
+    rda_gen_close(g);
+    return NULL;
+  }
+  char name[64];
+  if (j->runaway) {
+    th_config c;
+    snprintf(name, sizeof name, "runaway_%d.lua", j->id);
+    th_config_make(&c, &j->rng, 10 * 1000 * 1000, name); /* minutes of compares */
+    rda_config got;
+    const double t0 = th_cpu_s();
+    const rda_status s = rda_gen_config_string(g, c.text, c.name, &got, &err);
+    j->cpu = th_cpu_s() - t0;
+    char want[256];
+    th_time_message(want, sizeof want, c.name, j->limit);
+    if (s != RDA_ERR_CONFIG || strcmp(err.msg, want) != 0)
+      th_fail(j->why, sizeof j->why, "the runaway: status %d, message '%s', want '%s'", (int)s,
+              err.msg, want);
+  } else {
+    for (int k = 0; k < TH_SLOW_RUNS && j->why[0] == '\0'; k++) {
+      th_config *c = &j->cases[k];
+      snprintf(name, sizeof name, "slow_%d_%d.lua", j->id, k);
+      th_config_make(c, &j->rng, j->burn, name);
+      rda_config got;
+      rda_err_clear(&err);
+      if (rda_gen_config_string(g, c->text, c->name, &got, &err) != RDA_OK) {
+        th_fail(j->why, sizeof j->why, "thread %d, within the limit: %s", j->id, err.msg);
+      } else if (th_config_check(c, &got, j->why, sizeof j->why)) {
+        if (rda_gen_plan(g, &got, &hw, &j->plans[k], &err) != RDA_OK)
+          th_fail(j->why, sizeof j->why, "thread %d: plan of %s: %s", j->id, c->name, err.msg);
+        else
+          j->nplans = k + 1;
+      }
+    }
+  }
+  rda_gen_close(g);
+  return NULL;
+}
+
+/* 1 when plans a and b hold the same kernels and steps. */
+static int th_same_plan(const rda_plan_k *a, const rda_plan_k *b) {
+  if (a->nvariants != b->nvariants || a->nsteps != b->nsteps) return 0;
+  for (int i = 0; i < a->nvariants; i++)
+    if (strcmp(a->variants[i].name, b->variants[i].name) != 0 ||
+        strcmp(a->variants[i].source, b->variants[i].source) != 0)
+      return 0;
+  for (int i = 0; i < a->nsteps; i++)
+    if (a->steps[i].kernel != b->steps[i].kernel || a->steps[i].head0 != b->steps[i].head0 ||
+        a->steps[i].nheads != b->steps[i].nheads)
+      return 0;
+  return 1;
+}
+
+/* TH_MIXED_THREADS threads load and plan configs at once under a time limit of `limit` CPU
+ * seconds each: the slow ones take about a third of it per config (thread 0 runs away). Only
+ * the runaway fails, with the hooks' message, after a full `limit` of its own thread's CPU time
+ * whatever the others spend; every other config loads and plans as it does alone (on ref).
+ * 1 when all of that holds, else 0 with why. */
+static int th_mixed(rda_gen *ref, double limit, char *why, size_t cap) {
+  rt_rng r;
+  rt_rng_seed(&r, rt_rng_next(rt_global_rng()));
+  const double cost = th_compare_cost(ref, &r);
+  if (cost < 0) {
+    th_fail(why, cap, "the calibration config failed");
+    return 0;
+  }
+  const long long burn = (long long)(0.3 * limit / cost) + 1;
+  th_mixed_job jobs[TH_MIXED_THREADS];
+  pthread_t threads[TH_MIXED_THREADS];
+  pthread_barrier_t go;
+  pthread_barrier_init(&go, NULL, TH_MIXED_THREADS);
+  memset(jobs, 0, sizeof jobs);
+  for (int i = 0; i < TH_MIXED_THREADS; i++) {
+    th_mixed_job *j = &jobs[i];
+    rt_rng_seed(&j->rng, rt_rng_next(&r));
+    j->id = i;
+    j->runaway = i == 0;
+    j->limit = limit;
+    j->burn = burn;
+    j->go = &go;
+    if (pthread_create(&threads[i], NULL, th_mixed_main, j) != 0) abort();
+  }
+  for (int i = 0; i < TH_MIXED_THREADS; i++) pthread_join(threads[i], NULL);
+  pthread_barrier_destroy(&go);
+  rda_hw hw;
+  rda_err err = {0};
+  if (rda_gen_hw_builtin(ref, 90, &hw, &err) != RDA_OK) th_fail(why, cap, "%s", err.msg);
+  for (int i = 0; i < TH_MIXED_THREADS; i++) {
+    th_mixed_job *j = &jobs[i];
+    if (j->why[0] != '\0') th_fail(why, cap, "%s", j->why);
+    if (j->runaway && (j->cpu < limit || j->cpu > limit + 1.0))
+      th_fail(why, cap, "the runaway stopped after %.3f s of its thread's CPU time, limit %g s",
+              j->cpu, limit);
+    if (!j->runaway && j->why[0] == '\0' && j->nplans != TH_SLOW_RUNS)
+      th_fail(why, cap, "thread %d planned %d configs", i, j->nplans);
+    for (int k = 0; k < j->nplans; k++) {
+      rda_plan_k alone;
+      if (rda_gen_plan(ref, &j->cases[k].want, &hw, &alone, &err) != RDA_OK)
+        th_fail(why, cap, "%s alone: %s", j->cases[k].name, err.msg);
+      else if (!th_same_plan(&alone, &j->plans[k]))
+        th_fail(why, cap, "%s: its plan in a thread differs from its plan alone", j->cases[k].name);
+      rda_plan_k_free(&alone);
+      rda_plan_k_free(&j->plans[k]);
+    }
+  }
+  return why[0] == '\0';
+}
+
+/* The hooks alone (the watchdog is off in this process). */
+static void test_gen_threads_only_the_runaway_fails(void **state) {
+  char why[2048] = "";
+  if (!th_mixed(*state, 0.2, why, sizeof why)) fail_msg("%s", why);
+  assert_int_equal(rda_gen_watchdog_watching(), 0);
+}
+
+/* ---- forked children ---- */
+
+typedef struct th_child_result {
+  int status; /* exit code, 128 + signal when killed by one, -1 when it ran past the timeout */
+  char err[8192];
+  double took; /* wall seconds */
+} th_child_result;
+
+/* Runs fn(arg) in a forked child, its stderr into res->err, and exit(fn's value) there (exit,
+ * not _exit: the leak checker of a sanitized build runs then). Killed past timeout_s. */
+static void th_child(int (*fn)(void *), void *arg, double timeout_s, th_child_result *res) {
+  memset(res, 0, sizeof *res);
+  int fds[2];
+  assert_int_equal(pipe(fds), 0);
+  fflush(stdout); /* else the child flushes our buffered output once more */
+  fflush(stderr);
+  const double t0 = wall_s();
+  const pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    /* cmocka's handlers would longjmp into its runner from any thread: a crash ends the child. */
+    static const int sigs[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGSYS};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) signal(sigs[i], SIG_DFL);
+    close(fds[0]);
+    if (dup2(fds[1], STDERR_FILENO) < 0) _exit(120);
+    close(fds[1]);
+    exit(fn(arg));
+  }
+  close(fds[1]);
+  size_t len = 0;
+  int timed_out = 0;
+  for (;;) {
+    const double left = t0 + timeout_s - wall_s();
+    if (left <= 0) {
+      timed_out = 1;
+      break;
+    }
+    struct pollfd pfd = {fds[0], POLLIN, 0};
+    const int pr = poll(&pfd, 1, (int)(left * 1000) + 1);
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr <= 0) continue; /* the time is checked above */
+    char buf[4096];
+    const ssize_t n = read(fds[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break; /* EOF: the child (and every thread of it) is gone */
+    const size_t take =
+        (size_t)n < sizeof res->err - 1 - len ? (size_t)n : sizeof res->err - 1 - len;
+    memcpy(res->err + len, buf, take);
+    len += take;
+  }
+  close(fds[0]);
+  if (timed_out) kill(pid, SIGKILL);
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  res->took = wall_s() - t0;
+  res->status = timed_out ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int th_mixed_child(void *arg) {
+  (void)arg;
+  rda_gen_enable_watchdog("test_gen");
+  rda_gen *g = NULL;
+  rda_err err = {0};
+  if (rda_gen_open(&g, &err) != RDA_OK) {
+    fprintf(stderr, "rda_gen_open: %s\n", err.msg);
+    return 2;
+  }
+  char why[2048] = "";
+  th_mixed(g, 0.2, why, sizeof why);
+  if (rda_gen_watchdog_watching() != 0)
+    th_fail(why, sizeof why, "%d runs still watched", rda_gen_watchdog_watching());
+  rda_gen_close(g);
+  if (why[0] != '\0') fprintf(stderr, "%s\n", why);
+  return why[0] != '\0' ? 2 : 0;
+}
+
+/* The same with the watchdog on: it ends no run within its limit, the slow ones included, and
+ * leaves the runaway (in the compare loop, where the hooks see it) to the hooks. */
+static void test_gen_threads_watchdog_leaves_runs_within_the_limit(void **state) {
+  (void)state;
+  th_child_result r;
+  th_child(th_mixed_child, NULL, 60, &r);
+  if (r.status != 0 || r.err[0] != '\0')
+    fail_msg("child: status %d after %.1f s, stderr: %s", r.status, r.took, r.err);
+}
+
+/* ---- registration under concurrency ---- */
+
+enum { TH_STRESS_THREADS = 6, TH_STRESS_KINDS = 5 };
+
+typedef struct th_stress_job {
+  rt_rng rng;
+  int id;
+  double until;   /* wall seconds (wall_s) past which no run starts, whatever the CPU time */
+  long long burn; /* the last thread: compares per slow config */
+  int runs[TH_STRESS_KINDS];
+  char why[1200];
+} th_stress_job;
+
+/* Short runs of kinds drawn at random: 0 a valid config, 1 a syntax error (its parse is
+ * watched too), 2 a raised error; in threads 0 and 1, at their 200th run, 3: a runaway the
+ * hooks stop at the limit (0.2 s of CPU: not more, the others must keep going). The last thread
+ * runs only 4: valid configs that take half the limit of its own CPU time, watched nearly all
+ * the time, while the process's CPU time (all threads) runs far past limit + 1 s. The generator
+ * is replaced every 32 runs. */
+static void *th_stress_main(void *arg) {
+  th_stress_job *j = arg;
+  rda_gen *g = NULL;
+  rda_err err = {0};
+  for (int n = 0; wall_s() < j->until && th_process_cpu_s() < 2.5 && j->why[0] == '\0'; n++) {
+    if (n % 32 == 0) {
+      rda_gen_close(g);
+      g = NULL;
+      if (rda_gen_open(&g, &err) != RDA_OK) {
+        th_fail(j->why, sizeof j->why, "thread %d: rda_gen_open: %s", j->id, err.msg);
+        break;
+      }
+      rda_gen_set_time_limit(g, 0.2);
+    }
+    int kind = (int)rt_rng_range(&j->rng, 0, 9);
+    kind = kind < 7 ? 0 : kind < 9 ? 1 : 2;
+    if (j->id < 2 && n == 200) kind = 3;
+    if (j->id == TH_STRESS_THREADS - 1) kind = 4;
+    char name[64], want[256];
+    snprintf(name, sizeof name, "t%d_run%d.lua", j->id, n);
+    th_config c;
+    th_config_make(&c, &j->rng, kind == 3 ? 10 * 1000 * 1000 : kind == 4 ? j->burn : 0, name);
+    if (kind == 1) c.text[strlen(c.text) - 3] = '\0'; /* cut before the return's last '}' */
+    if (kind == 2) snprintf(c.text, sizeof c.text, "local x = %d\nerror('boom ' .. x)\n", n);
+    rda_config got;
+    rda_err_clear(&err);
+    const rda_status s = rda_gen_config_string(g, c.text, c.name, &got, &err);
+    j->runs[kind]++;
+    if (kind == 0 || kind == 4) {
+      if (s != RDA_OK)
+        th_fail(j->why, sizeof j->why, "%s, a valid config: %s", name, err.msg);
+      else
+        th_config_check(&c, &got, j->why, sizeof j->why);
+      continue;
+    }
+    if (kind == 1)
+      snprintf(want, sizeof want, "%s:4: ", name);
+    else if (kind == 2)
+      snprintf(want, sizeof want, "%s:2: boom %d", name, n);
+    else
+      th_time_message(want, sizeof want, name, 0.2);
+    if (s != RDA_ERR_CONFIG || strncmp(err.msg, want, strlen(want)) != 0 ||
+        (kind != 1 && strlen(err.msg) != strlen(want)))
+      th_fail(j->why, sizeof j->why, "%s: status %d, message '%s', want '%s'", name, (int)s,
+              err.msg, want);
+  }
+  rda_gen_close(g);
+  return NULL;
+}
+
+/* TH_STRESS_THREADS threads start and finish sandboxed runs with the watchdog on until the
+ * process has spent 2.5 s of CPU time (thousands of registrations, with generators opened and
+ * closed on the way): no run within its limit is ended, though the process's CPU time goes far
+ * past every limit + 1 s (a watchdog that read it instead of each run's own thread's clock
+ * would end one), each run gets its own result, and nothing stays on the list. */
+static int th_stress_child(void *arg) {
+  (void)arg;
+  rda_gen_enable_watchdog("test_gen");
+  rt_rng r;
+  rt_rng_seed(&r, rt_rng_next(rt_global_rng()));
+  rda_gen *g = NULL;
+  rda_err err = {0};
+  if (rda_gen_open(&g, &err) != RDA_OK) {
+    fprintf(stderr, "rda_gen_open: %s\n", err.msg);
+    return 2;
+  }
+  const double cost = th_compare_cost(g, &r);
+  rda_gen_close(g);
+  if (cost < 0) {
+    fprintf(stderr, "the calibration config failed\n");
+    return 2;
+  }
+  th_stress_job jobs[TH_STRESS_THREADS];
+  pthread_t threads[TH_STRESS_THREADS];
+  memset(jobs, 0, sizeof jobs);
+  const double until = wall_s() + 20; /* on a machine too busy to give it 2.5 s of CPU */
+  for (int i = 0; i < TH_STRESS_THREADS; i++) {
+    rt_rng_seed(&jobs[i].rng, rt_rng_next(&r));
+    jobs[i].id = i;
+    jobs[i].until = until;
+    jobs[i].burn = (long long)(0.5 * 0.2 / cost) + 1;
+    if (pthread_create(&threads[i], NULL, th_stress_main, &jobs[i]) != 0) abort();
+  }
+  for (int i = 0; i < TH_STRESS_THREADS; i++) pthread_join(threads[i], NULL);
+  char why[2048] = "";
+  int runs[TH_STRESS_KINDS] = {0};
+  for (int i = 0; i < TH_STRESS_THREADS; i++) {
+    if (jobs[i].why[0] != '\0') th_fail(why, sizeof why, "%s", jobs[i].why);
+    for (int k = 0; k < TH_STRESS_KINDS; k++) runs[k] += jobs[i].runs[k];
+  }
+  if (runs[0] < 500 || runs[1] < 50 || runs[2] < 20 || runs[3] != 2 || runs[4] < 1)
+    th_fail(why, sizeof why,
+            "too few runs: %d valid, %d syntax errors, %d raised errors, %d runaways, %d slow",
+            runs[0], runs[1], runs[2], runs[3], runs[4]);
+  if (rda_gen_watchdog_watching() != 0)
+    th_fail(why, sizeof why, "%d runs still watched after every thread ended",
+            rda_gen_watchdog_watching());
+  if (why[0] != '\0') fprintf(stderr, "%s\n", why);
+  return why[0] != '\0' ? 2 : 0;
+}
+
+static void test_gen_threads_watchdog_registers_and_unregisters(void **state) {
+  (void)state;
+  th_child_result r;
+  th_child(th_stress_child, NULL, 60, &r);
+  if (r.status != 0 || r.err[0] != '\0')
+    fail_msg("child: status %d after %.1f s, stderr: %s", r.status, r.took, r.err);
+}
+
+/* ---- the kill path ---- */
+
+enum { TH_KILL_NORMAL = 3 };
+
+/* Shared with the parent (MAP_SHARED): what the child did before the watchdog ended it. */
+typedef struct th_kill_shared {
+  int runs[TH_KILL_NORMAL];     /* valid configs each normal thread loaded (atomic) */
+  int at_start[TH_KILL_NORMAL]; /* ... when the runaway started */
+  int started;
+} th_kill_shared;
+
+typedef struct th_kill_arg {
+  th_kill_shared *shared;
+  char gone[4200], kept[4200], runaway[4200];
+  double limit;
+} th_kill_arg;
+
+typedef struct th_kill_job {
+  th_kill_arg *a;
+  int id;
+  rt_rng rng;
+  long long burn;
+} th_kill_job;
+
+/* Nothing here may print: the child's stderr must hold the watchdog's line alone. A failure
+ * writes its own line and ends the child with another status. */
+static void th_kill_die(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void th_kill_die(int status, const char *fmt, ...) {
+  char line[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  const size_t n = strlen(line);
+  line[n] = '\n';
+  ssize_t w = write(STDERR_FILENO, line, n + 1);
+  (void)w;
+  _exit(status);
+}
+
+/* A normal thread: valid configs (a twentieth of the limit each), one after the other. */
+static void *th_kill_normal(void *arg) {
+  th_kill_job *j = arg;
+  rda_gen *g = NULL;
+  rda_err err = {0};
+  if (rda_gen_open(&g, &err) != RDA_OK) th_kill_die(3, "rda_gen_open: %s", err.msg);
+  for (int n = 0;; n++) {
+    char name[64];
+    snprintf(name, sizeof name, "normal_%d_%d.lua", j->id, n);
+    th_config c;
+    th_config_make(&c, &j->rng, j->burn, name);
+    rda_config got;
+    char why[1200] = "";
+    if (rda_gen_config_string(g, c.text, c.name, &got, &err) != RDA_OK)
+      th_kill_die(3, "%s, within the limit: %s", name, err.msg);
+    if (!th_config_check(&c, &got, why, sizeof why)) th_kill_die(3, "%s", why);
+    __atomic_fetch_add(&j->a->shared->runs[j->id], 1, __ATOMIC_RELAXED);
+  }
+  return NULL;
+}
+
+/* The runaway: once every normal thread has loaded a config, a config stuck in one VM
+ * instruction (test_gen_rdagen_stops_a_config_stuck_in_one_instruction's rehash) that only the
+ * watchdog can end. */
+static void *th_kill_runaway(void *arg) {
+  th_kill_job *j = arg;
+  th_kill_shared *sh = j->a->shared;
+  rda_gen *g = NULL;
+  rda_err err = {0};
+  if (rda_gen_open(&g, &err) != RDA_OK) th_kill_die(3, "rda_gen_open: %s", err.msg);
+  for (int ready = 0; !ready;) {
+    ready = 1;
+    for (int i = 0; i < TH_KILL_NORMAL; i++)
+      ready &= __atomic_load_n(&sh->runs[i], __ATOMIC_RELAXED) > 0;
+    const struct timespec nap = {0, 5 * 1000 * 1000};
+    nanosleep(&nap, NULL);
+  }
+  for (int i = 0; i < TH_KILL_NORMAL; i++)
+    sh->at_start[i] = __atomic_load_n(&sh->runs[i], __ATOMIC_RELAXED);
+  sh->started = 1;
+  static const char text[] =
+      "local P = (1 << 20) - 1\nlocal t = {}\nfor i = 1, (1 << 19) + 1 do t[i * P] = true end\n"
+      "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 64 }, dilations = { 1 } }\n";
+  rda_config got;
+  const rda_status s = rda_gen_config_string(g, text, j->a->runaway, &got, &err);
+  th_kill_die(4, "the runaway returned: status %d, %s", (int)s, err.msg);
+  return NULL;
+}
+
+static int th_kill_child(void *arg) {
+  th_kill_arg *a = arg;
+  char limit[32];
+  snprintf(limit, sizeof limit, "%g", a->limit);
+  if (setenv("RDA_CONFIG_TIME_LIMIT", limit, 1) != 0) th_kill_die(3, "setenv");
+  rda_gen *g = NULL;
+  rda_err err = {0};
+  if (rda_gen_open(&g, &err) != RDA_OK) th_kill_die(3, "rda_gen_open: %s", err.msg);
+  rt_rng r;
+  rt_rng_seed(&r, rt_rng_next(rt_global_rng()));
+  const double cost = th_compare_cost(g, &r);
+  rda_gen_close(g);
+  if (cost < 0) th_kill_die(3, "calibration failed");
+  /* Registered, then forgotten: the watchdog must leave `kept` alone. */
+  if (rda_gen_watchdog_remove_on_kill(a->gone, 1) != 1 ||
+      rda_gen_watchdog_remove_on_kill(a->kept, 1) != 1 ||
+      rda_gen_watchdog_remove_on_kill(a->kept, 0) != 1)
+    th_kill_die(3, "rda_gen_watchdog_remove_on_kill refused a path");
+  rda_gen_enable_watchdog("wdtest");
+  th_kill_job jobs[TH_KILL_NORMAL + 1];
+  for (int i = 0; i <= TH_KILL_NORMAL; i++) {
+    jobs[i].a = a;
+    jobs[i].id = i;
+    rt_rng_seed(&jobs[i].rng, rt_rng_next(&r));
+    /* A twentieth of the limit: the runaway's rehash sweeps hundreds of MiB, evicting the
+     * compared strings from the cache (and contending for ASan's allocator), which once made
+     * a third of the limit, as calibrated alone, take more than all of it. */
+    jobs[i].burn = (long long)(0.05 * a->limit / cost) + 1;
+    pthread_t t;
+    if (pthread_create(&t, NULL, i < TH_KILL_NORMAL ? th_kill_normal : th_kill_runaway, &jobs[i]) !=
+        0)
+      th_kill_die(3, "pthread_create");
+  }
+  const struct timespec nap = {45, 0}; /* the watchdog ends the process long before */
+  nanosleep(&nap, NULL);
+  th_kill_die(5, "the watchdog did not end the process within 45 s");
+  return 5;
+}
+
+/* A runaway inside one long instruction while three other threads load configs: the watchdog
+ * ends the process with status 1 and exactly its one line, naming the runaway (not a run of
+ * another thread), after removing the file registered for it; the other threads ran on while
+ * the runaway was stuck. */
+static void test_gen_threads_watchdog_ends_the_process_for_the_runaway(void **state) {
+  (void)state;
+  char *dir = rt_mkdtemp();
+  assert_non_null(dir);
+  th_kill_shared *sh =
+      mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  assert_true(sh != MAP_FAILED);
+  memset(sh, 0, sizeof *sh);
+  th_kill_arg a = {.shared = sh, .limit = 1.0};
+  snprintf(a.gone, sizeof a.gone, "%s/db.lua.lock", dir);
+  snprintf(a.kept, sizeof a.kept, "%s/other.lock", dir);
+  snprintf(a.runaway, sizeof a.runaway, "%s/runaway.lua", dir);
+  assert_true(rt_write_file(a.gone, "x", 1));
+  assert_true(rt_write_file(a.kept, "x", 1));
+  th_child_result r;
+  th_child(th_kill_child, &a, 60, &r);
+  char want[4400];
+  snprintf(want, sizeof want, "wdtest: error: %s: config exceeds the time limit (1 s)\n",
+           a.runaway);
+  /* Every check into why first, then clean up, then fail: nothing left behind either way. */
+  char why[10000] = "";
+  if (r.status != 1 || strcmp(r.err, want) != 0)
+    th_fail(why, sizeof why, "child: status %d after %.1f s, stderr: '%s', want status 1 and '%s'",
+            r.status, r.took, r.err, want);
+  if (rt_exists(a.gone)) th_fail(why, sizeof why, "the watchdog left %s behind", a.gone);
+  if (!rt_exists(a.kept))
+    th_fail(why, sizeof why, "the watchdog removed %s, which was forgotten", a.kept);
+  if (sh->started != 1) th_fail(why, sizeof why, "the runaway never started");
+  for (int i = 0; i < TH_KILL_NORMAL; i++)
+    if (sh->runs[i] <= sh->at_start[i])
+      th_fail(why, sizeof why,
+              "normal thread %d loaded nothing while the runaway was stuck (%d, then %d)", i,
+              sh->at_start[i], sh->runs[i]);
+  munmap(sh, sizeof *sh);
+  rt_rmtree(dir);
+  free(dir);
+  if (why[0] != '\0') fail_msg("%s", why);
+}
+
 static void test_gen_open_fails_clearly_without_home(void **state) {
   (void)state;
   char saved[4096];
@@ -698,9 +1354,15 @@ int main(void) {
       cmocka_unit_test(test_gen_tune_dry_run_creates_nothing),
       cmocka_unit_test(test_gen_rdagen_stops_a_config_stuck_in_one_instruction),
       cmocka_unit_test(test_gen_rdagen_reads_a_piped_config),
+      cmocka_unit_test(test_gen_threads_only_the_runaway_fails),
+      cmocka_unit_test(test_gen_threads_watchdog_leaves_runs_within_the_limit),
+      cmocka_unit_test(test_gen_threads_watchdog_registers_and_unregisters),
+      cmocka_unit_test(test_gen_threads_watchdog_ends_the_process_for_the_runaway),
       cmocka_unit_test(test_gen_open_fails_clearly_without_home),
       cmocka_unit_test(test_gen_home_prefers_environment),
       cmocka_unit_test(test_gen_close_accepts_null),
   };
+  const char *filter = getenv("RDA_TEST_FILTER"); /* e.g. "*threads*" while developing */
+  if (filter != NULL) cmocka_set_test_filter(filter);
   return cmocka_run_group_tests(tests, rt_gen_setup, rt_gen_teardown);
 }
