@@ -8,13 +8,13 @@
 #include "fwd.h"
 #include "gen.h"
 #include "rda_test.h"
+#include "rda_test_ring.h"
 #include "reference.h"
 #include "ring.h"
 #include "ring_plan.h"
 #include "transport.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -116,11 +116,7 @@ static int group_setup(void **state) {
     fprintf(stderr, "test_ring: rda_gen_open: %s\n", err.msg);
     return -1;
   }
-  for (int i = 0; i < MAXP; ++i)
-    if (rda_backend_emu_open(&g_b[i], 90, &err) != RDA_OK) {
-      fprintf(stderr, "test_ring: emu backend: %s\n", err.msg);
-      return -1;
-    }
+  if (rt_ring_backends_open(g_b, MAXP, "test_ring") != 0) return -1;
   g_emu_launch = g_b[0]->launch;
   for (int i = 0; i < MAXP; ++i) g_b[i]->launch = counting_launch;
   g_emu_alloc = g_b[0]->alloc, g_emu_free = g_b[0]->free;
@@ -134,35 +130,18 @@ static int group_setup(void **state) {
 
 static int group_teardown(void **state) {
   (void)state;
-  for (int i = 0; i < MAXP; ++i)
-    if (g_b[i] != NULL) g_b[i]->destroy(g_b[i]);
+  rt_ring_backends_close(g_b, MAXP);
   rda_gen_close(g_gen);
   return 0;
 }
 
-/* One rank's inputs and outputs (backend memory) and what it reported. */
-enum { M_Q, M_K, M_V, M_O, M_LSE, M_DO, M_DLSE, M_DQ, M_DK, M_DV, M_DP, M_WS, M_COUNT };
-
-typedef struct rank_job {
-  rda_backend *b;
-  const rda_plan_k *pk;
-  rda_fwd_kernels kern;
-  const rda_ring_plan *rp;
-  rda_host_world *world;
-  uint64_t fp;
-  int rank;
-  int backward;
-  int fail_wait; /* > 0: this rank's transport fails at that wait (mid-ring) */
-  rda_fwd_args a;
-  rda_bwd_args ba;
-  void *mem[M_COUNT];
-  size_t ws_bytes;
-  rda_ring_run_stats stats, bstats;
-  size_t ring_alloc_hw; /* device bytes the ring passes allocated themselves, at most at once */
+/* What this test watches around one rank's ring passes (its job's hook, on its thread). */
+typedef struct rank_watch {
+  int fail_wait;                   /* > 0: this rank's transport fails at that wait (mid-ring) */
+  long launches0;                  /* the rank's launch count when the current pass began */
   long fwd_launches, bwd_launches; /* kernel launches of each pass */
-  rda_status status;
-  rda_err err;
-} rank_job;
+  size_t ring_alloc_hw; /* device bytes the ring passes allocated themselves, at most at once */
+} rank_watch;
 
 /* A transport that passes everything to an inner endpoint, except that its `fail_at`-th wait
  * fails (as a broken link would, mid-ring). The inner endpoint's counters are mirrored. */
@@ -220,28 +199,28 @@ static rda_transport *flaky_wrap(rda_transport *inner, int fail_at) {
   return &f->base;
 }
 
-/* The forward pass, then (backward) the backward pass on its o and lse, over one endpoint. */
-static void *rank_main(void *arg) {
-  rank_job *j = arg;
-  rda_transport *t = NULL;
-  j->status = rda_host_world_join(j->world, j->rank, j->fp, &t, &j->err);
-  if (j->status == RDA_OK && j->fail_wait > 0) t = flaky_wrap(t, j->fail_wait);
-  const long l0 = g_launches[j->rank];
-  g_ring_hw[j->rank] = g_ring_live[j->rank] = 0;
-  g_in_ring[j->rank] = 1;
-  if (j->status == RDA_OK)
-    j->status = rda_ring_fwd_run(j->b, j->pk, &j->kern, j->rp, j->rank, t, &j->a, j->mem[M_WS],
-                                 j->ws_bytes, &j->stats, &j->err);
-  j->fwd_launches = g_launches[j->rank] - l0;
-  const long l1 = g_launches[j->rank];
-  if (j->status == RDA_OK && j->backward)
-    j->status = rda_ring_bwd_run(j->b, j->pk, &j->kern, j->rp, j->rank, t, &j->ba, j->mem[M_WS],
-                                 j->ws_bytes, &j->bstats, &j->err);
-  j->bwd_launches = g_launches[j->rank] - l1;
-  g_in_ring[j->rank] = 0;
-  j->ring_alloc_hw = g_ring_hw[j->rank];
-  rda_transport_destroy(t);
-  return NULL;
+/* Around a rank's passes: its transport made flaky when the case asks, its kernel launches per
+ * pass counted, and the device memory the passes allocate themselves tracked. */
+static void rank_hook(rt_ring_job *j, rt_ring_stage stage, rda_transport **t) {
+  rank_watch *w = j->user;
+  const int r = j->rank;
+  switch (stage) {
+    case RT_RING_JOINED:
+      if (j->status == RDA_OK && w->fail_wait > 0) *t = flaky_wrap(*t, w->fail_wait);
+      w->launches0 = g_launches[r];
+      g_ring_hw[r] = g_ring_live[r] = 0;
+      g_in_ring[r] = 1;
+      break;
+    case RT_RING_FWD_DONE:
+      w->fwd_launches = g_launches[r] - w->launches0;
+      w->launches0 = g_launches[r];
+      break;
+    case RT_RING_BWD_DONE:
+      w->bwd_launches = g_launches[r] - w->launches0;
+      g_in_ring[r] = 0;
+      w->ring_alloc_hw = g_ring_hw[r];
+      break;
+  }
 }
 
 typedef struct ring_case {
@@ -262,131 +241,11 @@ typedef struct ring_case {
 typedef struct ring_result {
   rda_ring_run_stats stats[MAXP];
   long fwd_launches[MAXP], bwd_launches[MAXP];
-  float *o, *lse; /* the gathered forward outputs (ring_result_free) */
-  size_t no, nlse;
-  float *dq, *dk, *dv; /* the gathered gradients (backward cases; ring_result_free) */
-  size_t nkv;
+  rt_ring_out out; /* the gathered outputs; gradients only in backward cases (ring_result_free) */
   uint64_t plan_sent[MAXP], plan_received[MAXP];
 } ring_result;
 
-static void ring_result_free(ring_result *r) {
-  free(r->o);
-  free(r->lse);
-  free(r->dq);
-  free(r->dk);
-  free(r->dv);
-  r->o = r->lse = r->dq = r->dk = r->dv = NULL;
-}
-
-/* Copy rank rows between a global [B, N, X] array and a local [B, R, X] one (elem bytes each,
- * X elements per row); to_local picks the direction. */
-static void move_rows(const rda_ring_rank *rk, long long B, long long N, long long X, size_t elem,
-                      void *global, void *local, int to_local) {
-  const long long R = rk->rows;
-  long long row = 0;
-  for (int pc = 0; pc < rk->npieces; ++pc)
-    for (long long g = rk->lo[pc]; g < rk->hi[pc]; ++g, ++row)
-      for (long long bb = 0; bb < B; ++bb) {
-        char *gp = (char *)global + (size_t)((bb * N + g) * X) * elem;
-        char *lp = (char *)local + (size_t)((bb * R + row) * X) * elem;
-        memcpy(to_local ? lp : gp, to_local ? gp : lp, (size_t)X * elem);
-      }
-}
-
-/* The same for [B, H, N] / [B, H, R] (LSE-shaped). */
-static void move_lse(const rda_ring_rank *rk, long long B, long long H, long long N, size_t elem,
-                     void *global, void *local, int to_local) {
-  const long long R = rk->rows;
-  long long row = 0;
-  for (int pc = 0; pc < rk->npieces; ++pc)
-    for (long long g = rk->lo[pc]; g < rk->hi[pc]; ++g, ++row)
-      for (long long bh = 0; bh < B * H; ++bh) {
-        char *gp = (char *)global + (size_t)(bh * N + g) * elem;
-        char *lp = (char *)local + (size_t)(bh * R + row) * elem;
-        memcpy(to_local ? lp : gp, to_local ? gp : lp, elem);
-      }
-}
-
-static void *dev_upload(rda_backend *b, const void *host, size_t bytes) {
-  void *d = rt_dev_alloc(b, bytes);
-  rda_err err = {0};
-  if (b->upload(b, d, host, bytes, &err) != RDA_OK) fail_msg("upload: %s", err.msg);
-  return d;
-}
-
-static void *dev_poisoned(rda_backend *b, size_t count) {
-  float *p = malloc(count * sizeof(float));
-  assert_non_null(p);
-  rt_poison_f32(p, count);
-  void *d = dev_upload(b, p, count * sizeof(float));
-  free(p);
-  return d;
-}
-
-/* 16-bit bits of the rank's rows of a global double tensor [B, N, X], uploaded. */
-static void *dev_rows_bits(rda_backend *b, const rda_ring_rank *rk, long long B, long long N,
-                           long long X, const double *global) {
-  const long long R = rk->rows;
-  double *l = malloc(sizeof(double) * (size_t)(B * R * X));
-  assert_non_null(l);
-  move_rows(rk, B, N, X, sizeof(double), (void *)(uintptr_t)global, l, 1);
-  long long s[3] = {R * X, X, 0};
-  uint16_t *bits = rt_make_bits(l, B, R, 1, X, s, RDA_DTYPE_BF16, NULL);
-  void *d = dev_upload(b, bits, (size_t)(B * R * X) * 2);
-  free(bits);
-  free(l);
-  return d;
-}
-
-/* The rank's fp32 [B, R, X] device tensor into the global float array [B, N, X]. */
-static void gather_rows(rda_backend *b, const rda_ring_rank *rk, long long B, long long N,
-                        long long X, const void *dev, float *global) {
-  const size_t bytes = sizeof(float) * (size_t)(B * rk->rows * X);
-  float *l = malloc(bytes);
-  assert_non_null(l);
-  rda_err err = {0};
-  if (b->download(b, l, dev, bytes, &err) != RDA_OK) fail_msg("download: %s", err.msg);
-  move_rows(rk, B, N, X, sizeof(float), global, l, 0);
-  free(l);
-}
-
-/* Set up rank p's job: its rows of the inputs, poisoned outputs, workspaces. */
-static void job_setup(rank_job *j, const ring_case *rc, const rda_ring_rank *rk, const double *q,
-                      const double *k, const double *v, const double *dout, const double *dlse) {
-  const long long B = rc->batch, N = rc->n, H = rc->heads, Hkv = rc->kv_heads, D = rc->head_dim;
-  const long long R = rk->rows;
-  rda_err err = {0};
-  if (rda_fwd_load(j->b, j->pk, &j->kern, &err) != RDA_OK) fail_msg("load: %s", err.msg);
-  g_pk[j->rank] = j->pk;
-  g_kern[j->rank] = &j->kern;
-  j->mem[M_Q] = dev_rows_bits(j->b, rk, B, N, H * D, q);
-  j->mem[M_K] = dev_rows_bits(j->b, rk, B, N, Hkv * D, k);
-  j->mem[M_V] = dev_rows_bits(j->b, rk, B, N, Hkv * D, v);
-  j->mem[M_O] = dev_poisoned(j->b, (size_t)(B * R * H * D));
-  j->mem[M_LSE] = dev_poisoned(j->b, (size_t)(B * H * R));
-  rda_fwd_args *a = &j->a;
-  rda_fwd_args_contiguous(a, &j->pk->cfg, B, R, j->mem[M_Q], j->mem[M_K], j->mem[M_V],
-                          j->mem[M_O], j->mem[M_LSE]);
-  j->ws_bytes = rda_ring_workspace_bytes(j->pk, j->rp, j->rank, B, j->backward);
-  assert_true(j->ws_bytes != SIZE_MAX);
-  j->mem[M_WS] = j->ws_bytes > 0 ? rt_dev_alloc(j->b, j->ws_bytes) : NULL;
-  if (!j->backward) return;
-  j->mem[M_DO] = dev_rows_bits(j->b, rk, B, N, H * D, dout);
-  float *dl = malloc(sizeof(float) * (size_t)(B * H * N));
-  float *ll = malloc(sizeof(float) * (size_t)(B * H * R));
-  assert_true(dl != NULL && ll != NULL);
-  for (long long i = 0; i < B * H * N; ++i) dl[i] = (float)dlse[i];
-  move_lse(rk, B, H, N, sizeof(float), dl, ll, 1);
-  j->mem[M_DLSE] = dev_upload(j->b, ll, sizeof(float) * (size_t)(B * H * R));
-  free(dl);
-  free(ll);
-  j->mem[M_DQ] = dev_poisoned(j->b, (size_t)(B * R * H * D));
-  j->mem[M_DK] = dev_poisoned(j->b, (size_t)(B * R * Hkv * D));
-  j->mem[M_DV] = dev_poisoned(j->b, (size_t)(B * R * Hkv * D));
-  j->mem[M_DP] = rt_dev_alloc(j->b, rda_bwd_workspace_bytes(j->pk, B, R));
-  rda_bwd_args_like_fwd(&j->ba, a, j->mem[M_DO], j->mem[M_DLSE], j->mem[M_DQ], j->mem[M_DK],
-                        j->mem[M_DV], j->mem[M_DP]);
-}
+static void ring_result_free(ring_result *r) { rt_ring_out_free(&r->out); }
 
 /* Run one case on P virtual ranks and check every row against the reference. */
 static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
@@ -432,31 +291,26 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
   double *o_ref = NULL, *lse_ref = NULL;
   rt_reference(&cfg, B, N, q, k, v, &o_ref, &lse_ref);
 
-  rank_job jobs[MAXP];
-  pthread_t th[MAXP];
-  memset(jobs, 0, sizeof jobs);
+  rt_ring_job jobs[MAXP];
+  rank_watch watch[MAXP];
+  memset(watch, 0, sizeof watch);
   const uint64_t fp = rda_ring_fingerprint(&cfg, N, P, rc->layout);
   for (int p = 0; p < P; ++p) {
-    rank_job *j = &jobs[p];
-    j->b = g_b[p];
-    j->pk = &plan;
-    j->rp = rp;
-    j->world = world;
-    j->fp = fp;
-    j->rank = p;
-    j->backward = rc->backward;
-    job_setup(j, rc, rda_ring_plan_rank(rp, p), q, k, v, dout, dlse);
+    jobs[p] = (rt_ring_job){.b = g_b[p], .pk = &plan, .rp = rp, .world = world, .fp = fp,
+                            .rank = p, .backward = rc->backward, .hook = rank_hook,
+                            .user = &watch[p]};
+    rt_ring_job_setup(&jobs[p], B, N, q, k, v, dout, dlse, what);
+    g_pk[p] = &plan;
+    g_kern[p] = &jobs[p].kern;
   }
   if (rc->fail_rank_plus1 > 0 && rc->fail_wait > 0)
-    jobs[rc->fail_rank_plus1 - 1].fail_wait = rc->fail_wait;
+    watch[rc->fail_rank_plus1 - 1].fail_wait = rc->fail_wait;
   else if (rc->fail_rank_plus1 > 0)
     jobs[rc->fail_rank_plus1 - 1].a.n += 1;
-  for (int p = 0; p < P; ++p)
-    assert_int_equal(pthread_create(&th[p], NULL, rank_main, &jobs[p]), 0);
-  for (int p = 0; p < P; ++p) pthread_join(th[p], NULL);
+  rt_ring_run(jobs, P);
   int failed = 0;
   for (int p = 0; rc->fail_rank_plus1 > 0 && p < P; ++p) {
-    rank_job *j = &jobs[p];
+    rt_ring_job *j = &jobs[p];
     if (j->status == RDA_OK) fail_msg("%s: rank %d succeeded beside a failing rank", what, p);
     const char *cause = rc->fail_wait > 0 ? "injected link failure" : "owns";
     if (p == rc->fail_rank_plus1 - 1 && strstr(j->err.msg, cause) == NULL)
@@ -468,33 +322,18 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
   }
 
   /* Gathered results in the global layout. */
-  float *o_all = malloc(sizeof(float) * nq), *lse_all = malloc(sizeof(float) * (size_t)(B * H * N));
-  float *dq_all = malloc(sizeof(float) * nq), *dk_all = malloc(sizeof(float) * nkv);
-  float *dv_all = malloc(sizeof(float) * nkv);
-  assert_true(o_all && lse_all && dq_all && dk_all && dv_all);
-  rt_poison_f32(o_all, nq);
-  rt_poison_f32(lse_all, (size_t)(B * H * N));
+  rt_ring_out out;
+  rt_ring_out_alloc(&out, &cfg, B, N, rc->backward && !failed);
   for (int p = 0; p < P; ++p) {
-    rank_job *j = &jobs[p];
+    rt_ring_job *j = &jobs[p];
     if (j->status != RDA_OK) fail_msg("%s: rank %d: %s", what, p, j->err.msg);
-    const rda_ring_rank *rk = rda_ring_plan_rank(rp, p);
+    const rda_ring_rank *rk = j->rk;
     const long long R = rk->rows;
-    gather_rows(j->b, rk, B, N, H * D, j->a.o, o_all);
-    float *ll = malloc(sizeof(float) * (size_t)(B * H * R));
-    assert_non_null(ll);
-    assert_int_equal(j->b->download(j->b, ll, j->a.lse, sizeof(float) * (size_t)(B * H * R), &err),
-                     RDA_OK);
-    move_lse(rk, B, H, N, sizeof(float), lse_all, ll, 0);
-    free(ll);
-    if (rc->backward && !failed) {
-      gather_rows(j->b, rk, B, N, H * D, j->ba.dq, dq_all);
-      gather_rows(j->b, rk, B, N, Hkv * D, j->ba.dk, dk_all);
-      gather_rows(j->b, rk, B, N, Hkv * D, j->ba.dv, dv_all);
-    }
+    rt_ring_out_gather(&out, j);
     if (res != NULL) {
       res->stats[p] = j->stats;
-      res->fwd_launches[p] = j->fwd_launches;
-      res->bwd_launches[p] = j->bwd_launches;
+      res->fwd_launches[p] = watch[p].fwd_launches;
+      res->bwd_launches[p] = watch[p].bwd_launches;
       res->plan_sent[p] = rk->bytes_sent;
       res->plan_received[p] = rk->bytes_received;
     }
@@ -511,9 +350,9 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
         fail_msg("%s: rank %d held %llu bytes, the plan says %llu", what, p,
                  (unsigned long long)j->stats.peak_bytes, (unsigned long long)planned);
       /* The workspace is the caller's; whatever the ring allocates besides must not be O(N). */
-      if (j->ring_alloc_hw > planned)
+      if (watch[p].ring_alloc_hw > planned)
         fail_msg("%s: rank %d allocated %zu device bytes itself beside a %llu-byte workspace", what,
-                 p, j->ring_alloc_hw, (unsigned long long)planned);
+                 p, watch[p].ring_alloc_hw, (unsigned long long)planned);
       if (rc->backward) {
         assert_int_equal(j->bstats.bytes_sent,
                          (rk->bytes_sent + 2 * rk->bytes_received) * (uint64_t)B);
@@ -521,9 +360,7 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
                          (rk->bytes_received + 2 * rk->bytes_sent) * (uint64_t)B);
       }
     }
-    for (int m = 0; m < M_COUNT; ++m)
-      if (j->mem[m] != NULL) j->b->free(j->b, j->mem[m]);
-    rda_fwd_unload(j->b, &j->kern);
+    rt_ring_job_free(j);
     g_pk[p] = NULL;
     g_kern[p] = NULL;
   }
@@ -534,11 +371,11 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
   snprintf(label, sizeof label, "%s (P = %d, N = %lld, %s)", what, P, N,
            rda_ring_layout_name(rc->layout));
   bool ok =
-      failed || rt_check_fwd(label, &cfg, B, N, o_all, o_s, lse_all, lse_s, o_ref, lse_ref, NULL);
+      failed || rt_check_fwd(label, &cfg, B, N, out.o, o_s, out.lse, lse_s, o_ref, lse_ref, NULL);
   if (ok && rc->backward && !failed) {
     double *dq_ref = NULL, *dk_ref = NULL, *dv_ref = NULL;
     rt_reference_bwd(&cfg, B, N, q, k, v, dout, dlse, &dq_ref, &dk_ref, &dv_ref);
-    ok = rt_check_bwd(label, &cfg, B, N, dq_all, o_s, dk_all, kv_s, dv_all, kv_s, dq_ref, dk_ref,
+    ok = rt_check_bwd(label, &cfg, B, N, out.dq, o_s, out.dk, kv_s, out.dv, kv_s, dq_ref, dk_ref,
                       dv_ref, NULL);
     free(dq_ref);
     free(dk_ref);
@@ -551,21 +388,10 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
   free(dlse);
   free(o_ref);
   free(lse_ref);
-  if (res != NULL) {
-    res->o = o_all, res->no = nq;
-    res->lse = lse_all, res->nlse = (size_t)(B * H * N);
-  } else {
-    free(o_all);
-    free(lse_all);
-  }
-  if (res != NULL && rc->backward && !failed) {
-    res->dq = dq_all, res->dk = dk_all, res->dv = dv_all, res->nkv = nkv;
-  } else {
-    if (res != NULL) res->dq = res->dk = res->dv = NULL, res->nkv = 0;
-    free(dq_all);
-    free(dk_all);
-    free(dv_all);
-  }
+  if (res != NULL)
+    res->out = out; /* the caller's now */
+  else
+    rt_ring_out_free(&out);
   rda_host_world_destroy(world);
   rda_ring_plan_destroy(rp);
   rda_plan_k_free(&plan);
@@ -783,9 +609,9 @@ static void test_ring_bundles_of_classes_match_reference(void **state) {
     for (int p = 0; p < 4; ++p) launches[i] += res[i].fwd_launches[p];
   }
   for (int i = 0; i < 2; ++i) {
-    assert_int_equal(res[i].no, res[2].no);
-    if (memcmp(res[i].o, res[2].o, res[i].no * sizeof(float)) != 0 ||
-        memcmp(res[i].lse, res[2].lse, res[i].nlse * sizeof(float)) != 0)
+    assert_int_equal(res[i].out.no, res[2].out.no);
+    if (memcmp(res[i].out.o, res[2].out.o, res[i].out.no * sizeof(float)) != 0 ||
+        memcmp(res[i].out.lse, res[2].out.lse, res[i].out.nlse * sizeof(float)) != 0)
       fail_msg("bundle cap %lld: outputs differ bitwise from one class per bundle", caps[i]);
   }
   for (int i = 0; i < 3; ++i) ring_result_free(&res[i]);
@@ -880,17 +706,17 @@ static void test_ring_backward_bundles_fewer_launches_bit_identical(void **state
       fail_msg("%s: backward launches %ld (one bundle) vs %ld (one class per bundle): expected "
                "fewer with kv-table rounds",
                names[c], launches[0], launches[1]);
-    assert_non_null(res[0].dq);
-    assert_non_null(res[1].dq);
-    assert_int_equal(res[0].no, res[1].no);
-    assert_int_equal(res[0].nkv, res[1].nkv);
+    assert_non_null(res[0].out.dq);
+    assert_non_null(res[1].out.dq);
+    assert_int_equal(res[0].out.no, res[1].out.no);
+    assert_int_equal(res[0].out.nkv, res[1].out.nkv);
     const struct {
       const char *what;
       const float *a, *b;
       size_t n;
-    } g[] = {{"dQ", res[0].dq, res[1].dq, res[0].no},
-             {"dK", res[0].dk, res[1].dk, res[0].nkv},
-             {"dV", res[0].dv, res[1].dv, res[0].nkv}};
+    } g[] = {{"dQ", res[0].out.dq, res[1].out.dq, res[0].out.no},
+             {"dK", res[0].out.dk, res[1].out.dk, res[0].out.nkv},
+             {"dV", res[0].out.dv, res[1].out.dv, res[0].out.nkv}};
     for (int x = 0; x < 3; ++x)
       for (size_t e = 0; e < g[x].n; ++e)
         if (memcmp(&g[x].a[e], &g[x].b[e], sizeof(float)) != 0)

@@ -115,18 +115,25 @@ uint64_t rt_seed_value(void) {
   return rt_global_seed;
 }
 
-void rt_fill_normal(double *x, size_t n, int dtype) {
-  rt_rng *r = rt_global_rng();
+void rt_fill_normal_from(rt_rng *r, double *x, size_t n, int dtype) {
   for (size_t i = 0; i < n; i++) {
     const double z = rt_rng_normal(r);
     x[i] = dtype == RT_DTYPE_F64 ? z : rda_round_to_dtype(z, dtype);
   }
 }
 
-double *rt_normal(size_t n, int dtype) {
+double *rt_normal_from(rt_rng *r, size_t n, int dtype) {
   double *x = rt_xmalloc(n * sizeof *x);
-  rt_fill_normal(x, n, dtype);
+  rt_fill_normal_from(r, x, n, dtype);
   return x;
+}
+
+void rt_fill_normal(double *x, size_t n, int dtype) {
+  rt_fill_normal_from(rt_global_rng(), x, n, dtype);
+}
+
+double *rt_normal(size_t n, int dtype) {
+  return rt_normal_from(rt_global_rng(), n, dtype);
 }
 
 /* --- configs ---------------------------------------------------------------------------------- */
@@ -159,6 +166,11 @@ void rt_strides_contig(long long n, long long h, long long d, long long strides[
 size_t rt_span(long long b, long long n, long long h, long long d, const long long s[3]) {
   if (b <= 0 || n <= 0 || h <= 0 || d <= 0) return 0;
   return (size_t)((b - 1) * s[0] + (n - 1) * s[1] + (h - 1) * s[2] + d);
+}
+
+size_t rt_lse_span(long long b, long long h, long long n, const long long s[2]) {
+  if (b <= 0 || h <= 0 || n <= 0) return 0;
+  return (size_t)((b - 1) * s[0] + (h - 1) * s[1] + n);
 }
 
 uint16_t *rt_alloc_bits(size_t count, int dtype) {

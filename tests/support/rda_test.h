@@ -37,6 +37,10 @@ rt_rng *rt_global_rng(void);
 void rt_fill_normal(double *x, size_t n, int dtype);
 /* malloc'd, n normal draws rounded to dtype; aborts on out of memory. */
 double *rt_normal(size_t n, int dtype);
+/* The same two drawing from r instead of the global generator (a test whose cases must each
+ * run alone exactly as they ran among the others gives every case its own stream). */
+void rt_fill_normal_from(rt_rng *r, double *x, size_t n, int dtype);
+double *rt_normal_from(rt_rng *r, size_t n, int dtype);
 
 /* --- configs ---------------------------------------------------------------------------------- */
 
@@ -50,6 +54,8 @@ void rt_config_make(rda_config *c, int heads, int kv_heads, int head_dim, int dt
 void rt_strides_contig(long long n, long long h, long long d, long long strides[3]);
 /* Number of elements a strided [B, N, H, D] view spans (largest offset + 1). */
 size_t rt_span(long long b, long long n, long long h, long long d, const long long strides[3]);
+/* The same for an LSE-shaped [B, H, N] view (strides over batch, head; n contiguous). */
+size_t rt_lse_span(long long b, long long h, long long n, const long long strides[2]);
 /* malloc'd uint16 buffer of `count` elements, every one NaN bits of dtype (so a read outside
  * the tensor shows up). */
 uint16_t *rt_alloc_bits(size_t count, int dtype);

@@ -159,6 +159,22 @@ float *rt_download_f32(rda_backend *b, const float *dev, size_t count) {
   return host;
 }
 
+float *rt_dev_lse_f32(rda_backend *b, const double *x, long long batch, long long heads,
+                      long long n, const long long s[2]) {
+  const size_t count = rt_lse_span(batch, heads, n, s);
+  float *host = malloc((count ? count : 1) * sizeof *host);
+  assert_non_null(host);
+  rt_poison_f32(host, count);
+  for (long long ib = 0; ib < batch; ++ib)
+    for (long long ih = 0; ih < heads; ++ih)
+      for (long long in = 0; in < n; ++in)
+        host[ib * s[0] + ih * s[1] + in] = (float)x[(ib * heads + ih) * n + in];
+  float *dev = rt_dev_alloc(b, count * sizeof *dev);
+  rt_dev_upload(b, dev, host, count * sizeof *host);
+  free(host);
+  return dev;
+}
+
 void rt_strides_seq_first(long long b, long long heads, long long d, long long pad,
                           long long s[3]) {
   s[2] = d + pad;

@@ -66,6 +66,10 @@ void rt_dev_download(rda_backend *b, void *dst, const void *src, size_t bytes);
 float *rt_dev_poisoned(rda_backend *b, size_t count);
 /* malloc'd host copy of `count` fp32 values on the device. */
 float *rt_download_f32(rda_backend *b, const float *dev, size_t count);
+/* A device fp32 copy of a float64 LSE-shaped x [B, H, N] (a dLSE) laid out with strides s over
+ * (batch, head), n contiguous: rt_lse_span elements, NaN between the rows. */
+float *rt_dev_lse_f32(rda_backend *b, const double *x, long long batch, long long heads,
+                      long long n, const long long s[2]);
 
 /* Element strides (batch, n, head) of a [B, N, heads, d] tensor stored sequence-first,
  * [N, B, heads, d + pad] (pad extra elements per head row keep rows 16-byte aligned). */
