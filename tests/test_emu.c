@@ -315,10 +315,34 @@ static float wg_value(int f16, uint16_t bits) {
   return (float)(f16 ? model_f16_value(bits) : model_bf16_value(bits));
 }
 
-/* Runs one case on the emulator and checks every element of every thread's d against the
- * fp32 k-order model (exactly) and a float64 reference (tolerance); also that d read before
- * the wait is still the initial d. */
-static void check_wgmma(rt_wg_case c) {
+/* What an accumulator in flight holds on the emulator: templates/emu/wgmma_emu.h's kPoison. */
+#define WG_POISON 0x7f8badd0u
+
+/* emu_wgmma.cu's register hazards (p.op = kind | thread << 4 | register << 16; its kOp*). */
+enum {
+  WG_OP_WRITE_A = 1,
+  WG_OP_WRITE_D,
+  WG_OP_WRITE_D_AFTER,
+  WG_OP_SPLIT,
+  WG_OP_SPLIT_WRITE_A0,
+  WG_OP_SPLIT_WRITE_A1,
+  WG_OP_SPLIT_WRITE_D,
+  WG_OP_CP_ASYNC = 8, /* emu_wgmma.cu's kOpCp*: the image loaded by cp.async */
+  WG_OP_CP_NO_FENCE,
+  WG_OP_CP_EARLY_FENCE,
+  WG_OP_CP_ONE_WRITER,
+  WG_OP_CP_OTHER_FENCE,
+  WG_OP_CP_ZERO_NO_FENCE
+};
+
+static int wg_op(int kind, int thread, int reg) {
+  return kind | thread << 4 | reg << 16;
+}
+
+/* Runs one case on the emulator with p.op = op (0, or a hazard the emulator allows) and checks
+ * every element of every thread's d against the fp32 k-order model (exactly) and a float64
+ * reference (tolerance); also that d read while in flight is the emulator's poison. */
+static void check_wgmma_op(rt_wg_case c, int op) {
   rt_rng *rng = rt_global_rng();
   const int reps = c.reps > 0 ? c.reps : 1;
   const int K = 16 * c.steps, N = c.n, T = 128 * c.warpgroups;
@@ -353,7 +377,9 @@ static void check_wgmma(rt_wg_case c) {
     d0[i] = c.acc ? (float)rt_rng_normal(rng) : NAN; /* scale-d 0 must ignore it */
     d[i] = peek[i] = -12345.0f;
   }
-  emu_test_params p = {.in0 = img, .in1 = cfg, .in2 = d0, .out0 = d, .out1 = peek, .n = bytes};
+  emu_test_params p = {
+      .in0 = img, .in1 = cfg, .in2 = d0, .out0 = d, .out1 = peek, .n = bytes, .op = op};
+  const int kind = op & 15, who = (op >> 4) & 4095, reg = op >> 16;
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   run_ok("emu_wgmma", g_src_wgmma, 1, (unsigned)T, (unsigned)bytes + 1024, &p);
@@ -374,22 +400,25 @@ static void check_wgmma(rt_wg_case c) {
       const size_t at = (size_t)t * (size_t)(N / 2) + (size_t)e;
       float acc = c.acc ? d0[at] : 0.0f;
       double ref = c.acc ? d0[at] : 0.0, mag = fabs(ref);
-      float before = d0[at]; /* d as the last repetition's commit leaves it: not yet updated */
-      for (int r = 0; r < reps; ++r) {
-        if (r == reps - 1 && r > 0) before = acc;
+      for (int r = 0; r < reps; ++r)
         for (int k = 0; k < K; ++k) {
           acc += A[row * K + k] * B[k * N + col];
           ref += (double)A[row * K + k] * B[k * N + col];
           mag += fabs((double)A[row * K + k] * B[k * N + col]);
         }
-      }
-      const int early = memcmp(&peek[at], &before, sizeof(float)) != 0;
+      if (kind == WG_OP_WRITE_D_AFTER && t == who && e == reg) acc = 2.5f, ref = 2.5, mag = 0;
+      uint32_t seen;
+      memcpy(&seen, &peek[at], sizeof seen);
+      const int early = seen != WG_POISON;
       if (d[at] != acc || !(fabs(d[at] - ref) <= 4 * reps * K * FLT_EPSILON * mag) || early) {
         fprintf(stderr,
-                "wgmma %s (%s, N=%d): thread %d d[%d] = D[%d][%d] = %.9g, expected %.9g "
-                "(float64 %.9g)%s\n",
-                c.what, c.f16 ? "f16" : "bf16", N, t, e, row, col, d[at], acc, ref,
-                early ? "; before the wait it read a value other than the initial d" : "");
+                "wgmma %s (%s, N=%d, op %#x): thread %d d[%d] = D[%d][%d] = %.9g, expected "
+                "%.9g (float64 %.9g)",
+                c.what, c.f16 ? "f16" : "bf16", N, (unsigned)op, t, e, row, col, d[at], acc, ref);
+        if (early)
+          fprintf(stderr, "; while in flight it read %#010x, not the poison %#010x", seen,
+                  WG_POISON);
+        fputc('\n', stderr);
         ++bad;
       }
     }
@@ -402,6 +431,10 @@ static void check_wgmma(rt_wg_case c) {
   free(d);
   free(peek);
   if (bad) fail();
+}
+
+static void check_wgmma(rt_wg_case c) {
+  check_wgmma_op(c, 0);
 }
 
 static void run_wgmma_layouts(int f16, int n) {
@@ -428,7 +461,7 @@ static void test_emu_wgmma_f16_n128_matches_ptx_layouts(void **state) {
 }
 
 /* The operands are read at the wait: tiles zeroed between commit and wait give D = old D (SS)
- * or old D + A * 0 (RS); d read before the wait is still the old d (checked in every case). */
+ * or old D + A * 0 (RS); d read before the wait is the poison (checked in every case). */
 static void test_emu_wgmma_runs_at_the_wait(void **state) {
   (void)state;
   check_wgmma((rt_wg_case){"ss clobbered before wait", 0, 64, 0, 1, 2, 1, rt_wg_k_sw(1, 64, 1),
@@ -445,6 +478,127 @@ static void test_emu_wgmma_rate_and_result(void **state) {
                            rt_wg_k_sw(1, 128, 1), 0, 100});
   check_wgmma((rt_wg_case){"rs rate", 1, 128, 1, 1, 4, 1, rt_wg_k_sw(1, 64, 1), rt_wg_mn_sw(1, 64),
                            0, 100});
+}
+
+/* The PTX ISA (wgmma.wait_group): the A and accumulator registers of an mma_async are not to
+ * be accessed until a wait covers it. emu_wgmma.cu's p.op makes one random thread write one
+ * random register of c (A: a[reg % 4]; d: d[reg / 4][reg % 4]) while an mma on it is in
+ * flight; the launch must fail with a message naming the thread, the register and the mma
+ * (instruction #instr of the thread). */
+static void wgmma_expect_hazard_trap(rt_wg_case c, int kind, int instr) {
+  rt_rng *rng = rt_global_rng();
+  rt_wg_place(&c);
+  const int K = 16 * c.steps, N = c.n, T = 128 * c.warpgroups;
+  const int bytes = (rt_wg_extent(&c.b, N, K) + 15) / 16 * 16;
+  uint16_t *img = xmalloc((size_t)bytes), *Abits = xmalloc(sizeof(uint16_t) * 64 * (size_t)K);
+  for (int i = 0; i < bytes / 2; ++i) img[i] = model_bf16((float)rt_rng_normal(rng));
+  for (int i = 0; i < 64 * K; ++i) Abits[i] = model_bf16((float)rt_rng_normal(rng));
+  size_t cfg_bytes;
+  int *cfg = rt_wg_config(&c, Abits, &cfg_bytes);
+  assert_non_null(cfg);
+  const size_t dn = (size_t)T * (size_t)(N / 2);
+  float *d0 = xmalloc(sizeof(float) * dn), *d = xmalloc(sizeof(float) * dn);
+  for (size_t i = 0; i < dn; ++i) d0[i] = (float)rt_rng_normal(rng);
+  const int who = (int)rt_rng_range(rng, 0, T - 1), reg = (int)rt_rng_range(rng, 0, N / 2 - 1);
+  emu_test_params p = {.in0 = img,
+                       .in1 = cfg,
+                       .in2 = d0,
+                       .out0 = d,
+                       .out1 = d,
+                       .n = bytes,
+                       .op = wg_op(kind, who, reg)};
+  rda_err err = {0};
+  const rda_status st =
+      run3("emu_wgmma", g_src_wgmma, 1, 1, 1, (unsigned)T, 1, 1, (unsigned)bytes + 1024, &p, &err);
+  char thread[64], reg_text[64], instr_text[64];
+  snprintf(thread, sizeof thread, "thread (%d,0,0): wgmma: ", who);
+  const int on_a = kind == WG_OP_WRITE_A || kind == WG_OP_SPLIT_WRITE_A1;
+  if (on_a)
+    snprintf(reg_text, sizeof reg_text, "A register a[%d] of an mma_async", reg % 4);
+  else
+    snprintf(reg_text, sizeof reg_text, "accumulator d[%d][%d] (n%d)", reg / 4, reg % 4, N);
+  snprintf(instr_text, sizeof instr_text, "in flight (instruction #%d", instr);
+  if (st == RDA_OK || strstr(err.msg, thread) == NULL || strstr(err.msg, reg_text) == NULL ||
+      strstr(err.msg, instr_text) == NULL || strstr(err.msg, "before the wait") == NULL) {
+    fprintf(stderr,
+            "%s, hazard %d by thread %d on register %d: got status %d \"%s\", want \"%s\", "
+            "\"%s\" and \"%s\"\n",
+            c.what, kind, who, reg, (int)st, st == RDA_OK ? "" : err.msg, thread, reg_text,
+            instr_text);
+    fail();
+  }
+  free(img);
+  free(Abits);
+  free(cfg);
+  free(d0);
+  free(d);
+}
+
+static void test_emu_wgmma_registers_written_in_flight_trap(void **state) {
+  (void)state;
+  const rt_wg_case rs = {.what = "rs",
+                         .rs = 1,
+                         .n = 64,
+                         .acc = 1,
+                         .steps = 2,
+                         .warpgroups = 2,
+                         .a = rt_wg_k_sw(1, 64, 1),
+                         .b = rt_wg_mn_sw(1, 32)};
+  const rt_wg_case rs128 = {.what = "rs n128",
+                            .rs = 1,
+                            .n = 128,
+                            .acc = 1,
+                            .steps = 3,
+                            .warpgroups = 1,
+                            .a = rt_wg_k_sw(1, 64, 1),
+                            .b = rt_wg_mn_sw(1, 48)};
+  const rt_wg_case ss = {.what = "ss",
+                         .n = 128,
+                         .acc = 1,
+                         .steps = 2,
+                         .warpgroups = 2,
+                         .a = rt_wg_k_sw(1, 64, 1),
+                         .b = rt_wg_k_sw(1, 128, 1)};
+  /* instruction #1 is step 0's mma (after the fence), #3 step 1's (after a commit) */
+  for (int rep = 0; rep < 2; ++rep) {
+    wgmma_expect_hazard_trap(rs, WG_OP_WRITE_A, 1);
+    wgmma_expect_hazard_trap(rs128, WG_OP_SPLIT_WRITE_A1, 3);
+    wgmma_expect_hazard_trap(rs, WG_OP_WRITE_D, 1);
+    wgmma_expect_hazard_trap(ss, WG_OP_WRITE_D, 1);
+    wgmma_expect_hazard_trap(ss, WG_OP_SPLIT_WRITE_D, 3);
+    wgmma_expect_hazard_trap(rs128, WG_OP_SPLIT_WRITE_D, 3);
+  }
+}
+
+/* The same registers written once their group has completed are no hazard: no trap, and the
+ * results are the model's (with the write after the last wait in d). Two groups in flight on
+ * one accumulator (wait<1> between) exercise the poison handed from the first to the second. */
+static void test_emu_wgmma_registers_written_after_wait_pass(void **state) {
+  (void)state;
+  rt_rng *rng = rt_global_rng();
+  const rt_wg_case rs = {.what = "rs f16",
+                         .rs = 1,
+                         .n = 64,
+                         .f16 = 1,
+                         .acc = 1,
+                         .steps = 3,
+                         .warpgroups = 2,
+                         .a = rt_wg_k_sw(1, 64, 1),
+                         .b = rt_wg_mn_sw(1, 48)};
+  const rt_wg_case ss = {.what = "ss",
+                         .n = 128,
+                         .steps = 2,
+                         .warpgroups = 1,
+                         .a = rt_wg_k_sw(1, 64, 1),
+                         .b = rt_wg_k_sw(1, 128, 1)};
+  for (int rep = 0; rep < 2; ++rep) {
+    const int who = (int)rt_rng_range(rng, 0, 127);
+    check_wgmma_op(rs, wg_op(WG_OP_WRITE_D_AFTER, who, (int)rt_rng_range(rng, 0, 31)));
+    check_wgmma_op(ss, wg_op(WG_OP_WRITE_D_AFTER, who, (int)rt_rng_range(rng, 0, 63)));
+    check_wgmma_op(rs, wg_op(WG_OP_SPLIT, who, 0));
+    check_wgmma_op(ss, wg_op(WG_OP_SPLIT, who, 0));
+    check_wgmma_op(rs, wg_op(WG_OP_SPLIT_WRITE_A0, who, (int)rt_rng_range(rng, 0, 3)));
+  }
 }
 
 /* A missing wgmma_fence and a missing wgmma_wait are launch errors naming the thread. */
@@ -475,6 +629,120 @@ static void test_emu_wgmma_missing_fence_or_wait_traps(void **state) {
       fprintf(stderr, "wgmma trap: got \"%s\", want \"%s\"\n", err.msg, want);
       fail();
     }
+  }
+}
+
+/* Proxies (templates/emu/wgmma_emu.h): cp.async writes shared memory through the generic
+ * proxy, wgmma reads it through the async proxy, so each writing thread must execute
+ * fence.proxy.async after its cp.async wait and before the barrier. emu_wgmma.cu's kOpCp*
+ * load the operand image by cp.async; the trap kinds must fail at the first mma (instruction
+ * #1) with a message naming the chunk and the thread whose copy wrote it: `who` when one
+ * thread copies everything, else the chunk's owner (chunk c is thread c % T's). */
+static void wgmma_expect_proxy_trap(rt_wg_case c, int kind) {
+  rt_rng *rng = rt_global_rng();
+  rt_wg_place(&c);
+  const int K = 16 * c.steps, N = c.n, T = 128 * c.warpgroups;
+  const int bytes = (rt_wg_extent(&c.b, N, K) + 15) / 16 * 16;
+  uint16_t *img = xmalloc((size_t)bytes), *Abits = xmalloc(sizeof(uint16_t) * 64 * (size_t)K);
+  for (int i = 0; i < bytes / 2; ++i) img[i] = model_bf16((float)rt_rng_normal(rng));
+  for (int i = 0; i < 64 * K; ++i) Abits[i] = model_bf16((float)rt_rng_normal(rng));
+  size_t cfg_bytes;
+  int *cfg = rt_wg_config(&c, Abits, &cfg_bytes);
+  assert_non_null(cfg);
+  const size_t dn = (size_t)T * (size_t)(N / 2);
+  float *d0 = xmalloc(sizeof(float) * dn), *d = xmalloc(sizeof(float) * dn);
+  for (size_t i = 0; i < dn; ++i) d0[i] = (float)rt_rng_normal(rng);
+  const int who = (int)rt_rng_range(rng, 0, T - 1);
+  const int other = (who + 1 + (int)rt_rng_range(rng, 0, T - 2)) % T; /* a thread but who */
+  emu_test_params p = {.in0 = img,
+                       .in1 = cfg,
+                       .in2 = d0,
+                       .out0 = d,
+                       .out1 = d,
+                       .n = bytes,
+                       .op = wg_op(kind, who, other)};
+  rda_err err = {0};
+  const rda_status st =
+      run3("emu_wgmma", g_src_wgmma, 1, 1, 1, (unsigned)T, 1, 1, (unsigned)bytes + 1024, &p, &err);
+  /* The image starts at shared offset 0 on the emulator (its shared memory is 4096-aligned). */
+  const char *at = st == RDA_OK ? NULL : strstr(err.msg, "at shared offset ");
+  unsigned off = 0;
+  const int parsed = at != NULL && sscanf(at, "at shared offset %u", &off) == 1;
+  const int writer = kind == WG_OP_CP_OTHER_FENCE ? who : (int)(off / 16) % T;
+  char want[96];
+  snprintf(want, sizeof want, "written by cp.async of thread %d (warp %d lane %d) with no", writer,
+           writer / 32, writer % 32);
+  if (!parsed || off % 16 != 0 || (int)off >= bytes || strstr(err.msg, want) == NULL ||
+      strstr(err.msg, "mma_async (instruction #1") == NULL ||
+      strstr(err.msg, ": wgmma: ") == NULL || strstr(err.msg, "fence.proxy.async") == NULL) {
+    fprintf(stderr, "%s, cp.async kind %d (who %d, other %d): got status %d \"%s\", want \"%s\"\n",
+            c.what, kind, who, other, (int)st, st == RDA_OK ? "" : err.msg, want);
+    fail();
+  }
+  free(img);
+  free(Abits);
+  free(cfg);
+  free(d0);
+  free(d);
+}
+
+static void test_emu_wgmma_cp_async_without_proxy_fence_traps(void **state) {
+  (void)state;
+  const rt_wg_case ss = {.what = "ss",
+                         .n = 128,
+                         .acc = 1,
+                         .steps = 2,
+                         .warpgroups = 2,
+                         .a = rt_wg_k_sw(1, 64, 1),
+                         .b = rt_wg_k_sw(1, 128, 1)};
+  const rt_wg_case rs = {.what = "rs trans-b",
+                         .rs = 1,
+                         .n = 64,
+                         .acc = 1,
+                         .steps = 3,
+                         .warpgroups = 1,
+                         .a = rt_wg_k_sw(1, 64, 1),
+                         .b = rt_wg_mn_sw(1, 48)};
+  const rt_wg_case ss_t = {.what = "ss trans-b, no swizzle",
+                           .n = 64,
+                           .steps = 2,
+                           .warpgroups = 1,
+                           .a = {1, 0, 128, 4 * 128, 0, 0},  /* core matrices, K = 32 */
+                           .b = {0, 0, 8 * 128, 128, 0, 0}}; /* MN-major, N = 64 */
+  const rt_wg_case *cases[] = {&ss, &rs, &ss_t};
+  for (int i = 0; i < 3; ++i) {
+    wgmma_expect_proxy_trap(*cases[i], WG_OP_CP_NO_FENCE);
+    wgmma_expect_proxy_trap(*cases[i], WG_OP_CP_EARLY_FENCE);
+    wgmma_expect_proxy_trap(*cases[i], WG_OP_CP_OTHER_FENCE);
+    wgmma_expect_proxy_trap(*cases[i], WG_OP_CP_ZERO_NO_FENCE);
+  }
+}
+
+/* The same loads fenced by their writers: no trap, and the products are exact (cp.async lands
+ * the image at the wait), whether every thread copies a share or one thread copies it all. */
+static void test_emu_wgmma_cp_async_with_proxy_fence_passes(void **state) {
+  (void)state;
+  rt_rng *rng = rt_global_rng();
+  const rt_wg_case ss = {.what = "ss cp.async",
+                         .n = 128,
+                         .acc = 1,
+                         .steps = 2,
+                         .warpgroups = 2,
+                         .a = rt_wg_k_sw(1, 64, 1),
+                         .b = rt_wg_k_sw(1, 128, 1)};
+  const rt_wg_case rs = {.what = "rs cp.async",
+                         .rs = 1,
+                         .n = 64,
+                         .f16 = 1,
+                         .steps = 3,
+                         .warpgroups = 1,
+                         .a = rt_wg_k_sw(1, 64, 1),
+                         .b = rt_wg_mn_sw(1, 48)};
+  for (int rep = 0; rep < 2; ++rep) {
+    check_wgmma_op(ss, wg_op(WG_OP_CP_ASYNC, 0, 0));
+    check_wgmma_op(rs, wg_op(WG_OP_CP_ASYNC, 0, 0));
+    check_wgmma_op(ss, wg_op(WG_OP_CP_ONE_WRITER, (int)rt_rng_range(rng, 0, 255), 0));
+    check_wgmma_op(rs, wg_op(WG_OP_CP_ONE_WRITER, (int)rt_rng_range(rng, 0, 127), 0));
   }
 }
 
@@ -1517,7 +1785,11 @@ int main(void) {
       cmocka_unit_test(test_emu_wgmma_runs_at_the_wait),
       cmocka_unit_test(test_emu_wgmma_rate_and_result),
       cmocka_unit_test(test_emu_wgmma_missing_fence_or_wait_traps),
+      cmocka_unit_test(test_emu_wgmma_registers_written_in_flight_trap),
+      cmocka_unit_test(test_emu_wgmma_registers_written_after_wait_pass),
       cmocka_unit_test(test_emu_wgmma_divergent_warps_trap),
+      cmocka_unit_test(test_emu_wgmma_cp_async_without_proxy_fence_traps),
+      cmocka_unit_test(test_emu_wgmma_cp_async_with_proxy_fence_passes),
       cmocka_unit_test(test_emu_ldmatrix_x4_and_trans_match_ptx_fragment_model),
       cmocka_unit_test(test_emu_shfl_xor_every_lane_mask),
       cmocka_unit_test(test_emu_pack_bf16x2_rounds_to_nearest_even),

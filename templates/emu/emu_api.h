@@ -35,6 +35,18 @@ void cp_async_16(void *smem_dst, const void *gmem_src, bool valid);
 void cp_async_commit();
 void cp_async_wait(int pending_groups_allowed);
 
+/* Proxies (PTX ISA: cp.async "is treated as a weak memory operation performed in the generic
+ * proxy"; wgmma.mma_async reads shared memory through the async proxy). Each 16-byte chunk a
+ * thread's cp.async writes is marked with that thread when the copy lands (at its
+ * cp_async_wait, copy and zero-fill alike); fence_proxy_async_shared
+ * (fence.proxy.async.shared::cta) clears the calling thread's marks, at a cost proportional to
+ * the chunks it wrote since its last fence. unfenced_writer: the linear thread index (in the
+ * block) of the mark on the chunk holding shared offset smem_offset, -1 when unmarked or past
+ * the dynamic shared memory. Plain C++ stores to shared memory are invisible to the emulator
+ * and never marked. */
+void fence_proxy_async_shared();
+int unfenced_writer(size_t smem_offset);
+
 /* Per-CUDA-thread storage for models of asynchronous units (wgmma_emu.h's pending groups):
  * `bytes` (at most kThreadStateMax) bytes private to the calling thread, zero-filled at the
  * thread's first call in a block; later calls return the same storage and must pass the same

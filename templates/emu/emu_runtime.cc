@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdarg>
 #include <cstdint>
@@ -207,6 +208,9 @@ struct Fiber {
   std::vector<size_t> cp_groups;
   size_t group_head = 0;
   ModelStore model; /* thread_state's */
+  /* Shared-memory chunks (index = offset / 16) this thread's cp.async wrote since its last
+   * fence_proxy_async_shared: a superset of the Worker::proxy_mark entries holding its mark. */
+  std::vector<uint32_t> unfenced;
 };
 
 /* A warp's collective slots, double-buffered by generation parity: collective n + 1 cannot be
@@ -243,6 +247,10 @@ struct Worker {
   Warp warps[kMaxThreads / 32];
   unsigned char *smem = nullptr;
   size_t smem_capacity = 0;
+  /* Per 16-byte chunk of smem: 1 + the linear index of the thread whose cp.async last wrote it
+   * through the generic proxy and has not executed fence.proxy.async since; 0: none. Every
+   * nonzero entry is in its writer's Fiber::unfenced (cleared from there at block start). */
+  std::vector<uint16_t> proxy_mark;
   bool stacks_dirty = false; /* a block was abandoned mid-flight (ASan shadow to reset) */
   /* the launch and block being run */
   Launch *launch = nullptr;
@@ -521,6 +529,8 @@ static const char *worker_reserve(Worker *w, int nthreads, size_t smem_bytes) {
     w->smem = static_cast<unsigned char *>(std::aligned_alloc(4096, cap == 0 ? 4096 : cap));
     w->smem_capacity = w->smem != nullptr ? (cap == 0 ? 4096 : cap) : 0;
     if (w->smem == nullptr) return "allocation of shared memory failed";
+    w->proxy_mark.assign(w->smem_capacity / 16, 0);
+    for (Fiber &f : w->fibers) f.unfenced.clear();
   }
   return nullptr;
 }
@@ -542,6 +552,12 @@ static void run_block(Worker *w, long long b) {
   w->barrier_arrived = 0;
   w->live = w->nthreads;
   w->block_model.reset(); /* also after an abandoned block */
+  /* No generic-proxy write is pending at block start: clear the marks of the last block (every
+   * fiber of the worker, not only this launch's: a larger earlier launch may have left some). */
+  for (Fiber &f : w->fibers) {
+    for (const uint32_t c : f.unfenced) w->proxy_mark[c] = 0;
+    f.unfenced.clear();
+  }
   for (int j = 0; j < w->nwarps; ++j) {
     Warp &wp = w->warps[j];
     wp.size = w->nthreads - 32 * j < 32 ? w->nthreads - 32 * j : 32;
@@ -786,7 +802,32 @@ void cp_async_commit() {
   f->cp_groups.push_back(f->cp.size());
 }
 
+namespace detail {
+
+/* A landed cp.async wrote chunk c through the generic proxy: f's until f fences. A chunk f
+ * already holds is not listed again, so the list stays within the chunks f writes between
+ * fences (kernels that never fence, mma.sync ones, reuse their stages). */
+static inline void proxy_mark(Worker *w, Fiber *f, uint32_t c) {
+  const uint16_t me = static_cast<uint16_t>(32 * f->warp + f->lane + 1);
+  if (w->proxy_mark[c] == me) return;
+  w->proxy_mark[c] = me;
+  if (f->unfenced.size() >= w->proxy_mark.size()) {
+    /* Writers alternating on chunks: keep those still ours, once each. */
+    std::vector<uint32_t> &u = f->unfenced;
+    size_t n = 0;
+    for (const uint32_t x : u)
+      if (w->proxy_mark[x] == me) u[n++] = x;
+    u.resize(n);
+    std::sort(u.begin(), u.end());
+    u.erase(std::unique(u.begin(), u.end()), u.end());
+  }
+  f->unfenced.push_back(c);
+}
+
+}  // namespace detail
+
 void cp_async_wait(int pending_groups_allowed) {
+  detail::Worker *w = detail::tls_worker;
   detail::Fiber *f = detail::current_fiber();
   if (pending_groups_allowed < 0) trap("cp.async.wait_group with a negative count");
   size_t pending = f->cp_groups.size() - f->group_head;
@@ -798,6 +839,8 @@ void cp_async_wait(int pending_groups_allowed) {
         std::memcpy(c.dst, c.src, 16);
       else
         std::memset(c.dst, 0, 16);
+      detail::proxy_mark(
+          w, f, static_cast<uint32_t>((static_cast<unsigned char *>(c.dst) - w->smem) >> 4));
     }
     f->cp_head = end;
     --pending;
@@ -809,6 +852,22 @@ void cp_async_wait(int pending_groups_allowed) {
     f->cp_groups.clear();
     f->group_head = 0;
   }
+}
+
+void fence_proxy_async_shared() {
+  detail::Worker *w = detail::tls_worker;
+  detail::Fiber *f = detail::current_fiber();
+  const uint16_t me = static_cast<uint16_t>(32 * f->warp + f->lane + 1);
+  for (const uint32_t c : f->unfenced)
+    if (w->proxy_mark[c] == me) w->proxy_mark[c] = 0; /* else a later writer's, not ours */
+  f->unfenced.clear();
+}
+
+int unfenced_writer(size_t smem_offset) {
+  detail::Worker *w = detail::tls_worker;
+  (void)detail::current_fiber(); /* aborts outside a launch */
+  if (smem_offset >= w->smem_bytes) return -1;
+  return static_cast<int>(w->proxy_mark[smem_offset >> 4]) - 1;
 }
 
 void *detail::ModelStore::get(size_t n, size_t max, void (*on_exit)(void *), const char *who) {

@@ -57,14 +57,74 @@
  * Asynchrony (per CUDA thread, in thread_state): mma_ss/mma_rs only queue the operation (d's
  * address, the descriptors, and for RS the A values, gathered from the warp at issue);
  * commit closes a group; wait(n) executes the oldest committed groups until at most n remain,
- * reading shared memory and d at that moment. So reading d, or overwriting an operand tile,
- * before the wait shows up as it could on hardware. Traps: an mma with no wgmma_fence since the
- * thread started or last waited (the docs require the fence before the first mma and after
- * register accesses to d/A; every wait is treated as such an access — stricter than hardware
- * only for a kernel that issues after a wait without touching any accumulator); a thread that
- * exits with operations pending; more than kMaxOps pending or kMaxGroups open groups
- * (emulator limits). Uncommitted operations are not executed by a wait (the docs: wait_group
- * waits for committed groups only). fence_proxy_async is a no-op (the emulator has one proxy).
+ * reading shared memory and d at that moment. So overwriting an operand tile before the wait
+ * shows up as it could on hardware (d and A in registers are checked: see below). Traps: an
+ * mma with no wgmma_fence since the thread started or last waited (the docs require the fence
+ * before the first mma and after register accesses to d/A; every wait is treated as such an
+ * access — stricter than hardware only for a kernel that issues after a wait without touching
+ * any accumulator); a thread that exits with operations pending; more than kMaxOps pending or
+ * kMaxGroups open groups (emulator limits). Uncommitted operations are not executed by a wait
+ * (the docs: wait_group waits for committed groups only).
+ *
+ * Proxies. The PTX ISA: "The wgmma.mma_async operations are performed in the asynchronous
+ * proxy"; "cp.async is treated as a weak memory operation performed in the generic proxy"
+ * (the non-bulk cp.async, zero-fill included; plain st.shared too); "An async proxy fence must
+ * be used to establish an ordering between prior writes to shared memory matrices and
+ * subsequent reads of the same matrices in a wgmma.mma_async instruction" (wgmma.fence); and
+ * of fence.proxy: "bi-directional proxy fences ... take effect within a single thread", their
+ * effect composing with other synchronization (here the barrier). The reading implemented:
+ * a generic write is visible to a wgmma only when the thread that wrote it executed
+ * fence.proxy.async after the write completed (after its cp.async.wait_group) and before the
+ * synchronization that orders it before the mma. A fence in another thread, even the issuing
+ * thread after the barrier, does not count. A more cumulative reading of the memory model
+ * (any proxy fence on the causality path from the write to the read) might accept that last
+ * case; the strict one is what NVIDIA's own code does (the writers fence, then the barrier)
+ * and what the kernels do, and a kernel that passes it is correct under either reading. So:
+ * the runtime marks each 16-byte chunk a cp.async writes with its thread when the copy lands
+ * (emu_api.h: cp_async_wait), fence_proxy_async clears the calling thread's marks, and an
+ * mma_ss (A and B) or mma_rs (B) whose shared operands hold a mark at issue traps ("wgmma:
+ * mma_async (instruction #i at SITE) reads B operand bytes at shared offset X..X+15 written
+ * by cp.async of thread T (warp W lane L) with no fence.proxy.async in that thread since its
+ * cp.async wait ..."; the issuing thread in the launch error's prefix). Each thread of the
+ * warpgroup checks its 1/128 share of the operand chunks (proxy_check), so the check costs
+ * one to three lookups per thread per mma; marking costs one store per landed copy. Not
+ * seen: plain C++ stores to shared memory (st.shared), which the emulator cannot observe, so a
+ * tile written by stores needs the fence without the emulator checking it; and the reverse
+ * direction (async-proxy reads before generic writes), which the PTX ISA orders implicitly at
+ * wgmma completion (the wait).
+ *
+ * Register operands in flight. The PTX ISA (wgmma.wait_group) makes it undefined behavior to
+ * access the accumulator registers, or the registers holding the A fragments, of an
+ * mma_async before a wgmma.wait_group that waits on a group including it; the one exception
+ * (wgmma.fence) is a chain of mma_async of the same shape on the same accumulator, ordered
+ * without a wait. On an H100 the tensor cores read A and read and write d while the thread
+ * runs on; ptxas, where it sees such an access, serializes the kernel's wgmma or injects a
+ * wait (advisories C7514, C7515, C7517: correct, but the overlap is lost), and where it does
+ * not, the result is undefined. What the emulator checks, for each issued mma until the wait
+ * that executes it:
+ *   A (mma_rs): the address of the thread's four registers and their values are kept at
+ *     issue; at the wait, before the mma runs, a value that differs traps ("A register a[r] of
+ *     an mma_async in flight (instruction #i at SITE) was written before the wait ...": r
+ *     indexes the a[4] passed to wgmma_rs; i and SITE as in the divergence reports). A
+ *     register whose storage went out of scope before the wait reads as changed too (on
+ *     hardware its registers may be reused; a sanitized build may report the read as a
+ *     stack use after scope instead). Reads of A in flight are not detected (nothing
+ *     in the emulator can see them; on hardware a read-read overlap is harmless in practice).
+ *   d (both kinds): at the first issue on an accumulator its values are kept (if that mma
+ *     accumulates) and every float of d is set to kPoison, a signaling NaN, until the last
+ *     mma in flight on it runs. At the wait, before an mma runs, a float of d that is not
+ *     kPoison traps ("accumulator d[i][e] (nN) of an mma_async in flight ... was written
+ *     ..."; d[i][e] as the kernels' float d[N / 8][4]): a store, or arithmetic on a read
+ *     (d *= c turns the signaling NaN quiet). A read that is only copied or compared is not a
+ *     trap: it yields the NaN, so the kernel's output goes wrong (a NaN with bits 0x7f8badd0
+ *     or 0x7fcbadd0 in an output is the sign of it). Then d gets its kept values back, the
+ *     mma runs, and, when a later group still holds d, the result is kept and d poisoned
+ *     again at the end of the wait. A chain (same d, same N: k steps, or groups of products
+ *     into one accumulator) is one accumulator; another mma_async whose d overlaps it partly
+ *     or with another N traps; at most kMaxAccs accumulators in flight per thread (emulator
+ *     limit, trap).
+ * Not checked: accesses between a wgmma_fence and the mma it orders (the docs want the fence
+ * after them), and accesses that restore the value they overwrote.
  *
  * Convergence (PTX ISA: wgmma.fence, mma_async, commit_group and wait_group are .sync.aligned:
  * all 128 threads of the warpgroup execute the same instruction, in conditional code only if
@@ -108,10 +168,29 @@ constexpr int kMaxGroups = 32; /* committed, not yet executed, per thread */
 
 struct Op {
   float *d;
+  const uint32_t *asrc; /* RS: this thread's four A registers, checked unchanged at execution */
+  const void *site;     /* the call site (for reports; null when RDA_EMU_WGMMA_SITES is 0) */
   uint64_t adesc, bdesc;
+  uint32_t amine[4]; /* RS: asrc's values at issue */
+  uint32_t index;    /* the thread's .aligned instruction number of this mma (for reports) */
   uint16_t a[2][16]; /* RS: this thread's rows g and g + 8 of A, k = 0..15 (16-bit bits) */
   uint8_t n8;        /* N / 8 */
+  uint8_t acc;       /* its accumulator's slot in State::accs */
   bool accumulate, bf16, trans_b, rs;
+};
+
+/* An accumulator (one mma's d: N / 2 floats) while some mma_async on it is in flight. d then
+ * holds kPoison in every float; State::acc_value[slot] holds what d would hold were the mma
+ * that runs next on it about to run (d at the first issue, then each executed mma's result).
+ * The slots are small and apart from the values: every issue and wait scans them. */
+constexpr int kMaxAccs = 8;               /* accumulators in flight, per thread */
+constexpr uint32_t kPoison = 0x7f8badd0u; /* a signaling NaN */
+
+struct Acc {
+  float *d;        /* null: a free slot */
+  uint16_t nf;     /* floats: N / 2 */
+  uint8_t pending; /* issued mma on d not executed yet (at most kMaxOps) */
+  bool raw;        /* inside a wait: d holds the value's bits, not the poison */
 };
 
 #ifndef RDA_EMU_WGMMA_SITES
@@ -232,6 +311,8 @@ struct State {
   uint32_t thread; /* linear index in the block */
   Group *group;    /* this thread's warpgroup's, null until the first instruction */
   Op ops[kMaxOps];
+  Acc accs[kMaxAccs];
+  float acc_value[kMaxAccs][64];
 };
 
 static_assert(sizeof(State) <= kThreadStateMax, "wgmma state exceeds thread_state's limit");
@@ -458,7 +539,147 @@ inline void execute_op(const Op &op) {
   }
 }
 
-inline void fence_proxy_async() {}
+/* ------------------------------------------------------------------ register operands in flight */
+
+inline void poison(float *d, uint32_t nf) {
+  for (uint32_t j = 0; j < nf; ++j) memcpy(&d[j], &kPoison, sizeof kPoison);
+}
+
+inline void site_text(const void *site, char *out, size_t cap) {
+  if (site != nullptr)
+    snprintf(out, cap, " at %p", site);
+  else
+    out[0] = '\0';
+}
+
+/* Issue: the accumulator slot of op's d (a new one, or the one of an earlier mma on the same
+ * registers that is still in flight: the same-shape chain the docs order by default). */
+inline void hold_accumulator(State *s, Op *op) {
+  const uint32_t nf = 4u * op->n8;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(op->d), hi = lo + sizeof(float) * nf;
+  int free_slot = -1;
+  for (int i = 0; i < kMaxAccs; ++i) {
+    Acc &e = s->accs[i];
+    if (e.d == nullptr) {
+      if (free_slot < 0) free_slot = i;
+      continue;
+    }
+    const uintptr_t elo = reinterpret_cast<uintptr_t>(e.d), ehi = elo + sizeof(float) * e.nf;
+    if (e.d == op->d && e.nf == nf) {
+      ++e.pending;
+      op->acc = static_cast<uint8_t>(i);
+      return;
+    }
+    if (lo < ehi && elo < hi) {
+      char msg[300];
+      snprintf(msg, sizeof msg,
+               "wgmma: mma_async n%u on accumulator registers that overlap those of an "
+               "mma_async n%u still in flight (d at %p and %p): only a chain on the same "
+               "registers with the same shape is ordered without a wait (PTX ISA wgmma.fence)",
+               8u * op->n8, 2u * e.nf, static_cast<void *>(op->d), static_cast<void *>(e.d));
+      trap(msg);
+    }
+  }
+  if (free_slot < 0)
+    trap("wgmma: more than 8 accumulators in flight in a thread (emulator limit; wait sooner)");
+  Acc &e = s->accs[free_slot];
+  e.d = op->d;
+  e.nf = static_cast<uint16_t>(nf);
+  e.pending = 1;
+  e.raw = false;
+  if (op->accumulate) memcpy(s->acc_value[free_slot], op->d, sizeof(float) * nf); /* else unused */
+  poison(op->d, nf);
+  op->acc = static_cast<uint8_t>(free_slot);
+}
+
+/* Wait: op's registers are checked, then op runs. The A registers must hold their values at
+ * issue; d must still hold the poison (anything else was stored by the kernel, directly or as
+ * arithmetic on a read, which turns the signaling NaN quiet). Inside one wait the kernel does
+ * not run, so d keeps real values from one mma of a chain to the next (raw). */
+inline void run_op(State *s, const Op &op) {
+  char where[32];
+  if (op.rs) {
+    for (int r = 0; r < 4; ++r) {
+      if (op.asrc[r] == op.amine[r]) continue;
+      site_text(op.site, where, sizeof where);
+      char msg[400];
+      snprintf(msg, sizeof msg,
+               "wgmma: A register a[%d] of an mma_async in flight (instruction #%u%s) was "
+               "written before the wait that completes it: %#010x at issue, %#010x at the wait "
+               "(PTX ISA wgmma.wait_group: the A registers of an mma_async are not to be "
+               "accessed until a wait covers it)",
+               r, op.index, where, op.amine[r], op.asrc[r]);
+      trap(msg);
+    }
+  }
+  Acc &e = s->accs[op.acc];
+  if (!e.raw) {
+    uint32_t diff = 0; /* one pass without branches first: the usual case is no write */
+    for (uint32_t j = 0; j < e.nf; ++j) {
+      uint32_t bits;
+      memcpy(&bits, &e.d[j], sizeof bits);
+      diff |= bits ^ kPoison;
+    }
+    for (uint32_t j = 0; diff != 0 && j < e.nf; ++j) {
+      uint32_t bits;
+      memcpy(&bits, &e.d[j], sizeof bits);
+      if (bits == kPoison) continue;
+      site_text(op.site, where, sizeof where);
+      char msg[400];
+      snprintf(msg, sizeof msg,
+               "wgmma: accumulator d[%u][%u] (n%u) of an mma_async in flight (instruction "
+               "#%u%s) was written before the wait that completes it: it holds %#010x, not the "
+               "emulator's in-flight pattern %#010x (PTX ISA wgmma.wait_group: the accumulator "
+               "is not to be accessed until a wait covers the mma)",
+               j / 4, j % 4, 2u * e.nf, op.index, where, bits, kPoison);
+      trap(msg);
+    }
+    if (op.accumulate) memcpy(e.d, s->acc_value[op.acc], sizeof(float) * e.nf); /* else unread */
+    e.raw = true;
+  }
+  execute_op(op);
+  if (--e.pending == 0) e.d = nullptr; /* d holds the result; the kernel may use it */
+}
+
+/* fence.proxy.async.shared::cta: the calling thread's landed cp.async writes become visible
+ * to the async proxy (the runtime clears its marks). */
+inline void fence_proxy_async() { fence_proxy_async_shared(); }
+
+/* At issue, the shared operand chunks of op must hold no generic-proxy write whose writer has
+ * not fenced since (see the top comment, "Proxies"). The warpgroup's 128 threads split the
+ * chunks: thread r of the warpgroup checks A's chunk r (row r / 2, k half r % 2) and B's chunks
+ * r, r + 128, ... of 2N (K-major: column j / 2, k half j % 2; MN-major: k = j % 16, columns
+ * 8 (j / 16)..+7); the convergence check makes every thread issue the same operands, so
+ * together they cover each operand once. Chunks outside shared memory are left to the bounds
+ * check at the wait. */
+inline void proxy_check_chunk(const Op &op, uint32_t off, const char *which) {
+  const int writer = unfenced_writer(off);
+  if (writer < 0) return;
+  char where[32], msg[400];
+  site_text(op.site, where, sizeof where);
+  snprintf(msg, sizeof msg,
+           "wgmma: mma_async (instruction #%u%s) reads %s operand bytes at shared offset %u..%u "
+           "written by cp.async of thread %d (warp %d lane %d) with no fence.proxy.async in that "
+           "thread since its cp.async wait (PTX ISA: cp.async writes through the generic proxy, "
+           "wgmma reads through the async proxy; the writer fences, then the barrier)",
+           op.index, where, which, off & ~15u, (off & ~15u) + 15, writer, writer / 32, writer % 32);
+  trap(msg);
+}
+
+inline void proxy_check(const State *s, const Op &op) {
+  const uint32_t r = s->thread % 128;
+  if (!op.rs) {
+    const Desc da = decode(op.adesc, "A");
+    proxy_check_chunk(op, element_offset(da, true, r >> 1, 8 * (r & 1)), "A");
+  }
+  const Desc db = decode(op.bdesc, "B");
+  const uint32_t nchunks = 16u * op.n8; /* 2N */
+  for (uint32_t j = r; j < nchunks; j += 128) {
+    const uint32_t off = op.trans_b ? element_offset(db, false, 8 * (j / 16), j % 16)
+                                    : element_offset(db, true, j >> 1, 8 * (j & 1));
+    proxy_check_chunk(op, off, "B");
+  }
+}
 
 /* The .aligned instructions' entry points are not inlined: their return address is the call
  * site in the kernel (see the top comment). */
@@ -484,13 +705,21 @@ __attribute__((noinline)) inline void wait(int n) {
   note(s, in);
   while (s->gtail - s->ghead > static_cast<uint32_t>(n)) {
     const uint32_t end = s->group_end[s->ghead++ % kMaxGroups];
-    for (; s->head != end; ++s->head) execute_op(s->ops[s->head % kMaxOps]);
+    for (; s->head != end; ++s->head) run_op(s, s->ops[s->head % kMaxOps]);
+  }
+  /* Accumulators that later groups still hold go back to the poison until those run. */
+  for (int i = 0; i < kMaxAccs; ++i) {
+    Acc &e = s->accs[i];
+    if (e.d == nullptr || !e.raw) continue;
+    memcpy(s->acc_value[i], e.d, sizeof(float) * e.nf);
+    poison(e.d, e.nf);
+    e.raw = false;
   }
   s->fenced = false;
 }
 
-inline Op *issue(State *s, float *d, int n, uint64_t adesc, uint64_t bdesc, bool accumulate,
-                 bool bf16, bool trans_b, bool rs) {
+inline Op *issue(State *s, const Insn &in, float *d, int n, uint64_t adesc, uint64_t bdesc,
+                 bool accumulate, bool bf16, bool trans_b, bool rs) {
   if (!s->fenced)
     trap("wgmma: mma_async issued without wgmma_fence since the thread started or last waited");
   if (n != 64 && n != 128) trap("wgmma: N must be 64 or 128");
@@ -505,6 +734,10 @@ inline Op *issue(State *s, float *d, int n, uint64_t adesc, uint64_t bdesc, bool
   op->bf16 = bf16;
   op->trans_b = trans_b;
   op->rs = rs;
+  op->asrc = nullptr;
+  op->site = in.site;
+  op->index = s->issued - 1; /* note() numbered it */
+  hold_accumulator(s, op);
   return op;
 }
 
@@ -516,11 +749,12 @@ __attribute__((noinline)) inline void mma_ss(float *d, int n, uint64_t adesc, ui
   in.bdesc = bdesc;
   in.arg = mma_arg(n, accumulate, bf16, trans_b);
   note(s, in);
-  issue(s, d, n, adesc, bdesc, accumulate, bf16, trans_b, false);
+  proxy_check(s, *issue(s, in, d, n, adesc, bdesc, accumulate, bf16, trans_b, false));
 }
 
-/* The warp's A fragments are gathered once at issue (the registers may change before the op
- * runs); lanes must agree on the operation, as the .aligned instruction requires. */
+/* The warp's A fragments are gathered once at issue; the thread's own registers must not
+ * change until the wait executes the op (checked there, run_op). Lanes must agree on the
+ * operation, as the .aligned instruction requires. */
 __attribute__((noinline)) inline void mma_rs(float *d, int n, const uint32_t *a, uint64_t bdesc,
                                              bool accumulate, bool bf16, bool trans_b) {
   State *s = state();
@@ -538,7 +772,10 @@ __attribute__((noinline)) inline void mma_rs(float *d, int n, const uint32_t *a,
   mine.shape = in.arg;
   const unsigned char *slots = warp_gather(&mine, sizeof mine);
   const int l = lane(), g = l / 4;
-  Op *op = issue(s, d, n, 0, bdesc, accumulate, bf16, trans_b, true);
+  Op *op = issue(s, in, d, n, 0, bdesc, accumulate, bf16, trans_b, true);
+  proxy_check(s, *op);
+  op->asrc = a;
+  memcpy(op->amine, mine.a, sizeof op->amine);
   for (int q = 0; q < 4; ++q) {
     Deposit from;
     memcpy(&from, slots + static_cast<size_t>(4 * g + q) * kGatherSlot, sizeof from);

@@ -29,8 +29,8 @@ enum {
   RT_WG_NOWAIT,
   RT_WG_ASTART = 16,
   RT_WG_BSTART = 24,
-  RT_WG_REPEAT = 31,
-  RT_WG_INTS = 32
+  RT_WG_REPEAT = 32, /* after BSTART's 8 slots (24..31) */
+  RT_WG_INTS = 33
 };
 
 /* One operand (MN x K, 16-bit) as a test lays it out in shared memory, by the canonical layouts
