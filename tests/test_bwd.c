@@ -137,7 +137,7 @@ static void setup_open(rt_backend *be, const char *what, const bwd_case *bc, bwd
   ba->lse_s[0] = H * ba->lse_s[1] + (bc->strided ? 1 : 0);
   memcpy(ba->dlse_s, ba->lse_s, sizeof ba->lse_s);
   const long long *lse_s = ba->lse_s;
-  const size_t lse_count = (size_t)((B - 1) * lse_s[0] + (H - 1) * lse_s[1] + N);
+  const size_t lse_count = rt_lse_span(B, H, N, lse_s);
   p->dq_count = rt_span(B, N, H, D, ba->dq_s);
   p->dk_count = rt_span(B, N, Hkv, D, ba->dk_s);
   p->dv_count = rt_span(B, N, Hkv, D, ba->dv_s);
@@ -148,18 +148,7 @@ static void setup_open(rt_backend *be, const char *what, const bwd_case *bc, bwd
   ba->dout = p->do_dev = dev_bits(b, p->dout, bc, H, ba->do_s, &p->do_bits);
   p->o_dev = rt_dev_poisoned(b, rt_span(B, N, H, D, ba->o_s));
   p->lse_dev = rt_dev_poisoned(b, lse_count);
-  if (p->dlse != NULL) {
-    float *host = malloc(lse_count * sizeof *host);
-    assert_non_null(host);
-    rt_poison_f32(host, lse_count);
-    for (long long ib = 0; ib < B; ++ib)
-      for (long long ih = 0; ih < H; ++ih)
-        for (long long in = 0; in < N; ++in)
-          host[ib * lse_s[0] + ih * lse_s[1] + in] = (float)p->dlse[(ib * H + ih) * N + in];
-    p->dlse_dev = rt_dev_alloc(b, lse_count * sizeof *p->dlse_dev);
-    rt_dev_upload(b, p->dlse_dev, host, lse_count * sizeof *host);
-    free(host);
-  }
+  if (p->dlse != NULL) p->dlse_dev = rt_dev_lse_f32(b, p->dlse, B, H, N, lse_s);
   ba->o = p->o_dev;
   ba->lse = p->lse_dev;
   ba->dlse = p->dlse_dev;
@@ -1259,6 +1248,44 @@ static void test_bwd_ranges_split_block_mqa_and_group(void **state) {
   run_split("ranges_group_causal_bf16_d32", &b);
 }
 
+/* A key piece that starts inside a query tile, at every offset from the tile's rows: the
+ * kernels skip key tiles (dQ) and key groups (dK/dV) wholly in the future of a row group, and
+ * an off-by-one there drops exactly one diagonal term, only when the key range starts 15 (mod 16)
+ * rows, or BM - 1 - 16 w rows, into a tile. The ring never launches such ranges today; the
+ * kernels' parameters allow them. 64 consecutive cuts cover every remainder mod 16 and mod 64;
+ * then the wgmma kernels (d = 64) around 63 mod 64. */
+static void test_bwd_ranges_key_cut_sweep(void **state) {
+  (void)state;
+  split_case sc = {.c = {.heads = 2,
+                         .kv_heads = 1,
+                         .head_dim = 32,
+                         .dtype = RDA_DTYPE_BF16,
+                         .causal = 1,
+                         .offsets = RDA_OFFSETS_MOD,
+                         BR2(64, 1, 128, 2),
+                         .batch = 1,
+                         .n = 128},
+                   .nq = 1,
+                   .qcut = {0, 128},
+                   .nk = 2,
+                   .kcut = {0, 0, 128}};
+  for (long long cut = 33; cut < 33 + 64; ++cut) {
+    char what[64];
+    snprintf(what, sizeof what, "ranges_key_cut_%lld", cut);
+    sc.kcut[1] = cut;
+    run_split(what, &sc);
+  }
+  /* The wgmma kernels decide per warpgroup of 64 rows: cuts around 63 (mod 64). */
+  sc.c.head_dim = 64;
+  sc.c.wgmma = 1;
+  for (long long cut = 56; cut < 72; ++cut) {
+    char what[64];
+    snprintf(what, sizeof what, "ranges_key_cut_wgmma_%lld", cut);
+    sc.kcut[1] = cut;
+    run_split(what, &sc);
+  }
+}
+
 /* Compact received keys: every (query head, segment, key piece) from its own gathered block,
  * gradients scattered back; causal GQA bf16 d64 with dilated branches, then non-causal "block"
  * MQA fp16 d32 with one key piece (whole segments, as a ring transfer of a segment). */
@@ -1391,6 +1418,7 @@ int main(void) {
       cmocka_unit_test(test_bwd_rejects_forward_only_plan_and_bad_arguments),
       cmocka_unit_test(test_bwd_ranges_split_causal_gqa_bf16_d64),
       cmocka_unit_test(test_bwd_ranges_split_block_mqa_and_group),
+      cmocka_unit_test(test_bwd_ranges_key_cut_sweep),
       cmocka_unit_test(test_bwd_ranges_compact_key_blocks),
       cmocka_unit_test(test_bwd_ranges_wgmma_compact_key_blocks),
       cmocka_unit_test(test_bwd_ranges_wgmma_overlap_dq_skip),
