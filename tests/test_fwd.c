@@ -377,6 +377,24 @@ static void test_fwd_matches_reference_mqa_fp16_d256_block_offsets(void **state)
   run_case(__func__, &c);
 }
 
+/* d = 256 with a negative scale: the kernel that reloads Q from shared memory per k-step
+ * folds the sign into every reloaded fragment (the register path does it once); causal GQA,
+ * dilated and dense branches. */
+static void test_fwd_matches_reference_negative_scale_causal_gqa_fp16_d256(void **state) {
+  (void)state;
+  const fwd_case c = {.heads = 4,
+                      .kv_heads = 2,
+                      .head_dim = 256,
+                      .dtype = RDA_DTYPE_FP16,
+                      .causal = 1,
+                      .offsets = RDA_OFFSETS_MOD,
+                      BR2(64, 1, 128, 2),
+                      .batch = 1,
+                      .n = 130,
+                      .scale = -0.2};
+  run_case(__func__, &c);
+}
+
 /* Dense only, one segment of 300 rows: three query tiles, ragged last key tile; cast checked. */
 static void test_fwd_matches_reference_bf16_d32_dense_ragged_tiles(void **state) {
   (void)state;
@@ -615,6 +633,588 @@ static void test_fwd_rejects_misaligned_tensors(void **state) {
   rda_plan_k_free(&plan);
 }
 
+/* ------------------------------------------------------------------ row ranges (the ring) */
+/* The ring (runtime/ring_compute.c) runs the forward kernel on sub-ranges: a rank's query rows
+ * with q, o and lse as its local tensors (row_lo) against its own or received key rows
+ * (kv_row_lo), per range of segments; rda_fwd_init sets o = 0 and lse = -inf first and every
+ * launch then merges by log-sum-exp (merge = 1). These cases split one problem that way (cuts
+ * given per case, no causal skip in the harness: the kernel must find nothing to do for keys
+ * wholly in the future) and compare the merged O and LSE with rda_fwd_run on the whole problem
+ * and with the float64 reference. Every piece is its own allocation with kGuard rows of NaN
+ * before and after each batch's rows (o and lse start all NaN, so init must write them): a read
+ * outside the ranges turns an output into NaN, a write outside them shows in the guards. */
+
+enum { kGuard = 4, kMaxPieces = 17 };
+
+typedef struct range_case {
+  fwd_case c;                                           /* the problem; contiguous layouts */
+  int nq, nk;                                           /* query and key pieces */
+  long long qcut[kMaxPieces + 1], kcut[kMaxPieces + 1]; /* cut[0] = 0 < ... < cut[n] = N */
+  int compact; /* keys from compact blocks: one per (query head, segment, key piece) */
+} range_case;
+
+/* Rows [lo, lo + len) of a [B, N, X] tensor of esize-byte elements as a device tensor
+ * [B, kGuard + len + kGuard, X] whose guard rows (and, with host NULL, every row) are 0xff
+ * bytes: NaN in bf16, fp16 and fp32. view points at row lo of batch 0. */
+typedef struct guarded {
+  unsigned char *base, *view;
+  size_t bytes, esize;
+  long long batch, len, x, sb; /* sb: elements per batch entry; the row stride is x */
+} guarded;
+
+static void guarded_make(rda_backend *b, guarded *g, const void *host, size_t esize, long long B,
+                         long long N, long long X, long long lo, long long len) {
+  const long long rows = len + 2 * kGuard;
+  const size_t row_bytes = (size_t)X * esize;
+  g->esize = esize;
+  g->batch = B;
+  g->len = len;
+  g->x = X;
+  g->sb = rows * X;
+  g->bytes = (size_t)(B * rows) * row_bytes;
+  unsigned char *h = malloc(g->bytes);
+  assert_non_null(h);
+  memset(h, 0xff, g->bytes);
+  if (host != NULL)
+    for (long long ib = 0; ib < B; ++ib)
+      memcpy(h + (size_t)(ib * rows + kGuard) * row_bytes,
+             (const unsigned char *)host + (size_t)(ib * N + lo) * row_bytes,
+             (size_t)len * row_bytes);
+  g->base = rt_dev_alloc(b, g->bytes);
+  rt_dev_upload(b, g->base, h, g->bytes);
+  free(h);
+  g->view = g->base + (size_t)kGuard * row_bytes;
+}
+
+/* Download and free g: guard bytes that are not 0xff count into *bad; the rows (fp32) go to
+ * full [B, N, X] at row lo (full NULL: only the guards are checked). */
+static void guarded_take(rda_backend *b, guarded *g, float *full, long long N, long long lo,
+                         long long *bad) {
+  unsigned char *h = malloc(g->bytes);
+  assert_non_null(h);
+  rt_dev_download(b, h, g->base, g->bytes);
+  const long long rows = g->len + 2 * kGuard;
+  const size_t row_bytes = (size_t)g->x * g->esize;
+  for (long long ib = 0; ib < g->batch; ++ib)
+    for (long long t = 0; t < rows; ++t) {
+      const unsigned char *src = h + (size_t)(ib * rows + t) * row_bytes;
+      if (t < kGuard || t >= kGuard + g->len) {
+        for (size_t i = 0; i < row_bytes; ++i) *bad += src[i] != 0xff;
+      } else if (full != NULL) {
+        memcpy(full + (ib * N + lo + t - kGuard) * g->x, src, row_bytes);
+      }
+    }
+  free(h);
+  b->free(b, g->base);
+  g->base = g->view = NULL;
+}
+
+/* One query piece's tensors, all guarded: q (storage) and o (fp32) [B, rows, H, D], lse fp32
+ * [B * H][rows] (the guards between heads too). */
+typedef struct range_qpiece {
+  long long lo, hi;
+  guarded q, o, lse;
+} range_qpiece;
+
+typedef struct range_kpiece {
+  long long lo, hi;
+  guarded k, v;
+} range_kpiece;
+
+static long long ceil_div_ll(long long a, long long b) {
+  return (a + b - 1) / b;
+}
+
+/* O and LSE of the pieces against those of the whole problem in one call. LSE sums the
+ * unrounded fp32 P, so the two differ by fp32 rounding of the merges only: allowed 1e-5
+ * relative (about 100 fp32 ulps; measured < 2e-6 absolute). O may differ more: P is rounded to
+ * the storage dtype (unit roundoff u: 2^-8 bf16, 2^-11 fp16) after subtracting the running row
+ * maximum, and where the keys are cut changes that maximum and so how each P rounds. With P_i
+ * the row's normalized weights, |O - O'| <= 2u sum_i P_i |V_i| = 2u M; M per row (mv, from
+ * the reference run on V rows replaced by their norms), allowed (2u + 1e-5) M. A key missing or
+ * counted twice moves LSE by about its weight P_i. */
+static long long compare_with_run(const char *what, const fwd_case *fc, const float *o_got,
+                                  const float *lse_got, const float *o_run, const float *lse_run,
+                                  const double *mv, double *lse_max, double *o_ratio) {
+  const long long B = fc->batch, N = fc->n, H = fc->heads, D = fc->head_dim;
+  const double u = fc->dtype == RDA_DTYPE_BF16 ? 1.0 / 256.0 : 1.0 / 2048.0;
+  long long bad = 0;
+  *lse_max = 0.0;
+  *o_ratio = 0.0; /* the largest |O - O'| / M */
+  for (long long ib = 0; ib < B; ++ib)
+    for (long long ih = 0; ih < H; ++ih)
+      for (long long in = 0; in < N; ++in) {
+        const float lg = lse_got[(ib * H + ih) * N + in], lr = lse_run[(ib * H + ih) * N + in];
+        const size_t row = (size_t)(((ib * N + in) * H + ih) * D);
+        double num = 0.0;
+        for (long long id = 0; id < D; ++id) {
+          const double d = (double)o_got[row + id] - (double)o_run[row + id];
+          num += d * d;
+        }
+        const double odiff = sqrt(num), m = mv[row];
+        const double ldiff = lg == lr ? 0.0 : fabs((double)lg - (double)lr); /* -inf == -inf */
+        /* Written so that NaN in either fails. */
+        const bool ok = ldiff <= 1e-5 * fmax(1.0, fabs((double)lr)) && odiff <= (2 * u + 1e-5) * m;
+        if (!(ldiff <= *lse_max)) *lse_max = ldiff;
+        if (m > 0.0 && !(odiff / m <= *o_ratio)) *o_ratio = odiff / m;
+        if (!ok && bad++ < 5)
+          fprintf(stderr,
+                  "  %s: b=%lld h=%lld row %lld: LSE %.7g, one call %.7g; |O - O'| %.3g, "
+                  "allowed %.3g\n",
+                  what, ib, ih, in, (double)lg, (double)lr, odiff, (2 * u + 1e-5) * m);
+      }
+  return bad;
+}
+
+/* Point fp's queries, o and lse at query piece x (row_lo = its first row). */
+static void bind_query_piece(rda_fwd_params *fp, const range_qpiece *x, long long H, long long D) {
+  fp->q = x->q.view;
+  fp->q_sb = x->q.sb, fp->q_sn = H * D, fp->q_sh = D;
+  fp->o = (float *)(void *)x->o.view;
+  fp->o_sb = x->o.sb, fp->o_sn = H * D, fp->o_sh = D;
+  fp->lse = (float *)(void *)x->lse.view;
+  fp->lse_sb = H * x->lse.sb, fp->lse_sh = x->lse.sb;
+  fp->q_lo = x->lo, fp->q_hi = x->hi, fp->row_lo = x->lo;
+  fp->merge = 1;
+}
+
+/* Launch fp's kernel of step s over nseg segments from fp->seg0 for the queries [q_lo, q_hi):
+ * at most ceil(L / r) grid rows lie in L consecutive positions (as the ring sizes its grids). */
+static void launch_range(rt_backend *be, const rda_plan_k *plan, const rda_fwd_kernels *kern,
+                         const rda_step *s, rda_fwd_params *fp, long long nseg, long long batch,
+                         int nheads, const char *what) {
+  const rda_variant *var = &plan->variants[s->kernel];
+  const long long rows_w = ceil_div_ll(fp->w, fp->r),
+                  rows_q = ceil_div_ll(fp->q_hi - fp->q_lo, fp->r);
+  fp->tiles_per_seg = (int)ceil_div_ll(rows_w < rows_q ? rows_w : rows_q, var->block_m);
+  const unsigned grid[3] = {(unsigned)(nseg * fp->tiles_per_seg), (unsigned)nheads,
+                            (unsigned)batch};
+  rda_err err = {0};
+  if (be->b->launch(be->b, kern->modules[s->kernel], grid, (unsigned)var->threads,
+                    (unsigned)var->smem_bytes, fp, sizeof *fp, &err) != RDA_OK)
+    fail_msg("%s: launch: %s", what, err.msg);
+}
+
+/* Compact received keys, as the ring's transfers hold them: per query head h (one launch per
+ * head), segment and key piece, the grid rows of h's kv head gathered into slot 1 of a block of
+ * kSlots kv heads ([B][kGuard + rows + kGuard][kSlots][D], k_sn = k_sh = 0, k_rs = the pitch),
+ * slot 0 and the guard rows NaN; the queries of each piece inside the segment. */
+enum { kSlots = 2 };
+
+static long long launch_compact(rt_backend *be, const rda_plan_k *plan, const rda_fwd_kernels *kern,
+                                const rda_fwd_args *whole, const range_case *rc,
+                                const range_qpiece *qp, const uint16_t *k_bits,
+                                const uint16_t *v_bits, const char *what) {
+  rda_backend *b = be->b;
+  const rda_config *cfg = &plan->cfg;
+  const long long B = rc->c.batch, N = rc->c.n, Hkv = rc->c.kv_heads, D = rc->c.head_dim;
+  const long long H = rc->c.heads, group = H / Hkv;
+  const long long pitch = kSlots * D, slot = 1;
+  long long launches = 0;
+  rda_err err = {0};
+  for (int st = 0; st < plan->nsteps; ++st) {
+    const rda_step *s = &plan->steps[st];
+    const long long w = cfg->segments[s->branch] < N ? cfg->segments[s->branch] : N;
+    const long long r = cfg->dilations[s->branch];
+    for (int h = s->head0; h < s->head0 + s->nheads; ++h) {
+      const long long j = rda_config_offset(cfg, s->branch, h), kvh = h / group;
+      for (long long m = 0; m * w < N; ++m) {
+        const long long a = m * w, e = a + w < N ? a + w : N;
+        for (int ik = 0; ik < rc->nk; ++ik) {
+          const long long lo = rc->kcut[ik] > a ? rc->kcut[ik] : a;
+          const long long hi = rc->kcut[ik + 1] < e ? rc->kcut[ik + 1] : e;
+          /* Grid rows t with a + j + t r in [lo, hi). */
+          const long long t0 = lo - a - j <= 0 ? 0 : ceil_div_ll(lo - a - j, r);
+          const long long t1 = hi - a - j <= 0 ? 0 : ceil_div_ll(hi - a - j, r);
+          if (t1 <= t0) continue;
+          const long long rows = t1 - t0, brows = rows + 2 * kGuard;
+          const size_t count = (size_t)(B * brows * pitch);
+          uint16_t *kb = malloc(count * 2), *vb = malloc(count * 2);
+          assert_true(kb != NULL && vb != NULL);
+          memset(kb, 0xff, count * 2);
+          memset(vb, 0xff, count * 2);
+          for (long long ib = 0; ib < B; ++ib)
+            for (long long t = 0; t < rows; ++t) {
+              const size_t src = (size_t)(((ib * N + a + j + (t0 + t) * r) * Hkv + kvh) * D);
+              const size_t dst = (size_t)((ib * brows + kGuard + t) * pitch + slot * D);
+              memcpy(kb + dst, k_bits + src, (size_t)D * 2);
+              memcpy(vb + dst, v_bits + src, (size_t)D * 2);
+            }
+          uint16_t *kd = rt_dev_alloc(b, count * 2), *vd = rt_dev_alloc(b, count * 2);
+          rt_dev_upload(b, kd, kb, count * 2);
+          rt_dev_upload(b, vd, vb, count * 2);
+          for (int iq = 0; iq < rc->nq; ++iq) {
+            const long long qlo = qp[iq].lo > a ? qp[iq].lo : a;
+            const long long qhi = qp[iq].hi < e ? qp[iq].hi : e;
+            if (qlo >= qhi) continue;
+            rda_fwd_params fp;
+            rda_fwd_params_for_step(plan, s, whole, &fp);
+            bind_query_piece(&fp, &qp[iq], H, D);
+            fp.q_lo = qlo, fp.q_hi = qhi;
+            fp.head0 = h;
+            fp.k = kd + kGuard * pitch + slot * D, fp.v = vd + kGuard * pitch + slot * D;
+            fp.k_sb = fp.v_sb = brows * pitch;
+            fp.k_sn = fp.v_sn = fp.k_sh = fp.v_sh = 0;
+            fp.k_rs = fp.v_rs = pitch;
+            fp.kv_lo = lo, fp.kv_hi = hi, fp.kv_row_lo = 0; /* unused with k_sn = 0 */
+            fp.seg0 = m;
+            launch_range(be, plan, kern, s, &fp, 1, B, 1, what);
+            ++launches;
+          }
+          /* The kernels read the blocks asynchronously (cuda): wait before freeing them. */
+          if (b->synchronize(b, &err) != RDA_OK) fail_msg("%s: synchronize: %s", what, err.msg);
+          free(kb);
+          free(vb);
+          b->free(b, kd);
+          b->free(b, vd);
+        }
+      }
+    }
+  }
+  return launches;
+}
+
+static void run_ranges_on(rt_backend *be, const char *what, const range_case *rc) {
+  rda_backend *b = be->b;
+  const fwd_case *fc = &rc->c;
+  const long long B = fc->batch, N = fc->n, H = fc->heads, Hkv = fc->kv_heads, D = fc->head_dim;
+  if (fc->wgmma && !rt_wgmma_runs_on(be, what)) return;
+  assert_true(rc->nq >= 1 && rc->nq <= kMaxPieces && rc->nk >= 1 && rc->nk <= kMaxPieces);
+  assert_true(rc->qcut[0] == 0 && rc->qcut[rc->nq] == N && rc->kcut[0] == 0 &&
+              rc->kcut[rc->nk] == N);
+  assert_int_equal(fc->layout, LAYOUT_CONTIG);
+  rda_config cfg;
+  rt_config_make(&cfg, fc->heads, fc->kv_heads, fc->head_dim, fc->dtype, fc->causal, fc->offsets,
+                 fc->nbranch, fc->w, fc->r);
+  if (fc->scale != 0.0) cfg.scale = fc->scale;
+  rda_err err = {0};
+  rda_plan_k plan;
+  memset(&plan, 0, sizeof plan);
+  rt_plan_with_tile(g_rt.gen, &cfg, &be->hw, fc->wgmma ? RDA_PLAN_WGMMA : 0u, "fwd", fc->tile,
+                    &plan, what);
+  rt_check_wgmma_plan(&plan, "fwd", fc->wgmma, what);
+  rda_fwd_kernels kern = {0, NULL};
+  if (rda_fwd_load(b, &plan, &kern, &err) != RDA_OK) fail_msg("%s: load: %s", what, err.msg);
+
+  /* Inputs: normal(0, 1) rounded to the storage dtype, contiguous. */
+  const size_t nq_el = (size_t)(B * N * H * D), nk_el = (size_t)(B * N * Hkv * D);
+  const size_t nstat = (size_t)(B * H * N);
+  double *q = rt_normal(nq_el, fc->dtype);
+  double *k = rt_normal(nk_el, fc->dtype);
+  double *v = rt_normal(nk_el, fc->dtype);
+  long long q_s[3], k_s[3];
+  rt_strides_contig(N, H, D, q_s);
+  rt_strides_contig(N, Hkv, D, k_s);
+  uint16_t *q_bits = rt_make_bits(q, B, N, H, D, q_s, fc->dtype, NULL);
+  uint16_t *k_bits = rt_make_bits(k, B, N, Hkv, D, k_s, fc->dtype, NULL);
+  uint16_t *v_bits = rt_make_bits(v, B, N, Hkv, D, k_s, fc->dtype, NULL);
+
+  /* The whole problem in one call. */
+  uint16_t *q_dev = rt_dev_alloc(b, nq_el * 2), *k_dev = rt_dev_alloc(b, nk_el * 2),
+           *v_dev = rt_dev_alloc(b, nk_el * 2);
+  rt_dev_upload(b, q_dev, q_bits, nq_el * 2);
+  rt_dev_upload(b, k_dev, k_bits, nk_el * 2);
+  rt_dev_upload(b, v_dev, v_bits, nk_el * 2);
+  float *o_dev = rt_dev_poisoned(b, nq_el), *lse_dev = rt_dev_poisoned(b, nstat);
+  rda_fwd_args whole;
+  rda_fwd_args_contiguous(&whole, &cfg, B, N, q_dev, k_dev, v_dev, o_dev, lse_dev);
+  if (rda_fwd_run(b, &plan, &kern, &whole, &err) != RDA_OK || b->synchronize(b, &err) != RDA_OK)
+    fail_msg("%s: run: %s", what, err.msg);
+  float *o_run = rt_download_f32(b, o_dev, nq_el);
+  float *lse_run = rt_download_f32(b, lse_dev, nstat);
+
+  /* Query pieces, each initialized as a ring rank's rows are (rda_fwd_init over its n rows). */
+  range_qpiece qp[kMaxPieces];
+  for (int i = 0; i < rc->nq; ++i) {
+    range_qpiece *x = &qp[i];
+    x->lo = rc->qcut[i];
+    x->hi = rc->qcut[i + 1];
+    const long long len = x->hi - x->lo;
+    assert_true(len >= 1);
+    guarded_make(b, &x->q, q_bits, 2, B, N, H * D, x->lo, len);
+    guarded_make(b, &x->o, NULL, 4, B, N, H * D, x->lo, len);
+    guarded_make(b, &x->lse, NULL, 4, B * H, N, 1, x->lo, len); /* [B * H] rows of N */
+    rda_fwd_args ia;
+    memset(&ia, 0, sizeof ia);
+    ia.batch = B;
+    ia.n = len;
+    ia.q = ia.k = ia.v = x->q.view; /* the init reads none of them */
+    ia.q_s[0] = ia.k_s[0] = ia.v_s[0] = x->q.sb;
+    ia.q_s[1] = ia.k_s[1] = ia.v_s[1] = H * D;
+    ia.q_s[2] = ia.k_s[2] = ia.v_s[2] = D;
+    ia.o = (float *)(void *)x->o.view;
+    ia.o_s[0] = x->o.sb, ia.o_s[1] = H * D, ia.o_s[2] = D;
+    ia.lse = (float *)(void *)x->lse.view;
+    ia.lse_s[0] = H * x->lse.sb, ia.lse_s[1] = x->lse.sb;
+    if (rda_fwd_init(b, &plan, &kern, &ia, &err) != RDA_OK) fail_msg("%s: init: %s", what, err.msg);
+  }
+  range_kpiece kp[kMaxPieces];
+  const int nkp = rc->compact ? 0 : rc->nk;
+  for (int i = 0; i < nkp; ++i) {
+    range_kpiece *y = &kp[i];
+    y->lo = rc->kcut[i];
+    y->hi = rc->kcut[i + 1];
+    assert_true(y->hi > y->lo);
+    guarded_make(b, &y->k, k_bits, 2, B, N, Hkv * D, y->lo, y->hi - y->lo);
+    guarded_make(b, &y->v, v_bits, 2, B, N, Hkv * D, y->lo, y->hi - y->lo);
+  }
+
+  /* Local keys: one launch per (branch step, query piece, key piece, segment range), the first
+   * segment both pieces meet alone, then the rest in one launch (seg0 > 0, several segments). */
+  long long launches = 0;
+  if (rc->compact)
+    launches = launch_compact(be, &plan, &kern, &whole, rc, qp, k_bits, v_bits, what);
+  for (int st = 0; st < plan.nsteps && !rc->compact; ++st) {
+    const rda_step *s = &plan.steps[st];
+    const long long w = cfg.segments[s->branch] < N ? cfg.segments[s->branch] : N;
+    const long long r = cfg.dilations[s->branch];
+    for (int iq = 0; iq < rc->nq; ++iq)
+      for (int ik = 0; ik < rc->nk; ++ik) {
+        const range_qpiece *x = &qp[iq];
+        const range_kpiece *y = &kp[ik];
+        const long long ma = x->lo / w > y->lo / w ? x->lo / w : y->lo / w;
+        const long long mb = (x->hi - 1) / w < (y->hi - 1) / w ? (x->hi - 1) / w : (y->hi - 1) / w;
+        for (long long m0 = ma; m0 <= mb; m0 = m0 == ma ? ma + 1 : mb + 1) {
+          rda_fwd_params fp;
+          rda_fwd_params_for_step(&plan, s, &whole, &fp);
+          bind_query_piece(&fp, x, H, D);
+          fp.k = y->k.view, fp.v = y->v.view;
+          fp.k_sb = fp.v_sb = y->k.sb;
+          fp.k_sn = fp.v_sn = Hkv * D;
+          fp.k_sh = fp.v_sh = D;
+          fp.k_rs = fp.v_rs = (r < w ? r : w) * Hkv * D;
+          fp.kv_lo = y->lo, fp.kv_hi = y->hi, fp.kv_row_lo = y->lo;
+          fp.seg0 = m0;
+          launch_range(be, &plan, &kern, s, &fp, m0 == ma ? 1 : mb - ma, B, s->nheads, what);
+          ++launches;
+        }
+      }
+  }
+  if (b->synchronize(b, &err) != RDA_OK) fail_msg("%s: synchronize: %s", what, err.msg);
+
+  float *o_got = malloc(nq_el * sizeof *o_got), *lse_got = malloc(nstat * sizeof *lse_got);
+  assert_true(o_got != NULL && lse_got != NULL);
+  rt_poison_f32(o_got, nq_el);
+  rt_poison_f32(lse_got, nstat);
+  long long bad_guard = 0;
+  for (int i = 0; i < rc->nq; ++i) {
+    guarded_take(b, &qp[i].o, o_got, N, qp[i].lo, &bad_guard);
+    guarded_take(b, &qp[i].lse, lse_got, N, qp[i].lo, &bad_guard); /* [B * H] rows of N */
+    guarded_take(b, &qp[i].q, NULL, N, qp[i].lo, &bad_guard);
+  }
+  for (int i = 0; i < nkp; ++i) {
+    guarded_take(b, &kp[i].k, NULL, N, kp[i].lo, &bad_guard);
+    guarded_take(b, &kp[i].v, NULL, N, kp[i].lo, &bad_guard);
+  }
+
+  /* The reference on V rows replaced by (|V row|, 0, ...): column 0 of O is then M per row. */
+  double *vn = calloc(nk_el, sizeof *vn);
+  assert_non_null(vn);
+  for (size_t row = 0; row < nk_el; row += (size_t)D) {
+    double ss = 0.0;
+    for (long long id = 0; id < D; ++id) ss += v[row + id] * v[row + id];
+    vn[row] = sqrt(ss);
+  }
+  double *mv, *mv_lse;
+  rt_reference(&cfg, B, N, q, k, vn, &mv, &mv_lse);
+  double lse_vs, o_vs;
+  const long long bad_run =
+      compare_with_run(what, fc, o_got, lse_got, o_run, lse_run, mv, &lse_vs, &o_vs);
+  free(vn);
+  free(mv);
+  free(mv_lse);
+  double *o_ref, *lse_ref;
+  rt_reference(&cfg, B, N, q, k, v, &o_ref, &lse_ref);
+  long long o_s[3], lse_s[2] = {H * N, N};
+  rt_strides_contig(N, H, D, o_s);
+  rt_report rep;
+  bool ok = rt_check_fwd(what, &cfg, B, N, o_got, o_s, lse_got, lse_s, o_ref, lse_ref, &rep);
+  fprintf(stderr,
+          "  %-4s %-44s %4lld launches; vs one call LSE %.1e O %.1e u M; vs ref O %.2e "
+          "LSE %.2e\n",
+          b->name, what, launches, lse_vs, o_vs * (fc->dtype == RDA_DTYPE_BF16 ? 256.0 : 2048.0),
+          rep.o_rel_l2, rep.lse_max_abs);
+  if (bad_guard != 0) fprintf(stderr, "  %s: %lld guard bytes changed\n", what, bad_guard);
+  if (bad_run != 0) fprintf(stderr, "  %s: %lld rows differ from the one call\n", what, bad_run);
+  ok = ok && bad_guard == 0 && bad_run == 0;
+
+  free(o_ref);
+  free(lse_ref);
+  free(o_got);
+  free(lse_got);
+  free(o_run);
+  free(lse_run);
+  b->free(b, q_dev);
+  b->free(b, k_dev);
+  b->free(b, v_dev);
+  b->free(b, o_dev);
+  b->free(b, lse_dev);
+  free(q_bits);
+  free(k_bits);
+  free(v_bits);
+  free(q);
+  free(k);
+  free(v);
+  rda_fwd_unload(b, &kern);
+  rda_plan_k_free(&plan);
+  assert_true(ok);
+}
+
+static void run_ranges(const char *what, const range_case *rc) {
+  for (int i = 0; i < g_rt.n; ++i) run_ranges_on(&g_rt.be[i], what, rc);
+}
+
+/* Queries in three uneven pieces, keys in two: causal GQA with "mod" offsets (the heads of a kv
+ * group on different grids), a dense, a dilated and a clamped (w > N) branch, batch 2; pieces
+ * that cut segments and grids mid-tile, keys wholly in the future of a piece. */
+static void test_fwd_ranges_split_causal_gqa_bf16_d64(void **state) {
+  (void)state;
+  const range_case rc = {.c = {.heads = 4,
+                               .kv_heads = 2,
+                               .head_dim = 64,
+                               .dtype = RDA_DTYPE_BF16,
+                               .causal = 1,
+                               .offsets = RDA_OFFSETS_MOD,
+                               BR3(64, 1, 96, 2, 512, 3),
+                               .batch = 2,
+                               .n = 150},
+                         .nq = 3,
+                         .qcut = {0, 37, 101, 150},
+                         .nk = 2,
+                         .kcut = {0, 70, 150}};
+  run_ranges(__func__, &rc);
+}
+
+/* Non-causal MQA with "block" offsets and r not dividing w (fp16 d32), then causal "group"
+ * offsets (each head one branch) with three key pieces (bf16 d32, batch 2). */
+static void test_fwd_ranges_split_block_mqa_and_group(void **state) {
+  (void)state;
+  const range_case a = {.c = {.heads = 4,
+                              .kv_heads = 1,
+                              .head_dim = 32,
+                              .dtype = RDA_DTYPE_FP16,
+                              .causal = 0,
+                              .offsets = RDA_OFFSETS_BLOCK,
+                              BR2(48, 3, 130, 2),
+                              .batch = 1,
+                              .n = 130},
+                        .nq = 2,
+                        .qcut = {0, 50, 130},
+                        .nk = 3,
+                        .kcut = {0, 23, 89, 130}};
+  run_ranges("ranges_block_mqa_fp16_d32", &a);
+  const range_case b = {.c = {.heads = 3,
+                              .kv_heads = 3,
+                              .head_dim = 32,
+                              .dtype = RDA_DTYPE_BF16,
+                              .causal = 1,
+                              .offsets = RDA_OFFSETS_GROUP,
+                              BR2(40, 1, 90, 2),
+                              .batch = 2,
+                              .n = 128},
+                        .nq = 2,
+                        .qcut = {0, 81, 128},
+                        .nk = 3,
+                        .kcut = {0, 19, 64, 128}};
+  run_ranges("ranges_group_causal_bf16_d32", &b);
+}
+
+/* Causal, one segment: key pieces starting 17 i rows after the second query piece's start
+ * (i = 1..15), so the key start minus the query start takes every remainder mod 16 (from the
+ * first query piece too: 100 + 17 i), and 63 mod 64 (i = 15, the wgmma warpgroup when run with
+ * RDA_WGMMA=1). A warp whose last row is the first key (kt0 - qt0 = 15 mod 16) must not skip
+ * that key's tile; rows before kt0 of a computed tile have every key masked (-inf maximum).
+ * A dense branch (grid rows = positions) and a dilated one (r = 2, offsets 0 and 1), GQA. */
+static void test_fwd_ranges_causal_key_starts_every_remainder_fp16_d64(void **state) {
+  (void)state;
+  range_case rc = {.c = {.heads = 2,
+                         .kv_heads = 1,
+                         .head_dim = 64,
+                         .dtype = RDA_DTYPE_FP16,
+                         .causal = 1,
+                         .offsets = RDA_OFFSETS_MOD,
+                         BR2(400, 1, 400, 2),
+                         .batch = 1,
+                         .n = 400},
+                   .nq = 2,
+                   .qcut = {0, 100, 400},
+                   .nk = 17};
+  rc.kcut[0] = 0;
+  for (int i = 1; i <= 15; ++i) rc.kcut[i] = 100 + 17 * i;
+  rc.kcut[16] = 380; /* a short last piece inside the last query tile */
+  rc.kcut[17] = 400;
+  run_ranges(__func__, &rc);
+}
+
+/* The wgmma path (skips decided per warpgroup of 64 rows): query pieces cutting a 128-row tile
+ * mid-warpgroup, key starts 1, 40, 63, 127 and 191 rows after the second query piece's start
+ * (63 mod 64 twice), causal GQA fp16 d64, a dense and a dilated branch, batch 2; then the
+ * overlap tile (the pending P V product finished at a skip) with a negative scale, then the
+ * same keys from compact blocks. */
+static void test_fwd_wgmma_ranges_causal_fp16_d64_key_starts_mod64(void **state) {
+  (void)state;
+  range_case rc = {.c = {.heads = 4,
+                         .kv_heads = 2,
+                         .head_dim = 64,
+                         .dtype = RDA_DTYPE_FP16,
+                         .causal = 1,
+                         .offsets = RDA_OFFSETS_MOD,
+                         BR2(320, 1, 128, 2),
+                         .batch = 2,
+                         .n = 320,
+                         .wgmma = 1},
+                   .nq = 2,
+                   .qcut = {0, 70, 320},
+                   .nk = 6,
+                   .kcut = {0, 71, 110, 133, 197, 261, 320}};
+  run_ranges(__func__, &rc);
+  rc.c.tile = "bm128_bn128_w8_s3_wgo";
+  rc.c.scale = -0.3;
+  rc.c.batch = 1;
+  run_ranges("wgmma_overlap_ranges_causal_fp16_d64_negative_scale", &rc);
+  rc.c.tile = NULL;
+  rc.compact = 1;
+  run_ranges("wgmma_ranges_compact_causal_fp16_d64_negative_scale", &rc);
+}
+
+/* Compact received keys (k_sn = 0, the block's row pitch k_rs): every (query head, segment, key
+ * piece) from its own gathered block with NaN guard rows and a NaN neighbour slot; causal GQA
+ * bf16 d64 with dilated "mod" branches, then non-causal "block" MQA fp16 d32 with one key piece
+ * (whole segments, as a ring transfer of a segment) and a one-row query piece. */
+static void test_fwd_ranges_compact_key_blocks(void **state) {
+  (void)state;
+  const range_case a = {.c = {.heads = 4,
+                              .kv_heads = 2,
+                              .head_dim = 64,
+                              .dtype = RDA_DTYPE_BF16,
+                              .causal = 1,
+                              .offsets = RDA_OFFSETS_MOD,
+                              BR2(64, 2, 150, 3),
+                              .batch = 2,
+                              .n = 150},
+                        .nq = 2,
+                        .qcut = {0, 61, 150},
+                        .nk = 2,
+                        .kcut = {0, 97, 150},
+                        .compact = 1};
+  run_ranges("ranges_compact_causal_gqa_bf16_d64", &a);
+  const range_case b = {.c = {.heads = 4,
+                              .kv_heads = 1,
+                              .head_dim = 32,
+                              .dtype = RDA_DTYPE_FP16,
+                              .causal = 0,
+                              .offsets = RDA_OFFSETS_BLOCK,
+                              BR2(40, 1, 100, 3),
+                              .batch = 1,
+                              .n = 100},
+                        .nq = 3,
+                        .qcut = {0, 33, 34, 100},
+                        .nk = 1,
+                        .kcut = {0, 100},
+                        .compact = 1};
+  run_ranges("ranges_compact_block_mqa_fp16_d32", &b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fwd_matches_reference_causal_gqa_bf16_d64_three_branches),
@@ -625,6 +1225,7 @@ int main(void) {
       cmocka_unit_test(test_fwd_matches_reference_gqa_fp16_d96_seq_first_strides),
       cmocka_unit_test(test_fwd_matches_reference_causal_bf16_d256_group_offsets),
       cmocka_unit_test(test_fwd_matches_reference_mqa_fp16_d256_block_offsets),
+      cmocka_unit_test(test_fwd_matches_reference_negative_scale_causal_gqa_fp16_d256),
       cmocka_unit_test(test_fwd_matches_reference_bf16_d32_dense_ragged_tiles),
       cmocka_unit_test(test_fwd_matches_reference_causal_gqa_fp16_d32_dilated_merge),
       cmocka_unit_test(test_fwd_matches_reference_causal_gqa_bf16_d96_block_offsets),
@@ -636,7 +1237,14 @@ int main(void) {
       cmocka_unit_test(test_fwd_wgmma_overlap_matches_reference_gqa_bf16_d128),
       cmocka_unit_test(test_fwd_wgmma_overlap_matches_reference_causal_fp16_d64),
       cmocka_unit_test(test_fwd_rejects_misaligned_tensors),
+      cmocka_unit_test(test_fwd_ranges_split_causal_gqa_bf16_d64),
+      cmocka_unit_test(test_fwd_ranges_split_block_mqa_and_group),
+      cmocka_unit_test(test_fwd_ranges_causal_key_starts_every_remainder_fp16_d64),
+      cmocka_unit_test(test_fwd_ranges_compact_key_blocks),
+      cmocka_unit_test(test_fwd_wgmma_ranges_causal_fp16_d64_key_starts_mod64),
   };
+  const char *filter = getenv("RDA_TEST_FILTER"); /* e.g. "*ranges*" while developing */
+  if (filter != NULL) cmocka_set_test_filter(filter);
   const int failed = cmocka_run_group_tests(tests, group_setup, group_teardown);
   return failed + rt_wgmma_env_reached("test_fwd");
 }
