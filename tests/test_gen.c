@@ -849,7 +849,8 @@ static int th_same_plan(const rda_plan_k *a, const rda_plan_k *b) {
 }
 
 /* TH_MIXED_THREADS threads load and plan configs at once under a time limit of `limit` CPU
- * seconds each: the slow ones take about a third of it per config (thread 0 runs away). Only
+ * seconds each: the slow ones take about a seventh of it per config, as calibrated on one quiet
+ * thread (four at once on a loaded machine can cost several times that; thread 0 runs away). Only
  * the runaway fails, with the hooks' message, after a full `limit` of its own thread's CPU time
  * whatever the others spend; every other config loads and plans as it does alone (on ref).
  * 1 when all of that holds, else 0 with why. */
@@ -861,7 +862,7 @@ static int th_mixed(rda_gen *ref, double limit, char *why, size_t cap) {
     th_fail(why, cap, "the calibration config failed");
     return 0;
   }
-  const long long burn = (long long)(0.3 * limit / cost) + 1;
+  const long long burn = (long long)(0.15 * limit / cost) + 1;
   th_mixed_job jobs[TH_MIXED_THREADS];
   pthread_t threads[TH_MIXED_THREADS];
   pthread_barrier_t go;
@@ -1013,8 +1014,9 @@ typedef struct th_stress_job {
 /* Short runs of kinds drawn at random: 0 a valid config, 1 a syntax error (its parse is
  * watched too), 2 a raised error; in threads 0 and 1, at their 200th run, 3: a runaway the
  * hooks stop at the limit (0.2 s of CPU: not more, the others must keep going). The last thread
- * runs only 4: valid configs that take half the limit of its own CPU time, watched nearly all
- * the time, while the process's CPU time (all threads) runs far past limit + 1 s. The generator
+ * runs only 4: valid configs that take a fifth of the limit of its own CPU time (calibrated on
+ * one quiet thread: six busy threads on two cores can make the same work cost twice to four
+ * times the CPU time), watched most of the time, while the process's CPU time (all threads) runs far past limit + 1 s. The generator
  * is replaced every 32 runs. */
 static void *th_stress_main(void *arg) {
   th_stress_job *j = arg;
@@ -1096,7 +1098,7 @@ static int th_stress_child(void *arg) {
     rt_rng_seed(&jobs[i].rng, rt_rng_next(&r));
     jobs[i].id = i;
     jobs[i].until = until;
-    jobs[i].burn = (long long)(0.5 * 0.2 / cost) + 1;
+    jobs[i].burn = (long long)(0.2 * 0.2 / cost) + 1;
     if (pthread_create(&threads[i], NULL, th_stress_main, &jobs[i]) != 0) abort();
   }
   for (int i = 0; i < TH_STRESS_THREADS; i++) pthread_join(threads[i], NULL);
