@@ -85,15 +85,16 @@ void rda_check_forward(const rda_config *c, long long batch, long long n, const 
 }
 
 double rda_check_grad_rel_l2(const float *got, const long long got_s[3], const double *ref,
-                             long long batch, long long n, int heads, int head_dim,
-                             long long *nonfinite) {
-  double err2 = 0, ref2 = 0;
+                             const double *mag, long long batch, long long n, int heads,
+                             int head_dim, long long *nonfinite) {
+  double err2 = 0, ref2 = 0, mag2 = 0;
   long long bad = 0;
   for (long long b = 0; b < batch; ++b)
     for (long long p = 0; p < n; ++p)
       for (long long h = 0; h < heads; ++h) {
         const float *g = got + b * got_s[0] + p * got_s[1] + h * got_s[2];
-        const double *r = ref + ((b * n + p) * heads + h) * head_dim;
+        const long long at = ((b * n + p) * heads + h) * head_dim;
+        const double *r = ref + at, *m = mag != NULL ? mag + at : NULL;
         for (int d = 0; d < head_dim; ++d) {
           if (!isfinite(g[d])) {
             ++bad;
@@ -102,6 +103,7 @@ double rda_check_grad_rel_l2(const float *got, const long long got_s[3], const d
           const double diff = (double)g[d] - r[d];
           err2 += diff * diff;
           ref2 += r[d] * r[d];
+          if (m != NULL) mag2 += m[d] * m[d];
         }
       }
   if (nonfinite != NULL) *nonfinite = bad;
@@ -110,27 +112,31 @@ double rda_check_grad_rel_l2(const float *got, const long long got_s[3], const d
    * error is measured against that floor instead. */
   const double count = (double)batch * (double)n * (double)heads * (double)head_dim;
   const double floor2 = RDA_CHECK_GRAD_RMS_FLOOR * RDA_CHECK_GRAD_RMS_FLOOR * count;
-  const double den2 = ref2 > floor2 ? ref2 : floor2;
+  double den2 = ref2 > floor2 ? ref2 : floor2;
+  /* Where the gradient cancels, the kernels' fp32 noise follows the magnitude (check.h). */
+  const double mag_floor2 = RDA_CHECK_GRAD_MAG_FRACTION * RDA_CHECK_GRAD_MAG_FRACTION * mag2;
+  if (mag_floor2 > den2) den2 = mag_floor2;
   return den2 > 0 ? sqrt(err2 / den2) : sqrt(err2);
 }
 
 void rda_check_grad(const rda_config *c, long long batch, long long n, const float *dq,
                     const long long dq_s[3], const float *dk, const long long dk_s[3],
                     const float *dv, const long long dv_s[3], const double *dq_ref,
-                    const double *dk_ref, const double *dv_ref, rda_check_grad_result *out) {
+                    const double *dk_ref, const double *dv_ref, const double *dq_mag,
+                    const double *dk_mag, const double *dv_mag, rda_check_grad_result *out) {
   memset(out, 0, sizeof *out);
   const rda_tolerance t = rda_tolerance_for(c->dtype);
   const char *names[3] = {"dQ", "dK", "dV"};
   const float *got[3] = {dq, dk, dv};
   const long long *strides[3] = {dq_s, dk_s, dv_s};
-  const double *refs[3] = {dq_ref, dk_ref, dv_ref};
+  const double *refs[3] = {dq_ref, dk_ref, dv_ref}, *mags[3] = {dq_mag, dk_mag, dv_mag};
   const int heads[3] = {c->heads, c->kv_heads, c->kv_heads};
   double *rel[3] = {&out->dq_rel_l2, &out->dk_rel_l2, &out->dv_rel_l2};
   out->pass = 1;
   for (int i = 0; i < 3; ++i) {
     long long bad = 0;
-    *rel[i] =
-        rda_check_grad_rel_l2(got[i], strides[i], refs[i], batch, n, heads[i], c->head_dim, &bad);
+    *rel[i] = rda_check_grad_rel_l2(got[i], strides[i], refs[i], mags[i], batch, n, heads[i],
+                                    c->head_dim, &bad);
     out->nonfinite += bad;
     if (bad == 0 && *rel[i] <= t.grad_rel_l2) continue;
     out->pass = 0;

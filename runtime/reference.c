@@ -177,32 +177,45 @@ void rda_ref_forward(const rda_config *c, long long batch, long long n, const do
 
 void rda_ref_backward(const rda_config *c, long long batch, long long n, const double *q,
                       const double *k, const double *v, const double *dout, const double *dlse,
-                      double *dq, double *dk, double *dv) {
+                      double *dq, double *dk, double *dv, double *dq_mag, double *dk_mag,
+                      double *dv_mag) {
   const long long H = c->heads, Hkv = c->kv_heads, D = c->head_dim;
   const long long group = H / Hkv;
   const double tau = c->scale;
+  const int want_mag = dq_mag != NULL || dk_mag != NULL || dv_mag != NULL;
 
   for (long long i = 0; i < batch * n * H * D; i++) dq[i] = 0.0;
   for (long long i = 0; i < batch * n * Hkv * D; i++) dk[i] = dv[i] = 0.0;
+  double *mags[3] = {dq_mag, dk_mag, dv_mag};
+  const long long mag_count[3] = {batch * n * H * D, batch * n * Hkv * D, batch * n * Hkv * D};
+  for (int t = 0; t < 3; t++)
+    for (long long i = 0; mags[t] != NULL && i < mag_count[t]; i++) mags[t][i] = 0.0;
   if (n <= 0 || batch <= 0) return;
 
   double *o = malloc((size_t)(batch * n * H * D) * sizeof *o);
   double *lse = malloc((size_t)(batch * H * n) * sizeof *lse);
   double *dp = malloc((size_t)(batch * H * n) * sizeof *dp);
+  double *dp_mag = want_mag ? malloc((size_t)(batch * H * n) * sizeof *dp_mag) : NULL;
   long long *grid = malloc((size_t)n * sizeof *grid);
-  if (o == NULL || lse == NULL || dp == NULL || grid == NULL) abort(); /* test-only: no recovery */
+  if (o == NULL || lse == NULL || dp == NULL || grid == NULL || (want_mag && dp_mag == NULL))
+    abort(); /* test-only: no recovery */
   rda_ref_forward(c, batch, n, q, k, v, o, lse);
 
-  /* Dp = <dO(p), O(p)> - dLSE(p); only read on covered rows. */
+  /* Dp = <dO(p), O(p)> - dLSE(p), and its magnitude; only read on covered rows. */
   for (long long b = 0; b < batch; b++)
     for (long long h = 0; h < H; h++)
       for (long long p = 0; p < n; p++) {
         const double *dop = dout + ((b * n + p) * H + h) * D;
         const double *op = o + ((b * n + p) * H + h) * D;
-        double s = 0.0;
-        for (long long x = 0; x < D; x++) s += dop[x] * op[x];
+        double s = 0.0, sm = 0.0;
+        for (long long x = 0; x < D; x++) {
+          s += dop[x] * op[x];
+          sm += fabs(dop[x] * op[x]);
+        }
         const long long row = (b * H + h) * n + p;
-        dp[row] = s - (dlse != NULL ? dlse[row] : 0.0);
+        const double g = dlse != NULL ? dlse[row] : 0.0;
+        dp[row] = s - g;
+        if (want_mag) dp_mag[row] = sm + fabs(g);
       }
 
   for (long long b = 0; b < batch; b++) {
@@ -219,9 +232,8 @@ void rda_ref_backward(const rda_config *c, long long batch, long long n, const d
           for (long long pi = 0; pi < g; pi++) {
             const long long p = grid[pi];
             const long long row = (b * H + h) * n + p;
-            const double *qp = q + ((b * n + p) * H + h) * D;
-            const double *dop = dout + ((b * n + p) * H + h) * D;
-            double *dqp = dq + ((b * n + p) * H + h) * D;
+            const long long qo = ((b * n + p) * H + h) * D;
+            const double *qp = q + qo, *dop = dout + qo;
             for (long long qi = 0; qi < g; qi++) {
               if (c->causal && grid[qi] > p) break; /* the grid is increasing */
               const long long kvo = ((b * n + grid[qi]) * Hkv + hk) * D;
@@ -234,9 +246,17 @@ void rda_ref_backward(const rda_config *c, long long batch, long long n, const d
               const double pw = exp(tau * dot - lse[row]);
               const double ds = pw * (dpv - dp[row]);
               for (long long x = 0; x < D; x++) {
-                dqp[x] += tau * ds * kq[x];
+                dq[qo + x] += tau * ds * kq[x];
                 dk[kvo + x] += tau * ds * qp[x];
                 dv[kvo + x] += pw * dop[x];
+              }
+              if (!want_mag) continue;
+              /* |τ dS| with each of its terms made positive (P > 0 already) */
+              const double dsm = fabs(tau) * pw * (fabs(dpv) + dp_mag[row]);
+              for (long long x = 0; x < D; x++) {
+                if (dq_mag != NULL) dq_mag[qo + x] += dsm * fabs(kq[x]);
+                if (dk_mag != NULL) dk_mag[kvo + x] += dsm * fabs(qp[x]);
+                if (dv_mag != NULL) dv_mag[kvo + x] += pw * fabs(dop[x]);
               }
             }
           }
@@ -247,5 +267,6 @@ void rda_ref_backward(const rda_config *c, long long batch, long long n, const d
   free(o);
   free(lse);
   free(dp);
+  free(dp_mag);
   free(grid);
 }

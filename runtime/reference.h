@@ -15,10 +15,19 @@ void rda_ref_forward(const rda_config *c, long long batch, long long n, const do
  * for every branch and every (p, q) pair it selects, P = exp(τ<Q[p], K[q]> - LSE(p)) with the
  * combined LSE and dS = P (<dO(p), V[q]> - Dp): dQ[p] += τ dS K[q], dK[q] += τ dS Q[p],
  * dV[q] += P dO(p). A key selected by two branches counts twice; GQA sums over the query heads
- * of a kv head; uncovered rows contribute nothing (their dLSE is ignored). */
+ * of a kv head; uncovered rows contribute nothing (their dLSE is ignored).
+ *
+ * dq_mag [B, N, H, D], dk_mag and dv_mag [B, N, Hkv, D] (each may be NULL: not computed, at no
+ * cost) receive the magnitude of each gradient: the same sums with every term replaced by its
+ * absolute value, |τ| P (|<dO(p), V[q]>| + |Dp|) |K[q]| for dQ[p] and likewise with |Q[p]| for
+ * dK[q], P |dO(p)| for dV[q], where |Dp| = sum_d |dO(p)_d O(p)_d| + |dLSE(p)|. It bounds the
+ * gradient elementwise (triangle inequality) and is the scale that fp32 rounding in a kernel
+ * follows, also where the gradient itself cancels to (near) zero: rda_check_grad judges such a
+ * gradient against it (check.h). */
 void rda_ref_backward(const rda_config *c, long long batch, long long n, const double *q,
                       const double *k, const double *v, const double *dout, const double *dlse,
-                      double *dq, double *dk, double *dv);
+                      double *dq, double *dk, double *dv, double *dq_mag, double *dk_mag,
+                      double *dv_mag);
 
 /* Round a float64 to the storage dtype and back (round to nearest even). */
 double rda_round_to_dtype(double x, int dtype);

@@ -32,10 +32,13 @@ typedef struct tune_size {
   float *o, *lse, *dq, *dk, *dv; /* host copies of the outputs, downloaded */
 } tune_size;
 
-/* The float64 reference of one branch at the verify size (batch 1), made when first needed. */
+/* The float64 reference of one branch at the verify size (batch 1), made when first needed;
+ * with the gradients their magnitudes, so that a gradient which cancels (segments of one row,
+ * a verify size of 1) is judged against the scale of the kernel's rounding (check.h). */
 typedef struct tune_ref {
   int have_fwd, have_bwd;
   double *o, *lse, *dq, *dk, *dv;
+  double *dq_mag, *dk_mag, *dv_mag;
 } tune_ref;
 
 /* The first passing candidate's outputs at the timed size (what later ones must agree with). */
@@ -174,11 +177,14 @@ static rda_status tune_ref_get(tune_run *r, int br, int bwd, const rda_config *c
     f->have_fwd = 1;
   }
   if (bwd && !f->have_bwd) {
-    free(f->dq), free(f->dk), free(f->dv);
+    free(f->dq), free(f->dk), free(f->dv), free(f->dq_mag), free(f->dk_mag), free(f->dv_mag);
     f->dq = malloc(s->nq * sizeof *f->dq), f->dk = malloc(s->nk * sizeof *f->dk);
     f->dv = malloc(s->nk * sizeof *f->dv);
-    if (!f->dq || !f->dk || !f->dv) goto oom;
-    rda_ref_backward(c1, 1, s->n, r->qd, r->kd, r->vd, r->dod, r->dlsed, f->dq, f->dk, f->dv);
+    f->dq_mag = malloc(s->nq * sizeof *f->dq_mag), f->dk_mag = malloc(s->nk * sizeof *f->dk_mag);
+    f->dv_mag = malloc(s->nk * sizeof *f->dv_mag);
+    if (!f->dq || !f->dk || !f->dv || !f->dq_mag || !f->dk_mag || !f->dv_mag) goto oom;
+    rda_ref_backward(c1, 1, s->n, r->qd, r->kd, r->vd, r->dod, r->dlsed, f->dq, f->dk, f->dv,
+                     f->dq_mag, f->dk_mag, f->dv_mag);
     f->have_bwd = 1;
   }
   *out = f;
@@ -393,7 +399,7 @@ static rda_status tune_candidate(tune_run *r, const rda_tune_task *t, const char
   } else {
     rda_check_grad_result res;
     rda_check_grad(&c1, 1, n, r->ver.dq, o_s, r->ver.dk, k_s, r->ver.dv, k_s, ref->dq, ref->dk,
-                   ref->dv, &res);
+                   ref->dv, ref->dq_mag, ref->dk_mag, ref->dv_mag, &res);
     if (!res.pass) {
       s = rda_err_set(err, RDA_ERR_INTERNAL, "wrong at n=%lld: %s", n, res.first_failure);
       goto done;
@@ -529,6 +535,7 @@ static void tune_run_free(tune_run *r) {
   for (int i = 0; i < RDA_MAX_BRANCHES; i++) {
     tune_ref *f = &r->refs[i];
     free(f->o), free(f->lse), free(f->dq), free(f->dk), free(f->dv);
+    free(f->dq_mag), free(f->dk_mag), free(f->dv_mag);
   }
   free(r->times);
   free(r->evs);

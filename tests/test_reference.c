@@ -705,9 +705,238 @@ static void test_reference_bwd_single_dense_branch_equals_textbook(void **state)
   }
 }
 
+/* --- gradient magnitudes ---------------------------------------------------------------------- */
+
+/* The magnitudes of rda_ref_backward written from their definition by membership (pairs()):
+ * for every branch and every pair (p, q) it selects, with P from the reference's LSE,
+ * |τ| P (|<dO(p), V[q]>| + sum_d |dO(p)_d O(p)_d| + |dLSE(p)|) |K[q]| into dQ[p], the same
+ * with |Q[p]| into dK[q], and P |dO(p)| into dV[q]. Returns malloc'd mags[3]. */
+static void magnitudes_by_definition(const rda_config *c, long long b, long long n, const double *q,
+                                     const double *k, const double *v, const double *dout,
+                                     const double *dlse, double *mags[3]) {
+  const long long H = c->heads, Hkv = c->kv_heads, D = c->head_dim, group = H / Hkv;
+  double *o, *lse;
+  rt_reference(c, b, n, q, k, v, &o, &lse);
+  mags[0] = calloc((size_t)(b * n * H * D), sizeof *mags[0]);
+  mags[1] = calloc((size_t)(b * n * Hkv * D), sizeof *mags[1]);
+  mags[2] = calloc((size_t)(b * n * Hkv * D), sizeof *mags[2]);
+  assert_non_null(mags[0]), assert_non_null(mags[1]), assert_non_null(mags[2]);
+  for (long long bb = 0; bb < b; bb++)
+    for (long long h = 0; h < H; h++)
+      for (long long p = 0; p < n; p++) {
+        const long long qo = ((bb * n + p) * H + h) * D, row = (bb * H + h) * n + p;
+        double dp_abs = dlse != NULL ? fabs(dlse[row]) : 0.0;
+        for (long long x = 0; x < D; x++) dp_abs += fabs(dout[qo + x] * o[qo + x]);
+        for (int br = 0; br < c->nbranch; br++)
+          for (long long u = 0; u < n; u++) {
+            if (!pairs(c, n, br, h, p, u)) continue;
+            const long long ko = ((bb * n + u) * Hkv + h / group) * D;
+            double qk = 0.0, dov = 0.0;
+            for (long long x = 0; x < D; x++) {
+              qk += q[qo + x] * k[ko + x];
+              dov += dout[qo + x] * v[ko + x];
+            }
+            const double pw = exp(c->scale * qk - lse[row]);
+            const double ds_abs = fabs(c->scale) * pw * (fabs(dov) + dp_abs);
+            for (long long x = 0; x < D; x++) {
+              mags[0][qo + x] += ds_abs * fabs(k[ko + x]);
+              mags[1][ko + x] += ds_abs * fabs(q[qo + x]);
+              mags[2][ko + x] += pw * fabs(dout[qo + x]);
+            }
+          }
+      }
+  free(o), free(lse);
+}
+
+/* On fresh random inputs (GQA, MQA, causal and not, one to three branches, dLSE, a negative
+ * scale, uncovered rows): the magnitudes equal their definition (magnitudes_by_definition), bound
+ * the gradient elementwise (|ref| <= mag, up to the rounding of a sum of up to n terms), are
+ * > 0 on every element of a row that has keys (dQ) or a key that some row selects (dK, dV) and
+ * exactly 0 elsewhere. Without magnitudes rda_ref_backward gives the same gradients. */
+static void test_reference_bwd_magnitudes_bound_the_gradient(void **state) {
+  (void)state;
+  typedef struct mcase {
+    int heads, kv_heads, causal, offsets, nbranch, with_dlse;
+    long long w[3], r[3], batch, n;
+    double scale; /* 0: 1/sqrt(D) */
+  } mcase;
+  const mcase cases[] = {
+      {4, 2, 1, RDA_OFFSETS_MOD, 2, 1, {8, 16, 0}, {1, 2, 0}, 2, 37, 0.0},
+      {4, 1, 0, RDA_OFFSETS_BLOCK, 3, 0, {4, 12, 64}, {2, 3, 4}, 1, 30, -0.7},
+      {3, 1, 1, RDA_OFFSETS_GROUP, 2, 1, {6, 10, 0}, {2, 3, 0}, 2, 25, 0.4},
+      {2, 2, 0, RDA_OFFSETS_MOD, 1, 1, {1, 0, 0}, {1, 0, 0}, 1, 9, 0.0}, /* one key per row */
+  };
+  const long long D = 32;
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    const mcase *m = &cases[ci];
+    rda_config c;
+    rt_config_make(&c, m->heads, m->kv_heads, (int)D, RDA_DTYPE_BF16, m->causal, m->offsets,
+                   m->nbranch, m->w, m->r);
+    if (m->scale != 0.0) c.scale = m->scale;
+    const long long B = m->batch, n = m->n, H = m->heads, Hkv = m->kv_heads, group = H / Hkv;
+    const long long nq = B * n * H * D, nk = B * n * Hkv * D;
+    double *q = rt_normal((size_t)nq, RDA_DTYPE_BF16), *k = rt_normal((size_t)nk, RDA_DTYPE_BF16);
+    double *v = rt_normal((size_t)nk, RDA_DTYPE_BF16);
+    double *dout = rt_normal((size_t)nq, RDA_DTYPE_BF16);
+    double *dlse = m->with_dlse ? rt_normal((size_t)(B * H * n), RDA_DTYPE_BF16) : NULL;
+    rt_bwd_ref ref;
+    rt_reference_bwd_mag(&c, B, n, q, k, v, dout, dlse, &ref);
+    double *plain[3], *def[3];
+    rt_reference_bwd(&c, B, n, q, k, v, dout, dlse, &plain[0], &plain[1], &plain[2]);
+    magnitudes_by_definition(&c, B, n, q, k, v, dout, dlse, def);
+    const double *g[3] = {ref.dq, ref.dk, ref.dv}, *mag[3] = {ref.dq_mag, ref.dk_mag, ref.dv_mag};
+    const long long heads[3] = {H, Hkv, Hkv};
+    long long positive = 0, zero = 0;
+    for (int t = 0; t < 3; t++)
+      for (long long bb = 0; bb < B; bb++)
+        for (long long u = 0; u < n; u++)
+          for (long long h = 0; h < heads[t]; h++) {
+            /* dQ: does row u of head h have keys; dK, dV: does some row select key u */
+            int used = 0;
+            for (int br = 0; br < c.nbranch && !used; br++)
+              for (long long hq = t == 0 ? h : h * group; hq < (t == 0 ? h + 1 : (h + 1) * group);
+                   hq++)
+                for (long long p = 0; p < n && !used; p++)
+                  used = t == 0 ? pairs(&c, n, br, hq, u, p) : pairs(&c, n, br, hq, p, u);
+            for (long long x = 0; x < D; x++) {
+              const long long i = ((bb * n + u) * heads[t] + h) * D + x;
+              if (!(fabs(g[t][i]) <= mag[t][i] * (1.0 + 1e-12) && g[t][i] == plain[t][i] &&
+                    fabs(mag[t][i] - def[t][i]) <= 1e-12 * def[t][i] &&
+                    (used ? mag[t][i] > 0.0 : mag[t][i] == 0.0))) {
+                fprintf(stderr,
+                        "case %zu, %s[b=%lld n=%lld h=%lld d=%lld]: gradient %.17g (without "
+                        "magnitudes %.17g), magnitude %.17g, by definition %.17g, %s keys\n",
+                        ci,
+                        t == 0   ? "dQ"
+                        : t == 1 ? "dK"
+                                 : "dV",
+                        bb, u, h, x, g[t][i], plain[t][i], mag[t][i], def[t][i],
+                        used ? "has" : "no");
+                fail();
+              }
+              positive += used, zero += !used;
+            }
+          }
+    assert_true(positive > 0);
+    if (ci == 1 || ci == 2) assert_true(zero > 0); /* dilated grids leave rows uncovered */
+    rt_bwd_ref_free(&ref);
+    for (int t = 0; t < 3; t++) free(plain[t]), free(def[t]);
+    free(q), free(k), free(v), free(dout), free(dlse);
+  }
+}
+
+/* N = 1 with three branches that all pair the row with itself: dQ and dK are exactly 0 (the
+ * reference leaves float64 noise), dV is not. Measured against their magnitude, a result off by
+ * fp32-size noise (1e-7 of the magnitude, every element) passes where SPEC §5's plain ratio
+ * fails it, and a real error (1e-2 of the magnitude on one row) still fails, in dQ and in dK,
+ * through rda_check_grad and rt_check_bwd_ref alike. Both dtypes, causal and not. */
+static void test_check_grad_magnitude_judges_a_cancelled_gradient(void **state) {
+  (void)state;
+  const long long w[] = {4, 8, 16}, r[] = {1, 2, 3};
+  const long long H = 4, Hk = 2, D = 32, n = 1;
+  const long long count[3] = {n * H * D, n * Hk * D, n * Hk * D};
+  const long long sq[3] = {n * H * D, H * D, D}, sk[3] = {n * Hk * D, Hk * D, D};
+  for (int variant = 0; variant < 4; variant++) {
+    const int dt = variant & 1 ? RDA_DTYPE_FP16 : RDA_DTYPE_BF16, causal = variant >> 1;
+    rda_config c;
+    rt_config_make(&c, (int)H, (int)Hk, (int)D, dt, causal, RDA_OFFSETS_BLOCK, 3, w, r);
+    double *q = rt_normal((size_t)count[0], dt), *k = rt_normal((size_t)count[1], dt);
+    double *v = rt_normal((size_t)count[1], dt), *dout = rt_normal((size_t)count[0], dt);
+    rt_bwd_ref ref;
+    rt_reference_bwd_mag(&c, 1, n, q, k, v, dout, NULL, &ref);
+    const double *g[3] = {ref.dq, ref.dk, ref.dv}, *mag[3] = {ref.dq_mag, ref.dk_mag, ref.dv_mag};
+    double ref2[3] = {0, 0, 0}, mag2[3] = {0, 0, 0};
+    for (int t = 0; t < 3; t++)
+      for (long long i = 0; i < count[t]; i++)
+        ref2[t] += g[t][i] * g[t][i], mag2[t] += mag[t][i] * mag[t][i];
+    /* the premise: dQ and dK cancel to float64 noise, dV does not */
+    assert_true(sqrt(ref2[0]) < 1e-12 * sqrt(mag2[0]) && sqrt(ref2[1]) < 1e-12 * sqrt(mag2[1]));
+    assert_true(sqrt(ref2[2]) > 0.1 * sqrt(mag2[2]));
+    float *got[3];
+    for (int t = 0; t < 3; t++) {
+      got[t] = malloc((size_t)count[t] * sizeof *got[t]);
+      assert_non_null(got[t]);
+    }
+    const long long *st[3] = {sq, sk, sk};
+    for (int kind = 0; kind < 3; kind++) { /* 0: noise; 1: dQ row 2 off; 2: dK row 1 off */
+      for (int t = 0; t < 3; t++)
+        for (long long i = 0; i < count[t]; i++)
+          got[t][i] = (float)(g[t][i] + 1e-7 * mag[t][i] * rt_rng_normal(rt_global_rng()));
+      if (kind == 1)
+        for (long long x = 0; x < D; x++) got[0][2 * D + x] += (float)(1e-2 * mag[0][2 * D + x]);
+      if (kind == 2)
+        for (long long x = 0; x < D; x++) got[1][1 * D + x] -= (float)(1e-2 * mag[1][1 * D + x]);
+      rda_check_grad_result with, without;
+      rda_check_grad(&c, 1, n, got[0], st[0], got[1], st[1], got[2], st[2], ref.dq, ref.dk, ref.dv,
+                     ref.dq_mag, ref.dk_mag, ref.dv_mag, &with);
+      rda_check_grad(&c, 1, n, got[0], st[0], got[1], st[1], got[2], st[2], ref.dq, ref.dk, ref.dv,
+                     NULL, NULL, NULL, &without);
+      char what[96];
+      snprintf(what, sizeof what, "cancelled gradient, variant %d, kind %d%s", variant, kind,
+               kind ? " (expected)" : "");
+      rt_grad_report rep;
+      const bool ok =
+          rt_check_bwd_ref(what, &c, 1, n, got[0], st[0], got[1], st[1], got[2], st[2], &ref, &rep);
+      if ((kind == 0) != with.pass)
+        fprintf(stderr, "%s: dQ %.3g dK %.3g dV %.3g: %s\n", what, with.dq_rel_l2, with.dk_rel_l2,
+                with.dv_rel_l2, with.first_failure);
+      assert_int_equal(with.pass, kind == 0);
+      assert_int_equal(ok, kind == 0);
+      assert_true(rep.dq_rel_l2 == with.dq_rel_l2 && rep.dk_rel_l2 == with.dk_rel_l2);
+      assert_false(without.pass); /* the plain ratio cannot judge it: noise is all it sees */
+      if (kind == 0) assert_true(with.dq_rel_l2 < 1e-3 && with.dk_rel_l2 < 1e-3);
+      if (kind == 1) assert_non_null(strstr(with.first_failure, "dQ"));
+      if (kind == 2) assert_non_null(strstr(with.first_failure, "dK"));
+      assert_true(with.dv_rel_l2 == without.dv_rel_l2); /* dV does not cancel */
+    }
+    for (int t = 0; t < 3; t++) free(got[t]);
+    rt_bwd_ref_free(&ref);
+    free(q), free(k), free(v), free(dout);
+  }
+}
+
+/* The magnitude floor acts only where ||ref|| < RDA_CHECK_GRAD_MAG_FRACTION ||mag||: above it
+ * the relative error is exactly the plain one (bit for bit), below it the error is taken
+ * against the floor. On an arbitrary ref with mag scaled so that ||ref|| / (fraction ||mag||)
+ * is 4, 1 and 1/4. */
+static void test_check_grad_magnitude_floor_acts_only_below_the_fraction(void **state) {
+  (void)state;
+  const long long n = 5, H = 2, D = 32, count = n * H * D;
+  const long long s[3] = {count, H * D, D};
+  double *ref = rt_normal((size_t)count, RT_DTYPE_F64);
+  double *mag = malloc((size_t)count * sizeof *mag);
+  float *got = malloc((size_t)count * sizeof *got);
+  assert_non_null(mag), assert_non_null(got);
+  double ref2 = 0.0, base2 = 0.0;
+  for (long long i = 0; i < count; i++) {
+    got[i] = (float)(ref[i] * (1.0 + 1e-3 * rt_rng_normal(rt_global_rng())));
+    ref2 += ref[i] * ref[i];
+    const double b = fabs(ref[i]) + 1.0;
+    base2 += b * b;
+  }
+  const double ratios[] = {4.0, 1.0, 0.25};
+  long long bad = -1;
+  const double plain = rda_check_grad_rel_l2(got, s, ref, NULL, 1, n, (int)H, (int)D, &bad);
+  assert_int_equal(bad, 0);
+  assert_true(plain > 1e-4 && plain < 1e-2);
+  for (size_t f = 0; f < sizeof ratios / sizeof ratios[0]; f++) {
+    /* ||mag|| = ||ref|| / (ratio * fraction) */
+    const double scale = sqrt(ref2 / base2) / (ratios[f] * RDA_CHECK_GRAD_MAG_FRACTION);
+    for (long long i = 0; i < count; i++) mag[i] = (fabs(ref[i]) + 1.0) * scale;
+    const double rel = rda_check_grad_rel_l2(got, s, ref, mag, 1, n, (int)H, (int)D, &bad);
+    if (ratios[f] > 1.0) {
+      assert_true(rel == plain);
+    } else {
+      assert_true(fabs(rel - plain * ratios[f]) <= 1e-12 * plain);
+    }
+  }
+  free(ref), free(mag), free(got);
+}
+
 /* rda_check_grad / rt_check_bwd pass the reference rounded to fp32 (strided), and one off by
  * half the tolerance, and fail each kind of wrong gradient: an element off, a NaN, an Inf, all
- * of dQ off by 2.5 tolerances, dK and dV swapped. */
+ * of dQ off by 2.5 tolerances, dK and dV swapped; with the magnitudes too, and then with the
+ * same relative errors to the bit (none of these gradients cancels). */
 static void test_check_bwd_rejects_each_kind_of_wrong_gradient(void **state) {
   (void)state;
   const long long w[] = {8, 16}, r[] = {1, 2};
@@ -719,8 +948,9 @@ static void test_check_bwd_rejects_each_kind_of_wrong_gradient(void **state) {
     double *k = rt_normal((size_t)(n * Hk * D), RT_DTYPE_F64);
     double *v = rt_normal((size_t)(n * Hk * D), RT_DTYPE_F64);
     double *dout = rt_normal((size_t)(n * H * D), RT_DTYPE_F64);
-    double *ref[3];
-    rt_reference_bwd(&c, 1, n, q, k, v, dout, NULL, &ref[0], &ref[1], &ref[2]);
+    rt_bwd_ref full; /* with magnitudes: none of these gradients cancels */
+    rt_reference_bwd_mag(&c, 1, n, q, k, v, dout, NULL, &full);
+    const double *ref[3] = {full.dq, full.dk, full.dv};
     const long long sq[3] = {n * H * P, H * P, P}, sk[3] = {n * Hk * P, Hk * P, P};
     float *g[3];
     const long long heads[3] = {H, Hk, Hk};
@@ -752,7 +982,8 @@ static void test_check_bwd_rejects_each_kind_of_wrong_gradient(void **state) {
       }
       const int good = kind == 0 || kind == 6;
       rda_check_grad_result res;
-      rda_check_grad(&c, 1, n, g[0], sq, g[1], sk, g[2], sk, ref[0], ref[1], ref[2], &res);
+      rda_check_grad(&c, 1, n, g[0], sq, g[1], sk, g[2], sk, ref[0], ref[1], ref[2], NULL, NULL,
+                     NULL, &res);
       char what[80];
       snprintf(what, sizeof what, "deliberately wrong gradient, kind %d (expected)", kind);
       rt_grad_report rep;
@@ -765,8 +996,19 @@ static void test_check_bwd_rejects_each_kind_of_wrong_gradient(void **state) {
       assert_int_equal(rep.nonfinite, kind == 2 || kind == 3 ? 1 : 0);
       assert_int_equal(res.nonfinite, rep.nonfinite);
       assert_true(rep.dq_rel_l2 == res.dq_rel_l2 && rep.dk_rel_l2 == res.dk_rel_l2);
+      /* With the magnitudes: exactly the same answer (||ref|| >= the fraction of ||mag||). */
+      rda_check_grad_result with;
+      rda_check_grad(&c, 1, n, g[0], sq, g[1], sk, g[2], sk, ref[0], ref[1], ref[2], full.dq_mag,
+                     full.dk_mag, full.dv_mag, &with);
+      assert_int_equal(with.pass, res.pass);
+      assert_true(with.dq_rel_l2 == res.dq_rel_l2 && with.dk_rel_l2 == res.dk_rel_l2 &&
+                  with.dv_rel_l2 == res.dv_rel_l2);
+      assert_string_equal(with.first_failure, res.first_failure);
+      assert_int_equal(rt_check_bwd_ref(what, &c, 1, n, g[0], sq, g[1], sk, g[2], sk, &full, NULL),
+                       good);
     }
-    for (int i = 0; i < 3; i++) free(g[i]), free(ref[i]);
+    for (int i = 0; i < 3; i++) free(g[i]);
+    rt_bwd_ref_free(&full);
     free(q), free(k), free(v), free(dout);
   }
 }
@@ -807,14 +1049,14 @@ static void test_check_grad_passes_an_exactly_zero_gradient(void **state) {
   for (long long i = 0; i < n * Hk * D; i++) dv_rms += ref[2][i] * ref[2][i];
   assert_true(sqrt(dv_rms / (double)(n * Hk * D)) > 1e-3); /* dV = P dO is not zero */
   rda_check_grad_result res;
-  rda_check_grad(&c, 1, n, dq, sq, dk, sk, dv, sk, ref[0], ref[1], ref[2], &res);
+  rda_check_grad(&c, 1, n, dq, sq, dk, sk, dv, sk, ref[0], ref[1], ref[2], NULL, NULL, NULL, &res);
   if (!res.pass) fprintf(stderr, "an exact zero gradient failed: %s\n", res.first_failure);
   assert_true(res.pass);
   assert_true(res.dq_rel_l2 < 1e-3 && res.dk_rel_l2 < 1e-3);
   /* A wrong value where the gradient is zero is still an error: 1e-6 on one element is 1e-6
    * absolute against a floor of 1e-9 * sqrt(128). */
   dq[5] = 1e-6f;
-  rda_check_grad(&c, 1, n, dq, sq, dk, sk, dv, sk, ref[0], ref[1], ref[2], &res);
+  rda_check_grad(&c, 1, n, dq, sq, dk, sk, dv, sk, ref[0], ref[1], ref[2], NULL, NULL, NULL, &res);
   assert_false(res.pass);
   assert_non_null(strstr(res.first_failure, "dQ"));
   free(dq), free(dk), free(dv), free(q), free(k), free(v), free(dout);
@@ -837,7 +1079,7 @@ static void test_check_grad_catches_errors_in_a_small_gradient(void **state) {
   for (size_t f = 0; f < sizeof factors / sizeof factors[0]; f++) {
     for (long long i = 0; i < count; i++) got[i] = (float)(ref[i] * factors[f]);
     long long bad = -1;
-    const double rel = rda_check_grad_rel_l2(got, s, ref, 1, n, (int)H, (int)D, &bad);
+    const double rel = rda_check_grad_rel_l2(got, s, ref, NULL, 1, n, (int)H, (int)D, &bad);
     assert_int_equal(bad, 0);
     const double want = fabs(1.0 - factors[f]);
     if (fabs(rel - want) > 1e-3 * tol + 1e-7) {
@@ -1061,6 +1303,9 @@ int main(void) {
       cmocka_unit_test(test_check_bwd_rejects_each_kind_of_wrong_gradient),
       cmocka_unit_test(test_check_grad_passes_an_exactly_zero_gradient),
       cmocka_unit_test(test_check_grad_catches_errors_in_a_small_gradient),
+      cmocka_unit_test(test_reference_bwd_magnitudes_bound_the_gradient),
+      cmocka_unit_test(test_check_grad_magnitude_judges_a_cancelled_gradient),
+      cmocka_unit_test(test_check_grad_magnitude_floor_acts_only_below_the_fraction),
       cmocka_unit_test(test_rounding_bf16_ties_to_even),
       cmocka_unit_test(test_rounding_fp16_ties_subnormals_overflow),
       cmocka_unit_test(test_rounding_bits_round_trip_exhaustively),

@@ -396,20 +396,25 @@ void rt_reference(const rda_config *c, long long batch, long long n, const doubl
   rda_ref_forward(c, batch, n, q, k, v, *o, *lse);
 }
 
-/* One gradient against its reference: relative L2 (computed by runtime/check.c), and on
- * failure the first non-finite or far-off elements. */
+/* One gradient against its reference (and magnitude, may be NULL): relative L2 (computed by
+ * runtime/check.c), and on failure the first non-finite or far-off elements. */
 static bool rt_check_grad_one(const char *what, const char *name, const rda_config *c,
                               long long batch, long long n, int heads, const float *got,
-                              const long long s[3], const double *ref, double tol, double *rel,
-                              long long *nonfinite, bool *printed) {
+                              const long long s[3], const double *ref, const double *mag,
+                              double tol, double *rel, long long *nonfinite, bool *printed) {
   const long long D = c->head_dim;
-  *rel = rda_check_grad_rel_l2(got, s, ref, batch, n, heads, c->head_dim, nonfinite);
+  *rel = rda_check_grad_rel_l2(got, s, ref, mag, batch, n, heads, c->head_dim, nonfinite);
   if (*nonfinite == 0 && *rel <= tol) return true;
   rt_header(printed, what);
-  double sumsq = 0.0;
+  double sumsq = 0.0, magsq = 0.0;
   const long long count = batch * n * heads * D;
   for (long long i = 0; i < count; i++) sumsq += ref[i] * ref[i];
-  const double rms = count > 0 ? sqrt(sumsq / (double)count) : 0.0;
+  for (long long i = 0; mag != NULL && i < count; i++) magsq += mag[i] * mag[i];
+  /* the scale an element is shown against: its own, the gradient's RMS, or the check's
+   * magnitude floor where the gradient cancels */
+  const double rms = count > 0 ? fmax(sqrt(sumsq / (double)count),
+                                      RDA_CHECK_GRAD_MAG_FRACTION * sqrt(magsq / (double)count))
+                               : 0.0;
   int shown = 0;
   for (long long b = 0; b < batch && shown < RT_SHOW; b++)
     for (long long p = 0; p < n && shown < RT_SHOW; p++)
@@ -432,24 +437,31 @@ static bool rt_check_grad_one(const char *what, const char *name, const rda_conf
           }
         }
   fprintf(stderr, "  %s: rel L2 %.3g (tol %.3g), %lld not finite\n", name, *rel, tol, *nonfinite);
+  if (sumsq < RDA_CHECK_GRAD_MAG_FRACTION * RDA_CHECK_GRAD_MAG_FRACTION * magsq)
+    fprintf(stderr,
+            "  %s cancels (||ref|| %.3g < %g ||mag||, ||mag|| %.3g): the error is taken "
+            "relative to %g ||mag||\n",
+            name, sqrt(sumsq), RDA_CHECK_GRAD_MAG_FRACTION, sqrt(magsq),
+            RDA_CHECK_GRAD_MAG_FRACTION);
   return false;
 }
 
-bool rt_check_bwd(const char *what, const rda_config *c, long long batch, long long n,
-                  const float *dq, const long long dq_s[3], const float *dk,
-                  const long long dk_s[3], const float *dv, const long long dv_s[3],
-                  const double *dq_ref, const double *dk_ref, const double *dv_ref,
-                  rt_grad_report *rep) {
+/* rt_check_bwd_ref and rt_check_bwd: refs and mags (entries may be NULL) of dQ, dK, dV. */
+static bool rt_check_bwd_with(const char *what, const rda_config *c, long long batch, long long n,
+                              const float *dq, const long long dq_s[3], const float *dk,
+                              const long long dk_s[3], const float *dv, const long long dv_s[3],
+                              const double *const refs[3], const double *const mags[3],
+                              rt_grad_report *rep) {
   const double tol = rt_tolerance(c->dtype).grad_rel_l2;
   rt_grad_report r = {0};
   bool printed = false;
   long long bq = 0, bk = 0, bv = 0;
-  bool ok = rt_check_grad_one(what, "dq", c, batch, n, c->heads, dq, dq_s, dq_ref, tol,
+  bool ok = rt_check_grad_one(what, "dq", c, batch, n, c->heads, dq, dq_s, refs[0], mags[0], tol,
                               &r.dq_rel_l2, &bq, &printed);
-  ok &= rt_check_grad_one(what, "dk", c, batch, n, c->kv_heads, dk, dk_s, dk_ref, tol, &r.dk_rel_l2,
-                          &bk, &printed);
-  ok &= rt_check_grad_one(what, "dv", c, batch, n, c->kv_heads, dv, dv_s, dv_ref, tol, &r.dv_rel_l2,
-                          &bv, &printed);
+  ok &= rt_check_grad_one(what, "dk", c, batch, n, c->kv_heads, dk, dk_s, refs[1], mags[1], tol,
+                          &r.dk_rel_l2, &bk, &printed);
+  ok &= rt_check_grad_one(what, "dv", c, batch, n, c->kv_heads, dv, dv_s, refs[2], mags[2], tol,
+                          &r.dv_rel_l2, &bv, &printed);
   r.nonfinite = bq + bk + bv;
   if (!ok)
     fprintf(stderr,
@@ -462,13 +474,57 @@ bool rt_check_bwd(const char *what, const rda_config *c, long long batch, long l
   return ok;
 }
 
+bool rt_check_bwd_ref(const char *what, const rda_config *c, long long batch, long long n,
+                      const float *dq, const long long dq_s[3], const float *dk,
+                      const long long dk_s[3], const float *dv, const long long dv_s[3],
+                      const rt_bwd_ref *ref, rt_grad_report *rep) {
+  const double *const refs[3] = {ref->dq, ref->dk, ref->dv};
+  const double *const mags[3] = {ref->dq_mag, ref->dk_mag, ref->dv_mag};
+  return rt_check_bwd_with(what, c, batch, n, dq, dq_s, dk, dk_s, dv, dv_s, refs, mags, rep);
+}
+
+bool rt_check_bwd(const char *what, const rda_config *c, long long batch, long long n,
+                  const float *dq, const long long dq_s[3], const float *dk,
+                  const long long dk_s[3], const float *dv, const long long dv_s[3],
+                  const double *dq_ref, const double *dk_ref, const double *dv_ref,
+                  rt_grad_report *rep) {
+  const double *const refs[3] = {dq_ref, dk_ref, dv_ref};
+  const double *const mags[3] = {NULL, NULL, NULL};
+  return rt_check_bwd_with(what, c, batch, n, dq, dq_s, dk, dk_s, dv, dv_s, refs, mags, rep);
+}
+
 void rt_reference_bwd(const rda_config *c, long long batch, long long n, const double *q,
                       const double *k, const double *v, const double *dout, const double *dlse,
                       double **dq, double **dk, double **dv) {
   *dq = rt_xmalloc((size_t)(batch * n * c->heads * c->head_dim) * sizeof **dq);
   *dk = rt_xmalloc((size_t)(batch * n * c->kv_heads * c->head_dim) * sizeof **dk);
   *dv = rt_xmalloc((size_t)(batch * n * c->kv_heads * c->head_dim) * sizeof **dv);
-  rda_ref_backward(c, batch, n, q, k, v, dout, dlse, *dq, *dk, *dv);
+  rda_ref_backward(c, batch, n, q, k, v, dout, dlse, *dq, *dk, *dv, NULL, NULL, NULL);
+}
+
+void rt_reference_bwd_mag(const rda_config *c, long long batch, long long n, const double *q,
+                          const double *k, const double *v, const double *dout, const double *dlse,
+                          rt_bwd_ref *ref) {
+  const size_t nq = (size_t)(batch * n * c->heads * c->head_dim);
+  const size_t nkv = (size_t)(batch * n * c->kv_heads * c->head_dim);
+  ref->dq = rt_xmalloc(nq * sizeof *ref->dq);
+  ref->dk = rt_xmalloc(nkv * sizeof *ref->dk);
+  ref->dv = rt_xmalloc(nkv * sizeof *ref->dv);
+  ref->dq_mag = rt_xmalloc(nq * sizeof *ref->dq_mag);
+  ref->dk_mag = rt_xmalloc(nkv * sizeof *ref->dk_mag);
+  ref->dv_mag = rt_xmalloc(nkv * sizeof *ref->dv_mag);
+  rda_ref_backward(c, batch, n, q, k, v, dout, dlse, ref->dq, ref->dk, ref->dv, ref->dq_mag,
+                   ref->dk_mag, ref->dv_mag);
+}
+
+void rt_bwd_ref_free(rt_bwd_ref *ref) {
+  free(ref->dq);
+  free(ref->dk);
+  free(ref->dv);
+  free(ref->dq_mag);
+  free(ref->dk_mag);
+  free(ref->dv_mag);
+  memset(ref, 0, sizeof *ref);
 }
 
 /* --- files and subprocesses ------------------------------------------------------------------- */

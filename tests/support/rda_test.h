@@ -116,11 +116,36 @@ typedef struct rt_grad_report {
   long long nonfinite; /* NaN/Inf elements in dQ, dK, dV together */
 } rt_grad_report;
 
+/* The float64 reference gradients of a problem and their magnitudes (rda_ref_backward:
+ * every term of the sums made positive), all malloc'd: dq, dq_mag [B, N, H, D]; dk, dv,
+ * dk_mag, dv_mag [B, N, Hkv, D]. */
+typedef struct rt_bwd_ref {
+  double *dq, *dk, *dv;
+  double *dq_mag, *dk_mag, *dv_mag;
+} rt_bwd_ref;
+
+/* The reference backward pass (dlse may be NULL = 0) with the magnitudes into *ref. */
+void rt_reference_bwd_mag(const rda_config *c, long long batch, long long n, const double *q,
+                          const double *k, const double *v, const double *dout, const double *dlse,
+                          rt_bwd_ref *ref);
+/* Free what rt_reference_bwd_mag allocated and zero *ref (accepts a zeroed one). */
+void rt_bwd_ref_free(rt_bwd_ref *ref);
+
 /* Compare a kernel's fp32 dq [B, N, H, D] and dk, dv [B, N, Hkv, D] (strides over batch, n,
- * head; d contiguous) with the reference gradients (contiguous doubles) per SPEC §5: each
- * relative L2 within the dtype's grad tolerance, no NaN/Inf. On failure prints `what`, the
- * seed and the first mismatches (index, got, expected, scaled tolerance) to stderr and returns
- * false. rep may be NULL. */
+ * head; d contiguous) with the reference gradients per SPEC §5 as rda_check_grad judges them:
+ * each relative L2 within the dtype's grad tolerance, no NaN/Inf; where ref's magnitudes are
+ * given, a gradient that cancels (N = 1, a saturated softmax) is judged against a fraction of
+ * its magnitude (check.h, RDA_CHECK_GRAD_MAG_FRACTION). On failure prints `what`, the seed and
+ * the first mismatches (index, got, expected, scaled tolerance) to stderr and returns false.
+ * rep may be NULL. */
+bool rt_check_bwd_ref(const char *what, const rda_config *c, long long batch, long long n,
+                      const float *dq, const long long dq_s[3], const float *dk,
+                      const long long dk_s[3], const float *dv, const long long dv_s[3],
+                      const rt_bwd_ref *ref, rt_grad_report *rep);
+
+/* The same without magnitudes: the plain SPEC §5 ratio (with check.h's RMS floor), which a
+ * correct kernel fails where a gradient cancels. For callers that have only dq_ref, dk_ref,
+ * dv_ref (contiguous doubles). */
 bool rt_check_bwd(const char *what, const rda_config *c, long long batch, long long n,
                   const float *dq, const long long dq_s[3], const float *dk,
                   const long long dk_s[3], const float *dv, const long long dv_s[3],
@@ -128,7 +153,7 @@ bool rt_check_bwd(const char *what, const rda_config *c, long long batch, long l
                   rt_grad_report *rep);
 
 /* The reference backward pass (dlse may be NULL = 0) into malloc'd *dq [B, N, H, D] and *dk,
- * *dv [B, N, Hkv, D]. */
+ * *dv [B, N, Hkv, D], without magnitudes. */
 void rt_reference_bwd(const rda_config *c, long long batch, long long n, const double *q,
                       const double *k, const double *v, const double *dout, const double *dlse,
                       double **dq, double **dk, double **dv);
