@@ -660,12 +660,6 @@ static double th_process_cpu_s(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static double th_cpu_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* Records the first failure of a thread (or scenario) in why[cap]; later ones are dropped. */
 static void th_fail(char *why, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -770,9 +764,9 @@ static double th_compare_cost(rda_gen *g, rt_rng *r) {
       th_config_make(&c, r, k == 0 ? 1 : N + 1, "calibrate.lua");
       rda_config got;
       rda_err err = {0};
-      const double t0 = th_cpu_s();
+      const double t0 = rt_thread_cpu_s();
       const rda_status s = rda_gen_config_string(g, c.text, c.name, &got, &err);
-      const double t = th_cpu_s() - t0;
+      const double t = rt_thread_cpu_s() - t0;
       if (s != RDA_OK) return -1;
       if (t < best[k]) best[k] = t;
     }
@@ -818,9 +812,9 @@ static void *th_mixed_main(void *arg) {
     snprintf(name, sizeof name, "runaway_%d.lua", j->id);
     th_config_make(&c, &j->rng, 10 * 1000 * 1000, name); /* minutes of compares */
     rda_config got;
-    const double t0 = th_cpu_s();
+    const double t0 = rt_thread_cpu_s();
     const rda_status s = rda_gen_config_string(g, c.text, c.name, &got, &err);
-    j->cpu = th_cpu_s() - t0;
+    j->cpu = rt_thread_cpu_s() - t0;
     char want[256];
     if (s != RDA_ERR_CONFIG || !th_is_time_message(err.msg, c.name, j->limit, want, sizeof want))
       th_fail(j->why, sizeof j->why, "the runaway: status %d, message '%s', want '%s'", (int)s,
@@ -1028,8 +1022,8 @@ typedef struct th_stress_job {
  * hooks stop at the limit (0.2 s of CPU: not more, the others must keep going). The last thread
  * runs only 4: valid configs that take a fifth of the limit of its own CPU time (calibrated on
  * one quiet thread: six busy threads on two cores can make the same work cost twice to four
- * times the CPU time), watched most of the time, while the process's CPU time (all threads) runs far past limit + 1 s. The generator
- * is replaced every 32 runs. */
+ * times the CPU time), watched most of the time, while the process's CPU time (all threads)
+ * runs far past limit + 1 s. The generator is replaced every 32 runs. */
 static void *th_stress_main(void *arg) {
   th_stress_job *j = arg;
   rda_gen *g = NULL;

@@ -706,6 +706,12 @@ static void rt_buf_add(rt_buf *b, const char *src, size_t n) {
   b->data[b->len] = '\0';
 }
 
+double rt_thread_cpu_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static double rt_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

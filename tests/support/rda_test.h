@@ -158,6 +158,12 @@ void rt_reference_bwd(const rda_config *c, long long batch, long long n, const d
                       const double *k, const double *v, const double *dout, const double *dlse,
                       double **dq, double **dk, double **dv);
 
+/* --- clocks ---------------------------------------------------------------------------------- */
+
+/* The calling thread's CPU seconds: what the config sandbox's time limit counts, so a test that
+ * bounds a run by it is not failed by a loaded machine stretching the wall time. */
+double rt_thread_cpu_s(void);
+
 /* --- files and subprocesses ------------------------------------------------------------------- */
 
 /* A fresh folder under $TMPDIR (or /tmp), malloc'd path; NULL on failure. */
