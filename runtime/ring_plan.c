@@ -213,6 +213,18 @@ static double rp_piece_pairs(const rda_ring_plan *p, int64_t lo, int64_t hi, int
 
 /* --- classes and groups --------------------------------------------------------------------- */
 
+/* A branch's head with its offset, ordered by (offset, head). */
+typedef struct rp_head {
+  int64_t offset;
+  int head;
+} rp_head;
+
+static int rp_head_cmp(const void *a, const void *b) {
+  const rp_head *x = a, *y = b;
+  if (x->offset != y->offset) return x->offset < y->offset ? -1 : 1;
+  return (x->head > y->head) - (x->head < y->head);
+}
+
 static rda_status rp_build_classes(rda_ring_plan *p, rda_err *err) {
   const rda_config *c = &p->cfg;
   const int group = c->heads / c->kv_heads;
@@ -224,33 +236,32 @@ static rda_status rp_build_classes(rda_ring_plan *p, rda_err *err) {
   }
   p->classes = calloc((size_t)(total > 0 ? total : 1), sizeof *p->classes);
   p->kv = calloc((size_t)(total > 0 ? total : 1), sizeof *p->kv);
-  if (p->classes == NULL || p->kv == NULL)
+  rp_head *hs = calloc((size_t)(c->heads > 0 ? c->heads : 1), sizeof *hs);
+  if (p->classes == NULL || p->kv == NULL || hs == NULL) {
+    free(hs);
     return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring plan: out of memory for head classes");
+  }
   int nkv_total = 0;
   for (int i = 0; i < c->nbranch; i++) {
     int h0, cnt;
     rda_config_branch_heads(c, i, &h0, &cnt);
-    /* Offsets are in [0, r): one class per distinct offset, ascending. */
-    for (int64_t prev = -1;;) {
-      int64_t next = -1;
-      for (int h = h0; h < h0 + cnt; h++) {
-        const int64_t j = rda_config_offset(c, i, h);
-        if (j > prev && (next < 0 || j < next)) next = j;
-      }
-      if (next < 0) break;
-      prev = next;
+    /* One class per distinct offset (offsets lie in [0, r)), ascending; sorting once keeps
+     * this O(H log H) where every head may be a class of its own (r >= H). */
+    for (int x = 0; x < cnt; x++) hs[x].head = h0 + x, hs[x].offset = rda_config_offset(c, i, h0 + x);
+    qsort(hs, (size_t)cnt, sizeof *hs, rp_head_cmp);
+    for (int x = 0; x < cnt;) {
       rp_class *k = &p->classes[p->nclasses++];
-      k->branch = i, k->offset = next, k->nq = 0, k->nkv = 0, k->kv0 = nkv_total;
-      for (int h = h0; h < h0 + cnt; h++) {
-        if (rda_config_offset(c, i, h) != next) continue;
+      k->branch = i, k->offset = hs[x].offset, k->nq = 0, k->nkv = 0, k->kv0 = nkv_total;
+      for (; x < cnt && hs[x].offset == k->offset; x++) {
         k->nq++;
-        const int kvh = h / group; /* ascending with h */
+        const int kvh = hs[x].head / group; /* ascending with the head */
         if (k->nkv == 0 || p->kv[k->kv0 + k->nkv - 1] != kvh) p->kv[k->kv0 + k->nkv++] = kvh;
       }
       nkv_total += k->nkv;
       p->branches[i].nclasses++;
     }
   }
+  free(hs);
   return RDA_OK;
 }
 

@@ -612,6 +612,28 @@ static void test_ring_sim_billion_rows_1024_ranks_is_fast_and_consistent(void **
   }
 }
 
+/* r > H in every branch makes every head a class of its own: 16 branches of 65535 classes.
+ * Finding them must not cost H^2 per branch (it took minutes once); the classes are each head,
+ * its offset ascending. */
+static void test_ring_plan_one_class_per_head_is_fast(void **state) {
+  (void)state;
+  long long w[16], r[16];
+  for (int i = 0; i < 16; i++) w[i] = 4096LL * (i + 1), r[i] = 65536 + i;
+  for (int block = 0; block < 2; block++) {
+    rda_config c;
+    rt_config_make(&c, 65535, 1, 32, RDA_DTYPE_BF16, 0,
+                   block ? RDA_OFFSETS_BLOCK : RDA_OFFSETS_MOD, 16, w, r);
+    const double t0 = now_s();
+    rda_ring_plan *p = NULL;
+    rda_err err = {0};
+    assert_int_equal(rda_ring_plan_create(&c, 100000, 2, RDA_RING_CONTIGUOUS, &p, &err), RDA_OK);
+    const double took = now_s() - t0;
+    if (took > 30.0) fail_msg("the plan took %.1f s", took);
+    for (int i = 0; i < 16; i++) assert_int_equal(rda_ring_plan_branch(p, i)->nclasses, 65535);
+    rda_ring_plan_destroy(p);
+  }
+}
+
 /* --- the command line ----------------------------------------------------------------------- */
 
 static char *write_config(char *dir) {
@@ -728,6 +750,48 @@ static void test_ring_sim_cli_prints_ranks_and_rejects_bad_input(void **state) {
     const char *argv[] = {"ring-sim", cfg, "--n", "100", "--ranks", "2", "--bogus", NULL};
     run_cli(argv, 2, "unknown option");
   }
+  {
+    /* One spelling per number: plain digits, or decimal scientific for N. No space, sign, hex,
+     * fraction or special value slips through strtod; no option twice. */
+    static const char *const good[] = {"4096", "4.096e3", "1e+3", "1E3"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+      const char *argv[] = {"ring-sim", cfg, "--n", good[i], "--ranks", "2", NULL};
+      run_cli(argv, 0, "overlap");
+    }
+    static const char *const bad[] = {"0x10", "0x1p5", " 16", "\t16", "+16", "16 ", "1e-3",
+                                      "inf",  "nan",   "1e",  "e3",   ".",   "",    "--ranks"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+      const char *argv[] = {"ring-sim", cfg, "--ranks", "2", "--n", bad[i], NULL};
+      run_cli(argv, 2, "--n");
+    }
+    const char *a1[] = {"ring-sim", cfg, "--n", "100", "--ranks", "1e1", NULL};
+    run_cli(a1, 2, "--ranks");
+    const char *a2[] = {"ring-sim", cfg, "--n", "100", "--ranks", "2", "--link-gbps", "0x64", NULL};
+    run_cli(a2, 2, "--link-gbps");
+    const char *a3[] = {"ring-sim", cfg, "--n", "100", "--ranks", "2", "--tflops", " 400", NULL};
+    run_cli(a3, 2, "--tflops");
+    const char *a4[] = {"ring-sim", cfg, "--n", "100", "--ranks", "2", "--ranks", "4", NULL};
+    run_cli(a4, 2, "--ranks given twice");
+    const char *a5[] = {"ring-sim", cfg,        "--n",    "100",        "--ranks", "2",
+                        "--layout", "zigzag", "--layout", "contiguous", NULL};
+    run_cli(a5, 2, "--layout given twice");
+  }
+  {
+    /* A table or JSON that cannot be written is an error, not a silent success. */
+    for (int json = 0; json < 2; json++) {
+      char cmd[4200];
+      snprintf(cmd, sizeof cmd, "exec '%s' ring-sim '%s' --n 100 --ranks 2%s >/dev/full",
+               RDAGEN_PATH, cfg, json ? " --json" : "");
+      char sh[] = "/bin/sh", c_opt[] = "-c";
+      char *argv[] = {sh, c_opt, cmd, NULL};
+      rt_proc pr;
+      assert_true(rt_run(argv, 120, &pr));
+      assert_int_equal(pr.exit_code, 1);
+      assert_int_equal(rt_count_lines(pr.err), 1);
+      assert_non_null(strstr(pr.err, "rdagen: error: cannot write to standard output"));
+      rt_proc_free(&pr);
+    }
+  }
   free(cfg);
   rt_rmtree(dir);
   free(dir);
@@ -748,6 +812,7 @@ int main(void) {
       cmocka_unit_test(test_ring_sim_overlap_matches_hand_model),
       cmocka_unit_test(test_ring_plan_fingerprint_covers_every_input),
       cmocka_unit_test(test_ring_sim_billion_rows_1024_ranks_is_fast_and_consistent),
+      cmocka_unit_test(test_ring_plan_one_class_per_head_is_fast),
       cmocka_unit_test(test_ring_sim_cli_prints_ranks_and_rejects_bad_input),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
