@@ -245,6 +245,9 @@ static double rda_npy_decode(const unsigned char *b, int itemsize) {
   return d;
 }
 
+/* Values a pipe's buffer starts with (8 MiB of doubles). */
+#define RDA_NPY_PIPE_CHUNK ((size_t)1 << 20)
+
 static rda_status rda_npy_read_file(FILE *f, const char *path, rda_npy *out, rda_err *err) {
   unsigned char pre[12];
   const size_t got = fread(pre, 1, 10, f);
@@ -287,7 +290,8 @@ static rda_status rda_npy_read_file(FILE *f, const char *path, rda_npy *out, rda
    * so a lying header cannot make us allocate what the file does not hold. */
   struct stat fst;
   const long pos = ftell(f);
-  if (pos >= 0 && fstat(fileno(f), &fst) == 0 && S_ISREG(fst.st_mode)) {
+  const int regular = pos >= 0 && fstat(fileno(f), &fst) == 0 && S_ISREG(fst.st_mode);
+  if (regular) {
     const unsigned long long have = (unsigned long long)fst.st_size - (unsigned long long)pos;
     const unsigned long long want = (unsigned long long)out->count * (unsigned long long)itemsize;
     if (have < want)
@@ -301,7 +305,11 @@ static rda_status rda_npy_read_file(FILE *f, const char *path, rda_npy *out, rda
                          "array",
                          path, have - want, out->count);
   }
-  out->data = malloc((out->count ? out->count : 1) * sizeof *out->data);
+  /* A pipe's size is not known before it is read: its buffer grows with the data that
+   * arrives (doubling), so a lying header costs no more memory than the data sent. */
+  size_t cap = out->count ? out->count : 1;
+  if (!regular && cap > RDA_NPY_PIPE_CHUNK) cap = RDA_NPY_PIPE_CHUNK;
+  out->data = malloc(cap * sizeof *out->data);
   if (out->data == NULL)
     return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "%s: out of memory for %zu values", path,
                        out->count);
@@ -310,6 +318,14 @@ static rda_status rda_npy_read_file(FILE *f, const char *path, rda_npy *out, rda
   size_t done = 0;
   while (done < out->count) {
     const size_t want = out->count - done < per ? out->count - done : per;
+    if (done + want > cap) {
+      const size_t grown = cap > out->count / 2 ? out->count : 2 * cap;
+      double *d = realloc(out->data, grown * sizeof *out->data);
+      if (d == NULL)
+        return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "%s: out of memory for %zu values", path,
+                           out->count);
+      out->data = d, cap = grown;
+    }
     const size_t n = fread(buf, (size_t)itemsize, want, f);
     for (size_t i = 0; i < n; i++)
       out->data[done + i] = rda_npy_decode(buf + i * (size_t)itemsize, itemsize);

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <errno.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 typedef struct fixture {
@@ -349,6 +350,70 @@ static void test_npy_rejects_bad_magic_version_and_truncation(void **state) {
   free(good);
 }
 
+/* rda_npy_read of bytes that arrive through a pipe (/dev/fd/N), written by a child process. */
+static rda_status read_through_pipe(const void *bytes, size_t len, rda_npy *a, rda_err *err) {
+  int fd[2];
+  assert_int_equal(pipe(fd), 0);
+  const pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    close(fd[0]);
+    const char *p = bytes;
+    while (len > 0) {
+      const ssize_t n = write(fd[1], p, len);
+      if (n <= 0) _exit(1);
+      p += n, len -= (size_t)n;
+    }
+    _exit(0);
+  }
+  close(fd[1]);
+  char path[64];
+  snprintf(path, sizeof path, "/dev/fd/%d", fd[0]);
+  const rda_status s = rda_npy_read(path, a, err);
+  close(fd[0]); /* first: a child blocked on a full pipe then ends */
+  int wst = 0;
+  assert_int_equal(waitpid(pid, &wst, 0), pid);
+  return s;
+}
+
+/* A pipe's size is unknown until read: a header that claims far more than arrives (here
+ * 2^36 values, 512 GiB as doubles) is a truncation error, not an allocation of what it claims;
+ * and an honest pipe of more values than the first buffer holds reads back exactly. */
+static void test_npy_pipe_reads_what_arrives(void **state) {
+  fixture *f = *state;
+  unsigned char data[100];
+  for (size_t i = 0; i < sizeof data; i++) data[i] = (unsigned char)(i * 7 + 1);
+  const char *lying = "{'descr': '<f4', 'fortran_order': False, 'shape': (68719476736,), }";
+  char *path = make_file(f, "lying.npy", 1, lying, 1, data, sizeof data);
+  size_t len = 0;
+  char *bytes = rt_read_file(path, &len);
+  assert_non_null(bytes);
+  rda_npy a;
+  rda_err err = {0};
+  assert_int_equal(read_through_pipe(bytes, len, &a, &err), RDA_ERR_IO);
+  assert_non_null(strstr(err.msg, "truncated .npy data: 25 of 68719476736 values"));
+  assert_null(a.data);
+  free(bytes), free(path);
+
+  const size_t n = ((size_t)3 << 20) + 5; /* past two doublings of the pipe buffer */
+  float *x = malloc(n * sizeof *x);
+  unsigned char *raw = malloc(n * 4);
+  assert_true(x != NULL && raw != NULL);
+  for (size_t i = 0; i < n; i++) x[i] = (float)i * 0.25f - 1000.0f;
+  le_f32(raw, x, n);
+  char dict[128];
+  snprintf(dict, sizeof dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (%zu,), }", n);
+  path = make_file(f, "honest.npy", 1, dict, 1, raw, n * 4);
+  bytes = rt_read_file(path, &len);
+  assert_non_null(bytes);
+  assert_int_equal(read_through_pipe(bytes, len, &a, &err), RDA_OK);
+  assert_int_equal(a.count, n);
+  for (size_t i = 0; i < n; i++)
+    if (a.data[i] != (double)x[i]) fail_msg("value %zu: %g, expected %g", i, a.data[i], x[i]);
+  rda_npy_free(&a);
+  free(bytes), free(path), free(x), free(raw);
+}
+
 static void test_npy_rejects_missing_file_and_folder(void **state) {
   fixture *f = *state;
   char *path = rt_path(f->dir, "nope.npy");
@@ -595,6 +660,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_npy_rejects_each_bad_header, setup, teardown),
       cmocka_unit_test_setup_teardown(test_npy_rejects_bad_magic_version_and_truncation, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_npy_pipe_reads_what_arrives, setup, teardown),
       cmocka_unit_test_setup_teardown(test_npy_rejects_missing_file_and_folder, setup, teardown),
       cmocka_unit_test_setup_teardown(test_npy_write_then_read_round_trips, setup, teardown),
       cmocka_unit_test_setup_teardown(test_npy_write_header_is_numpy_v1_padded_to_64, setup,
