@@ -131,6 +131,11 @@ static void test_cli_help_and_version_exit_0(void **state) {
   assert_int_equal(p.exit_code, 0);
   assert_non_null(strstr(p.out, "--backend"));
   rt_proc_free(&p);
+  static const char *const demo_help[] = {"demo", "--help", NULL};
+  p = run_rdagen(60, demo_help);
+  assert_int_equal(p.exit_code, 0);
+  assert_non_null(strstr(p.out, "usage: rdagen demo"));
+  rt_proc_free(&p);
   static const char *const version[] = {"--version", NULL};
   p = run_rdagen(60, version);
   assert_int_equal(p.exit_code, 0);
@@ -166,6 +171,25 @@ static void test_cli_bad_usage_exits_2(void **state) {
       {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--ranks", "-1", NULL},
       {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--ranks", "two", NULL},
       {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--ranks=1.5", NULL},
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--ranks", "\t2", NULL}, /* white space */
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--ranks", "\n2", NULL},
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--ranks", "+2", NULL},
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--ranks", "0x2", NULL},
+      /* emit: a value is never the next option (--out --ptx is no folder named "--ptx") */
+      {"emit", C, "--arch", "sm_90", "--out", "--ptx", NULL},
+      {"emit", C, "--arch", "--out", O, NULL},
+      /* demo: strict numbers, known backends, each option once */
+      {"demo", C, "--n", "\t64", NULL},
+      {"demo", C, "--n", "64x", NULL},
+      {"demo", C, "--n", "99999999999999999999", NULL},
+      {"demo", C, "--n", "2199023255552", NULL}, /* 2^41 */
+      {"demo", C, "--batch", "65536", NULL},
+      {"demo", C, "--n", "64", "--n", "32", NULL},
+      {"demo", C, "--seed", "-1", NULL},
+      {"demo", C, "--backend", "gpu", NULL},
+      {"demo", C, "--n", NULL},
+      {"demo", C, "--n", "--batch", "2", NULL},
+      {"demo", C, "--bogus", NULL},
       {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--do", Q, NULL}, /* partial backward */
       {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--dq", O, "--dk", L, NULL},
       {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--lse", O, NULL}, /* one file twice */

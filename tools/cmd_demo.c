@@ -2,6 +2,7 @@
  * compile each with NVRTC for the local GPU (sm_90 when there is none) and show the ptxas
  * report, run the forward pass on the GPU or the CPU emulator, check it against the float64
  * reference, and print a short table. */
+#include "args.h"
 #include "backend.h"
 #include "check.h"
 #include "commands.h"
@@ -11,6 +12,7 @@
 #include "reference.h"
 #include "rng.h"
 
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,49 +32,56 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int parse_ll(const char *s, long long lo, long long *out) {
-  char *end = NULL;
-  long long v = strtoll(s, &end, 10);
-  if (end == s || *end != '\0' || v < lo) return 0;
-  *out = v;
-  return 1;
-}
+/* Bounds of the demo's problem: N as the ring's, the batch as one launch grid's z. */
+#define DEMO_MAX_N (1LL << 40)
+#define DEMO_MAX_BATCH 65535LL
 
+/* Returns -1 to go on, else the exit status (0 for --help). */
 static int parse_opts(int argc, char **argv, demo_opts *o) {
   o->config = "configs/default.lua";
   o->n = 2048;
   o->batch = 1;
   o->backend = "auto";
   o->seed = 1;
-  int have_config = 0;
+  int have_config = 0, seen[4] = {0};
+  static const char *const valued[] = {"--n", "--batch", "--seed", "--backend"};
+  static const long long lo[] = {1, 1, 0}, hi[] = {DEMO_MAX_N, DEMO_MAX_BATCH, LLONG_MAX};
   for (int i = 0; i < argc; ++i) {
     const char *a = argv[i];
-    const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-    long long x;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       printf("usage: rdagen demo [CONFIG] [--n N] [--batch B] [--backend auto|cuda|emu] [--seed S]\n");
-      exit(0);
-    } else if (strcmp(a, "--n") == 0 || strcmp(a, "--batch") == 0 || strcmp(a, "--seed") == 0) {
-      if (val == NULL || !parse_ll(val, strcmp(a, "--seed") == 0 ? 0 : 1, &x))
-        return rdagen_usage("demo: %s needs a positive integer", a);
-      if (strcmp(a, "--n") == 0) o->n = x;
-      else if (strcmp(a, "--batch") == 0) o->batch = x;
-      else o->seed = (unsigned long long)x;
-      ++i;
-    } else if (strcmp(a, "--backend") == 0) {
-      if (val == NULL) return rdagen_usage("demo: --backend needs auto, cuda or emu");
-      o->backend = val;
-      ++i;
-    } else if (a[0] == '-') {
-      return rdagen_usage("demo: unknown option '%s'", a);
-    } else if (!have_config) {
+      return 0;
+    }
+    const char *eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
+    const size_t len = eq ? (size_t)(eq - a) : strlen(a);
+    int f = -1;
+    for (int j = 0; j < 4; j++)
+      if (strlen(valued[j]) == len && strncmp(valued[j], a, len) == 0) f = j;
+    if (f < 0) {
+      if (a[0] == '-' && a[1] != '\0') return rdagen_usage("demo: unknown option '%s'", a);
+      if (have_config) return rdagen_usage("demo: more than one config given ('%s')", a);
       o->config = a;
       have_config = 1;
-    } else {
-      return rdagen_usage("demo: more than one config given ('%s')", a);
+      continue;
     }
+    const char *val = rdagen_option_value(argc, argv, &i, eq);
+    if (val == NULL) return rdagen_usage("demo: %s needs a value", valued[f]);
+    if (seen[f]++) return rdagen_usage("demo: %s given twice", valued[f]);
+    if (f == 3) {
+      if (strcmp(val, "auto") != 0 && strcmp(val, "cuda") != 0 && strcmp(val, "emu") != 0)
+        return rdagen_usage("demo: --backend '%s': expected auto, cuda or emu", val);
+      o->backend = val;
+      continue;
+    }
+    long long x;
+    if (!rdagen_parse_count(val, lo[f], hi[f], &x))
+      return rdagen_usage("demo: %s '%s': expected an integer in %lld..%lld", valued[f], val, lo[f],
+                          hi[f]);
+    if (f == 0) o->n = x;
+    else if (f == 1) o->batch = x;
+    else o->seed = (unsigned long long)x;
   }
-  return 0;
+  return -1;
 }
 
 static void print_config(const rda_config *c, const demo_opts *o) {
@@ -116,9 +125,14 @@ static void free_tensors(demo_tensors *t) {
 }
 
 static int make_inputs(const rda_config *c, const demo_opts *o, demo_tensors *t) {
-  const size_t nq = (size_t)(o->batch * o->n * c->heads * c->head_dim);
-  const size_t nk = (size_t)(o->batch * o->n * c->kv_heads * c->head_dim);
-  const size_t nl = (size_t)(o->batch * c->heads * o->n);
+  /* B N H D doubles, and more, for each tensor: a product past what memory can address is
+   * refused here rather than wrapped. */
+  size_t bn, nq, nk, nl;
+  if (__builtin_mul_overflow((size_t)o->batch, (size_t)o->n, &bn) ||
+      __builtin_mul_overflow(bn, (size_t)c->heads * (size_t)c->head_dim, &nq) ||
+      __builtin_mul_overflow(bn, (size_t)c->kv_heads * (size_t)c->head_dim, &nk) ||
+      __builtin_mul_overflow(bn, (size_t)c->heads, &nl) || nq > SIZE_MAX / sizeof(double))
+    return rdagen_fail("out of memory: batch %lld x N %lld is too large", o->batch, o->n);
   t->q = malloc(nq * sizeof *t->q), t->k = malloc(nk * sizeof *t->k);
   t->v = malloc(nk * sizeof *t->v), t->o_ref = malloc(nq * sizeof *t->o_ref);
   t->lse_ref = malloc(nl * sizeof *t->lse_ref);
@@ -183,7 +197,7 @@ done:
 int rdagen_cmd_demo(int argc, char **argv) {
   demo_opts o;
   int rc = parse_opts(argc, argv, &o);
-  if (rc != 0) return rc;
+  if (rc >= 0) return rc;
 
   rda_err err = {0};
   rda_gen *g = NULL;

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "args.h"
 #include "cache.h"
 #include "commands.h"
 #include "gen.h"
@@ -100,22 +101,16 @@ static int emit_parse(int argc, char **argv, emit_opts *o) {
       o->config = a;
       continue;
     }
-    const char *name = a + 2, *value = NULL;
+    const char *name = a + 2, *value;
     size_t name_len = strlen(name);
     const char *eq = strchr(name, '=');
-    if (eq != NULL) {
-      name_len = (size_t)(eq - name);
-      value = eq + 1;
-    }
+    if (eq != NULL) name_len = (size_t)(eq - name);
     const int is_arch = name_len == 4 && strncmp(name, "arch", 4) == 0;
     const int is_out = name_len == 3 && strncmp(name, "out", 3) == 0;
     if (!is_arch && !is_out) return rdagen_usage("emit: unknown option '%s'", a);
-    if (value == NULL) {
-      if (i + 1 >= argc) return rdagen_usage("emit: --%.*s needs a value", (int)name_len, name);
-      value = argv[++i];
-    }
+    value = rdagen_option_value(argc, argv, &i, eq);
+    if (value == NULL) return rdagen_usage("emit: --%.*s needs a value", (int)name_len, name);
     if (is_out) {
-      if (value[0] == '\0') return rdagen_usage("emit: --out needs a folder");
       if (o->out != NULL) return rdagen_usage("emit: --out given twice");
       o->out = value;
       continue;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "args.h"
 #include "commands.h"
 #include "gen.h"
 #include "json.h"
@@ -52,27 +53,10 @@ typedef struct sim_opts {
   int json;
 } sim_opts;
 
-/* An integer written plainly or as 1e9 (exactly integral); 0 on failure. */
-static int sim_parse_count(const char *s, long long lo, long long hi, long long *out) {
-  char *end = NULL;
-  long long v = strtoll(s, &end, 10);
-  if (end == s || *end != '\0') {
-    double d = strtod(s, &end);
-    if (end == s || *end != '\0' || !isfinite(d) || d != floor(d) || d < (double)lo ||
-        d > (double)hi)
-      return 0;
-    v = (long long)d;
-  }
-  if (v < lo || v > hi) return 0;
-  *out = v;
-  return 1;
-}
-
 /* A rate in [lo, hi] whose value in base units (times unit) is finite, normal and positive. */
 static int sim_parse_rate(const char *s, double lo, double hi, double unit, double *out) {
-  char *end = NULL;
-  const double d = strtod(s, &end);
-  if (end == s || *end != '\0' || !isfinite(d) || !(d >= lo && d <= hi)) return 0;
+  double d;
+  if (!rdagen_parse_decimal(s, &d) || !(d >= lo && d <= hi)) return 0;
   const double base = d * unit;
   if (!isnormal(base) || !(base > 0.0)) return 0;
   *out = d;
@@ -85,7 +69,7 @@ static int sim_parse(int argc, char **argv, sim_opts *o) {
   o->layout = RDA_RING_CONTIGUOUS;
   o->link_gbps = SIM_DEFAULT_LINK_GBPS;
   o->tflops = SIM_DEFAULT_TFLOPS;
-  int have_n = 0, have_p = 0;
+  int have_n = 0, have_p = 0, seen[5] = {0};
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i];
     char name[32];
@@ -113,19 +97,19 @@ static int sim_parse(int argc, char **argv, sim_opts *o) {
     if (strcmp(name, "--n") != 0 && strcmp(name, "--ranks") != 0 && strcmp(name, "--layout") != 0 &&
         strcmp(name, "--link-gbps") != 0 && strcmp(name, "--tflops") != 0)
       return rdagen_usage("ring-sim: unknown option '%s'", a);
-    if (eq != NULL)
-      val = eq + 1;
-    else if (i + 1 < argc)
-      val = argv[++i];
-    else
-      return rdagen_usage("ring-sim: %s needs a value", name);
+    val = rdagen_option_value(argc, argv, &i, eq);
+    if (val == NULL) return rdagen_usage("ring-sim: %s needs a value", name);
+    static const char *const valued[] = {"--n", "--ranks", "--layout", "--link-gbps", "--tflops"};
+    for (int f = 0; f < 5; f++)
+      if (strcmp(name, valued[f]) == 0 && seen[f]++)
+        return rdagen_usage("ring-sim: %s given twice", name);
     long long x;
     if (strcmp(name, "--n") == 0) {
-      if (!sim_parse_count(val, 1, RDA_RING_MAX_N, &x))
+      if (!rdagen_parse_count_sci(val, 1, RDA_RING_MAX_N, &x))
         return rdagen_usage("ring-sim: --n '%s': expected an integer 1..2^40 (1e9 is fine)", val);
       o->n = x, have_n = 1;
     } else if (strcmp(name, "--ranks") == 0) {
-      if (!sim_parse_count(val, 1, RDA_RING_MAX_RANKS, &x))
+      if (!rdagen_parse_count(val, 1, RDA_RING_MAX_RANKS, &x))
         return rdagen_usage("ring-sim: --ranks '%s': expected an integer 1..%d", val,
                             RDA_RING_MAX_RANKS);
       o->ranks = (int)x, have_p = 1;

@@ -1,6 +1,7 @@
 /* cmd_run.c — `rdagen run` (SPEC §4): dilated attention on .npy files. Parse and validate
  * everything (flags, config, input files and shapes, output folders) before any kernel runs;
  * then plan, load, upload, run the forward (and backward) pass and write every output or none. */
+#include "args.h"
 #include "backend.h"
 #include "bwd.h"
 #include "commands.h"
@@ -16,6 +17,7 @@
 #include "ring_virtual.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -105,15 +107,8 @@ static int run_parse(int argc, char **argv, run_opts *o) {
       if (strlen(run_flags[j].name) == nlen && strncmp(run_flags[j].name, name, nlen) == 0)
         f = &run_flags[j];
     if (f == NULL) return rdagen_usage("run: unknown option '%.*s'", (int)(nlen + 2), a);
-    const char *val;
-    if (eq != NULL) {
-      val = eq + 1;
-    } else {
-      if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)
-        return rdagen_usage("run: --%s needs a value", f->name);
-      val = argv[++i];
-    }
-    if (*val == '\0') return rdagen_usage("run: --%s needs a value", f->name);
+    const char *val = rdagen_option_value(argc, argv, &i, eq);
+    if (val == NULL) return rdagen_usage("run: --%s needs a value", f->name);
     const char **slot = (const char **)(void *)((char *)o + f->offset);
     if (*slot != NULL) return rdagen_usage("run: --%s given twice", f->name);
     *slot = val;
@@ -132,13 +127,8 @@ static int run_parse(int argc, char **argv, run_opts *o) {
     return rdagen_usage("run: --backend '%s': expected auto, cuda or emu", o->backend);
   o->ranks = 1;
   if (o->ranks_text != NULL) {
-    char *end = NULL;
-    errno = 0;
-    const long long r = strtoll(o->ranks_text, &end, 10);
-    if (errno != 0 || end == o->ranks_text || *end != '\0' || r < 1 || o->ranks_text[0] == '+' ||
-        o->ranks_text[0] == ' ')
+    if (!rdagen_parse_count(o->ranks_text, 1, LLONG_MAX, &o->ranks))
       return rdagen_usage("run: --ranks '%s': expected a positive integer", o->ranks_text);
-    o->ranks = r;
   }
   if (o->layout != NULL && rda_ring_layout_parse(o->layout) < 0)
     return rdagen_usage("run: --layout '%s': expected contiguous or zigzag", o->layout);

@@ -1,6 +1,7 @@
 /* cmd_tune.c — `rdagen tune`: time every candidate tile of a config's attention kernels on
  * this machine's backend (runtime/tune.h), print a table per kernel, and merge the rankings
  * into the user's tuning database, which every later plan reads (runtime/gen.h, "tuning"). */
+#include "args.h"
 #include "backend.h"
 #include "commands.h"
 #include "gen.h"
@@ -55,17 +56,6 @@ typedef struct tune_cli {
   int have_n, have_iters, backward, dry_run, wgmma;
 } tune_cli;
 
-/* A decimal integer in [lo, hi] and nothing else (no sign, space or trailing junk). */
-static int tune_parse_ll(const char *s, long long lo, long long hi, long long *out) {
-  if (s == NULL || *s < '0' || *s > '9') return 0;
-  char *end = NULL;
-  errno = 0;
-  const long long v = strtoll(s, &end, 10);
-  if (errno != 0 || *end != '\0' || v < lo || v > hi) return 0;
-  *out = v;
-  return 1;
-}
-
 /* Returns -1 to go on, else the exit status (0 for --help). */
 static int tune_parse(int argc, char **argv, tune_cli *o) {
   memset(o, 0, sizeof *o);
@@ -105,18 +95,11 @@ static int tune_parse(int argc, char **argv, tune_cli *o) {
     for (int j = 0; j < 7; j++)
       if (strlen(valued[j]) == nlen && strncmp(valued[j], name, nlen) == 0) f = j;
     if (f < 0) return rdagen_usage("tune: unknown option '%.*s'", (int)(nlen + 2), a);
-    const char *val;
-    if (eq != NULL) {
-      val = eq + 1;
-    } else {
-      if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)
-        return rdagen_usage("tune: --%s needs a value", valued[f]);
-      val = argv[++i];
-    }
-    if (*val == '\0') return rdagen_usage("tune: --%s needs a value", valued[f]);
+    const char *val = rdagen_option_value(argc, argv, &i, eq);
+    if (val == NULL) return rdagen_usage("tune: --%s needs a value", valued[f]);
     if (seen[f]++) return rdagen_usage("tune: --%s given twice", valued[f]);
     if (f < 4) { /* the bounded counts */
-      if (!tune_parse_ll(val, 1, int_max[f], ints[f]))
+      if (!rdagen_parse_count(val, 1, int_max[f], ints[f]))
         return rdagen_usage("tune: --%s '%s': expected an integer in 1..%lld", valued[f], val,
                             int_max[f]);
       continue;
@@ -129,7 +112,7 @@ static int tune_parse(int argc, char **argv, tune_cli *o) {
         o->backend = val;
         break;
       case 5:
-        if (!tune_parse_ll(val, 0, LLONG_MAX, &x))
+        if (!rdagen_parse_count(val, 0, LLONG_MAX, &x))
           return rdagen_usage("tune: --seed '%s': expected a non-negative integer", val);
         o->seed = (unsigned long long)x;
         break;

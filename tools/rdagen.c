@@ -6,6 +6,7 @@
 #include "gen.h"
 #include "rda.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -67,6 +68,16 @@ int rdagen_usage(const char *fmt, ...) {
   return 2;
 }
 
+/* What a command printed must reach its destination: a full disk on standard output is an
+ * error, not a silent success (a command that failed has printed its one error line already). */
+static int rdagen_stdout_status(int rc) {
+  errno = 0;
+  if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
+  if (rc != 0) return rc;
+  return rdagen_fail("cannot write to standard output: %s",
+                     errno != 0 ? strerror(errno) : "a write failed");
+}
+
 int main(int argc, char **argv) {
   /* A config runs in this process: one stuck in a single Lua instruction past its time limit
    * ends it with one error line (SPEC §3: a config cannot hang the tool). */
@@ -78,19 +89,22 @@ int main(int argc, char **argv) {
   const char *cmd = argv[1];
   if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
     fputs(rdagen_usage_text, stdout);
-    return 0;
+    return rdagen_stdout_status(0);
   }
   if (strcmp(cmd, "--version") == 0) {
     const unsigned v = rda_version();
     printf("rdagen %s (librda %u.%u.%u)\n", RDA_VERSION_STRING, v / 10000, v / 100 % 100, v % 100);
-    return 0;
+    return rdagen_stdout_status(0);
   }
-  if (strcmp(cmd, "run") == 0) return rdagen_cmd_run(argc - 2, argv + 2);
-  if (strcmp(cmd, "emit") == 0) return rdagen_cmd_emit(argc - 2, argv + 2);
-  if (strcmp(cmd, "cache") == 0) return rdagen_cmd_cache(argc - 2, argv + 2);
-  if (strcmp(cmd, "demo") == 0) return rdagen_cmd_demo(argc - 2, argv + 2);
-  if (strcmp(cmd, "ring-sim") == 0) return rdagen_cmd_ring_sim(argc - 2, argv + 2);
-  if (strcmp(cmd, "tune") == 0) return rdagen_cmd_tune(argc - 2, argv + 2);
+  static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+  } commands[] = {{"run", rdagen_cmd_run},   {"emit", rdagen_cmd_emit},
+                  {"cache", rdagen_cmd_cache}, {"demo", rdagen_cmd_demo},
+                  {"ring-sim", rdagen_cmd_ring_sim}, {"tune", rdagen_cmd_tune}};
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (strcmp(cmd, commands[i].name) == 0)
+      return rdagen_stdout_status(commands[i].run(argc - 2, argv + 2));
   return rdagen_usage("unknown command '%s' (expected run, emit, cache, demo, ring-sim or tune)",
                       cmd);
 }
