@@ -46,6 +46,10 @@ struct rda_ring_plan {
   int64_t *memb_g;   /* the group, ascending */
   int *memb_x;       /* the rank's member index in it */
   uint64_t bundle_bytes; /* RDA_RING_BUNDLE_BYTES unless a test asks otherwise */
+  /* While planning with all-gathers: per rank, the receive block the all-ring plan needs
+   * (rda_ring_rank.recv_block); NULL while planning rings only. */
+  const uint64_t *ag_room;
+  int64_t ag_eligible; /* groups an all-gather could serve (3 members, not causal) */
   int64_t nmembers, mcap;
   rp_member *members;
   rda_ring_rank *ranks;
@@ -55,8 +59,10 @@ struct rda_ring_plan {
 static const char *const rp_why[] = {
     "ring: 2 members; an all-gather would be the same single exchange",
     "ring: causal; the ring skips and trims blocks in the future that an all-gather would move",
-    "ring: the gathered rows would take more memory than the ring's two receive blocks",
-    "all-gather: the gathered rows fit in two receive blocks and it takes 1 step instead of k-1",
+    "ring: an all-gather would raise a rank's ring memory (it receives both other blocks in "
+    "one step, and the receive block is double-buffered) or save no step",
+    "all-gather: both other blocks fit the receive block the ring needs anyway; 1 step "
+    "instead of 2",
     "ring: 4 or more members; a step moves at most two blocks each way",
 };
 
@@ -376,21 +382,20 @@ static void rp_choose(const rda_ring_plan *p, rp_group *g, const rp_member *m) {
     g->why = 4;
     return;
   }
-  /* Every member would hold all other blocks at once: allowed when that is no more than the
-   * ring's two receive blocks (of the largest incoming size) for every member. */
+  /* An all-gather makes each member receive both other blocks in one step. The driver
+   * double-buffers a round's receive block, so it is taken only where that fits the block the
+   * all-ring plan needs anyway on every member's rank (rda_ring_plan_create checks the
+   * result); otherwise it would hold more memory to save one step. */
+  g->why = 2;
+  if (p->ag_room == NULL) return;
   for (int x = 0; x < g->nm; x++) {
-    int64_t sum = 0, mx = 0;
-    for (int y = 0; y < g->nm; y++) {
-      if (y == x) continue;
-      int64_t rows = 0;
-      for (int q = 0; q < m[y].nr; q++) rows += m[y].t1[q] - m[y].t0[q];
-      sum += rows;
-      if (rows > mx) mx = rows;
-    }
-    if (sum > 2 * mx) {
-      g->why = 2;
+    int64_t others = 0;
+    for (int y = 0; y < g->nm; y++)
+      for (int q = 0; y != x && q < m[y].nr; q++) others += m[y].t1[q] - m[y].t0[q];
+    uint64_t bytes;
+    if (!rp_row_bytes(p, others, p->classes[g->cls].nkv, 1, &bytes) ||
+        bytes > p->ag_room[m[x].rank])
       return;
-    }
   }
   g->kind = RDA_RING_KIND_ALLGATHER;
   g->why = 3;
@@ -499,6 +504,7 @@ static rda_status rp_build_groups(rda_ring_plan *p, int i, int64_t *slot, int64_
       RDA_TRY(rp_push_group(p, &g, tmp, err));
       p->branches[i].ngroups++;
       if (g.kind == RDA_RING_KIND_ALLGATHER) p->branches[i].nallgather++;
+      if (g.kind == RDA_RING_KIND_ALLGATHER || g.why == 2) p->ag_eligible++;
     }
     rp_bundle(p, g0);
   }
@@ -579,6 +585,10 @@ static rda_status rp_totals(rda_ring_plan *p, rda_err *err) {
   return RDA_OK;
 }
 
+static rda_status rp_create(const rda_config *cfg, int64_t n, int ranks, int layout,
+                            uint64_t bundle_bytes, const uint64_t *ag_room, rda_ring_plan **out,
+                            rda_err *err);
+
 rda_status rda_ring_plan_create(const rda_config *cfg, int64_t n, int ranks, int layout,
                                 rda_ring_plan **out, rda_err *err) {
   return rda_ring_plan_create_bundled(cfg, n, ranks, layout, RDA_RING_BUNDLE_BYTES, out, err);
@@ -617,6 +627,48 @@ rda_status rda_ring_plan_create_bundled(const rda_config *cfg, int64_t n, int ra
         cfg->dilations[i] > RDA_RING_MAX_N)
       return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring plan: the config was not validated");
 
+  /* Rings only first; then, where some group could be an all-gather, again with all-gathers
+   * that fit the receive blocks the rings need. That plan is taken only when no rank's ring
+   * memory grows and no rank takes more steps: an all-gather saves steps, never memory. */
+  rda_ring_plan *rings = NULL, *gathers = NULL;
+  RDA_TRY(rp_create(cfg, n, ranks, layout, bundle_bytes, NULL, &rings, err));
+  if (rings->ag_eligible == 0) {
+    *out = rings;
+    return RDA_OK;
+  }
+  uint64_t *room = malloc((size_t)ranks * sizeof *room);
+  if (room == NULL) {
+    rda_ring_plan_destroy(rings);
+    return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring plan: out of memory for %d ranks", ranks);
+  }
+  for (int q = 0; q < ranks; q++) room[q] = rings->ranks[q].recv_block;
+  const rda_status s = rp_create(cfg, n, ranks, layout, bundle_bytes, room, &gathers, err);
+  free(room);
+  if (s != RDA_OK) {
+    rda_ring_plan_destroy(rings);
+    return s;
+  }
+  int better = 0, worse = 0;
+  for (int q = 0; q < ranks; q++) {
+    const rda_ring_rank *a = &gathers->ranks[q], *b = &rings->ranks[q];
+    worse |= a->peak_bytes > b->peak_bytes || a->steps > b->steps;
+    better |= a->steps < b->steps;
+  }
+  if (better && !worse) {
+    rda_ring_plan_destroy(rings);
+    *out = gathers;
+  } else {
+    rda_ring_plan_destroy(gathers);
+    *out = rings;
+  }
+  return RDA_OK;
+}
+
+/* One plan: all rings (ag_room NULL), or all-gathers where each member's receive of the two
+ * other blocks fits ag_room[rank]. */
+static rda_status rp_create(const rda_config *cfg, int64_t n, int ranks, int layout,
+                            uint64_t bundle_bytes, const uint64_t *ag_room, rda_ring_plan **out,
+                            rda_err *err) {
   rda_ring_plan *p = calloc(1, sizeof *p);
   int64_t *slot = NULL, *pr_lo = NULL, *pr_hi = NULL;
   int *pr_rank = NULL;
@@ -625,6 +677,7 @@ rda_status rda_ring_plan_create_bundled(const rda_config *cfg, int64_t n, int ra
   if (p == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring plan: out of memory");
   p->cfg = *cfg, p->n = n, p->nranks = ranks, p->layout = layout;
   p->bundle_bytes = bundle_bytes;
+  p->ag_room = ag_room;
   p->chunk = layout == RDA_RING_ZIGZAG ? n / (2 * (int64_t)ranks) : 0;
   for (int i = 0; i < cfg->nbranch; i++) {
     p->branches[i].w = cfg->segments[i] < n ? cfg->segments[i] : n;
@@ -647,6 +700,7 @@ rda_status rda_ring_plan_create_bundled(const rda_config *cfg, int64_t n, int ra
     if ((s = rp_build_groups(p, i, slot, pr_lo, pr_hi, pr_rank, tmp, err)) != RDA_OK) goto done;
   s = rp_totals(p, err);
 done:
+  p->ag_room = NULL; /* the caller's */
   free(slot), free(pr_lo), free(pr_hi), free(pr_rank), free(tmp);
   if (s != RDA_OK) {
     rda_ring_plan_destroy(p);

@@ -489,6 +489,22 @@ static ring_case case_bundles(void) {
   return rc;
 }
 
+/* Non-causal, 3 ranks: branch 1's four small groups are all-gathers inside the receive block
+ * branch 0's ring needs (test_ring_plan), so the gathered steps run beside ring steps. */
+static ring_case case_allgather(void) {
+  ring_case rc = base_case();
+  rc.heads = 4;
+  rc.kv_heads = 4;
+  rc.offsets = RDA_OFFSETS_MOD;
+  rc.nbranch = 2;
+  rc.w[0] = 60, rc.r[0] = 1;
+  rc.w[1] = 60, rc.r[1] = 4;
+  rc.n = 60;
+  rc.batch = 2;
+  rc.ranks = 3;
+  return rc;
+}
+
 /* Run rc for every rank count of ps (forward, or forward and backward). */
 static void run_ranks(const char *what, ring_case rc, int backward, const int *ps, int nps) {
   rc.backward = backward;
@@ -789,6 +805,23 @@ static void test_ring_failing_rank_errors_every_rank(void **state) {
 
 /* The ring backward: dQ from local work, dK/dV including what other ranks computed for the
  * rank's rows and returned in fp32, against the float64 reference gradients. */
+static void test_ring_allgathers_beside_rings_match_reference(void **state) {
+  (void)state;
+  ring_case rc = case_allgather();
+  rda_config cfg;
+  rt_config_make(&cfg, rc.heads, rc.kv_heads, rc.head_dim, RDA_DTYPE_BF16, rc.causal, rc.offsets,
+                 rc.nbranch, rc.w, rc.r);
+  rda_ring_plan *p = NULL;
+  rda_err err = {0};
+  assert_int_equal(rda_ring_plan_create(&cfg, rc.n, rc.ranks, rc.layout, &p, &err), RDA_OK);
+  assert_int_equal(rda_ring_plan_branch(p, 0)->nallgather, 0);
+  assert_int_equal(rda_ring_plan_branch(p, 1)->nallgather, 4);
+  rda_ring_plan_destroy(p);
+  run_ring("all-gathers beside rings", &rc, NULL);
+  rc.backward = 1;
+  run_ring("all-gathers beside rings, backward", &rc, NULL);
+}
+
 static void test_ring_backward_matches_reference_causal_mod(void **state) {
   (void)state;
   const int ps[] = {1, 2, 3, 5, 8};
@@ -894,6 +927,7 @@ int main(void) {
       cmocka_unit_test(test_ring_peak_bytes_shrink_with_ranks),
       cmocka_unit_test(test_ring_failing_rank_errors_every_rank),
       cmocka_unit_test(test_ring_mid_ring_failure_errors_every_rank),
+      cmocka_unit_test(test_ring_allgathers_beside_rings_match_reference),
       cmocka_unit_test(test_ring_backward_matches_reference_causal_mod),
       cmocka_unit_test(test_ring_backward_noncausal_block_gqa_batch2),
       cmocka_unit_test(test_ring_backward_causal_mod_gqa_batch2),
