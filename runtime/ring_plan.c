@@ -367,6 +367,21 @@ static int rp_first_step(const rp_group *g) {
 }
 
 /* Decide ring or all-gather for a new group (members m, nm). */
+/* Whether every member of g can receive both other members' blocks at once within room[its
+ * rank] bytes (per batch element). */
+static int rp_gather_fits(const rda_ring_plan *p, const rp_group *g, const rp_member *m,
+                          const uint64_t *room) {
+  for (int x = 0; x < g->nm; x++) {
+    int64_t others = 0;
+    for (int y = 0; y < g->nm; y++)
+      for (int q = 0; y != x && q < m[y].nr; q++) others += m[y].t1[q] - m[y].t0[q];
+    uint64_t bytes;
+    if (!rp_row_bytes(p, others, p->classes[g->cls].nkv, 1, &bytes) || bytes > room[m[x].rank])
+      return 0;
+  }
+  return 1;
+}
+
 static void rp_choose(const rda_ring_plan *p, rp_group *g, const rp_member *m) {
   g->kind = RDA_RING_KIND_RING;
   if (g->nm == 2) {
@@ -387,16 +402,7 @@ static void rp_choose(const rda_ring_plan *p, rp_group *g, const rp_member *m) {
    * all-ring plan needs anyway on every member's rank (rda_ring_plan_create checks the
    * result); otherwise it would hold more memory to save one step. */
   g->why = 2;
-  if (p->ag_room == NULL) return;
-  for (int x = 0; x < g->nm; x++) {
-    int64_t others = 0;
-    for (int y = 0; y < g->nm; y++)
-      for (int q = 0; y != x && q < m[y].nr; q++) others += m[y].t1[q] - m[y].t0[q];
-    uint64_t bytes;
-    if (!rp_row_bytes(p, others, p->classes[g->cls].nkv, 1, &bytes) ||
-        bytes > p->ag_room[m[x].rank])
-      return;
-  }
+  if (p->ag_room == NULL || !rp_gather_fits(p, g, m, p->ag_room)) return;
   g->kind = RDA_RING_KIND_ALLGATHER;
   g->why = 3;
 }
@@ -642,6 +648,16 @@ rda_status rda_ring_plan_create_bundled(const rda_config *cfg, int64_t n, int ra
     return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring plan: out of memory for %d ranks", ranks);
   }
   for (int q = 0; q < ranks; q++) room[q] = rings->ranks[q].recv_block;
+  int fits = 0; /* no second plan when no group could gather */
+  for (int64_t gi = 0; gi < rings->ngroups && !fits; gi++) {
+    const rp_group *g = &rings->groups[gi];
+    fits = g->why == 2 && rp_gather_fits(rings, g, &rings->members[g->m0], room);
+  }
+  if (!fits) {
+    free(room);
+    *out = rings;
+    return RDA_OK;
+  }
   const rda_status s = rp_create(cfg, n, ranks, layout, bundle_bytes, room, &gathers, err);
   free(room);
   if (s != RDA_OK) {
