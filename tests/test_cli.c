@@ -178,6 +178,10 @@ static void test_cli_bad_usage_exits_2(void **state) {
       /* emit: a value is never the next option (--out --ptx is no folder named "--ptx") */
       {"emit", C, "--arch", "sm_90", "--out", "--ptx", NULL},
       {"emit", C, "--arch", "--out", O, NULL},
+      {"emit", C, "--arch", "sm_+90", "--out", O, NULL}, /* architectures: sm_ and 2-3 digits */
+      {"emit", C, "--arch", "sm_0090", "--out", O, NULL},
+      {"cache", "list", "--arch", "sm_ 90", NULL},
+      {"cache", "warm", C, "--arch", "--arch", "sm_90", NULL},
       /* demo: strict numbers, known backends, each option once */
       {"demo", C, "--n", "\t64", NULL},
       {"demo", C, "--n", "64x", NULL},

@@ -51,6 +51,14 @@ int rdagen_parse_count_sci(const char *s, long long lo, long long hi, long long 
   return 1;
 }
 
+int rdagen_parse_arch(const char *s) {
+  long long v;
+  if (s == NULL || strncmp(s, "sm_", 3) != 0 || strlen(s + 3) < 2 || strlen(s + 3) > 3 ||
+      !rdagen_parse_count(s + 3, 10, 999, &v))
+    return -1;
+  return (int)v;
+}
+
 const char *rdagen_option_value(int argc, char **argv, int *i, const char *eq) {
   if (eq != NULL) return eq[1] != '\0' ? eq + 1 : NULL;
   if (*i + 1 >= argc || argv[*i + 1][0] == '\0' || strncmp(argv[*i + 1], "--", 2) == 0)

@@ -15,6 +15,10 @@ int rdagen_parse_count_sci(const char *s, long long lo, long long hi, long long 
  * no sign, space, hex, inf or nan. 1 when it is one, 0 otherwise. */
 int rdagen_parse_decimal(const char *s, double *out);
 
+/* A GPU architecture written sm_XX or sm_XXX (digits only, at least sm_10): its number XX,
+ * or -1. */
+int rdagen_parse_arch(const char *s);
+
 /* The value of option argv[*i] (whose name ends at eq when it is "--name=value", eq NULL
  * otherwise): after the '=', or the next argument, which may not be empty or begin with "--"
  * (then the option has no value: NULL). Moves *i past a separate value. */

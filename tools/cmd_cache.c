@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "args.h"
 #include "cache.h"
 #include "commands.h"
 #include "gen.h"
@@ -27,31 +28,20 @@ static const char cache_usage_text[] =
     "  warm    compile every kernel CONFIG plans for each sm_XX into the cache (no GPU needed)\n";
 
 /* "--arch X" or "--arch=X" at argv[*i]: 1 with *value set (advancing *i), 0 when argv[*i] is
- * another argument, -1 when the value is missing (the flag last, or "--arch="). */
+ * another argument, -1 when the value is missing (the flag last, "--arch=", or followed by
+ * another option). */
 static int cache_flag(int argc, char **argv, int *i, const char *flag, const char **value) {
   const size_t n = strlen(flag);
   *value = NULL;
-  if (strncmp(argv[*i], flag, n) != 0) return 0;
-  if (argv[*i][n] == '=') {
-    *value = argv[*i] + n + 1;
-    return **value != '\0' ? 1 : -1;
-  }
-  if (argv[*i][n] != '\0') return 0;
-  if (*i + 1 >= argc) return -1;
-  *value = argv[++*i];
-  return 1;
+  if (strncmp(argv[*i], flag, n) != 0 || (argv[*i][n] != '=' && argv[*i][n] != '\0')) return 0;
+  *value = rdagen_option_value(argc, argv, i, argv[*i][n] == '=' ? argv[*i] + n : NULL);
+  return *value != NULL ? 1 : -1;
 }
 
 /* A cache folder name `list` and `clear` accept: sm_ and 2 or 3 digits, or emu- and a machine
  * name (letters, digits, '_'), as the emulator names its folder (emu-x86_64, emu-aarch64). */
 static int cache_target_ok(const char *t) {
-  if (strncmp(t, "sm_", 3) == 0) {
-    const size_t n = strlen(t + 3);
-    if (n < 2 || n > 3) return 0;
-    for (size_t i = 0; i < n; ++i)
-      if (t[3 + i] < '0' || t[3 + i] > '9') return 0;
-    return 1;
-  }
+  if (strncmp(t, "sm_", 3) == 0) return rdagen_parse_arch(t) >= 0;
   if (strncmp(t, "emu-", 4) != 0 || t[4] == '\0' || strlen(t) > 64) return 0;
   for (const char *p = t + 4; *p != '\0'; ++p)
     if (!isalnum((unsigned char)*p) && *p != '_') return 0;
@@ -144,13 +134,6 @@ static int cache_warm(const char *config, const int *archs, int narchs) {
   return rc;
 }
 
-static int cache_parse_arch(const char *s) {
-  if (strncmp(s, "sm_", 3) != 0) return -1;
-  char *end = NULL;
-  const long v = strtol(s + 3, &end, 10);
-  return (end != s + 3 && *end == '\0' && v >= 10 && v < 1000) ? (int)v : -1;
-}
-
 int rdagen_cmd_cache(int argc, char **argv) {
   if (argc < 1) {
     fputs(cache_usage_text, stderr);
@@ -174,7 +157,7 @@ int rdagen_cmd_cache(int argc, char **argv) {
       return rdagen_usage("cache %s: --arch needs a value (a target such as sm_90)", sub);
     if (flag > 0) {
       if (strcmp(sub, "warm") == 0) {
-        const int arch = cache_parse_arch(value);
+        const int arch = rdagen_parse_arch(value);
         if (arch < 0) return rdagen_usage("cache warm: --arch '%s': expected sm_XX", value);
         if (narchs == CACHE_MAX_ARCHS)
           return rdagen_usage("cache warm: at most %d --arch", CACHE_MAX_ARCHS);

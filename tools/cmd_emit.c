@@ -67,20 +67,6 @@ typedef struct emit_queue {
   pthread_mutex_t lock;
 } emit_queue;
 
-/* "sm_90" -> 90; -1 when not of the form sm_<2 or 3 digits>. */
-static int emit_parse_arch(const char *s) {
-  if (strncmp(s, "sm_", 3) != 0) return -1;
-  const char *d = s + 3;
-  const size_t n = strlen(d);
-  if (n < 2 || n > 3) return -1;
-  int v = 0;
-  for (size_t i = 0; i < n; ++i) {
-    if (d[i] < '0' || d[i] > '9') return -1;
-    v = v * 10 + (d[i] - '0');
-  }
-  return v >= 10 ? v : -1;
-}
-
 /* Returns -1 to go on, else the exit status (0 for --help). */
 static int emit_parse(int argc, char **argv, emit_opts *o) {
   memset(o, 0, sizeof *o);
@@ -115,7 +101,7 @@ static int emit_parse(int argc, char **argv, emit_opts *o) {
       o->out = value;
       continue;
     }
-    const int arch = emit_parse_arch(value);
+    const int arch = rdagen_parse_arch(value);
     if (arch < 0) return rdagen_usage("emit: --arch '%s': expected sm_XX, e.g. sm_90", value);
     if (!rda_nvrtc_arch_supported(arch)) {
       const int v = rda_nvrtc_version();
