@@ -714,6 +714,7 @@ static void test_ring_sim_cli_prints_ranks_and_rejects_bad_input(void **state) {
     const char *argv[] = {"ring-sim", cfg,        "--n",    "4096",   "--ranks",
                           "8",        "--layout", "zigzag", "--json", NULL};
     run_cli(argv, 0, "\"peak_bytes\"");
+    run_cli(argv, 0, "{\"groups\": 4, \"why\": \"ring: causal; ");
     run_cli(argv, 0, "\"overlap\"");
     run_cli(argv, 0, "\"predicted\": true");
     run_cli(argv, 0, "nothing was run or measured");
@@ -721,6 +722,7 @@ static void test_ring_sim_cli_prints_ranks_and_rejects_bad_input(void **state) {
   {
     const char *argv[] = {"ring-sim", cfg, "--n", "4096", "--ranks", "8", NULL};
     run_cli(argv, 0, "overlap");
+    run_cli(argv, 0, "why      branch 1, "); /* the plan's reasons for ring or all-gather */
   }
   {
     /* 2^40 + 1 rows; rates that were accepted before and gave inf or a misleading error. */

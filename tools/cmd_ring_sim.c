@@ -153,6 +153,31 @@ static void sim_rank_line(const rda_ring_rank *rk, const rda_ring_sim *s) {
          s->comm_s, s->total_s, 100.0 * s->overlap);
 }
 
+/* The distinct reasons each branch's groups give for their kind (the plan's own words), with
+ * how many groups give each: one pass over the groups. */
+#define SIM_MAX_REASONS 8
+typedef struct sim_reasons {
+  int n;
+  const char *why[SIM_MAX_REASONS];
+  long long count[SIM_MAX_REASONS];
+} sim_reasons;
+
+static void sim_tally_reasons(const rda_ring_plan *p, sim_reasons out[RDA_MAX_BRANCHES]) {
+  memset(out, 0, RDA_MAX_BRANCHES * sizeof *out);
+  for (int64_t gi = 0; gi < rda_ring_plan_ngroups(p); gi++) {
+    rda_ring_group g;
+    rda_ring_plan_group(p, gi, &g);
+    sim_reasons *r = &out[g.branch];
+    int k = 0;
+    while (k < r->n && strcmp(r->why[k], g.why) != 0) k++;
+    if (k == r->n) {
+      if (r->n == SIM_MAX_REASONS) continue; /* the plan has fewer */
+      r->why[r->n] = g.why, r->count[r->n++] = 0;
+    }
+    r->count[k]++;
+  }
+}
+
 static int sim_print_json(const sim_opts *o, const rda_ring_plan *p, const rda_ring_sim *sim) {
   const rda_config *c = rda_ring_plan_config(p);
   rda_json j;
@@ -172,6 +197,8 @@ static int sim_print_json(const sim_opts *o, const rda_ring_plan *p, const rda_r
   double worst = 0.0;
   for (int q = 0; q < o->ranks; q++) worst = sim[q].total_s > worst ? sim[q].total_s : worst;
   rda_json_key(&j, "total_s"), rda_json_double(&j, worst);
+  sim_reasons reasons[RDA_MAX_BRANCHES];
+  sim_tally_reasons(p, reasons);
   rda_json_key(&j, "branches");
   rda_json_array_begin(&j);
   for (int i = 0; i < c->nbranch; i++) {
@@ -182,6 +209,15 @@ static int sim_print_json(const sim_opts *o, const rda_ring_plan *p, const rda_r
     rda_json_key(&j, "r"), rda_json_int(&j, (long long)b->r);
     rda_json_key(&j, "groups"), rda_json_int(&j, (long long)b->ngroups);
     rda_json_key(&j, "allgather_groups"), rda_json_int(&j, (long long)b->nallgather);
+    rda_json_key(&j, "reasons");
+    rda_json_array_begin(&j);
+    for (int k = 0; k < reasons[i].n; k++) {
+      rda_json_object_begin(&j);
+      rda_json_key(&j, "groups"), rda_json_int(&j, reasons[i].count[k]);
+      rda_json_key(&j, "why"), rda_json_string(&j, reasons[i].why[k]);
+      rda_json_object_end(&j);
+    }
+    rda_json_array_end(&j);
     /* Every byte count of a plan is at most RDA_RING_MAX_BYTES = INT64_MAX: the casts are exact. */
     rda_json_key(&j, "bytes"), rda_json_int(&j, (long long)b->bytes);
     rda_json_object_end(&j);
@@ -238,6 +274,12 @@ static void sim_print_table(const sim_opts *o, const rda_ring_plan *p, const rda
            sim_bytes((double)br->bytes, a, sizeof a),
            br->ngroups == 0 ? "  (segments fit inside ranks)" : "");
   }
+  sim_reasons reasons[RDA_MAX_BRANCHES];
+  sim_tally_reasons(p, reasons);
+  for (int i = 0; i < c->nbranch; i++)
+    for (int k = 0; k < reasons[i].n; k++)
+      printf("why      branch %d, %lld group%s: %s\n", i, reasons[i].count[k],
+             reasons[i].count[k] == 1 ? "" : "s", reasons[i].why[k]);
   printf("\n%5s %12s %11s %11s %11s %7s %11s %11s %11s %8s\n", "rank", "rows", "sent", "received",
          "peak", "steps", "compute_s", "comm_s", "total_s", "overlap");
   const int all = o->ranks <= 32;
