@@ -18,7 +18,7 @@ typedef struct rp_group {
   int branch, cls;
   int64_t segment, a, b, ngrid;
   int kind;
-  int why; /* index into rp_why */
+  int why; /* RP_WHY_*: index into rp_why */
   int64_t m0;
   int nm;
   int64_t bundle; /* rda_ring_step.bundle */
@@ -49,13 +49,14 @@ struct rda_ring_plan {
   /* While planning with all-gathers: per rank, the receive block the all-ring plan needs
    * (rda_ring_rank.recv_block); NULL while planning rings only. */
   const uint64_t *ag_room;
-  int64_t ag_eligible; /* groups an all-gather could serve (3 members, not causal) */
   int64_t nmembers, mcap;
   rp_member *members;
   rda_ring_rank *ranks;
   rda_ring_branch branches[RDA_MAX_BRANCHES];
 };
 
+/* Why a group is a ring or an all-gather (rda_ring_group.why). */
+enum { RP_WHY_TWO, RP_WHY_CAUSAL, RP_WHY_NO_ROOM, RP_WHY_GATHER, RP_WHY_MANY };
 static const char *const rp_why[] = {
     "ring: 2 members; an all-gather would be the same single exchange",
     "ring: causal; the ring skips and trims blocks in the future that an all-gather would move",
@@ -366,7 +367,6 @@ static int rp_first_step(const rp_group *g) {
   return g->kind == RDA_RING_KIND_ALLGATHER ? 0 : 1;
 }
 
-/* Decide ring or all-gather for a new group (members m, nm). */
 /* Whether every member of g can receive both other members' blocks at once within room[its
  * rank] bytes (per batch element). */
 static int rp_gather_fits(const rda_ring_plan *p, const rp_group *g, const rp_member *m,
@@ -382,29 +382,30 @@ static int rp_gather_fits(const rda_ring_plan *p, const rp_group *g, const rp_me
   return 1;
 }
 
+/* Decide ring or all-gather for a new group (members m, nm). */
 static void rp_choose(const rda_ring_plan *p, rp_group *g, const rp_member *m) {
   g->kind = RDA_RING_KIND_RING;
   if (g->nm == 2) {
-    g->why = 0;
+    g->why = RP_WHY_TWO;
     return;
   }
   if (p->cfg.causal) {
-    g->why = 1;
+    g->why = RP_WHY_CAUSAL;
     return;
   }
   /* A step holds at most two transfers each way (rda_ring_step.send[2], recv[2]). */
   if (g->nm > 3) {
-    g->why = 4;
+    g->why = RP_WHY_MANY;
     return;
   }
   /* An all-gather makes each member receive both other blocks in one step. The driver
    * double-buffers a round's receive block, so it is taken only where that fits the block the
    * all-ring plan needs anyway on every member's rank (rda_ring_plan_create checks the
    * result); otherwise it would hold more memory to save one step. */
-  g->why = 2;
+  g->why = RP_WHY_NO_ROOM;
   if (p->ag_room == NULL || !rp_gather_fits(p, g, m, p->ag_room)) return;
   g->kind = RDA_RING_KIND_ALLGATHER;
-  g->why = 3;
+  g->why = RP_WHY_GATHER;
 }
 
 /* The most one member of group g moves one way in one step, per batch element: a ring step
@@ -510,7 +511,6 @@ static rda_status rp_build_groups(rda_ring_plan *p, int i, int64_t *slot, int64_
       RDA_TRY(rp_push_group(p, &g, tmp, err));
       p->branches[i].ngroups++;
       if (g.kind == RDA_RING_KIND_ALLGATHER) p->branches[i].nallgather++;
-      if (g.kind == RDA_RING_KIND_ALLGATHER || g.why == 2) p->ag_eligible++;
     }
     rp_bundle(p, g0);
   }
@@ -638,10 +638,6 @@ rda_status rda_ring_plan_create_bundled(const rda_config *cfg, int64_t n, int ra
    * memory grows and no rank takes more steps: an all-gather saves steps, never memory. */
   rda_ring_plan *rings = NULL, *gathers = NULL;
   RDA_TRY(rp_create(cfg, n, ranks, layout, bundle_bytes, NULL, &rings, err));
-  if (rings->ag_eligible == 0) {
-    *out = rings;
-    return RDA_OK;
-  }
   uint64_t *room = malloc((size_t)ranks * sizeof *room);
   if (room == NULL) {
     rda_ring_plan_destroy(rings);
@@ -651,7 +647,7 @@ rda_status rda_ring_plan_create_bundled(const rda_config *cfg, int64_t n, int ra
   int fits = 0; /* no second plan when no group could gather */
   for (int64_t gi = 0; gi < rings->ngroups && !fits; gi++) {
     const rp_group *g = &rings->groups[gi];
-    fits = g->why == 2 && rp_gather_fits(rings, g, &rings->members[g->m0], room);
+    fits = g->why == RP_WHY_NO_ROOM && rp_gather_fits(rings, g, &rings->members[g->m0], room);
   }
   if (!fits) {
     free(room);
