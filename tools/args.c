@@ -35,7 +35,6 @@ int rdagen_parse_decimal(const char *s, double *out) {
     while (args_digit(*c)) c++;
   }
   if (*c != '\0') return 0;
-  errno = 0;
   const double d = strtod(s, NULL);
   if (!isfinite(d)) return 0; /* an exponent past the double range */
   *out = d;
@@ -53,10 +52,23 @@ int rdagen_parse_count_sci(const char *s, long long lo, long long hi, long long 
 
 int rdagen_parse_arch(const char *s) {
   long long v;
-  if (s == NULL || strncmp(s, "sm_", 3) != 0 || strlen(s + 3) < 2 || strlen(s + 3) > 3 ||
-      !rdagen_parse_count(s + 3, 10, 999, &v))
-    return -1;
+  if (s == NULL || strncmp(s, "sm_", 3) != 0) return -1;
+  const size_t digits = strlen(s + 3);
+  if (digits < 2 || digits > 3 || !rdagen_parse_count(s + 3, 10, 999, &v)) return -1;
   return (int)v;
+}
+
+int rdagen_option_index(const char *arg, const char *const *names, int n, const char **eq) {
+  *eq = NULL;
+  if (strncmp(arg, "--", 2) != 0) return -1;
+  const char *name = arg + 2, *e = strchr(name, '=');
+  const size_t len = e != NULL ? (size_t)(e - name) : strlen(name);
+  for (int f = 0; f < n; f++)
+    if (strlen(names[f]) == len && strncmp(names[f], name, len) == 0) {
+      *eq = e;
+      return f;
+    }
+  return -1;
 }
 
 const char *rdagen_option_value(int argc, char **argv, int *i, const char *eq) {

@@ -19,6 +19,10 @@ int rdagen_parse_decimal(const char *s, double *out);
  * or -1. */
 int rdagen_parse_arch(const char *s);
 
+/* The index in names[0..n) (option names without the "--") of arg when it is "--NAME" or
+ * "--NAME=VALUE" (*eq then points at the '=', else is NULL); -1 when it is neither. */
+int rdagen_option_index(const char *arg, const char *const *names, int n, const char **eq);
+
 /* The value of option argv[*i] (whose name ends at eq when it is "--name=value", eq NULL
  * otherwise): after the '=', or the next argument, which may not be empty or begin with "--"
  * (then the option has no value: NULL). Moves *i past a separate value. */

@@ -44,7 +44,7 @@ static int parse_opts(int argc, char **argv, demo_opts *o) {
   o->backend = "auto";
   o->seed = 1;
   int have_config = 0, seen[4] = {0};
-  static const char *const valued[] = {"--n", "--batch", "--seed", "--backend"};
+  static const char *const valued[] = {"n", "batch", "seed", "backend"};
   static const long long lo[] = {1, 1, 0}, hi[] = {DEMO_MAX_N, DEMO_MAX_BATCH, LLONG_MAX};
   for (int i = 0; i < argc; ++i) {
     const char *a = argv[i];
@@ -52,11 +52,8 @@ static int parse_opts(int argc, char **argv, demo_opts *o) {
       printf("usage: rdagen demo [CONFIG] [--n N] [--batch B] [--backend auto|cuda|emu] [--seed S]\n");
       return 0;
     }
-    const char *eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
-    const size_t len = eq ? (size_t)(eq - a) : strlen(a);
-    int f = -1;
-    for (int j = 0; j < 4; j++)
-      if (strlen(valued[j]) == len && strncmp(valued[j], a, len) == 0) f = j;
+    const char *eq;
+    const int f = rdagen_option_index(a, valued, 4, &eq);
     if (f < 0) {
       if (a[0] == '-' && a[1] != '\0') return rdagen_usage("demo: unknown option '%s'", a);
       if (have_config) return rdagen_usage("demo: more than one config given ('%s')", a);
@@ -65,8 +62,8 @@ static int parse_opts(int argc, char **argv, demo_opts *o) {
       continue;
     }
     const char *val = rdagen_option_value(argc, argv, &i, eq);
-    if (val == NULL) return rdagen_usage("demo: %s needs a value", valued[f]);
-    if (seen[f]++) return rdagen_usage("demo: %s given twice", valued[f]);
+    if (val == NULL) return rdagen_usage("demo: --%s needs a value", valued[f]);
+    if (seen[f]++) return rdagen_usage("demo: --%s given twice", valued[f]);
     if (f == 3) {
       if (strcmp(val, "auto") != 0 && strcmp(val, "cuda") != 0 && strcmp(val, "emu") != 0)
         return rdagen_usage("demo: --backend '%s': expected auto, cuda or emu", val);
@@ -75,8 +72,8 @@ static int parse_opts(int argc, char **argv, demo_opts *o) {
     }
     long long x;
     if (!rdagen_parse_count(val, lo[f], hi[f], &x))
-      return rdagen_usage("demo: %s '%s': expected an integer in %lld..%lld", valued[f], val, lo[f],
-                          hi[f]);
+      return rdagen_usage("demo: --%s '%s': expected an integer in %lld..%lld", valued[f], val,
+                          lo[f], hi[f]);
     if (f == 0) o->n = x;
     else if (f == 1) o->batch = x;
     else o->seed = (unsigned long long)x;

@@ -69,11 +69,11 @@ static int sim_parse(int argc, char **argv, sim_opts *o) {
   o->layout = RDA_RING_CONTIGUOUS;
   o->link_gbps = SIM_DEFAULT_LINK_GBPS;
   o->tflops = SIM_DEFAULT_TFLOPS;
-  int have_n = 0, have_p = 0, seen[5] = {0};
+  enum { SIM_N, SIM_RANKS, SIM_LAYOUT, SIM_LINK, SIM_TFLOPS, SIM_NVALUED };
+  static const char *const valued[SIM_NVALUED] = {"n", "ranks", "layout", "link-gbps", "tflops"};
+  int seen[SIM_NVALUED] = {0};
   for (int i = 0; i < argc; i++) {
     const char *a = argv[i];
-    char name[32];
-    const char *val = NULL;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       fputs(sim_usage_text, stdout);
       return 0;
@@ -89,35 +89,27 @@ static int sim_parse(int argc, char **argv, sim_opts *o) {
       o->config = a;
       continue;
     }
-    const char *eq = strchr(a, '=');
-    const size_t len = eq ? (size_t)(eq - a) : strlen(a);
-    if (len >= sizeof name) return rdagen_usage("ring-sim: unknown option '%s'", a);
-    memcpy(name, a, len);
-    name[len] = '\0';
-    if (strcmp(name, "--n") != 0 && strcmp(name, "--ranks") != 0 && strcmp(name, "--layout") != 0 &&
-        strcmp(name, "--link-gbps") != 0 && strcmp(name, "--tflops") != 0)
-      return rdagen_usage("ring-sim: unknown option '%s'", a);
-    val = rdagen_option_value(argc, argv, &i, eq);
-    if (val == NULL) return rdagen_usage("ring-sim: %s needs a value", name);
-    static const char *const valued[] = {"--n", "--ranks", "--layout", "--link-gbps", "--tflops"};
-    for (int f = 0; f < 5; f++)
-      if (strcmp(name, valued[f]) == 0 && seen[f]++)
-        return rdagen_usage("ring-sim: %s given twice", name);
+    const char *eq;
+    const int f = rdagen_option_index(a, valued, SIM_NVALUED, &eq);
+    if (f < 0) return rdagen_usage("ring-sim: unknown option '%s'", a);
+    const char *val = rdagen_option_value(argc, argv, &i, eq);
+    if (val == NULL) return rdagen_usage("ring-sim: --%s needs a value", valued[f]);
+    if (seen[f]++) return rdagen_usage("ring-sim: --%s given twice", valued[f]);
     long long x;
-    if (strcmp(name, "--n") == 0) {
+    if (f == SIM_N) {
       if (!rdagen_parse_count_sci(val, 1, RDA_RING_MAX_N, &x))
         return rdagen_usage("ring-sim: --n '%s': expected an integer 1..2^40 (1e9 is fine)", val);
-      o->n = x, have_n = 1;
-    } else if (strcmp(name, "--ranks") == 0) {
+      o->n = x;
+    } else if (f == SIM_RANKS) {
       if (!rdagen_parse_count(val, 1, RDA_RING_MAX_RANKS, &x))
         return rdagen_usage("ring-sim: --ranks '%s': expected an integer 1..%d", val,
                             RDA_RING_MAX_RANKS);
-      o->ranks = (int)x, have_p = 1;
-    } else if (strcmp(name, "--layout") == 0) {
+      o->ranks = (int)x;
+    } else if (f == SIM_LAYOUT) {
       o->layout = rda_ring_layout_parse(val);
       if (o->layout < 0)
         return rdagen_usage("ring-sim: --layout '%s': expected contiguous or zigzag", val);
-    } else if (strcmp(name, "--link-gbps") == 0) {
+    } else if (f == SIM_LINK) {
       if (!sim_parse_rate(val, SIM_MIN_LINK_GBPS, SIM_MAX_LINK_GBPS, 1e9 / 8.0, &o->link_gbps))
         return rdagen_usage("ring-sim: --link-gbps '%s': expected a number from %g to %g (Gbit/s)",
                             val, SIM_MIN_LINK_GBPS, SIM_MAX_LINK_GBPS);
@@ -128,8 +120,8 @@ static int sim_parse(int argc, char **argv, sim_opts *o) {
     }
   }
   if (o->config == NULL) return rdagen_usage("ring-sim: no config given");
-  if (!have_n) return rdagen_usage("ring-sim: --n N is required");
-  if (!have_p) return rdagen_usage("ring-sim: --ranks P is required");
+  if (!seen[SIM_N]) return rdagen_usage("ring-sim: --n N is required");
+  if (!seen[SIM_RANKS]) return rdagen_usage("ring-sim: --ranks P is required");
   return -1;
 }
 

@@ -91,9 +91,7 @@ static int tune_parse(int argc, char **argv, tune_cli *o) {
       *flag = 1;
       continue;
     }
-    int f = -1;
-    for (int j = 0; j < 7; j++)
-      if (strlen(valued[j]) == nlen && strncmp(valued[j], name, nlen) == 0) f = j;
+    const int f = rdagen_option_index(a, valued, 7, &eq);
     if (f < 0) return rdagen_usage("tune: unknown option '%.*s'", (int)(nlen + 2), a);
     const char *val = rdagen_option_value(argc, argv, &i, eq);
     if (val == NULL) return rdagen_usage("tune: --%s needs a value", valued[f]);
