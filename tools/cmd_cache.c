@@ -56,13 +56,13 @@ static int cache_list(const char *target) {
   if (rda_cache_max_bytes_get(&limit, &err) != RDA_OK) return rdagen_fail("%s", err.msg);
   if (rda_cache_list(target, &v, &n, &err) != RDA_OK) return rdagen_fail("%s", err.msg);
   unsigned long long total = 0;
-  printf("%-14s %-56s %10s  %s\n", "target", "kernel", "bytes", "last use (UTC)");
+  printf("%-14s %-62s %10s  %s\n", "target", "kernel", "bytes", "last use (UTC)");
   for (size_t i = 0; i < n; ++i) {
     char when[32] = "?";
     const time_t t = (time_t)(v[i].last_use_ns / 1000000000ll);
     struct tm tm;
     if (gmtime_r(&t, &tm) != NULL) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
-    printf("%-14s %-56s %10llu  %s%s\n", v[i].target, v[i].valid ? v[i].name : "(corrupted)",
+    printf("%-14s %-62s %10llu  %s%s\n", v[i].target, v[i].valid ? v[i].name : "(corrupted)",
            v[i].bytes, when, v[i].valid ? "" : "  (will be rebuilt)");
     total += v[i].bytes;
   }
@@ -123,7 +123,7 @@ static int cache_warm(const char *config, const int *archs, int narchs) {
         rc = rdagen_fail("%s", err.msg);
         break;
       }
-      printf("sm_%d  %-56s %s\n", archs[a], v->name, built ? "compiled" : "already cached");
+      printf("sm_%-3d %-62s %s\n", archs[a], v->name, built ? "compiled" : "already cached");
       compiled += built;
       present += !built;
     }

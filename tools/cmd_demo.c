@@ -92,7 +92,7 @@ static void print_config(const rda_config *c, const demo_opts *o) {
 
 /* Compile every variant with NVRTC for the target and print the ptxas report. */
 static int report_nvrtc(const rda_plan_k *p, int arch, int *spills) {
-  printf("\n%-52s %-6s %5s %6s %7s %9s\n", "kernel (NVRTC)", "arch", "regs", "spill", "smem",
+  printf("\n%-62s %-6s %5s %6s %7s %9s\n", "kernel (NVRTC)", "arch", "regs", "spill", "smem",
          "compile");
   *spills = 0;
   for (int i = 0; i < p->nvariants; ++i) {
@@ -101,7 +101,7 @@ static int report_nvrtc(const rda_plan_k *p, int arch, int *spills) {
     rda_err err = {0};
     if (rda_nvrtc_compile(v->source, v->name, v->name, arch, 0, &out, &err) != RDA_OK)
       return rdagen_fail("%s", err.msg);
-    printf("%-52s sm_%-3d %5d %6d %7d %7.2f s%s\n", v->name, arch, out.registers,
+    printf("%-62s sm_%-3d %5d %6d %7d %7.2f s%s\n", v->name, arch, out.registers,
            out.spill_bytes, out.smem_bytes + v->smem_bytes, out.compile_s,
            v->tuned ? "  (tile from tuning)" : "");
     *spills += out.spill_bytes;

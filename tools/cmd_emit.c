@@ -456,11 +456,11 @@ int rdagen_cmd_emit(int argc, char **argv) {
   }
   rc = emit_write_all(&o, jobs, njobs);
   if (rc == 0) {
-    printf("%-56s %-6s %5s %6s %7s %8s\n", "kernel", "arch", "regs", "spill", "smem", "compile");
+    printf("%-62s %-6s %5s %6s %7s %8s\n", "kernel", "arch", "regs", "spill", "smem", "compile");
     double sum = 0;
     for (int k = 0; k < njobs; ++k) {
       const emit_job *j = &jobs[k];
-      printf("%-56s sm_%-3d %5d %6d %7d %6.2f s\n", j->v->name, j->arch, j->cubin.registers,
+      printf("%-62s sm_%-3d %5d %6d %7d %6.2f s\n", j->v->name, j->arch, j->cubin.registers,
              j->cubin.spill_bytes, j->cubin.smem_bytes + j->v->smem_bytes, j->cubin.compile_s);
       sum += j->cubin.compile_s;
     }
