@@ -1,6 +1,9 @@
 -- hw.lua — built-in hardware profiles for offline targets, so planning never needs a GPU.
--- Numbers from the CUDA C++ Programming Guide (compute capabilities table) and the product
--- data sheets; a live profile read through the driver API replaces these when a GPU is present.
+-- Numbers from the CUDA C++ Programming Guide (compute capabilities table; the shared memory
+-- sizes are also those of the toolkit's cuda_occupancy.h) and the product data sheets (the SM
+-- counts: a product fact, so each names its part). A live profile read through the driver API
+-- replaces these when a GPU is present; offline, they decide which tiles fit (shared memory per
+-- block, threads per SM). sm_110 (Thor) and sm_88 are left out until their numbers are sure.
 
 local M = {}
 
@@ -21,13 +24,33 @@ local PROFILES <const> = {
     sm_count = 128, smem_per_block = 99 * KIB, smem_per_sm = 100 * KIB,
     regs_per_sm = 65536, regs_per_block = 65536, max_threads_per_sm = 1536,
   },
+  [87] = { -- Jetson AGX Orin: 16 SMs, 163 KiB per block, 164 KiB per SM (as sm_80), 1536 threads
+    sm_count = 16, smem_per_block = 163 * KIB, smem_per_sm = 164 * KIB,
+    regs_per_sm = 65536, regs_per_block = 65536, max_threads_per_sm = 1536,
+  },
   [90] = { -- H100 SXM: 132 SMs, 227 KiB per block, 228 KiB per SM
     sm_count = 132, smem_per_block = 227 * KIB, smem_per_sm = 228 * KIB,
     regs_per_sm = 65536, regs_per_block = 65536, max_threads_per_sm = 2048,
   },
+  [100] = { -- B200: 148 SMs, 227 KiB per block, 228 KiB per SM
+    sm_count = 148, smem_per_block = 227 * KIB, smem_per_sm = 228 * KIB,
+    regs_per_sm = 65536, regs_per_block = 65536, max_threads_per_sm = 2048,
+  },
+  [103] = { -- B300 / GB300: 160 SMs (the whole GPU as NVIDIA describes it), sm_100's memory
+    sm_count = 160, smem_per_block = 227 * KIB, smem_per_sm = 228 * KIB,
+    regs_per_sm = 65536, regs_per_block = 65536, max_threads_per_sm = 2048,
+  },
+  [120] = { -- RTX 5090 class: 170 SMs, 99 KiB per block, 100 KiB per SM, 1536 threads
+    sm_count = 170, smem_per_block = 99 * KIB, smem_per_sm = 100 * KIB,
+    regs_per_sm = 65536, regs_per_block = 65536, max_threads_per_sm = 1536,
+  },
+  [121] = { -- GB10 (DGX Spark): 48 SMs, sm_120's memory and threads
+    sm_count = 48, smem_per_block = 99 * KIB, smem_per_sm = 100 * KIB,
+    regs_per_sm = 65536, regs_per_block = 65536, max_threads_per_sm = 1536,
+  },
 }
 
--- The known archs, ascending: { 80, 86, 89, 90 }.
+-- The known archs, ascending: { 80, 86, 87, 89, 90, 100, 103, 120, 121 }.
 function M.known()
   local archs = {}
   for arch in pairs(PROFILES) do archs[#archs + 1] = arch end

@@ -123,7 +123,7 @@ int rda_gen_watchdog_remove_on_kill(const char *path, int remove);
  * thread (0 while it is off, and whenever no run is in progress). */
 int rda_gen_watchdog_watching(void);
 
-/* The built-in profile of an offline target (80, 86, 89, 90); any other arch is
+/* The built-in profile of an offline target (gen/hw.lua: 80 to 121); any other arch is
  * RDA_ERR_INVALID_ARGUMENT with a message listing the known ones. */
 rda_status rda_gen_hw_builtin(rda_gen *g, int arch, rda_hw *out, rda_err *err);
 

@@ -725,14 +725,15 @@ static void test_cache_bundle_matches_name_arch_and_source_only(void **state) {
   free(b2);
 }
 
-/* `rdagen emit` writes bundles that the lookup finds for every planned kernel. */
+/* `rdagen emit` writes bundles that the lookup finds for every planned kernel, on Ampere and
+ * (from its built-in profile) on Blackwell. */
 static void test_cache_bundle_from_rdagen_emit_is_found(void **state) {
   cache_fixture *f = *state;
   char *out = rt_path(f->root, "bundle");
   char config[4096];
   snprintf(config, sizeof config, "%s/configs/default.lua", RDA_SOURCE_DIR);
-  char *argv[] = {S(RDAGEN_PATH), S("emit"),  config, S("--arch"),
-                  S("sm_80"),     S("--out"), out,    NULL};
+  char *argv[] = {S(RDAGEN_PATH), S("emit"),   config,     S("--arch"), S("sm_80"),
+                  S("--arch"),    S("sm_100"), S("--out"), out,         NULL};
   rt_proc p;
   assert_true(rt_run(argv, 300, &p));
   if (p.exit_code != 0) fprintf(stderr, "%s", p.err);
@@ -746,6 +747,18 @@ static void test_cache_bundle_from_rdagen_emit_is_found(void **state) {
   rda_hw hw;
   rda_plan_k plan;
   assert_int_equal(rda_gen_config_file(g, config, &cfg, &err), RDA_OK);
+  assert_int_equal(rda_gen_hw_builtin(g, 100, &hw, &err), RDA_OK);
+  assert_int_equal(rda_gen_plan(g, &cfg, &hw, &plan, &err), RDA_OK);
+  assert_true(plan.nvariants > 0);
+  for (int i = 0; i < plan.nvariants; ++i) {
+    char file[4096];
+    int found = 0;
+    assert_int_equal(rda_cache_bundle_find(out, plan.variants[i].name, 100, plan.variants[i].source,
+                                           file, sizeof file, &found, &err),
+                     RDA_OK);
+    assert_int_equal(found, 1);
+  }
+  rda_plan_k_free(&plan);
   assert_int_equal(rda_gen_hw_builtin(g, 80, &hw, &err), RDA_OK);
   assert_int_equal(rda_gen_plan(g, &cfg, &hw, &plan, &err), RDA_OK);
   assert_true(plan.nvariants > 0);

@@ -130,7 +130,8 @@ static void test_gen_hw_unknown_arch_lists_known(void **state) {
   rda_hw hw;
   assert_int_equal(rda_gen_hw_builtin(*state, 75, &hw, &err), RDA_ERR_INVALID_ARGUMENT);
   assert_non_null(strstr(err.msg, "sm_75"));
-  assert_non_null(strstr(err.msg, "sm_80, sm_86, sm_89, sm_90"));
+  assert_non_null(
+      strstr(err.msg, "sm_80, sm_86, sm_87, sm_89, sm_90, sm_100, sm_103, sm_120, sm_121"));
 }
 
 static void load_config(rda_gen *g, const char *text, rda_config *c) {

@@ -1,6 +1,7 @@
 /* test_nvrtc.c — NVRTC compilation and the ptxas report (registers, spills, shared memory) on
  * real compiler output, compile errors, and the matrix: every variant the planner produces for
- * sm_80 and sm_90 over head dims x dtypes x causal x dilated compiles with zero spill bytes. */
+ * sm_80 and sm_90 (with and without wgmma) over head dims x dtypes x causal x dilated compiles
+ * with zero spill bytes, and for sm_86, sm_100 and sm_120 within a small bound each. */
 /* cmocka.h needs these first. */
 // clang-format off
 #include <setjmp.h>
@@ -272,6 +273,7 @@ static void test_nvrtc_finds_the_templates(void **state) {
 typedef struct matrix_job {
   const rda_variant *v;
   int arch;
+  int spill_limit; /* bytes per thread ptxas may spill on this target */
   rda_status status;
   rda_err err;
   int registers, spill_bytes, smem_bytes, wgmma_notices;
@@ -335,25 +337,43 @@ static int force_wgmma_candidates(rda_gen *g, const rda_config *cfg, const rda_h
 
 #define MATRIX_THREADS 2 /* CI has two cores; NVRTC is thread-safe per program */
 
+/* The targets of the matrix. sm_90 twice: with the mma.sync tiles and with the wgmma path
+ * switched on. sm_86 stands for the 99 KiB-per-block GPUs (its tiles are sm_89's and sm_120's):
+ * ptxas holds the dense d = 128 forward of 64-row tiles (80 KiB: one block per SM) to 168
+ * registers, three blocks' worth, and spills 28 bytes. Launch bounds of one block take it to
+ * 209 registers and no spill, but the same bounds make ptxas spill sm_90's d = 256 tiles and
+ * sm_120's (it takes all 255 registers there), so the plans leave ptxas its choice; the bound
+ * is that one known spill. Blackwell (bf16 only: fp16 differs in the mma type alone) runs the
+ * mma.sync kernels, where ptxas 13.0 holds some forward variants at 255 registers and spills
+ * (up to 224 bytes seen; the default config's ring twin on sm_100 outside its key loop only):
+ * bounded, so that a change which makes them spill much more is caught. */
+static const struct matrix_target {
+  int arch;
+  unsigned flags;
+  int spill_limit;
+  int fp16;
+} matrix_targets[] = {
+    {80, 0u, 0, 1}, {86, 0u, 28, 1}, {90, 0u, 0, 1}, {90, RDA_PLAN_WGMMA, 0, 1},
+    {100, 0u, 256, 0}, {120, 0u, 256, 0},
+};
+
 static void test_nvrtc_matrix_every_planned_variant_compiles_without_spills(void **state) {
   (void)state;
   static const int head_dims[] = {32, 64, 96, 128, 256};
   static const char *const dtypes[] = {"bf16", "fp16"};
-  /* sm_90 twice: with the mma.sync tiles and with the wgmma path switched on. */
-  static const int archs[] = {80, 90, 90};
-  static const unsigned extra[] = {0u, 0u, RDA_PLAN_WGMMA};
-  enum { NCFG = 5 * 2 * 2, NARCH = 3, NFORCED = 192 };
+  enum { NARCH = sizeof matrix_targets / sizeof matrix_targets[0], NCFG = 5 * 2 * 2, NFORCED = 192 };
   rda_gen *g = NULL;
   rda_err err = {0};
   if (rda_gen_open(&g, &err) != RDA_OK) fail_msg("rda_gen_open: %s", err.msg);
   rda_hw hw[NARCH];
   for (int a = 0; a < NARCH; ++a)
-    if (rda_gen_hw_builtin(g, archs[a], &hw[a], &err) != RDA_OK)
-      fail_msg("rda_gen_hw_builtin(%d): %s", archs[a], err.msg);
+    if (rda_gen_hw_builtin(g, matrix_targets[a].arch, &hw[a], &err) != RDA_OK)
+      fail_msg("rda_gen_hw_builtin(%d): %s", matrix_targets[a].arch, err.msg);
 
   /* Each config has dense and dilated branches, with grids both large (> 64 rows per segment)
    * and small, so the planner picks both its wide and its narrow tiles. */
   static rda_plan_k plans[NCFG * NARCH + NFORCED];
+  int plan_target[NCFG * NARCH + NFORCED]; /* index into matrix_targets */
   int nplans = 0;
   for (int d = 0; d < 5; ++d)
     for (int t = 0; t < 2; ++t)
@@ -368,12 +388,14 @@ static void test_nvrtc_matrix_every_planned_variant_compiles_without_spills(void
         if (rda_gen_config_string(g, chunk, "matrix", &cfg, &err) != RDA_OK)
           fail_msg("config: %s", err.msg);
         for (int a = 0; a < NARCH; ++a) {
+          const unsigned extra = matrix_targets[a].flags;
+          if (t == 1 && !matrix_targets[a].fp16) continue;
           /* Backward kernels too, with their atomic-dQ variants: none may spill either. */
           if (rda_gen_plan_ex(g, &cfg, &hw[a],
-                              RDA_PLAN_BACKWARD | RDA_PLAN_BACKWARD_ATOMIC | extra[a],
+                              RDA_PLAN_BACKWARD | RDA_PLAN_BACKWARD_ATOMIC | extra,
                               &plans[nplans], &err) != RDA_OK)
-            fail_msg("plan d%d %s causal=%d sm_%d: %s", head_dims[d], dtypes[t], c, archs[a],
-                     err.msg);
+            fail_msg("plan d%d %s causal=%d sm_%d: %s", head_dims[d], dtypes[t], c,
+                     matrix_targets[a].arch, err.msg);
           /* The wgmma plans of d = 64 and 128 must take wgmma tiles (else they test nothing),
            * for the forward and for every dK/dV (but the atomic one) and dQ variant alike. */
           int wg = 0, bwd = 0, bwd_wg = 0;
@@ -387,16 +409,19 @@ static void test_nvrtc_matrix_every_planned_variant_compiles_without_spills(void
             bwd += is_bwd;
             bwd_wg += is_bwd && is_wg;
           }
-          const int want_wg = extra[a] != 0u && (head_dims[d] == 64 || head_dims[d] == 128);
+          const int want_wg = extra != 0u && (head_dims[d] == 64 || head_dims[d] == 128);
           if (want_wg != (wg > 0) || bwd == 0 || bwd_wg != (want_wg ? bwd : 0))
             fail_msg("plan d%d sm_%d flags 0x%x: %d wgmma variants, %d of %d dK/dV and dQ "
-                     "variants", head_dims[d], archs[a], extra[a], wg, bwd_wg, bwd);
-          ++nplans;
+                     "variants", head_dims[d], matrix_targets[a].arch, extra, wg, bwd_wg, bwd);
+          plan_target[nplans++] = a;
           /* Plans take one tile per kernel, but the tuner may rank any: every wgmma forward
            * and dQ candidate (bf16; fp16 differs only in the mma type) is planned with its
            * tile forced, so it is held to the same bar. */
-          if (want_wg && t == 0) nplans += force_wgmma_candidates(
-                                     g, &cfg, &hw[a], &plans[nplans], NCFG * NARCH + NFORCED - nplans);
+          if (want_wg && t == 0) {
+            const int n = force_wgmma_candidates(g, &cfg, &hw[a], &plans[nplans],
+                                                 NCFG * NARCH + NFORCED - nplans);
+            for (int k = 0; k < n; ++k) plan_target[nplans++] = a;
+          }
         }
       }
 
@@ -415,6 +440,7 @@ static void test_nvrtc_matrix_every_planned_variant_compiles_without_spills(void
       if (dup) continue;
       jobs[njobs].v = v;
       jobs[njobs].arch = plans[p].hw.arch;
+      jobs[njobs].spill_limit = matrix_targets[plan_target[p]].spill_limit;
       ++njobs;
     }
   }
@@ -446,8 +472,10 @@ static void test_nvrtc_matrix_every_planned_variant_compiles_without_spills(void
     }
     print_message("%-52s sm_%-3d %5d %6d %7d %6.2f s%s\n", j->v->name, j->arch, j->registers,
                   j->spill_bytes, j->smem_bytes, j->compile_s,
-                  j->spill_bytes ? "  <-- SPILLS" : "");
-    if (j->spill_bytes != 0) ++failures;
+                  j->spill_bytes > j->spill_limit ? "  <-- SPILLS"
+                  : j->spill_bytes                ? "  (spills, within this target's bound)"
+                                                  : "");
+    if (j->spill_bytes > j->spill_limit) ++failures;
     if (j->wgmma_notices != 0) {
       print_error("FAIL %s sm_%d: %d ptxas wgmma advisories (C75xx: serialized wgmma)\n",
                   j->v->name, j->arch, j->wgmma_notices);

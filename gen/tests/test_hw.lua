@@ -6,10 +6,9 @@ local hw = require "gen.hw"
 
 local T = testing.suite("test_hw")
 
-T.test("known targets are sm_80, sm_86, sm_89, sm_90", function()
-  local k = hw.known()
-  assert(#k == 4 and k[1] == 80 and k[2] == 86 and k[3] == 89 and k[4] == 90,
-         "known(): " .. table.concat(k, ","))
+T.test("known targets: Ampere, Orin, Ada, Hopper, Blackwell", function()
+  local k = table.concat(hw.known(), ",")
+  assert(k == "80,86,87,89,90,100,103,120,121", "known(): " .. k)
 end)
 
 T.test("sm_80 is an A100", function()
@@ -38,6 +37,22 @@ T.test("sm_90 is an H100 SXM", function()
   assert(p.max_threads_per_sm == 2048, "threads")
 end)
 
+-- Shared memory as the toolkit's cuda_occupancy.h sizes the carve-outs (the largest per SM, and
+-- 1 KiB less per block); threads per SM as the Programming Guide's table.
+T.test("Orin and Blackwell: shared memory and threads per SM", function()
+  local want = {
+    [87] = { 164, 1536, 16 }, [100] = { 228, 2048, 148 }, [103] = { 228, 2048, 160 },
+    [120] = { 100, 1536, 170 }, [121] = { 100, 1536, 48 },
+  }
+  for arch, w in pairs(want) do
+    local p = assert(hw.builtin(arch))
+    assert(p.smem_per_sm == w[1] * 1024 and p.smem_per_block == (w[1] - 1) * 1024,
+           "shared memory of sm_" .. arch)
+    assert(p.max_threads_per_sm == w[2] and p.sm_count == w[3], "threads and SMs of sm_" .. arch)
+    assert(p.regs_per_sm == 65536 and p.regs_per_block == 65536, "registers of sm_" .. arch)
+  end
+end)
+
 T.test("every profile passes check", function()
   for _, a in ipairs(hw.known()) do hw.check(assert(hw.builtin(a))) end
 end)
@@ -52,7 +67,7 @@ T.test("unknown arch names itself and the known ones", function()
   local p, msg = hw.builtin(75)
   assert(p == nil, "sm_75 has no profile")
   testing.contains(msg, "sm_75")
-  testing.contains(msg, "sm_80, sm_86, sm_89, sm_90")
+  testing.contains(msg, "sm_80, sm_86, sm_87, sm_89, sm_90, sm_100, sm_103, sm_120, sm_121")
 end)
 
 T.test("check rejects an incomplete profile", function()
