@@ -69,8 +69,9 @@ function M.builtin(arch)
   assert(math.type(arch) == "integer", "arch must be an integer such as 90")
   local p = PROFILES[arch]
   if not p then
-    return nil, string.format("no built-in hardware profile for sm_%d: known targets are %s",
-                              arch, known_list())
+    return nil, string.format("no built-in hardware profile for sm_%d: known targets are %s "
+                              .. "(a GPU of that kind plans from its own properties; only "
+                              .. "planning without it needs a profile)", arch, known_list())
   end
   local hw = { name = string.format("sm_%d (built-in)", arch), arch = arch, live = false }
   for k, v in pairs(p) do hw[k] = v end
