@@ -252,7 +252,10 @@ RDA_API rda_status rda_backward(const rda_plan *plan, const rda_tensor *q, const
  * (k, v, dk, dv: Hkv heads) and [B, H, rows] (lse); its results equal its rows of the
  * single-device rda_forward / rda_backward within SPEC §5. The ring moves only the dilated K/V
  * rows each rank's queries use (and their fp32 gradients back to their owners); memory per
- * rank is O(N/P). Every rank of a ring calls the same functions in the same order.
+ * rank is O(N/P). Every rank of a ring calls the same functions in the same order, with the
+ * same batch B: each call checks that first, and calls that differ between ranks (forward on
+ * one, backward on another, or another B) are RDA_ERR_INVALID_ARGUMENT on every rank, naming
+ * the first two that differ, before anything is transferred.
  * Failures: a ring call (rda_ring_forward / rda_ring_backward) that fails on one rank, for any
  * reason including a bad argument, aborts the ring: that rank returns its own status, every
  * other rank's pending or next call returns RDA_ERR_NCCL naming the cause (a rank still
@@ -282,7 +285,9 @@ typedef struct rda_ring_desc {
                                  timeout applies (this must still be >= 0) */
   rda_ring_world *world;      /* virtual ranks of rda_ring_world_create, or NULL */
   void *nccl_comm;            /* an ncclComm_t of P ranks the caller owns (aborted, never
-                                 destroyed, on a failure), or NULL */
+                                 destroyed, on a failure), or NULL. Make it non-blocking
+                                 (ncclConfig_t blocking = 0): in a blocking one NCCL may wait
+                                 for a lost peer inside a call, where no timeout reaches */
   const void *nccl_unique_id; /* 128 bytes of rda_ring_nccl_unique_id from rank 0, or NULL */
   void *comm_stream;          /* CUstream for NCCL transfers; NULL: the ring makes its own */
 } rda_ring_desc;

@@ -218,9 +218,35 @@ static rda_status ring_check(const rda_backend *b, const rda_ring_plan *rp, int 
   return RDA_OK;
 }
 
+/* Every rank must run the same pass with the same batch: each transfer is the plan's bytes
+ * times the caller's batch, and NCCL gives no rule for a send matched with a receive of another
+ * size (the virtual ranks catch that, NCCL may hang or misplace data). One 8-byte gather per
+ * pass settles it before the first transfer, and every rank reports the same difference. */
+static rda_status ring_agree(const ring_run *r, int rank, rda_err *err) {
+  const char *what = r->backward ? "backward" : "forward";
+  const int P = r->t->size;
+  uint64_t *all = calloc((size_t)P, sizeof *all);
+  if (all == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring %s: out of memory", what);
+  const uint64_t mine = (uint64_t)r->backward << 32 | (uint64_t)r->c.batch;
+  rda_status s = rda_transport_gather8(r->t, mine, all, err);
+  for (int q = 1; s == RDA_OK && q < P; q++)
+    if (all[q] != all[0])
+      s = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                      "ring %s: rank %d: the ranks' calls differ: rank 0 runs the %s pass with "
+                      "batch %llu, rank %d the %s pass with batch %llu (every rank must make the "
+                      "same ring calls with the same batch)",
+                      what, rank, all[0] >> 32 ? "backward" : "forward",
+                      (unsigned long long)(all[0] & 0xffffffffu), q,
+                      all[q] >> 32 ? "backward" : "forward",
+                      (unsigned long long)(all[q] & 0xffffffffu));
+  free(all);
+  return s;
+}
+
 /* Everything both passes share: checks, the rank's pieces, the schedule, the workspace, the
- * loop, the counters. On any failure the transport is aborted first, so that no posted
- * transfer lands in memory the caller reuses and no other rank waits for this one. */
+ * agreement of the ranks, the loop, the counters. On any failure the transport is aborted
+ * first, so that no posted transfer lands in memory the caller reuses and no other rank waits
+ * for this one. */
 static rda_status ring_pass(ring_run *r, int rank, long long n, void *workspace,
                             size_t workspace_bytes, rda_ring_run_stats *stats, rda_err *err) {
   const char *what = r->backward ? "backward" : "forward";
@@ -257,6 +283,7 @@ static rda_status ring_pass(ring_run *r, int rank, long long n, void *workspace,
       s = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring: out of memory for the schedule");
   }
   if (s == RDA_OK) s = ring_round_scratch_init(&r->scratch, sc.max_recvs, err);
+  if (s == RDA_OK) s = ring_agree(r, rank, err);
   if (s == RDA_OK)
     s = r->backward ? rda_bwd_prep(r->c.b, r->c.pk, r->c.k, r->c.ba, err)
                     : rda_fwd_init(r->c.b, r->c.pk, r->c.k, r->c.fa, err);

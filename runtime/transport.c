@@ -71,9 +71,16 @@ rda_status rda_transport_allgather(rda_transport *t, const void *send, void *rec
   return RDA_OK;
 }
 
+rda_status rda_transport_gather8(rda_transport *t, uint64_t mine, uint64_t *all, rda_err *err) {
+  RDA_TRY(tr_check(t, err));
+  if (all == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rank %d: gather8 needs an output", t->rank);
+  return t->vt->gather8(t, mine, all, err);
+}
+
 rda_status rda_transport_barrier(rda_transport *t, rda_err *err) {
   RDA_TRY(tr_check(t, err));
-  return t->vt->barrier(t, err);
+  return t->vt->gather8(t, 0, NULL, err);
 }
 
 void rda_transport_abort(rda_transport *t, const char *reason) {

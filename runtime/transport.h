@@ -1,5 +1,6 @@
 /* transport.h — how ring ranks move byte blocks: grouped point-to-point send/recv (like
- * ncclGroupStart/End), an all-gather, a barrier, abort and a per-operation timeout, behind one
+ * ncclGroupStart/End), an all-gather, a gather of one 8-byte value per rank (also the barrier),
+ * abort and a per-operation timeout, behind one
  * interface so one ring driver runs over NCCL, host virtual ranks or device virtual ranks.
  *
  * Implementations (one vtable each; the matching, timeouts, abort and fingerprint check of the
@@ -48,7 +49,8 @@ typedef struct rda_transport_vtbl {
   rda_status (*recv)(rda_transport *t, int peer, void *buf, size_t bytes, rda_err *err);
   rda_status (*group_end)(rda_transport *t, rda_err *err);
   rda_status (*wait)(rda_transport *t, rda_err *err);
-  rda_status (*barrier)(rda_transport *t, rda_err *err);
+  /* all[q] = rank q's `mine` (all may be NULL: a barrier); returns once every rank arrived. */
+  rda_status (*gather8)(rda_transport *t, uint64_t mine, uint64_t *all, rda_err *err);
   void (*abort)(rda_transport *t, const char *reason);
   void (*destroy)(rda_transport *t);
 } rda_transport_vtbl;
@@ -57,7 +59,7 @@ typedef struct rda_transport_vtbl {
 struct rda_transport {
   const rda_transport_vtbl *vt;
   int rank, size;
-  double timeout_s;        /* per operation (one wait, one barrier) */
+  double timeout_s;        /* per operation (one wait, one gather8) */
   uint64_t bytes_sent;     /* bytes this rank's sends delivered */
   uint64_t bytes_received; /* bytes this rank's receives got */
 };
@@ -73,7 +75,9 @@ rda_status rda_transport_wait(rda_transport *t, rda_err *err);
  * send and recv must not overlap. */
 rda_status rda_transport_allgather(rda_transport *t, const void *send, void *recv, size_t bytes,
                                    rda_err *err);
-rda_status rda_transport_barrier(rda_transport *t, rda_err *err);
+/* Every rank's 8-byte value: all[q] (size values) = rank q's mine, on every rank. */
+rda_status rda_transport_gather8(rda_transport *t, uint64_t mine, uint64_t *all, rda_err *err);
+rda_status rda_transport_barrier(rda_transport *t, rda_err *err); /* gather8 of nothing */
 /* Make every rank's pending and later operations fail with reason (first abort wins). */
 void rda_transport_abort(rda_transport *t, const char *reason);
 void rda_transport_destroy(rda_transport *t); /* accepts NULL */
@@ -119,11 +123,13 @@ rda_status rda_transport_nccl_unique_id(void *id, rda_err *err);
 
 /* One rank's endpoint, with the calling thread's CUDA context current. Pass either comm (an
  * ncclComm_t the host program owns: never destroyed, but aborted on a failure or timeout) or
- * unique_id (a communicator is created non-blocking, so a missing peer times out). stream is
+ * unique_id (a communicator is created non-blocking, so a missing peer times out; a caller's
+ * communicator should be non-blocking too, else NCCL itself may block with no timeout). stream is
  * the CUstream for communication (the transport orders it against the caller's stream with
  * events: the caller's stream is the one of rda_backend_cuda_use_stream on its thread);
- * buffers of send/recv are device pointers. Creation all-gathers the fingerprints (which also
- * warms up the connections); a mismatch is an error on every rank. */
+ * buffers of send/recv are device pointers. Creation all-gathers the fingerprints; a mismatch is
+ * an error on every rank. (That collective does not connect the point-to-point channels: NCCL
+ * connects a pair at its first send/recv, inside the first ring step's timeout.) */
 rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank, int size,
                                      void *stream, uint64_t fingerprint, double timeout_s,
                                      rda_transport **out, rda_err *err);

@@ -50,6 +50,7 @@ rda_status rda_transport_nccl_unique_id(void *id, rda_err *err) {
   X(ncclGetUniqueId, (ncclUniqueId * id))                                                     \
   X(ncclCommInitRankConfig,                                                                   \
     (ncclComm_t * comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t *config))         \
+  X(ncclCommFinalize, (ncclComm_t comm))                                                      \
   X(ncclCommDestroy, (ncclComm_t comm))                                                       \
   X(ncclCommAbort, (ncclComm_t comm))                                                         \
   X(ncclCommGetAsyncError, (ncclComm_t comm, ncclResult_t * result))                          \
@@ -163,6 +164,8 @@ typedef struct tn_endpoint {
   pthread_mutex_t mu;
   int abort_requested; /* read without the lock by the owner: __atomic */
   char requested[256];
+  pthread_t user; /* under mu: the thread of the latest transport call (has_user) */
+  int has_user;
   CUcontext ctx;       /* current at creation: made current again to destroy */
   CUstream stream;     /* communication */
   CUstream caller;     /* the caller's stream at group_end */
@@ -254,7 +257,15 @@ static rda_status tn_poll(tn_endpoint *ep, int with_event, const char *what, rda
   }
 }
 
+/* Every call's entry: the calling thread is the one using comm now. */
+static void tn_enter(tn_endpoint *ep) {
+  pthread_mutex_lock(&ep->mu);
+  ep->user = pthread_self(), ep->has_user = 1;
+  pthread_mutex_unlock(&ep->mu);
+}
+
 static rda_status tn_check_live(tn_endpoint *ep, rda_err *err) {
+  tn_enter(ep);
   tn_take_request(ep);
   if (ep->aborted)
     return rda_err_set(err, RDA_ERR_NCCL, "rank %d: the communicator was aborted: %s",
@@ -377,11 +388,14 @@ static rda_status tn_gather8(tn_endpoint *ep, uint64_t mine, uint64_t *all, rda_
   return RDA_OK;
 }
 
-static rda_status tn_barrier(rda_transport *t, rda_err *err) {
-  return tn_gather8((tn_endpoint *)t, 0, NULL, err);
+static rda_status tn_gather8_op(rda_transport *t, uint64_t mine, uint64_t *all, rda_err *err) {
+  return tn_gather8((tn_endpoint *)t, mine, all, err);
 }
 
-/* Any thread (see tn_endpoint): files the request; the first reason wins. */
+/* Any thread (see tn_endpoint): files the request; the first reason wins. From the thread that
+ * made the latest call (not inside one, then: calls are synchronous) the communicator is
+ * aborted at once, so that transfers a failed ring call left posted stop before that call
+ * returns its error and the caller reuses the buffers. */
 static void tn_abort(rda_transport *t, const char *reason) {
   tn_endpoint *ep = (tn_endpoint *)t;
   pthread_mutex_lock(&ep->mu);
@@ -389,22 +403,38 @@ static void tn_abort(rda_transport *t, const char *reason) {
     snprintf(ep->requested, sizeof ep->requested, "%s", reason);
     __atomic_store_n(&ep->abort_requested, 1, __ATOMIC_RELEASE);
   }
+  const int mine = ep->has_user && pthread_equal(ep->user, pthread_self());
   pthread_mutex_unlock(&ep->mu);
+  if (mine) tn_take_request(ep);
+}
+
+/* A communicator rda made, at the end: ncclCommFinalize flushes its operations while every
+ * rank is still there, then ncclCommDestroy frees it without blocking; destroyed without a
+ * finalize it would wait in a barrier of every rank, for ever when a peer aborted. With work
+ * in flight, a failure, or no finalize within the timeout: ncclCommAbort (local only). */
+static void tn_release_comm(tn_endpoint *ep) {
+  if (ep->state == 2 || tn_.ncclCommFinalize(ep->comm) != ncclSuccess) {
+    tn_abort_comm(ep, "released with operations in flight");
+    return;
+  }
+  rda_err ignored = {0};
+  if (tn_poll(ep, 0, "ncclCommFinalize", &ignored) != RDA_OK) return; /* aborted it */
+  tn_.ncclCommDestroy(ep->comm);
+  ep->comm = NULL;
 }
 
 static void tn_destroy(rda_transport *t) {
   tn_endpoint *ep = (tn_endpoint *)t;
-  if (ep->ctx != NULL) tn_.cuCtxSetCurrent(ep->ctx); /* the thread may have none current */
+  /* The thread may have another context current, or none: ep's, then the caller's again. */
+  CUcontext prev = NULL;
+  const int restore = ep->ctx != NULL && tn_.cuCtxGetCurrent(&prev) == CUDA_SUCCESS;
+  if (ep->ctx != NULL) tn_.cuCtxSetCurrent(ep->ctx);
   tn_take_request(ep); /* a requested abort: the communicator is aborted, not destroyed */
-  if (ep->comm != NULL && ep->owns_comm) {
-    if (ep->state == 2)
-      tn_.ncclCommAbort(ep->comm); /* work in flight: do not wait for it */
-    else
-      tn_.ncclCommDestroy(ep->comm);
-  }
+  if (ep->comm != NULL && ep->owns_comm) tn_release_comm(ep);
   if (ep->done != NULL) tn_.cuEventDestroy_v2(ep->done);
   if (ep->ready != NULL) tn_.cuEventDestroy_v2(ep->ready);
   if (ep->scratch != 0) tn_.cuMemFree_v2(ep->scratch);
+  if (restore) tn_.cuCtxSetCurrent(prev);
   free(ep->ops);
   pthread_mutex_destroy(&ep->mu);
   free(ep);
@@ -417,7 +447,7 @@ static const rda_transport_vtbl tn_vtbl = {
     .recv = tn_recv,
     .group_end = tn_group_end,
     .wait = tn_wait,
-    .barrier = tn_barrier,
+    .gather8 = tn_gather8_op,
     .abort = tn_abort,
     .destroy = tn_destroy,
 };
@@ -468,6 +498,8 @@ rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank
     ep->owns_comm = 1;
     const ncclResult_t r = tn_.ncclCommInitRankConfig(&ep->comm, size, id, rank, &cfg);
     if (r != ncclSuccess && r != ncclInProgress) {
+      /* A non-blocking init may hand out the communicator even when it fails. */
+      if (ep->comm != NULL) tn_.ncclCommAbort(ep->comm);
       ep->comm = NULL;
       s = rda_err_set(err, RDA_ERR_NCCL, "rank %d: ncclCommInitRankConfig: %s", rank,
                       tn_.ncclGetErrorString(r));
@@ -481,7 +513,7 @@ rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank
     s = tn_cu(ep, err, "cuEventCreate", tn_.cuEventCreate(&ep->ready, CU_EVENT_DISABLE_TIMING));
   if (s == RDA_OK)
     s = tn_cu(ep, err, "cuMemAlloc", tn_.cuMemAlloc_v2(&ep->scratch, 8u * (size_t)size));
-  /* The fingerprint check is also the warm-up: it connects every rank before the ring starts. */
+  /* The fingerprint check: every rank compares every rank's. */
   uint64_t *all = s == RDA_OK ? calloc((size_t)size, sizeof *all) : NULL;
   if (s == RDA_OK && all == NULL)
     s = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "nccl transport: out of memory");
@@ -498,6 +530,8 @@ rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank
   free(all);
   if (s != RDA_OK) {
     if (!ep->owns_comm) ep->comm = NULL; /* never destroy the caller's communicator */
+    /* Ours: aborted, not finalized (its peers may never get as far as finalizing). */
+    if (ep->comm != NULL) tn_abort_comm(ep, "the ring's creation failed");
     tn_destroy(&ep->base);
     return s;
   }

@@ -236,24 +236,34 @@ rda_status tw_wait(rda_transport *t, rda_err *err) {
   return s;
 }
 
-rda_status tw_barrier(rda_transport *t, rda_err *err) {
+/* A barrier that carries one value per rank. Generation g's values live in half g & 1 of
+ * bar_vals: a rank can write generation g + 2's only after g + 1 completed, and every rank
+ * copied g's values (under the lock, as it saw g complete) before it arrived at g + 1. */
+rda_status tw_gather8(rda_transport *t, uint64_t mine, uint64_t *all, rda_err *err) {
   tw_endpoint *ep = (tw_endpoint *)t;
   tw_world *w = ep->world;
   const struct timespec dl = tw_deadline(t->timeout_s);
   rda_status s = RDA_OK;
   pthread_mutex_lock(&w->mu);
   const uint64_t gen = w->bar_gen;
+  uint64_t *vals = w->bar_vals + (size_t)(gen & 1u) * (size_t)w->size;
+  vals[t->rank] = mine;
   if (!w->aborted && ++w->bar_count == w->size) {
     w->bar_count = 0;
     w->bar_gen++;
     pthread_cond_broadcast(&w->cv);
   }
   for (;;) {
+    /* Complete first: every rank arrived, so this rank's gather succeeded even if one of the
+     * others, faster to wake, has aborted the world since (over what it gathered, say). */
+    if (w->bar_gen != gen) {
+      if (all != NULL) memcpy(all, vals, (size_t)w->size * sizeof *all);
+      break;
+    }
     if (w->aborted) {
       s = tw_aborted_error(w, t->rank, err);
       break;
     }
-    if (w->bar_gen != gen) break;
     if (tw_wait_until(w, &dl) && w->bar_gen == gen && !w->aborted) {
       char why[160];
       snprintf(why, sizeof why, "timed out after %.1f s in a barrier (%d of %d ranks arrived)",
@@ -308,18 +318,19 @@ static rda_status tw_world_init(tw_world *w, const char *what, const char *name,
       .recv = tw_recv,
       .group_end = tw_group_end,
       .wait = tw_wait,
-      .barrier = tw_barrier,
+      .gather8 = tw_gather8,
       .abort = tw_abort,
       .destroy = tw_destroy,
   };
   w->size = size, w->timeout_s = timeout_s;
   w->present = calloc((size_t)size, sizeof *w->present);
   w->fingerprint = calloc((size_t)size, sizeof *w->fingerprint);
+  w->bar_vals = calloc(2 * (size_t)size, sizeof *w->bar_vals);
   w->ep = calloc((size_t)size, sizeof *w->ep);
   w->sendq = calloc((size_t)size, sizeof *w->sendq);
   w->recvq = calloc((size_t)size, sizeof *w->recvq);
   pthread_condattr_t ca;
-  int ok = w->present && w->fingerprint && w->ep && w->sendq && w->recvq;
+  int ok = w->present && w->fingerprint && w->bar_vals && w->ep && w->sendq && w->recvq;
   if (ok && pthread_mutex_init(&w->mu, NULL) != 0) ok = 0;
   if (ok) {
     pthread_condattr_init(&ca);
@@ -331,7 +342,8 @@ static rda_status tw_world_init(tw_world *w, const char *what, const char *name,
     pthread_condattr_destroy(&ca);
   }
   if (!ok) {
-    free(w->present), free(w->fingerprint), free(w->ep), free(w->sendq), free(w->recvq);
+    free(w->present), free(w->fingerprint), free(w->bar_vals), free(w->ep), free(w->sendq);
+    free(w->recvq);
     return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
   }
   return RDA_OK;
@@ -355,7 +367,8 @@ void tw_world_destroy(tw_world *w) {
   if (w == NULL) return;
   pthread_mutex_destroy(&w->mu);
   pthread_cond_destroy(&w->cv);
-  free(w->present), free(w->fingerprint), free(w->ep), free(w->sendq), free(w->recvq);
+  free(w->present), free(w->fingerprint), free(w->bar_vals), free(w->ep), free(w->sendq);
+  free(w->recvq);
   free(w);
 }
 

@@ -69,6 +69,7 @@ struct tw_world {
   tw_op **recvq; /* per receiver: its unmatched receives, in posting order */
   int bar_count;
   uint64_t bar_gen;
+  uint64_t *bar_vals; /* 2 * size: the values of gather8 generation g at (g & 1) * size */
 };
 
 /* A new world of `bytes` (>= sizeof(tw_world): the transport's own struct begins with a
@@ -96,7 +97,7 @@ rda_status tw_send(rda_transport *t, int peer, const void *buf, size_t bytes, rd
 rda_status tw_recv(rda_transport *t, int peer, void *buf, size_t bytes, rda_err *err);
 rda_status tw_group_end(rda_transport *t, rda_err *err);
 rda_status tw_wait(rda_transport *t, rda_err *err);
-rda_status tw_barrier(rda_transport *t, rda_err *err);
+rda_status tw_gather8(rda_transport *t, uint64_t mine, uint64_t *all, rda_err *err);
 void tw_abort(rda_transport *t, const char *reason);
 void tw_destroy(rda_transport *t);
 

@@ -896,7 +896,7 @@ static void test_ring_handles_and_world_lifetime(void **state) {
 /* ------------------------------------------------------------------ call failures and abort */
 
 /* A P-rank forward where rank `bad` misbehaves as `how` says; every rank must fail in time. */
-enum { kSmallWorkspace = 1, kWrongRows = 2, kAbortInstead = 3 };
+enum { kSmallWorkspace = 1, kWrongRows = 2, kAbortInstead = 3, kOtherBatch = 4 };
 
 typedef struct fjob {
   rda_ring_world *world;
@@ -928,20 +928,22 @@ static void *fail_main(void *arg) {
   rda_ring_rows(ring, &R, NULL, NULL, NULL);
   const long long H = 4, Hkv = 2, D = 32;
   if (j->how == kWrongRows && j->rank == j->bad) R += 1;
-  double *x = rt_normal((size_t)(R * H * D), RDA_DTYPE_BF16);
+  /* kOtherBatch: a call that is right on its own rank, with a batch the others do not use. */
+  const long long B = j->how == kOtherBatch && j->rank == j->bad ? 2 : 1;
+  double *x = rt_normal((size_t)(B * R * H * D), RDA_DTYPE_BF16);
   long long s3[3];
   rt_strides_contig(R, H, D, s3);
-  uint16_t *q = rt_make_bits(x, 1, R, H, D, s3, RDA_DTYPE_BF16, NULL);
+  uint16_t *q = rt_make_bits(x, B, R, H, D, s3, RDA_DTYPE_BF16, NULL);
   rt_strides_contig(R, Hkv, D, s3);
-  uint16_t *kv = rt_make_bits(x, 1, R, Hkv, D, s3, RDA_DTYPE_BF16, NULL);
-  float *o = aalloc((size_t)(R * H * D) * 4), *lse = aalloc((size_t)(H * R) * 4);
+  uint16_t *kv = rt_make_bits(x, B, R, Hkv, D, s3, RDA_DTYPE_BF16, NULL);
+  float *o = aalloc((size_t)(B * R * H * D) * 4), *lse = aalloc((size_t)(B * H * R) * 4);
   rda_tensor tq, tk, to, tl;
-  tensor4(&tq, q, RDA_BF16, 1, R, H, D);
-  tensor4(&tk, kv, RDA_BF16, 1, R, Hkv, D);
-  tensor4(&to, o, RDA_FP32, 1, R, H, D);
-  tensor3(&tl, lse, 1, H, R);
+  tensor4(&tq, q, RDA_BF16, B, R, H, D);
+  tensor4(&tk, kv, RDA_BF16, B, R, Hkv, D);
+  tensor4(&to, o, RDA_FP32, B, R, H, D);
+  tensor3(&tl, lse, B, H, R);
   size_t wsb = 0;
-  rda_ring_workspace_size(ring, 1, 0, &wsb);
+  rda_ring_workspace_size(ring, B, 0, &wsb);
   void *ws = aalloc(wsb + 256);
   if (j->how == kSmallWorkspace && j->rank == j->bad) wsb = 64; /* the ring's buffers need more */
   const double t0 = now_s();
@@ -967,7 +969,8 @@ static void *fail_main(void *arg) {
 }
 
 static void run_failure(const char *what, int P, long long N, int bad, int how,
-                        rda_status bad_status, const char *bad_names, const char *others_name) {
+                        rda_status bad_status, const char *bad_names, rda_status others_status,
+                        const char *others_name) {
   rda_ring_world *world = NULL;
   assert_int_equal(rda_ring_world_create(&world, g_ctx, P, kTimeout), RDA_OK);
   pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -1008,7 +1011,7 @@ static void run_failure(const char *what, int P, long long N, int bad, int how,
       assert_one_line_naming(j->msg, others_name);
       continue;
     }
-    const rda_status want = p == bad ? bad_status : RDA_ERR_NCCL;
+    const rda_status want = p == bad ? bad_status : others_status;
     if (j->s != want)
       fail_msg("%s: rank %d: status %d, expected %d: %s", what, p, j->s, want, j->msg);
     assert_one_line_naming(j->msg, p == bad ? bad_names : others_name);
@@ -1024,15 +1027,26 @@ static void run_failure(const char *what, int P, long long N, int bad, int how,
 static void test_ring_call_errors_fail_every_rank(void **state) {
   (void)state;
   run_failure("small workspace on rank 0", 3, 29, 0, kSmallWorkspace, RDA_ERR_INVALID_ARGUMENT,
-              "workspace_bytes", "aborted");
+              "workspace_bytes", RDA_ERR_NCCL, "aborted");
   run_failure("wrong row count on rank 1", 2, 20, 1, kWrongRows, RDA_ERR_INVALID_ARGUMENT,
-              "q->shape[1] = 11", "aborted");
+              "q->shape[1] = 11", RDA_ERR_NCCL, "aborted");
+}
+
+/* Calls that are each right on their own rank but differ between ranks (here the batch) are
+ * one clear error on every rank, found before any transfer: over NCCL, sends and receives of
+ * different sizes would have no defined outcome. */
+static void test_ring_calls_that_differ_fail_every_rank(void **state) {
+  (void)state;
+  run_failure("batch 2 on rank 1 of 3", 3, 29, 1, kOtherBatch, RDA_ERR_INVALID_ARGUMENT,
+              "rank 0 runs the forward pass with batch 1, rank 1 the forward pass with batch 2",
+              RDA_ERR_INVALID_ARGUMENT,
+              "rank 0 runs the forward pass with batch 1, rank 1 the forward pass with batch 2");
 }
 
 static void test_ring_abort_from_another_thread(void **state) {
   (void)state;
   run_failure("abort of rank 2", 3, 29, 2, kAbortInstead, RDA_ERR_NCCL, "the test pulls the plug",
-              "the test pulls the plug");
+              RDA_ERR_NCCL, "the test pulls the plug");
 }
 
 int main(int argc, char **argv) {
@@ -1043,6 +1057,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_ring_fingerprint_mismatch_fails_every_rank),
       cmocka_unit_test(test_ring_bad_desc_on_one_rank_fails_every_rank),
       cmocka_unit_test(test_ring_call_errors_fail_every_rank),
+      cmocka_unit_test(test_ring_calls_that_differ_fail_every_rank),
       cmocka_unit_test(test_ring_abort_from_another_thread),
       cmocka_unit_test(test_ring_forward_matches_single_device_contiguous),
       cmocka_unit_test(test_ring_forward_noncausal_dilated_block_mqa_fp16),

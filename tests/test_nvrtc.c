@@ -361,7 +361,8 @@ static void test_nvrtc_matrix_every_planned_variant_compiles_without_spills(void
   (void)state;
   static const int head_dims[] = {32, 64, 96, 128, 256};
   static const char *const dtypes[] = {"bf16", "fp16"};
-  enum { NARCH = sizeof matrix_targets / sizeof matrix_targets[0], NCFG = 5 * 2 * 2, NFORCED = 192 };
+  enum { NARCH = sizeof matrix_targets / sizeof matrix_targets[0] };
+  enum { NCFG = 5 * 2 * 2, NFORCED = 192 };
   rda_gen *g = NULL;
   rda_err err = {0};
   if (rda_gen_open(&g, &err) != RDA_OK) fail_msg("rda_gen_open: %s", err.msg);

@@ -175,8 +175,10 @@ static rda_status flaky_wait(rda_transport *t, rda_err *err) {
   flaky_sync(f);
   return s;
 }
-static rda_status flaky_barrier(rda_transport *t, rda_err *err) {
-  return rda_transport_barrier(((flaky_transport *)t)->inner, err);
+static rda_status flaky_gather8(rda_transport *t, uint64_t mine, uint64_t *all, rda_err *err) {
+  rda_transport *inner = ((flaky_transport *)t)->inner;
+  return all != NULL ? rda_transport_gather8(inner, mine, all, err)
+                     : rda_transport_barrier(inner, err);
 }
 static void flaky_abort(rda_transport *t, const char *reason) {
   rda_transport_abort(((flaky_transport *)t)->inner, reason);
@@ -187,7 +189,7 @@ static void flaky_destroy(rda_transport *t) {
 }
 static const rda_transport_vtbl flaky_vtbl = {
     "host", flaky_group_start, flaky_send, flaky_recv, flaky_group_end,
-    flaky_wait, flaky_barrier, flaky_abort, flaky_destroy};
+    flaky_wait, flaky_gather8, flaky_abort, flaky_destroy};
 
 static rda_transport *flaky_wrap(rda_transport *inner, int fail_at) {
   flaky_transport *f = calloc(1, sizeof *f);

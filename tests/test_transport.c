@@ -701,7 +701,7 @@ typedef struct pair_ctx {
   size_t send_bytes, recv_bytes; /* rank 0 sends to 1 */
   rda_status status, misuse;
   char msg[1024];
-  int gathered_ok, barriers_ok;
+  int gathered_ok, barriers_ok, gathered8_ok;
   uint64_t sent, received;
 } pair_ctx;
 
@@ -778,7 +778,7 @@ static void *collective_rank(void *arg) {
     if (rda_transport_group_end(t, &e2) != RDA_OK || rda_transport_wait(t, &e2) != RDA_OK)
       c->misuse = RDA_OK; /* an empty group completes */
   }
-  c->gathered_ok = 1;
+  c->gathered_ok = c->gathered8_ok = 1;
   for (int round = 0; round < 5; round++) {
     double mine[3], all[8 * 3];
     for (int i = 0; i < 3; i++) mine[i] = c->rank * 10.0 + round + 0.25 * i;
@@ -791,6 +791,17 @@ static void *collective_rank(void *arg) {
         if (all[q * 3 + i] != q * 10.0 + round + 0.25 * i) c->gathered_ok = 0;
     if (rda_transport_barrier(t, &err) != RDA_OK) goto done;
     c->barriers_ok++;
+    /* Two 8-byte gathers back to back: a fast rank's second value must not overwrite the
+     * first before a slow rank has read it. Not counted as bytes moved. */
+    for (int k = 0; k < 2; k++) {
+      uint64_t all8[8];
+      memset(all8, 0xFF, sizeof all8);
+      if (rda_transport_gather8(t, (uint64_t)(c->rank * 1000 + round * 10 + k), all8, &err) !=
+          RDA_OK)
+        goto done;
+      for (int q = 0; q < c->P; q++)
+        if (all8[q] != (uint64_t)(q * 1000 + round * 10 + k)) c->gathered8_ok = 0;
+    }
   }
 done:
   if (t != NULL) rda_transport_bytes(t, &c->sent, &c->received);
@@ -825,6 +836,7 @@ static void allgather_barrier_and_misuse(int kind) {
     if (ctx[x].status != RDA_OK) fail_msg("rank %d: %s", x, ctx[x].msg);
     assert_int_equal(ctx[x].misuse, RDA_ERR_INVALID_ARGUMENT);
     assert_true(ctx[x].gathered_ok);
+    assert_true(ctx[x].gathered8_ok);
     assert_int_equal(ctx[x].barriers_ok, 5);
     /* Five all-gathers of 24 bytes with 4 other ranks; the own block is not counted. */
     assert_int_equal(ctx[x].sent, 5 * 24 * (P - 1));
