@@ -282,7 +282,9 @@ typedef struct rda_ring_desc {
   int rank;                   /* 0 .. P-1 */
   rda_ring_layout layout;
   double timeout_s;           /* per ring operation; 0 means 60 s. With a world, the world's
-                                 timeout applies (this must still be >= 0) */
+                                 timeout applies (this must still be >= 0). Over NCCL a step
+                                 waits for the device, so GPU work queued on the stream before
+                                 the call counts toward its first step's timeout */
   rda_ring_world *world;      /* virtual ranks of rda_ring_world_create, or NULL */
   void *nccl_comm;            /* an ncclComm_t of P ranks the caller owns (aborted, never
                                  destroyed, on a failure), or NULL. Make it non-blocking

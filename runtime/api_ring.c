@@ -305,8 +305,8 @@ static rda_status ring_join(rda_ring *r, const rda_ring_desc *d, uint64_t fp, do
     RDA_TRY(b->event_create(b, &ev, err));
     b->event_destroy(b, ev);
   }
-  return rda_transport_nccl_create(d->nccl_comm, d->nccl_unique_id, d->rank, d->ranks, stream, fp,
-                                   timeout_s, &r->t, err);
+  return rda_transport_nccl_create(d->nccl_comm, d->nccl_unique_id, d->rank, d->ranks, stream, b,
+                                   fp, timeout_s, &r->t, err);
 }
 
 /* This rank's rda_ring_create failed before it joined its virtual-rank world (a bad desc, or

@@ -125,13 +125,15 @@ rda_status rda_transport_nccl_unique_id(void *id, rda_err *err);
  * ncclComm_t the host program owns: never destroyed, but aborted on a failure or timeout) or
  * unique_id (a communicator is created non-blocking, so a missing peer times out; a caller's
  * communicator should be non-blocking too, else NCCL itself may block with no timeout). stream is
- * the CUstream for communication (the transport orders it against the caller's stream with
- * events: the caller's stream is the one of rda_backend_cuda_use_stream on its thread);
- * buffers of send/recv are device pointers. Creation all-gathers the fingerprints; a mismatch is
- * an error on every rank. (That collective does not connect the point-to-point channels: NCCL
- * connects a pair at its first send/recv, inside the first ring step's timeout.) */
+ * the CUstream for communication, ordered against the caller's stream with events: the calling
+ * thread's current stream of b, where its kernels go (set_stream's, else the thread's
+ * rda_backend_cuda_use_stream stream, else b's own); with b NULL, the use_stream stream, else
+ * the legacy default stream. Buffers of send/recv are device pointers. Creation all-gathers
+ * the fingerprints; a mismatch is an error on every rank. (That collective does not connect the
+ * point-to-point channels: NCCL connects a pair at its first send/recv, inside the first ring
+ * step's timeout.) */
 rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank, int size,
-                                     void *stream, uint64_t fingerprint, double timeout_s,
-                                     rda_transport **out, rda_err *err);
+                                     void *stream, rda_backend *b, uint64_t fingerprint,
+                                     double timeout_s, rda_transport **out, rda_err *err);
 
 #endif

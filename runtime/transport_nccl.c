@@ -12,9 +12,9 @@
 #ifndef RDA_TRANSPORT_HAVE_NCCL
 
 rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank, int size,
-                                     void *stream, uint64_t fingerprint, double timeout_s,
-                                     rda_transport **out, rda_err *err) {
-  (void)comm, (void)unique_id, (void)rank, (void)size, (void)stream, (void)fingerprint;
+                                     void *stream, rda_backend *b, uint64_t fingerprint,
+                                     double timeout_s, rda_transport **out, rda_err *err) {
+  (void)comm, (void)unique_id, (void)rank, (void)size, (void)stream, (void)b, (void)fingerprint;
   (void)timeout_s;
   *out = NULL;
   if ((comm == NULL) == (unique_id == NULL))
@@ -168,7 +168,8 @@ typedef struct tn_endpoint {
   int has_user;
   CUcontext ctx;       /* current at creation: made current again to destroy */
   CUstream stream;     /* communication */
-  CUstream caller;     /* the caller's stream at group_end */
+  rda_backend *b;      /* whose current stream is the caller's (NULL: see transport.h) */
+  CUstream caller;     /* the caller's stream at group_end (b NULL) */
   CUevent ready;       /* recorded there: the communication stream waits for it */
   CUevent done;        /* recorded on the communication stream after a group */
   CUdeviceptr scratch; /* 8 * size bytes: fingerprints, barriers */
@@ -316,14 +317,17 @@ static rda_status tn_group_end(rda_transport *t, rda_err *err) {
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rank %d: group_end without group_start",
                        t->rank);
   ep->state = 2;
-  /* Device-side order (transport.h): the group starts after the caller's work so far. The
-   * caller's stream is the thread's rda_backend_cuda_use_stream stream (else the legacy
-   * default stream). */
-  void *cs = NULL;
-  int cs_set = 0;
-  rda_backend_cuda_thread_stream(&cs, &cs_set);
-  ep->caller = (CUstream)cs;
-  RDA_TRY(tn_cu(ep, err, "cuEventRecord", tn_.cuEventRecord(ep->ready, ep->caller)));
+  /* Device-side order (transport.h): the group starts after the caller's work so far, on the
+   * stream where the thread's kernels on b go. */
+  if (ep->b != NULL) {
+    RDA_TRY(ep->b->event_record(ep->b, ep->ready, err));
+  } else {
+    void *cs = NULL;
+    int cs_set = 0;
+    rda_backend_cuda_thread_stream(&cs, &cs_set);
+    ep->caller = (CUstream)cs;
+    RDA_TRY(tn_cu(ep, err, "cuEventRecord", tn_.cuEventRecord(ep->ready, ep->caller)));
+  }
   RDA_TRY(tn_cu(ep, err, "cuStreamWaitEvent", tn_.cuStreamWaitEvent(ep->stream, ep->ready, 0)));
   ncclResult_t r = tn_.ncclGroupStart();
   if (r != ncclSuccess) return tn_fail(ep, err, "ncclGroupStart", r);
@@ -355,7 +359,10 @@ static rda_status tn_wait(rda_transport *t, rda_err *err) {
   RDA_TRY(tn_poll(ep, 1, "a send/recv group", err));
   /* Work the caller enqueues from now on runs after the transfers (already complete here, as
    * the poll above is what detects a timeout, but ordered all the same). */
-  RDA_TRY(tn_cu(ep, err, "cuStreamWaitEvent", tn_.cuStreamWaitEvent(ep->caller, ep->done, 0)));
+  if (ep->b != NULL)
+    RDA_TRY(ep->b->stream_wait_event(ep->b, ep->done, err));
+  else
+    RDA_TRY(tn_cu(ep, err, "cuStreamWaitEvent", tn_.cuStreamWaitEvent(ep->caller, ep->done, 0)));
   for (int q = 0; q < ep->nops; q++) {
     if (ep->ops[q].send)
       t->bytes_sent += ep->ops[q].bytes;
@@ -463,8 +470,8 @@ rda_status rda_transport_nccl_unique_id(void *id, rda_err *err) {
 }
 
 rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank, int size,
-                                     void *stream, uint64_t fingerprint, double timeout_s,
-                                     rda_transport **out, rda_err *err) {
+                                     void *stream, rda_backend *b, uint64_t fingerprint,
+                                     double timeout_s, rda_transport **out, rda_err *err) {
   *out = NULL;
   if ((comm == NULL) == (unique_id == NULL))
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
@@ -478,6 +485,7 @@ rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank
   ep->base.vt = &tn_vtbl, ep->base.rank = rank, ep->base.size = size;
   ep->base.timeout_s = timeout_s;
   ep->stream = (CUstream)stream;
+  ep->b = b != NULL && strcmp(b->name, "cuda") == 0 ? b : NULL;
   pthread_mutex_init(&ep->mu, NULL);
   if (tn_.cuCtxGetCurrent(&ep->ctx) != CUDA_SUCCESS) ep->ctx = NULL;
   rda_status s = RDA_OK;

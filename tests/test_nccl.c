@@ -108,14 +108,14 @@ static void test_nccl_create_rejects_bad_arguments(void **state) {
   rda_transport *t = &sentinel;
   rda_err err = {0};
   /* Neither or both of a communicator and a unique id. */
-  assert_int_equal(rda_transport_nccl_create(NULL, NULL, 0, 1, NULL, 1, 5.0, &t, &err),
+  assert_int_equal(rda_transport_nccl_create(NULL, NULL, 0, 1, NULL, NULL, 1, 5.0, &t, &err),
                    RDA_ERR_INVALID_ARGUMENT);
   assert_null(t);
   assert_one_line(err.msg);
   assert_non_null(strstr(err.msg, "either a communicator or a unique id"));
   rda_err_clear(&err);
   t = &sentinel;
-  assert_int_equal(rda_transport_nccl_create(fake_comm, id, 0, 1, NULL, 1, 5.0, &t, &err),
+  assert_int_equal(rda_transport_nccl_create(fake_comm, id, 0, 1, NULL, NULL, 1, 5.0, &t, &err),
                    RDA_ERR_INVALID_ARGUMENT);
   assert_null(t);
   assert_one_line(err.msg);
@@ -131,8 +131,8 @@ static void test_nccl_create_rejects_bad_arguments(void **state) {
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     rda_err_clear(&err);
     t = &sentinel;
-    const rda_status s = rda_transport_nccl_create(NULL, id, bad[i].rank, bad[i].size, NULL, 1,
-                                                   bad[i].timeout, &t, &err);
+    const rda_status s = rda_transport_nccl_create(NULL, id, bad[i].rank, bad[i].size, NULL,
+                                                   NULL, 1, bad[i].timeout, &t, &err);
     assert_int_equal(s, built_with_nccl ? RDA_ERR_INVALID_ARGUMENT : RDA_ERR_UNSUPPORTED);
     assert_null(t);
     assert_one_line(err.msg);
@@ -171,7 +171,7 @@ static void test_nccl_transport_one_rank_moves_every_byte(void **state) {
 
   rda_transport *t = NULL;
   const double t0 = now_s();
-  if (rda_transport_nccl_create(NULL, id, 0, 1, comm, 0x0123456789abcdefULL, 30.0, &t, &err) !=
+  if (rda_transport_nccl_create(NULL, id, 0, 1, comm, b, 0x0123456789abcdefULL, 30.0, &t, &err) !=
       RDA_OK)
     fail_msg("rda_transport_nccl_create: %s", err.msg);
   print_message("one-rank communicator up in %.2f s (fingerprint all-gather included)\n",
@@ -313,7 +313,7 @@ static void *lone_rank_main(void *arg) {
   const double t0 = now_s();
   rda_status s = c->b->event_create(c->b, &ev, &err); /* makes the context current here */
   if (s == RDA_OK)
-    s = rda_transport_nccl_create(NULL, c->id, 0, 2, NULL, 42, c->timeout_s, &t, &err);
+    s = rda_transport_nccl_create(NULL, c->id, 0, 2, NULL, NULL, 42, c->timeout_s, &t, &err);
   c->b->event_destroy(c->b, ev);
   pthread_mutex_lock(&c->lock);
   c->took_s = now_s() - t0;

@@ -1244,7 +1244,7 @@ static void test_transport_nccl_without_a_gpu_fails_cleanly(void **state) {
   rda_err err = {0};
   rda_transport *t = NULL;
   rda_status s = rda_transport_nccl_unique_id(id, &err);
-  if (s == RDA_OK) s = rda_transport_nccl_create(NULL, id, 0, 1, NULL, 1, 1.0, &t, &err);
+  if (s == RDA_OK) s = rda_transport_nccl_create(NULL, id, 0, 1, NULL, NULL, 1, 1.0, &t, &err);
   if (s == RDA_OK) {
     rda_transport_destroy(t);
     skip(); /* a GPU and NCCL are usable: the ring driver's tests cover this transport */
@@ -1255,7 +1255,7 @@ static void test_transport_nccl_without_a_gpu_fails_cleanly(void **state) {
   assert_null(strchr(err.msg, '\n'));
   /* Both arguments or neither: an argument error before anything loads. */
   rda_err_clear(&err);
-  assert_int_equal(rda_transport_nccl_create(NULL, NULL, 0, 1, NULL, 1, 1.0, &t, &err),
+  assert_int_equal(rda_transport_nccl_create(NULL, NULL, 0, 1, NULL, NULL, 1, 1.0, &t, &err),
                    RDA_ERR_INVALID_ARGUMENT);
   assert_null(t);
 }
