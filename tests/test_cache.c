@@ -725,6 +725,32 @@ static void test_cache_bundle_matches_name_arch_and_source_only(void **state) {
   free(b2);
 }
 
+/* Plans cfg for sm_`arch` into *plan and checks that the bundle in dir has every variant's
+ * cubin for that arch (a file that exists), and none for sm_`other` (0: not checked). */
+static void assert_bundle_has_plan(rda_gen *g, const rda_config *cfg, const char *dir, int arch,
+                                   int other, rda_plan_k *plan) {
+  rda_err err = {0};
+  rda_hw hw;
+  assert_int_equal(rda_gen_hw_builtin(g, arch, &hw, &err), RDA_OK);
+  assert_int_equal(rda_gen_plan(g, cfg, &hw, plan, &err), RDA_OK);
+  assert_true(plan->nvariants > 0);
+  for (int i = 0; i < plan->nvariants; ++i) {
+    const rda_variant *v = &plan->variants[i];
+    char file[4096];
+    int found = 0;
+    assert_int_equal(
+        rda_cache_bundle_find(dir, v->name, arch, v->source, file, sizeof file, &found, &err),
+        RDA_OK);
+    assert_int_equal(found, 1);
+    assert_true(rt_exists(file));
+    if (other == 0) continue;
+    assert_int_equal(
+        rda_cache_bundle_find(dir, v->name, other, v->source, file, sizeof file, &found, &err),
+        RDA_OK);
+    assert_int_equal(found, 0);
+  }
+}
+
 /* `rdagen emit` writes bundles that the lookup finds for every planned kernel, on Ampere and
  * (from its built-in profile) on Blackwell. */
 static void test_cache_bundle_from_rdagen_emit_is_found(void **state) {
@@ -744,37 +770,11 @@ static void test_cache_bundle_from_rdagen_emit_is_found(void **state) {
   rda_err err = {0};
   assert_int_equal(rda_gen_open(&g, &err), RDA_OK);
   rda_config cfg;
-  rda_hw hw;
   rda_plan_k plan;
   assert_int_equal(rda_gen_config_file(g, config, &cfg, &err), RDA_OK);
-  assert_int_equal(rda_gen_hw_builtin(g, 100, &hw, &err), RDA_OK);
-  assert_int_equal(rda_gen_plan(g, &cfg, &hw, &plan, &err), RDA_OK);
-  assert_true(plan.nvariants > 0);
-  for (int i = 0; i < plan.nvariants; ++i) {
-    char file[4096];
-    int found = 0;
-    assert_int_equal(rda_cache_bundle_find(out, plan.variants[i].name, 100, plan.variants[i].source,
-                                           file, sizeof file, &found, &err),
-                     RDA_OK);
-    assert_int_equal(found, 1);
-  }
+  assert_bundle_has_plan(g, &cfg, out, 100, 0, &plan);
   rda_plan_k_free(&plan);
-  assert_int_equal(rda_gen_hw_builtin(g, 80, &hw, &err), RDA_OK);
-  assert_int_equal(rda_gen_plan(g, &cfg, &hw, &plan, &err), RDA_OK);
-  assert_true(plan.nvariants > 0);
-  for (int i = 0; i < plan.nvariants; ++i) {
-    char file[4096];
-    int found = 0;
-    assert_int_equal(rda_cache_bundle_find(out, plan.variants[i].name, 80, plan.variants[i].source,
-                                           file, sizeof file, &found, &err),
-                     RDA_OK);
-    assert_int_equal(found, 1);
-    assert_true(rt_exists(file));
-    assert_int_equal(rda_cache_bundle_find(out, plan.variants[i].name, 90, plan.variants[i].source,
-                                           file, sizeof file, &found, &err),
-                     RDA_OK);
-    assert_int_equal(found, 0);
-  }
+  assert_bundle_has_plan(g, &cfg, out, 80, 90, &plan);
   /* The manifest records each cubin's SHA-256: a cubin changed afterwards is passed over. */
   char file[4096];
   int found = 0;
