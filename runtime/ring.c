@@ -229,16 +229,16 @@ static rda_status ring_agree(const ring_run *r, int rank, rda_err *err) {
   if (all == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring %s: out of memory", what);
   const uint64_t mine = (uint64_t)r->backward << 32 | (uint64_t)r->c.batch;
   rda_status s = rda_transport_gather8(r->t, mine, all, err);
-  for (int q = 1; s == RDA_OK && q < P; q++)
-    if (all[q] != all[0])
-      s = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                      "ring %s: rank %d: the ranks' calls differ: rank 0 runs the %s pass with "
-                      "batch %llu, rank %d the %s pass with batch %llu (every rank must make the "
-                      "same ring calls with the same batch)",
-                      what, rank, all[0] >> 32 ? "backward" : "forward",
-                      (unsigned long long)(all[0] & 0xffffffffu), q,
-                      all[q] >> 32 ? "backward" : "forward",
-                      (unsigned long long)(all[q] & 0xffffffffu));
+  const int q = s == RDA_OK ? rda_transport_first_differing(all, P) : 0;
+  if (q > 0)
+    s = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                    "ring %s: rank %d: the ranks' calls differ: rank 0 runs the %s pass with "
+                    "batch %llu, rank %d the %s pass with batch %llu (every rank must make the "
+                    "same ring calls with the same batch)",
+                    what, rank, all[0] >> 32 ? "backward" : "forward",
+                    (unsigned long long)(all[0] & 0xffffffffu), q,
+                    all[q] >> 32 ? "backward" : "forward",
+                    (unsigned long long)(all[q] & 0xffffffffu));
   free(all);
   return s;
 }

@@ -83,6 +83,21 @@ rda_status rda_transport_barrier(rda_transport *t, rda_err *err) {
   return t->vt->gather8(t, 0, NULL, err);
 }
 
+int rda_transport_first_differing(const uint64_t *all, int n) {
+  for (int q = 1; q < n; q++)
+    if (all[q] != all[0]) return q;
+  return 0;
+}
+
+rda_status rda_transport_check_fingerprints(const uint64_t *fp, int n, int rank, rda_err *err) {
+  const int q = rda_transport_first_differing(fp, n);
+  if (q == 0) return RDA_OK;
+  return rda_err_set(err, RDA_ERR_NCCL,
+                     "rank %d: fingerprint mismatch: rank 0 has 0x%016llx, rank %d has 0x%016llx "
+                     "(config, N, P, layout, dtype or rda version differ)",
+                     rank, (unsigned long long)fp[0], q, (unsigned long long)fp[q]);
+}
+
 void rda_transport_abort(rda_transport *t, const char *reason) {
   if (t != NULL && t->vt != NULL) t->vt->abort(t, reason != NULL ? reason : "aborted");
 }

@@ -1,7 +1,7 @@
 /* transport.h — how ring ranks move byte blocks: grouped point-to-point send/recv (like
  * ncclGroupStart/End), an all-gather, a gather of one 8-byte value per rank (also the barrier),
- * abort and a per-operation timeout, behind one
- * interface so one ring driver runs over NCCL, host virtual ranks or device virtual ranks.
+ * abort and a per-operation timeout, behind one interface so one ring driver runs over NCCL,
+ * host virtual ranks or device virtual ranks.
  *
  * Implementations (one vtable each; the matching, timeouts, abort and fingerprint check of the
  * two virtual-rank worlds are shared in runtime/transport_world.c):
@@ -78,6 +78,11 @@ rda_status rda_transport_allgather(rda_transport *t, const void *send, void *rec
 /* Every rank's 8-byte value: all[q] (size values) = rank q's mine, on every rank. */
 rda_status rda_transport_gather8(rda_transport *t, uint64_t mine, uint64_t *all, rda_err *err);
 rda_status rda_transport_barrier(rda_transport *t, rda_err *err); /* gather8 of nothing */
+/* The first rank q > 0 whose all[q] differs from all[0], or 0 when all n agree. */
+int rda_transport_first_differing(const uint64_t *all, int n);
+/* The creation check of every transport: RDA_ERR_NCCL on `rank` naming the first rank whose
+ * fingerprint (of n, all ranks') differs from rank 0's, else RDA_OK. */
+rda_status rda_transport_check_fingerprints(const uint64_t *fp, int n, int rank, rda_err *err);
 /* Make every rank's pending and later operations fail with reason (first abort wins). */
 void rda_transport_abort(rda_transport *t, const char *reason);
 void rda_transport_destroy(rda_transport *t); /* accepts NULL */

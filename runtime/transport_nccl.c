@@ -374,7 +374,8 @@ static rda_status tn_wait(rda_transport *t, rda_err *err) {
 }
 
 /* All ranks' 8-byte values through the scratch buffer (also the barrier). */
-static rda_status tn_gather8(tn_endpoint *ep, uint64_t mine, uint64_t *all, rda_err *err) {
+static rda_status tn_gather8(rda_transport *t, uint64_t mine, uint64_t *all, rda_err *err) {
+  tn_endpoint *ep = (tn_endpoint *)t;
   RDA_TRY(tn_check_live(ep, err));
   const size_t slot = (size_t)ep->base.rank * 8u;
   /* On the communication stream, so the all-gather below reads it (a synchronous copy goes to
@@ -393,10 +394,6 @@ static rda_status tn_gather8(tn_endpoint *ep, uint64_t mine, uint64_t *all, rda_
     RDA_TRY(tn_cu(ep, err, "cuMemcpyDtoH",
                   tn_.cuMemcpyDtoH_v2(all, ep->scratch, 8u * (size_t)ep->base.size)));
   return RDA_OK;
-}
-
-static rda_status tn_gather8_op(rda_transport *t, uint64_t mine, uint64_t *all, rda_err *err) {
-  return tn_gather8((tn_endpoint *)t, mine, all, err);
 }
 
 /* Any thread (see tn_endpoint): files the request; the first reason wins. From the thread that
@@ -420,8 +417,13 @@ static void tn_abort(rda_transport *t, const char *reason) {
  * finalize it would wait in a barrier of every rank, for ever when a peer aborted. With work
  * in flight, a failure, or no finalize within the timeout: ncclCommAbort (local only). */
 static void tn_release_comm(tn_endpoint *ep) {
-  if (ep->state == 2 || tn_.ncclCommFinalize(ep->comm) != ncclSuccess) {
+  if (ep->state == 2) {
     tn_abort_comm(ep, "released with operations in flight");
+    return;
+  }
+  const ncclResult_t r = tn_.ncclCommFinalize(ep->comm);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    tn_abort_comm(ep, "ncclCommFinalize failed");
     return;
   }
   rda_err ignored = {0};
@@ -454,7 +456,7 @@ static const rda_transport_vtbl tn_vtbl = {
     .recv = tn_recv,
     .group_end = tn_group_end,
     .wait = tn_wait,
-    .gather8 = tn_gather8_op,
+    .gather8 = tn_gather8,
     .abort = tn_abort,
     .destroy = tn_destroy,
 };
@@ -525,16 +527,8 @@ rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank
   uint64_t *all = s == RDA_OK ? calloc((size_t)size, sizeof *all) : NULL;
   if (s == RDA_OK && all == NULL)
     s = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "nccl transport: out of memory");
-  if (s == RDA_OK) s = tn_gather8(ep, fingerprint, all, err);
-  if (s == RDA_OK)
-    for (int q = 1; q < size; q++)
-      if (all[q] != all[0]) {
-        s = rda_err_set(err, RDA_ERR_NCCL,
-                        "rank %d: fingerprint mismatch: rank 0 has 0x%016llx, rank %d has "
-                        "0x%016llx (config, N, P, layout, dtype or rda version differ)",
-                        rank, (unsigned long long)all[0], q, (unsigned long long)all[q]);
-        break;
-      }
+  if (s == RDA_OK) s = tn_gather8(&ep->base, fingerprint, all, err);
+  if (s == RDA_OK) s = rda_transport_check_fingerprints(all, size, rank, err);
   free(all);
   if (s != RDA_OK) {
     if (!ep->owns_comm) ep->comm = NULL; /* never destroy the caller's communicator */

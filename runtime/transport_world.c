@@ -423,15 +423,7 @@ rda_status tw_join(tw_world *w, int rank, uint64_t fingerprint, size_t ep_bytes,
     s = tw_aborted_error(w, rank, err);
   } else {
     /* Every rank compares the same table, so every rank reports the same mismatch. */
-    for (int q = 1; q < w->size; q++)
-      if (w->fingerprint[q] != w->fingerprint[0]) {
-        s = rda_err_set(err, RDA_ERR_NCCL,
-                        "rank %d: fingerprint mismatch: rank 0 has 0x%016llx, rank %d has "
-                        "0x%016llx (config, N, P, layout, dtype or rda version differ)",
-                        rank, (unsigned long long)w->fingerprint[0], q,
-                        (unsigned long long)w->fingerprint[q]);
-        break;
-      }
+    s = rda_transport_check_fingerprints(w->fingerprint, w->size, rank, err);
   }
   if (s != RDA_OK) w->ep[rank] = NULL;
   pthread_mutex_unlock(&w->mu);
