@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -571,6 +572,44 @@ static rda_status rda_emu_runtime(rda_emu_impl *im, const char *dir, const rda_e
   return st; /* the handle stays open for the life of the process */
 }
 
+/* Set once a build in the cache folder ran out of space: this process then builds every module
+ * in a private folder (rda_emu_private_dir) and keeps it in memory, as for an unusable cache. */
+static atomic_int rda_emu_cache_full;
+
+/* 1 when a failed build in `dir` failed for want of space: the error (ours, the compiler's or
+ * the linker's) names ENOSPC or EDQUOT, or the file system under dir is all but full. */
+static int rda_emu_out_of_space(const char *dir, const char *msg) {
+  if (strstr(msg, strerror(ENOSPC)) != NULL || strstr(msg, strerror(EDQUOT)) != NULL) return 1;
+  struct statvfs fs;
+  return statvfs(dir, &fs) == 0 && (unsigned long long)fs.f_bavail * fs.f_frsize < (1ull << 20);
+}
+
+/* A fresh private build folder under $TMPDIR (else /tmp); the caller removes it. */
+static rda_status rda_emu_private_dir(char *dir, size_t cap, rda_err *err) {
+  const char *base = getenv("TMPDIR");
+  if (base == NULL || base[0] == '\0') base = "/tmp";
+  RDA_TRY(rda_emu_path(dir, cap, err, "%s/rda-emu-XXXXXX", base));
+  if (mkdtemp(dir) == NULL)
+    return rda_err_set(err, RDA_ERR_EMULATOR,
+                       "emu: the kernel cache cannot be used and no private build folder can be "
+                       "made in '%s': %s",
+                       base, strerror(errno));
+  return RDA_OK;
+}
+
+/* Fetch or build the module of v (key) with `dir` as the build folder and load it: *dl. */
+static rda_status rda_emu_build(rda_emu_impl *im, const char *dir, const rda_emu_keyparts *kp,
+                                const rda_cache_key *key, const rda_variant *v, void **dl,
+                                rda_err *err) {
+  unsigned char *image = NULL;
+  size_t bytes = 0;
+  RDA_TRY(rda_emu_runtime(im, dir, kp, err));
+  rda_status st = rda_emu_fetch(im, dir, kp, key, v->name, v->source, NULL, &image, &bytes, err);
+  if (st == RDA_OK) st = rda_emu_dlopen_bytes(dir, image, bytes, RTLD_NOW | RTLD_LOCAL, dl, err);
+  free(image);
+  return st;
+}
+
 /* A module already loaded in this process (by any backend) is shared, not loaded again. */
 static rda_status rda_emu_load(rda_backend *b, const rda_variant *v, rda_module **out,
                                rda_err *err) {
@@ -591,30 +630,31 @@ static rda_status rda_emu_load(rda_backend *b, const rda_variant *v, rda_module 
     sh = rda_emu_shared_get(key.hex);
   }
   if (st == RDA_OK && sh == NULL) {
-    char dir[kEmuPath];
-    unsigned char *image = NULL;
-    size_t bytes = 0;
     void *dl = NULL;
-    int usable = 0, private_dir = 0;
-    st = rda_cache_folder_try(kp->target, dir, sizeof dir, &usable, NULL, 0, err);
-    if (st == RDA_OK && !usable) {
-      /* The cache cannot be written (said once): build in a private folder, removed below. */
-      const char *base = getenv("TMPDIR");
-      if (base == NULL || base[0] == '\0') base = "/tmp";
-      st = rda_emu_path(dir, sizeof dir, err, "%s/rda-emu-XXXXXX", base);
-      if (st == RDA_OK && mkdtemp(dir) == NULL)
-        st = rda_err_set(err, RDA_ERR_EMULATOR,
-                         "emu: the kernel cache cannot be used and no private build folder can "
-                         "be made in '%s': %s",
-                         base, strerror(errno));
-      private_dir = st == RDA_OK;
+    char dir[kEmuPath];
+    int in_cache = 0;
+    st = rda_cache_folder_try(kp->target, dir, sizeof dir, &in_cache, NULL, 0, err);
+    in_cache = in_cache && !atomic_load(&rda_emu_cache_full);
+    if (st == RDA_OK && in_cache) {
+      rda_err first = {0};
+      st = rda_emu_build(im, dir, kp, &key, v, &dl, &first);
+      if (st != RDA_OK && rda_emu_out_of_space(dir, first.msg)) {
+        if (!atomic_exchange(&rda_emu_cache_full, 1))
+          rda_log(RDA_LOG_INFO,
+                  "no space left for emulator builds in %s (%s): building in private folders "
+                  "under $TMPDIR from now on",
+                  dir, first.msg);
+        in_cache = 0;
+        st = RDA_OK;
+      } else if (st != RDA_OK) {
+        st = rda_err_set(err, st, "%s", first.msg);
+      }
     }
-    if (st == RDA_OK) st = rda_emu_runtime(im, dir, kp, err);
-    if (st == RDA_OK)
-      st = rda_emu_fetch(im, dir, kp, &key, v->name, v->source, NULL, &image, &bytes, err);
-    if (st == RDA_OK) st = rda_emu_dlopen_bytes(dir, image, bytes, RTLD_NOW | RTLD_LOCAL, &dl, err);
-    free(image);
-    if (private_dir) rda_cache_remove_tree(dir);
+    /* The cache cannot be written (said once) or is full: build in a private folder. */
+    if (st == RDA_OK && !in_cache && (st = rda_emu_private_dir(dir, sizeof dir, err)) == RDA_OK) {
+      st = rda_emu_build(im, dir, kp, &key, v, &dl, err);
+      rda_cache_remove_tree(dir);
+    }
     if (st == RDA_OK && (sh = rda_emu_shared_put(key.hex, dl)) == NULL)
       st = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "emu: out of memory");
   }

@@ -1621,6 +1621,66 @@ static void test_cli_cache_warm_fails_when_the_disk_is_full(void **state) {
   free(cache);
 }
 
+/* A full disk under the cache is no error for a run: the emulator builds in a private folder
+ * under $TMPDIR (removed after) and the result is the one a run with room computes. The full
+ * disk is a 16 KiB tmpfs mounted in a user namespace (`unshare -rm`); where those are not
+ * allowed the test is skipped, saying so. */
+static void test_cli_run_emu_with_the_cache_on_a_full_disk_still_computes(void **state) {
+  const char *unshare = access("/usr/bin/unshare", X_OK) == 0 ? "/usr/bin/unshare" : "/bin/unshare";
+#define ARG(s) ((char *)(uintptr_t)(s)) /* exec's argv is not const */
+  char *probe[] = {ARG(unshare), ARG("-rm"), ARG("true"), NULL};
+  rt_proc p = {0};
+  if (!rt_run(probe, 60, &p) || p.exit_code != 0) {
+    fprintf(stderr, "note: no user namespaces here (unshare -rm fails): skipped\n");
+    rt_proc_free(&p);
+    skip();
+  }
+  rt_proc_free(&p);
+  fixture *f = *state;
+  char *saved_cache = NULL, *saved_tmp = rt_env_save("TMPDIR");
+  char *cache = private_cache(f, &saved_cache);
+  char *tmp = rt_path(f->dir, "tmp");
+  char *o_full = rt_path(f->dir, "o_full.npy");
+  assert_int_equal(mkdir(cache, 0700), 0);
+  assert_int_equal(mkdir(tmp, 0700), 0);
+  /* sh -c SCRIPT sh CACHE RDAGEN ARGS...: mount the tiny tmpfs on CACHE, then run rdagen. */
+  char *argv[] = {ARG(unshare), ARG("-rm"), ARG("/bin/sh"), ARG("-c"),
+                  ARG("mount -t tmpfs -o size=16k,mode=0700 tmpfs \"$0\" && exec \"$@\""), cache,
+                  ARG(RDAGEN_PATH), ARG("run"), f->config, ARG("--q"), f->q, ARG("--k"), f->k,
+                  ARG("--v"), f->v, ARG("--o"), o_full, ARG("--backend"), ARG("emu"), NULL};
+#undef ARG
+  assert_int_equal(setenv("TMPDIR", tmp, 1), 0);
+  assert_int_equal(setenv("RDA_LOG", "info", 1), 0);
+  assert_true(rt_run(argv, 600, &p));
+  unsetenv("RDA_LOG");
+  if (p.exit_code != 0 || strstr(p.err, "building in private folders") == NULL) {
+    show("run with the cache on a full disk", &p);
+    fail();
+  }
+  rt_proc_free(&p);
+  DIR *d = opendir(tmp); /* the private build folders are gone */
+  assert_non_null(d);
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) assert_true(e->d_name[0] == '.');
+  closedir(d);
+  const char *const run[] = {"run", f->config, "--q", f->q, "--k", f->k, "--v", f->v,
+                             "--o", f->o, "--backend", "emu", NULL};
+  p = run_rdagen(600, run);
+  if (p.exit_code != 0) show("run with room", &p);
+  assert_int_equal(p.exit_code, 0);
+  rt_proc_free(&p);
+  size_t n_full = 0, n_room = 0;
+  char *full = rt_read_file(o_full, &n_full), *room = rt_read_file(f->o, &n_room);
+  assert_non_null(full), assert_non_null(room);
+  assert_int_equal(n_full, n_room);
+  assert_memory_equal(full, room, n_room);
+  free(full), free(room);
+  unlink(o_full);
+  rt_env_restore("TMPDIR", saved_tmp);
+  rt_env_restore("RDA_CACHE_DIR", saved_cache);
+  free(cache), free(tmp), free(o_full);
+}
+
 /* === end of the kernel cache section (fix-cache) ============================================ */
 
 int main(void) {
@@ -1689,6 +1749,8 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_emit_failure_removes_the_folders_it_created, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(
+          test_cli_run_emu_with_the_cache_on_a_full_disk_still_computes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cli_cache_warm_fails_when_the_disk_is_full, setup,
                                       teardown),
   };
