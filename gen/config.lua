@@ -18,7 +18,9 @@ local MAX_SIZE_TEXT <const> = "2^40 = 1099511627776"
 -- stay a finite float. FLT_MAX is (2 - 2^-23) * 2^127.
 local FLT_MAX <const> = (2 - 2^-23) * 2^127
 local LOG2E <const> = 1.4426950408889634
-local SCALE_MAX <const> = FLT_MAX / LOG2E   -- ~2.3587e38, for messages only
+-- FLT_MAX / log2(e) rounded down to 8 significant digits (2.3586574e38), for messages only: a
+-- value the message shows as allowed really passes the check.
+local SCALE_MAX <const> = math.floor(FLT_MAX / LOG2E / 1e31) * 1e31
 local HEAD_DIMS <const> = { 32, 64, 96, 128, 256 }
 local DTYPES <const> = { "bf16", "fp16" }
 local OFFSETS <const> = { "mod", "block", "group" }
@@ -340,7 +342,7 @@ local function validate(t)
   -- not 0: the C API spells the default as 0, so a file could not mean τ = 0 by it.
   local s = t.scale
   if s ~= nil then
-    local allowed = string.format("must be a finite nonzero number with |scale| <= %.5g, or nil "
+    local allowed = string.format("must be a finite nonzero number with |scale| <= %.8g, or nil "
                                   .. "for 1/sqrt(head_dim)", SCALE_MAX)
     if type(s) ~= "number" or s ~= s or s == math.huge or s == -math.huge then
       return nil, string.format("scale = %s: %s", show(s), allowed)

@@ -379,7 +379,7 @@ static rda_status rda_api_config_chunk(const rda_attn_config *c, char *buf, size
   /* Any sign; |scale| * log2(e) is an fp32 constant of the kernels, so it must fit a float. */
   if (!rda_config_scale_fits(c->scale))
     return rda_err_set(err, RDA_ERR_CONFIG,
-                       "cfg->scale = %g: must be a finite number with |scale| <= %.5g "
+                       "cfg->scale = %g: must be a finite number with |scale| <= %.8g "
                        "(scale * log2(e) must fit in fp32), or 0 for 1/sqrt(head_dim)",
                        c->scale, rda_config_scale_max());
   /* Checked here as well as by the config's validation: these name the struct's fields. */

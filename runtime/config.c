@@ -13,7 +13,13 @@ int rda_config_size_ok(long long v) { return v >= 1 && v <= RDA_CONFIG_MAX_SIZE;
 
 int rda_config_scale_fits(double scale) { return isfinite(scale) && fabs(scale) * kLog2e <= FLT_MAX; }
 
-double rda_config_scale_max(void) { return FLT_MAX / kLog2e; }
+/* FLT_MAX / log2(e) rounded down to 8 significant digits (2.3586574e38): a bound a message may
+ * print with %.8g and that every value it lets through really passes. */
+double rda_config_scale_max(void) {
+  const double exact = FLT_MAX / kLog2e;
+  const double unit = pow(10.0, floor(log10(exact)) - 7);
+  return floor(exact / unit) * unit;
+}
 
 const char *rda_dtype_name(int dtype) { return dtype == RDA_DTYPE_FP16 ? "fp16" : "bf16"; }
 

@@ -29,7 +29,7 @@ typedef struct rda_config {
  * means "the default" is the caller's rule. */
 int rda_config_size_ok(long long v);
 int rda_config_scale_fits(double scale);
-double rda_config_scale_max(void); /* the largest |scale| that fits, for messages */
+double rda_config_scale_max(void); /* the bound on |scale| to print (%.8g), rounded down */
 
 /* "bf16" / "fp16"; "mod" / "block" / "group". */
 const char *rda_dtype_name(int dtype);

@@ -1333,7 +1333,7 @@ static rda_status rda_gen_check_config(const rda_config *c, rda_err *err) {
    * becomes an fp32 constant of the kernels. */
   if (c->scale == 0 || !rda_config_scale_fits(c->scale))
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                       "rda_gen_plan: scale = %g: must be finite, nonzero and at most %.5g in "
+                       "rda_gen_plan: scale = %g: must be finite, nonzero and at most %.8g in "
                        "magnitude (scale * log2(e) must fit in fp32)",
                        c->scale, rda_config_scale_max());
   for (int i = 0; i < c->nbranch; i++) {

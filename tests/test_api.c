@@ -259,7 +259,7 @@ static void test_plan_create_rejects_bad_config_struct(void **state) {
       {"offsets", RDA_ERR_CONFIG, e_offsets},
       {"causal", RDA_ERR_CONFIG, e_causal},
       {"scale", RDA_ERR_CONFIG, e_scale},
-      {"cfg->scale = -1e+39: must be a finite number with |scale| <= 2.3587e+38", RDA_ERR_CONFIG,
+      {"cfg->scale = -1e+39: must be a finite number with |scale| <= 2.3586574e+38", RDA_ERR_CONFIG,
        e_scale_huge},
       {"cfg->segments[0] = 1099511627777: must be an integer from 1 to 2^40", RDA_ERR_CONFIG,
        e_segment_huge},

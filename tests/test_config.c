@@ -635,15 +635,15 @@ static void test_config_accepts_negative_scale(void **state) {
 }
 
 static void test_config_rejects_scale_whose_fp32_constant_overflows(void **state) {
-  /* |scale| * log2(e) must be a finite float: |scale| <= FLT_MAX / log2(e) ~ 2.3587e38. */
+  /* |scale| * log2(e) must be a finite float: |scale| <= FLT_MAX / log2(e) ~ 2.3586574e38. */
   expect_error(state,
                "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
                " dilations = { 1 }, scale = 1e300 }",
-               "scale = 1e+300: ", "|scale| <= 2.3587e+38", "fit in fp32", NULL);
+               "scale = 1e+300: ", "|scale| <= 2.3586574e+38", "fit in fp32", NULL);
   expect_error(state,
                "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
                " dilations = { 1 }, scale = -1e39 }",
-               "scale = -1e+39: ", "|scale| <= 2.3587e+38", NULL);
+               "scale = -1e+39: ", "|scale| <= 2.3586574e+38", NULL);
   expect_error(state,
                "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
                " dilations = { 1 }, scale = 2.36e38 }",
@@ -654,6 +654,16 @@ static void test_config_rejects_scale_whose_fp32_constant_overflows(void **state
           " dilations = { 1 }, scale = 2.358e38 }",
           &c);
   assert_true(c.scale == 2.358e38);
+  /* The bound the message prints passes; one unit of its last digit more does not. */
+  load_ok(state,
+          "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
+          " dilations = { 1 }, scale = -2.3586574e38 }",
+          &c);
+  assert_true(c.scale == -2.3586574e38);
+  expect_error(state,
+               "return { heads = 4, head_dim = 64, dtype = 'bf16', segments = { 8 },"
+               " dilations = { 1 }, scale = 2.3586575e38 }",
+               "scale = 2.3586575e+38: ", "fit in fp32", NULL);
 }
 
 static void test_config_rejects_infinite_scale(void **state) {
