@@ -804,6 +804,20 @@ static int rda_cache_by_use(const void *a, const void *b) {
   return strcmp(x->key, y->key);
 }
 
+int rda_cache_target_name_ok(const char *name) {
+  const size_t n = strlen(name);
+  if (strncmp(name, "sm_", 3) == 0) {
+    if (n < 5 || n > 6 || name[3] == '0') return 0; /* sm_10 .. sm_999 */
+    for (size_t i = 3; i < n; ++i)
+      if (!isdigit((unsigned char)name[i])) return 0;
+    return 1;
+  }
+  if (strncmp(name, "emu-", 4) != 0 || n == 4 || n > 64) return 0;
+  for (size_t i = 4; i < n; ++i)
+    if (!isalnum((unsigned char)name[i]) && name[i] != '_') return 0;
+  return 1;
+}
+
 /* The cache root for list, evict and clear, never created: *rootfd is the open folder, or -1
  * (RDA_OK) when there is no cache yet. Then every target folder (of `target`, or all) is
  * checked first: a symbolic link among them refuses the whole operation before it changes
@@ -829,12 +843,12 @@ static rda_status rda_cache_open_root(const char *target, char *root, size_t cap
   }
   rda_status st = RDA_OK;
   for (struct dirent *e; st == RDA_OK && (e = readdir(d)) != NULL;) {
-    if (e->d_name[0] == '.') continue;
+    if (!rda_cache_target_name_ok(e->d_name)) continue; /* tuning.lua, the user's own links */
     if (target != NULL && strcmp(target, e->d_name) != 0) continue;
     struct stat sb;
     if (fstatat(fd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISLNK(sb.st_mode)) continue;
-    /* Only a link that leads to a folder poses as a target folder; a link to a file (the
-     * tuning database, tuning.lua, lives here by default) or a dangling one is none of ours. */
+    /* Only a link that leads to a folder poses as a target folder; a dangling one or one to a
+     * file is none of ours. */
     if (fstatat(fd, e->d_name, &sb, 0) != 0 || !S_ISDIR(sb.st_mode)) continue;
     char path[kCachePath];
     snprintf(path, sizeof path, "%s/%s", root, e->d_name);
@@ -862,7 +876,7 @@ static rda_status rda_cache_each_target(int rootfd, const char *root, const char
   }
   rda_status st = RDA_OK;
   for (struct dirent *e; st == RDA_OK && (e = readdir(d)) != NULL;) {
-    if (e->d_name[0] == '.') continue;
+    if (!rda_cache_target_name_ok(e->d_name)) continue;
     if (target != NULL && strcmp(target, e->d_name) != 0) continue;
     const int dfd =
         openat(rootfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);

@@ -108,11 +108,17 @@ typedef struct rda_cache_entry_info {
   int valid;                /* header and checksum verified */
 } rda_cache_entry_info;
 
+/* 1 when `name` is a target folder's name: sm_ and 2 or 3 digits (sm_80, sm_100), or emu- and a
+ * machine name of letters, digits and '_' (emu-x86_64), as the emulator names its folder.
+ * Anything else in the cache root (tuning.lua, a link to a folder of the user's) is no target
+ * and list, clear and evict leave it alone. */
+int rda_cache_target_name_ok(const char *name);
+
 /* Every entry (of `target`, or all when NULL), least recently used first. *out malloc'd. A
  * missing cache root is an empty cache (nothing is created); no root at all (RDA_CACHE_DIR,
- * XDG_CACHE_HOME and HOME unset) is RDA_ERR_CACHE; a symlinked target folder is refused
- * (rda_cache_folder). Other links in the root that do not lead to a folder (tuning.lua, the
- * tuning database, may be one) are no target folders: skipped, as by evict and clear. */
+ * XDG_CACHE_HOME and HOME unset) is RDA_ERR_CACHE; a symbolic link named like a target folder
+ * (rda_cache_target_name_ok) is refused (rda_cache_folder). Anything else in the root is no
+ * target folder: skipped, as by evict and clear. */
 rda_status rda_cache_list(const char *target, rda_cache_entry_info **out, size_t *count,
                           rda_err *err);
 

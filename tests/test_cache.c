@@ -1479,8 +1479,9 @@ static void test_cache_memory_hits_are_logged_at_debug(void **state) {
 /* ---- review fixes (fix-cache2) ------------------------------------------------------------- */
 
 /* A link in the cache root that leads to a file (tuning.lua, the user's tuning database, lives
- * there by default) or nowhere is no target folder: list, clear and eviction work around it and
- * leave it and its file alone. */
+ * there by default) or nowhere, and a folder or a link to one whose name is no target's (sm_XX,
+ * emu-<machine>), are no target folders: list, clear and eviction work around them and leave
+ * them and what they hold alone. */
 static void test_cache_link_to_a_file_in_the_root_is_no_target(void **state) {
   cache_fixture *f = *state;
   char *real = rt_path(f->root, "tuning-real.lua"), *link = rt_path(f->root, "tuning.lua");
@@ -1489,6 +1490,21 @@ static void test_cache_link_to_a_file_in_the_root_is_no_target(void **state) {
   assert_true(rt_write_file(real, db, sizeof db - 1));
   assert_int_equal(symlink(real, link), 0);
   assert_int_equal(symlink("/nonexistent/rda-cache-target", dangling), 0);
+  /* A link to a folder of the user's and a folder of the user's, each holding a file named
+   * like an entry; and names that only look like targets (sm_8, sm_080, emu-x/y). */
+  char *outside = rt_mkdtemp();
+  assert_non_null(outside);
+  static const char entry_like[] =
+      "0000000000000000000000000000000000000000000000000000000000000000.rda";
+  char *outside_file = rt_path(outside, entry_like);
+  assert_true(rt_write_file(outside_file, "mine", 4));
+  char *folder_link = rt_path(f->root, "models"), *own = rt_path(f->root, "sm_080");
+  assert_int_equal(symlink(outside, folder_link), 0);
+  assert_int_equal(mkdir(own, 0700), 0);
+  char *own_file = rt_path(own, entry_like);
+  assert_true(rt_write_file(own_file, "mine", 4));
+  char *short_link = rt_path(f->root, "sm_8");
+  assert_int_equal(symlink(outside, short_link), 0);
   put_entry("kernel_l1", 3000);
   put_entry("kernel_l2", 3000);
   rda_cache_entry_info *v = NULL;
@@ -1528,7 +1544,14 @@ static void test_cache_link_to_a_file_in_the_root_is_no_target(void **state) {
   assert_true(rt_run(clear, 60, &p));
   assert_int_equal(p.exit_code, 0);
   rt_proc_free(&p);
+  assert_true(rt_exists(outside_file));
+  assert_true(rt_exists(own_file));
+  assert_int_equal(lstat(folder_link, &sb), 0);
+  assert_true(S_ISLNK(sb.st_mode));
+  assert_int_equal(lstat(short_link, &sb), 0);
+  rt_rmtree(outside);
   free(kept), free(real), free(link), free(dangling);
+  free(outside), free(outside_file), free(folder_link), free(own), free(own_file), free(short_link);
 }
 
 /* No cache root at all (RDA_CACHE_DIR, XDG_CACHE_HOME and HOME unset): list and clear fail

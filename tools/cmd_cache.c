@@ -38,16 +38,6 @@ static int cache_flag(int argc, char **argv, int *i, const char *flag, const cha
   return *value != NULL ? 1 : -1;
 }
 
-/* A cache folder name `list` and `clear` accept: sm_ and 2 or 3 digits, or emu- and a machine
- * name (letters, digits, '_'), as the emulator names its folder (emu-x86_64, emu-aarch64). */
-static int cache_target_ok(const char *t) {
-  if (strncmp(t, "sm_", 3) == 0) return rdagen_parse_arch(t) >= 0;
-  if (strncmp(t, "emu-", 4) != 0 || t[4] == '\0' || strlen(t) > 64) return 0;
-  for (const char *p = t + 4; *p != '\0'; ++p)
-    if (!isalnum((unsigned char)*p) && *p != '_') return 0;
-  return 1;
-}
-
 static int cache_list(const char *target) {
   rda_cache_entry_info *v = NULL;
   size_t n = 0;
@@ -164,7 +154,7 @@ int rdagen_cmd_cache(int argc, char **argv) {
         archs[narchs++] = arch;
       } else {
         if (target != NULL) return rdagen_usage("cache %s: one --arch at most", sub);
-        if (!cache_target_ok(value))
+        if (!rda_cache_target_name_ok(value))
           return rdagen_usage(
               "cache %s: --arch '%s': expected sm_XX or emu-<machine> (e.g. "
               "sm_90, emu-x86_64)",
