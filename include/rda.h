@@ -112,8 +112,8 @@ typedef struct rda_attn_config {
   rda_offset_rule offsets;                      /* RDA_OFFSET_MOD by default */
   int causal;                                   /* 0 or 1 */
   /* Softmax scale τ; 0 means 1/sqrt(head_dim). Any other finite value of either sign (a
-   * negative τ is computed as written) with |scale| * log2(e) <= FLT_MAX (|scale| <= ~2.3586574e38):
-   * the kernels keep scale * log2(e) as an fp32 constant. The scores scale * <q, k> * log2(e)
+   * negative τ is computed as written) with |scale| * log2(e) <= FLT_MAX (|scale| up to
+   * 2.3586574e38): the kernels keep scale * log2(e) as an fp32 constant. The scores scale * <q, k> * log2(e)
    * are formed in fp32 too: where one exceeds FLT_MAX (a huge scale with large inputs), O and
    * LSE are not finite (rdagen run reports such a result as an error and writes nothing). */
   double scale;

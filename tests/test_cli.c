@@ -1437,13 +1437,24 @@ static void test_cli_emit_is_all_or_nothing_and_records_cubin_sha(void **state) 
   char *cache = private_cache(f, &saved);
   char *out = rt_path(f->dir, "bundle");
   const char *const emit[] = {"emit", f->config, "--arch", "sm_80", "--out", out, NULL};
+  assert_int_equal(setenv("RDA_LOG", "info", 1), 0);
   rt_proc p = run_rdagen(600, emit);
+  unsetenv("RDA_LOG");
   if (p.exit_code != 0) show("emit", &p);
   assert_int_equal(p.exit_code, 0);
-  rt_proc_free(&p);
   char *manifest = rt_path(out, "manifest.json");
   char *text = rt_read_file(manifest, NULL);
   assert_non_null(text);
+  /* RDA_LOG=info: one compile line per kernel of the manifest (emit always compiles). */
+  int kernels = 0, logged = 0;
+  for (const char *at = strstr(text, "\"cubin\": \""); at != NULL; at = strstr(at + 1, "\"cubin\": \""))
+    kernels++;
+  for (const char *at = strstr(p.err, "rda: info: compiled "); at != NULL;
+       at = strstr(at + 1, "rda: info: compiled "))
+    logged++;
+  assert_true(kernels > 0);
+  assert_int_equal(logged, kernels);
+  rt_proc_free(&p);
   /* Every cubin's recorded SHA-256 is its file's. */
   int checked = 0;
   for (const char *at = strstr(text, "\"cubin\": \""); at != NULL;

@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "fwd.h"
 #include "gen.h"
+#include "log.h"
 #include "nvrtc.h"
 #include "reference.h"
 #include "rng.h"
@@ -101,6 +102,8 @@ static int report_nvrtc(const rda_plan_k *p, int arch, int *spills) {
     rda_err err = {0};
     if (rda_nvrtc_compile(v->source, v->name, v->name, arch, 0, &out, &err) != RDA_OK)
       return rdagen_fail("%s", err.msg);
+    rda_log(RDA_LOG_INFO, "compiled %s for sm_%d in %.2f s (demo: ptxas report, not cached)",
+            v->name, arch, out.compile_s);
     printf("%-62s sm_%-3d %5d %6d %7d %7.2f s%s\n", v->name, arch, out.registers,
            out.spill_bytes, out.smem_bytes + v->smem_bytes, out.compile_s,
            v->tuned ? "  (tile from tuning)" : "");

@@ -17,6 +17,7 @@
 #include "commands.h"
 #include "gen.h"
 #include "json.h"
+#include "log.h"
 #include "nvrtc.h"
 #include "out_files.h"
 
@@ -129,8 +130,12 @@ static void *emit_worker(void *arg) {
     pthread_mutex_unlock(&q->lock);
     if (i < 0) return NULL;
     emit_job *j = &q->jobs[i];
+    /* Always NVRTC, never the kernel cache: the manifest's ptxas report comes from compiling. */
     j->status =
         rda_nvrtc_compile(j->v->source, j->v->name, j->v->name, j->arch, 0, &j->cubin, &j->err);
+    if (j->status == RDA_OK)
+      rda_log(RDA_LOG_INFO, "compiled %s for sm_%d in %.2f s (emit: always compiled, not cached)",
+              j->v->name, j->arch, j->cubin.compile_s);
     if (j->status == RDA_OK && j->want_ptx)
       j->status =
           rda_nvrtc_compile(j->v->source, j->v->name, j->v->name, j->arch, 1, &j->ptx, &j->err);
