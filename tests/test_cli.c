@@ -175,6 +175,13 @@ static void test_cli_bad_usage_exits_2(void **state) {
       {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--ranks", "\n2", NULL},
       {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--ranks", "+2", NULL},
       {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--ranks", "0x2", NULL},
+      {"run", C, "--q", Q, "--k", K, "--v", V, "--o", O, "--ranks", "4097", NULL}, /* as ring-sim */
+      /* each option once, flags without a value too */
+      {"emit", C, "--arch", "sm_90", "--out", O, "--ptx", "--ptx", NULL},
+      {"ring-sim", C, "--n", "64", "--ranks", "2", "--json", "--json", NULL},
+      {"tune", C, "--dry-run", "--dry-run", NULL},
+      {"tune", C, "--wgmma", "--wgmma", NULL},
+      {"tune", C, "--backward", "--backward", NULL},
       /* emit: a value is never the next option (--out --ptx is no folder named "--ptx") */
       {"emit", C, "--arch", "sm_90", "--out", "--ptx", NULL},
       {"emit", C, "--arch", "--out", O, NULL},

@@ -78,6 +78,7 @@ static int emit_parse(int argc, char **argv, emit_opts *o) {
       return 0;
     }
     if (strcmp(a, "--ptx") == 0) {
+      if (o->ptx) return rdagen_usage("emit: --ptx given twice");
       o->ptx = 1;
       continue;
     }

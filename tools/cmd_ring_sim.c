@@ -79,6 +79,7 @@ static int sim_parse(int argc, char **argv, sim_opts *o) {
       return 0;
     }
     if (strcmp(a, "--json") == 0) {
+      if (o->json) return rdagen_usage("ring-sim: --json given twice");
       o->json = 1;
       continue;
     }

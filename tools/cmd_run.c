@@ -40,9 +40,10 @@ static const char run_usage_text[] =
     "             dQ [B, N, H, D], dK and dV [B, N, Hkv, D] as float32 (dLSE = 0)\n"
     "  --backend  auto (default: cuda when a GPU is usable, else emu), cuda, or emu (the CPU\n"
     "             emulator running the generated kernels)\n"
-    "  --ranks    ring ranks (default 1): P virtual ranks, threads each given only its own\n"
-    "             rows (the emulator over host memory, or one GPU over device memory); the\n"
-    "             result (and with --do, the gradients) is gathered\n"
+    "  --ranks    ring ranks (default 1; at most 4096 and at most N): P virtual ranks,\n"
+    "             threads each given only its own rows (the emulator over host memory, or\n"
+    "             one GPU over device memory); the result (and with --do, the gradients)\n"
+    "             is gathered\n"
     "  --layout   how rows are split over the ranks: contiguous (default) or zigzag (2P equal\n"
     "             chunks, rank p holds chunks p and 2P-1-p; N must be a multiple of 2P)\n"
     "  --stats    write {\"ranks\": [{\"rank\", \"rows\", \"bytes_sent\", \"bytes_received\",\n"
@@ -127,8 +128,9 @@ static int run_parse(int argc, char **argv, run_opts *o) {
     return rdagen_usage("run: --backend '%s': expected auto, cuda or emu", o->backend);
   o->ranks = 1;
   if (o->ranks_text != NULL) {
-    if (!rdagen_parse_count(o->ranks_text, 1, LLONG_MAX, &o->ranks))
-      return rdagen_usage("run: --ranks '%s': expected a positive integer", o->ranks_text);
+    if (!rdagen_parse_count(o->ranks_text, 1, RDA_RING_MAX_RANKS, &o->ranks))
+      return rdagen_usage("run: --ranks '%s': expected an integer 1..%d", o->ranks_text,
+                          RDA_RING_MAX_RANKS);
   }
   if (o->layout != NULL && rda_ring_layout_parse(o->layout) < 0)
     return rdagen_usage("run: --layout '%s': expected contiguous or zigzag", o->layout);
@@ -546,9 +548,6 @@ int rdagen_cmd_run(int argc, char **argv) {
   int rc = run_parse(argc, argv, &opt);
   if (rc >= 0) return rc;
 
-  const int ring = opt.ranks > 1 || opt.stats != NULL || opt.layout != NULL;
-  if (ring && opt.ranks > RDA_RING_MAX_RANKS)
-    return rdagen_fail("--ranks %lld: at most %d ranks", opt.ranks, RDA_RING_MAX_RANKS);
   static rda_out_file files[RUN_NOUT]; /* 4 KiB paths each: off the stack */
   rc = run_check_files(&opt, files);
   if (rc >= 0) return rc;

@@ -88,6 +88,7 @@ static int tune_parse(int argc, char **argv, tune_cli *o) {
     if (nlen == 5 && strncmp(name, "wgmma", 5) == 0) flag = &o->wgmma;
     if (flag != NULL) {
       if (eq != NULL) return rdagen_usage("tune: --%.*s takes no value", (int)nlen, name);
+      if (*flag) return rdagen_usage("tune: --%.*s given twice", (int)nlen, name);
       *flag = 1;
       continue;
     }

@@ -17,7 +17,7 @@ static const char rdagen_usage_text[] =
     "commands:\n"
     "  run CONFIG --q Q.npy --k K.npy --v V.npy --o O.npy [--lse LSE.npy]\n"
     "      [--do DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy] [--backend auto|cuda|emu]\n"
-    "      [--ranks P]\n"
+    "      [--ranks P] [--layout contiguous|zigzag] [--stats FILE]\n"
     "      dilated attention on .npy files (SPEC section 4)\n"
     "  emit CONFIG --arch sm_XX [--arch sm_YY ...] --out DIR [--ptx]\n"
     "      write each planned kernel's CUDA source, cubin and manifest.json\n"
