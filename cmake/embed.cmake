@@ -1,5 +1,6 @@
-# embed.cmake — bakes the generator scripts (gen/*.lua), the tile space (tuning/*.lua) and the
-# kernel templates (templates/*, templates/emu/*) into librda as byte arrays plus a name table
+# embed.cmake — bakes the generator scripts (gen/*.lua), the tile space (tuning/*.lua), the
+# default config (configs/default.lua, for `rdagen demo`) and the kernel templates
+# (templates/*, templates/emu/*) into librda as byte arrays plus a name table
 # (runtime/sources.c serves them), so an installed library needs no source tree. CMake only.
 if(RDA_EMBED_SCRIPT)
   # Script mode: cmake -DRDA_EMBED_SCRIPT=1 -DROOT=... -DLIST=... -DOUT=... -P embed.cmake
@@ -28,6 +29,7 @@ endif()
 # Configure mode (include()d from CMakeLists.txt after rda_core is defined).
 file(GLOB RDA_EMBED_FILES RELATIVE ${CMAKE_SOURCE_DIR} CONFIGURE_DEPENDS
      ${CMAKE_SOURCE_DIR}/gen/*.lua ${CMAKE_SOURCE_DIR}/tuning/*.lua
+     ${CMAKE_SOURCE_DIR}/configs/default.lua
      ${CMAKE_SOURCE_DIR}/templates/*.cuh ${CMAKE_SOURCE_DIR}/templates/*.h
      ${CMAKE_SOURCE_DIR}/templates/emu/*.h ${CMAKE_SOURCE_DIR}/templates/emu/*.cc)
 list(SORT RDA_EMBED_FILES)

@@ -241,6 +241,28 @@ static void test_cli_bad_usage_exits_2(void **state) {
   free(alias), free(dk_alias);
 }
 
+/* `rdagen demo` without CONFIG runs the default config built into rdagen, from any folder (the
+ * test runs it in an empty one). */
+static void test_cli_demo_without_config_runs_the_built_in_default(void **state) {
+  fixture *f = *state;
+  char *empty = rt_path(f->dir, "elsewhere");
+  assert_int_equal(mkdir(empty, 0700), 0);
+  char here[4096];
+  assert_non_null(getcwd(here, sizeof here));
+  assert_int_equal(chdir(empty), 0);
+  const char *const demo[] = {"demo", "--n", "64", "--backend", "emu", NULL};
+  rt_proc p = run_rdagen(600, demo);
+  assert_int_equal(chdir(here), 0);
+  if (p.exit_code != 0 || strstr(p.out, "config   configs/default.lua (built in): heads 8") == NULL ||
+      strstr(p.out, "result   PASS") == NULL) {
+    show("demo without CONFIG", &p);
+    fail();
+  }
+  rt_proc_free(&p);
+  rmdir(empty);
+  free(empty);
+}
+
 /* --- bad input: exit 1, one line naming the file, nothing written ----------------------------- */
 
 static void expect_input_error(const fixture *f, const char *what, const char *const *args,
@@ -1705,6 +1727,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cli_help_and_version_exit_0),
       cmocka_unit_test_setup_teardown(test_cli_bad_usage_exits_2, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cli_demo_without_config_runs_the_built_in_default,
+                                      setup, teardown),
       cmocka_unit_test_setup_teardown(test_cli_tune_bad_input_exits_and_keeps_the_database, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_tune_writes_a_database_that_plans_read, setup,

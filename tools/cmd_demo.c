@@ -12,6 +12,7 @@
 #include "nvrtc.h"
 #include "reference.h"
 #include "rng.h"
+#include "sources.h"
 
 #include <limits.h>
 #include <stdint.h>
@@ -37,9 +38,12 @@ static double now_s(void) {
 #define DEMO_MAX_N (1LL << 40)
 #define DEMO_MAX_BATCH 65535LL
 
+/* The config a demo without CONFIG runs: configs/default.lua, built into librda. */
+static const char kDefaultConfig[] = "configs/default.lua";
+
 /* Returns -1 to go on, else the exit status (0 for --help). */
 static int parse_opts(int argc, char **argv, demo_opts *o) {
-  o->config = "configs/default.lua";
+  o->config = NULL; /* the built-in copy of configs/default.lua */
   o->n = 2048;
   o->batch = 1;
   o->backend = "auto";
@@ -50,7 +54,8 @@ static int parse_opts(int argc, char **argv, demo_opts *o) {
   for (int i = 0; i < argc; ++i) {
     const char *a = argv[i];
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      printf("usage: rdagen demo [CONFIG] [--n N] [--batch B] [--backend auto|cuda|emu] [--seed S]\n");
+      printf("usage: rdagen demo [CONFIG] [--n N] [--batch B] [--backend auto|cuda|emu] [--seed S]\n"
+             "Without CONFIG: configs/default.lua, built into rdagen.\n");
       return 0;
     }
     const char *eq;
@@ -83,7 +88,8 @@ static int parse_opts(int argc, char **argv, demo_opts *o) {
 }
 
 static void print_config(const rda_config *c, const demo_opts *o) {
-  printf("config   %s: heads %d (kv %d), head_dim %d, %s, %s, offsets %s, branches", o->config,
+  printf("config   %s%s: heads %d (kv %d), head_dim %d, %s, %s, offsets %s, branches",
+         o->config != NULL ? o->config : kDefaultConfig, o->config != NULL ? "" : " (built in)",
          c->heads, c->kv_heads, c->head_dim, rda_dtype_name(c->dtype),
          c->causal ? "causal" : "non-causal", rda_offsets_name(c->offsets));
   for (int i = 0; i < c->nbranch; ++i)
@@ -194,6 +200,16 @@ done:
   return rc;
 }
 
+/* CONFIG, or without one the default config built into rdagen (works from any folder). */
+static rda_status load_config(rda_gen *g, const char *path, rda_config *cfg, rda_err *err) {
+  if (path != NULL) return rda_gen_config_file(g, path, cfg, err);
+  char *text = NULL;
+  RDA_TRY(rda_sources_read(kDefaultConfig, &text, NULL, err));
+  const rda_status st = rda_gen_config_string(g, text, kDefaultConfig, cfg, err);
+  free(text);
+  return st;
+}
+
 int rdagen_cmd_demo(int argc, char **argv) {
   demo_opts o;
   int rc = parse_opts(argc, argv, &o);
@@ -211,7 +227,7 @@ int rdagen_cmd_demo(int argc, char **argv) {
   char why[512];
   rc = 1;
 
-  if (rda_gen_open(&g, &err) != RDA_OK || rda_gen_config_file(g, o.config, &cfg, &err) != RDA_OK) {
+  if (rda_gen_open(&g, &err) != RDA_OK || load_config(g, o.config, &cfg, &err) != RDA_OK) {
     rdagen_fail("%s", err.msg);
     goto done;
   }
