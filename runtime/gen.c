@@ -288,7 +288,9 @@ static double rda_gen_time_limit_env(rda_err *err) {
   char *end = NULL;
   errno = 0;
   const double x = strtod(v, &end);
-  const int digit = (v[0] >= '0' && v[0] <= '9') || v[0] == '.'; /* no space, sign, "nan" */
+  /* decimal only: no space, sign, "nan" or hex (strtod reads 0x10) */
+  const int digit = ((v[0] >= '0' && v[0] <= '9') || v[0] == '.') &&
+                    v[strspn(v, "0123456789.eE+-")] == '\0';
   if (!digit || errno != 0 || end == v || *end != '\0' || !(x >= 0.01 && x <= 3600)) {
     char shown[64];
     rda_gen_one_line(shown, sizeof shown, v, 0);

@@ -832,7 +832,7 @@ static void test_config_errors_hold_no_c1_controls_nor_split_characters(void **s
 static void test_config_time_limit_from_the_environment(void **state) {
   (void)state;
   char *saved = rt_env_save("RDA_CONFIG_TIME_LIMIT");
-  static const char *const bad[] = {"0", "-1", "abc", "1e9", "nan", "inf", " 1", "1s", "0.001"};
+  static const char *const bad[] = {"0", "-1", "abc", "1e9", "nan", "inf", " 1", "1s", "0.001", "0x10", "0x1p2"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     assert_int_equal(setenv("RDA_CONFIG_TIME_LIMIT", bad[i], 1), 0);
     rda_gen *g = NULL;
