@@ -100,6 +100,9 @@ static int teardown(void **state) {
   return 0;
 }
 
+/* A string literal as an exec argument (argv is char *const[], never written). */
+static char *arg(const char *s) { return (char *)(uintptr_t)s; }
+
 /* Run rdagen with the given arguments (NULL-terminated list after argv[0]). */
 static rt_proc run_rdagen(int timeout_s, const char *const *args) {
   char *argv[MAX_ARGS];
@@ -1628,6 +1631,18 @@ static void test_cli_emit_failure_removes_the_folders_it_created(void **state) {
     fail();
   }
   rt_proc_free(&p);
+  /* Standard output on a full disk: the report cannot be written, so nothing is. */
+  char *argv[] = {arg("/bin/sh"), arg("-c"), arg("exec \"$0\" \"$@\" > /dev/full"),
+                  arg(RDAGEN_PATH), arg("emit"), f->config, arg("--arch"), arg("sm_80"),
+                  arg("--out"), out, NULL};
+  assert_true(rt_run(argv, 600, &p));
+  if (p.exit_code != 1 || rt_count_lines(p.err) != 1 ||
+      strstr(p.err, "cannot write to standard output") == NULL || rt_exists(n1) ||
+      rt_count_entries(keep) != 0) {
+    show("emit with standard output on a full disk", &p);
+    fail();
+  }
+  rt_proc_free(&p);
   free(keep), free(out), free(n1), free(out_slash);
   rt_env_restore("RDA_CACHE_DIR", saved);
   free(cache);
@@ -1667,8 +1682,7 @@ static void test_cli_cache_warm_fails_when_the_disk_is_full(void **state) {
  * allowed the test is skipped, saying so. */
 static void test_cli_run_emu_with_the_cache_on_a_full_disk_still_computes(void **state) {
   const char *unshare = access("/usr/bin/unshare", X_OK) == 0 ? "/usr/bin/unshare" : "/bin/unshare";
-#define ARG(s) ((char *)(uintptr_t)(s)) /* exec's argv is not const */
-  char *probe[] = {ARG(unshare), ARG("-rm"), ARG("true"), NULL};
+  char *probe[] = {arg(unshare), arg("-rm"), arg("true"), NULL};
   rt_proc p = {0};
   if (!rt_run(probe, 60, &p) || p.exit_code != 0) {
     fprintf(stderr, "note: no user namespaces here (unshare -rm fails): skipped\n");
@@ -1684,11 +1698,10 @@ static void test_cli_run_emu_with_the_cache_on_a_full_disk_still_computes(void *
   assert_int_equal(mkdir(cache, 0700), 0);
   assert_int_equal(mkdir(tmp, 0700), 0);
   /* sh -c SCRIPT sh CACHE RDAGEN ARGS...: mount the tiny tmpfs on CACHE, then run rdagen. */
-  char *argv[] = {ARG(unshare), ARG("-rm"), ARG("/bin/sh"), ARG("-c"),
-                  ARG("mount -t tmpfs -o size=16k,mode=0700 tmpfs \"$0\" && exec \"$@\""), cache,
-                  ARG(RDAGEN_PATH), ARG("run"), f->config, ARG("--q"), f->q, ARG("--k"), f->k,
-                  ARG("--v"), f->v, ARG("--o"), o_full, ARG("--backend"), ARG("emu"), NULL};
-#undef ARG
+  char *argv[] = {arg(unshare), arg("-rm"), arg("/bin/sh"), arg("-c"),
+                  arg("mount -t tmpfs -o size=16k,mode=0700 tmpfs \"$0\" && exec \"$@\""), cache,
+                  arg(RDAGEN_PATH), arg("run"), f->config, arg("--q"), f->q, arg("--k"), f->k,
+                  arg("--v"), f->v, arg("--o"), o_full, arg("--backend"), arg("emu"), NULL};
   assert_int_equal(setenv("TMPDIR", tmp, 1), 0);
   assert_int_equal(setenv("RDA_LOG", "info", 1), 0);
   assert_true(rt_run(argv, 600, &p));

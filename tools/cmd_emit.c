@@ -460,19 +460,25 @@ int rdagen_cmd_emit(int argc, char **argv) {
       goto done;
     }
   }
-  rc = emit_write_all(&o, jobs, njobs);
-  if (rc == 0) {
-    printf("%-62s %-6s %5s %6s %7s %8s\n", "kernel", "arch", "regs", "spill", "smem", "compile");
-    double sum = 0;
-    for (int k = 0; k < njobs; ++k) {
-      const emit_job *j = &jobs[k];
-      printf("%-62s sm_%-3d %5d %6d %7d %6.2f s\n", j->v->name, j->arch, j->cubin.registers,
-             j->cubin.spill_bytes, j->cubin.smem_bytes + j->v->smem_bytes, j->cubin.compile_s);
-      sum += j->cubin.compile_s;
-    }
-    printf("%d kernels in %s/manifest.json (compile %.2f s, wall %.2f s)\n", njobs, o.out, sum,
-           emit_now() - t0);
+  /* The report goes out before the bundle is written: standard output that cannot take it (a
+   * full disk) fails the emit with DIR as it was, not after the bundle landed. */
+  printf("%-62s %-6s %5s %6s %7s %8s\n", "kernel", "arch", "regs", "spill", "smem", "compile");
+  double sum = 0;
+  for (int k = 0; k < njobs; ++k) {
+    const emit_job *j = &jobs[k];
+    printf("%-62s sm_%-3d %5d %6d %7d %6.2f s\n", j->v->name, j->arch, j->cubin.registers,
+           j->cubin.spill_bytes, j->cubin.smem_bytes + j->v->smem_bytes, j->cubin.compile_s);
+    sum += j->cubin.compile_s;
   }
+  printf("%d kernels in %s/manifest.json (compile %.2f s, wall %.2f s)\n", njobs, o.out, sum,
+         emit_now() - t0);
+  errno = 0;
+  if (fflush(stdout) != 0 || ferror(stdout)) {
+    rc = rdagen_fail("emit: cannot write to standard output (%s): %s left as it was",
+                     errno != 0 ? strerror(errno) : "a write failed", o.out);
+    goto done;
+  }
+  rc = emit_write_all(&o, jobs, njobs);
 
 done:
   for (int k = 0; k < njobs; ++k) {
