@@ -23,8 +23,9 @@ static const char cache_usage_text[] =
     "one folder per target (sm_90, emu-x86_64, ...); RDA_CACHE_MAX_BYTES bounds its size.\n"
     "TARGET is sm_XX or emu-<machine> (the emulator's, e.g. emu-x86_64).\n"
     "  list    one line per entry: target, kernel, bytes, last use (least recent first)\n"
-    "  clear   delete the entries (of one target with --arch); temporary files younger than\n"
-    "          an hour are left (they may belong to running builds)\n"
+    "  clear   delete the entries (of one target with --arch); temporary files and emulator\n"
+    "          header folders younger than an hour are left (they may belong to running\n"
+    "          builds)\n"
     "  warm    compile every kernel CONFIG plans for each sm_XX into the cache (no GPU needed)\n";
 
 /* "--arch X" or "--arch=X" at argv[*i]: 1 with *value set (advancing *i), 0 when argv[*i] is
@@ -67,8 +68,8 @@ static int cache_clear(const char *target) {
   if (rda_cache_clear(target, &removed, &left, &err) != RDA_OK) return rdagen_fail("%s", err.msg);
   if (left > 0)
     printf(
-        "removed %zu entries; left %zu recent temporary files (younger than an hour; they may "
-        "belong to running builds)\n",
+        "removed %zu entries; left %zu recent temporary files or emulator header folders "
+        "(younger than an hour; they may belong to running builds)\n",
         removed, left);
   else
     printf("removed %zu entries\n", removed);
