@@ -28,7 +28,7 @@ typedef struct ring_blocks {
   unsigned char *grblk[2]; /* fp32 gradients of a sent block, coming back */
 } ring_blocks;
 
-static const size_t kAlign = 256;
+static const size_t kAlign = RDA_RING_BLOCK_ALIGN; /* the plan's peak_bytes counts it too */
 
 static size_t ring_round_up(size_t x) {
   return (x + kAlign - 1) / kAlign * kAlign;

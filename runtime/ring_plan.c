@@ -93,6 +93,12 @@ static int rp_add_bytes(uint64_t *acc, uint64_t v) {
   return 1;
 }
 
+/* A workspace block's bytes: b rounded up to RDA_RING_BLOCK_ALIGN (b <= RDA_RING_MAX_BYTES, so
+ * no wrap; rp_add_bytes checks the result). */
+static uint64_t rp_aligned(uint64_t b) {
+  return (b + RDA_RING_BLOCK_ALIGN - 1) / RDA_RING_BLOCK_ALIGN * RDA_RING_BLOCK_ALIGN;
+}
+
 /* The bytes of `rows` rows of nkv kv heads, times `times`; 0 when above RDA_RING_MAX_BYTES. */
 static int rp_row_bytes(const rda_ring_plan *p, int64_t rows, int nkv, uint64_t times,
                         uint64_t *out) {
@@ -580,8 +586,9 @@ static rda_status rp_totals(rda_ring_plan *p, rda_err *err) {
     uint64_t send_all = 0, peak = 0;
     if (what[0] == '\0') {
       rda_ring_steps_blocks(steps, n, &rk->send_block, &send_all, &rk->recv_block);
-      if (!rp_add_bytes(&peak, rk->send_block) || !rp_add_bytes(&peak, rk->recv_block) ||
-          !rp_add_bytes(&peak, rk->recv_block))
+      if (!rp_add_bytes(&peak, rp_aligned(rk->send_block)) ||
+          !rp_add_bytes(&peak, rp_aligned(rk->recv_block)) ||
+          !rp_add_bytes(&peak, rp_aligned(rk->recv_block)))
         snprintf(what, sizeof what, "the ring memory of rank %d", rho);
     }
     free(steps);

@@ -31,6 +31,10 @@ enum {
  * round's block, a rank's peak): 2^63 - 1, so that each also fits a signed 64-bit integer (JSON,
  * rda_ring_stats). Larger plans are refused at creation, never wrapped. */
 #define RDA_RING_MAX_BYTES ((uint64_t)INT64_MAX)
+/* Each block of the ring's workspace (the send block, each receive buffer) starts at a
+ * multiple of this many bytes (runtime/ring.c lays it out so): a block takes its bytes rounded
+ * up to it, which the plan's peak_bytes counts too. */
+#define RDA_RING_BLOCK_ALIGN 256u
 /* K and V, 2 bytes per element (bf16 and fp16 alike). */
 #define RDA_RING_KV_ELEM_BYTES 4
 /* The classes of one segment move in bundles of at most this many bytes per member and step
@@ -106,9 +110,9 @@ typedef struct rda_ring_rank {
   uint64_t bytes_sent, bytes_received;
   uint64_t send_block; /* the largest packed send block of a round (rda_ring_steps_blocks) */
   uint64_t recv_block; /* the largest sum of one round's receives */
-  uint64_t peak_bytes; /* most the forward ring holds at once, as the driver lays it out: the
-                          send block plus two receive blocks (double-buffered), per batch
-                          element */
+  uint64_t peak_bytes; /* most the forward ring holds at once for batch 1, as the driver lays
+                          it out: the send block plus two receive blocks (double-buffered),
+                          each rounded up to RDA_RING_BLOCK_ALIGN */
   int64_t steps;
   double pairs;      /* (query, key) pairs of this rank's queries, all heads, branches */
   double recv_pairs; /* of those, pairs whose key arrives from another rank */

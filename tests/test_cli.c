@@ -454,6 +454,23 @@ static void test_cli_ranks_3_matches_reference_and_writes_stats(void **state) {
   assert_non_null(strstr(text, "\"peak_bytes\": "));
   assert_null(
       strstr(text, "\"rank\": 2, \"rows\": 13, \"bytes_sent\": 0, \"bytes_received\": 0"));
+  /* ring-sim predicts each rank's rows, bytes and peak memory exactly as the run counted them. */
+  const char *const sim[] = {"ring-sim", f->config, "--n", "40", "--ranks", "3", "--json", NULL};
+  p = run_rdagen(60, sim);
+  assert_int_equal(p.exit_code, 0);
+  for (int r = 0; r < 3; r++) {
+    long long got[5], want[5];
+    char key[32];
+    snprintf(key, sizeof key, "{\"rank\": %d, ", r);
+    const char *in_run = strstr(text, key), *in_sim = strstr(p.out, key);
+    assert_non_null(in_run), assert_non_null(in_sim);
+    static const char fmt[] = "{\"rank\": %lld, \"rows\": %lld, \"bytes_sent\": %lld, "
+                              "\"bytes_received\": %lld, \"peak_bytes\": %lld";
+    assert_int_equal(sscanf(in_run, fmt, &got[0], &got[1], &got[2], &got[3], &got[4]), 5);
+    assert_int_equal(sscanf(in_sim, fmt, &want[0], &want[1], &want[2], &want[3], &want[4]), 5);
+    for (int i = 0; i < 5; i++) assert_int_equal(got[i], want[i]);
+  }
+  rt_proc_free(&p);
   free(text);
   free(of), free(lf), free(o_ref), free(lse_ref);
   for (int a = 0; a < 3; a++) free(in[a]);
