@@ -367,12 +367,16 @@ rda_status rda_ring_create(rda_ring **out, rda_plan *plan, const rda_ring_desc *
   pthread_mutex_unlock(&ctx->lock);
   if (s == RDA_OK)
     s = rda_ring_plan_create(cfg, desc->n, desc->ranks, (int)desc->layout, &r->rp, &err);
+  int *peers = NULL, npeers = 0;
   if (s == RDA_OK) {
     rda_ring_step *steps = NULL;
     int64_t nsteps = 0;
     s = rda_ring_plan_steps(r->rp, r->rank, &steps, &nsteps, &err);
     uint64_t b[3] = {0, 0, 0};
     if (s == RDA_OK) rda_ring_steps_blocks(steps, nsteps, &b[0], &b[1], &b[2]);
+    if (s == RDA_OK && (peers = malloc((size_t)desc->ranks * sizeof *peers)) == NULL)
+      s = rda_err_set(&err, RDA_ERR_OUT_OF_MEMORY, "out of memory");
+    if (s == RDA_OK) rda_ring_steps_peers(steps, nsteps, r->rank, peers, &npeers);
     free(steps);
     r->block_max = b[0] > b[1] ? b[0] : b[1];
     r->block_max = b[2] > r->block_max ? b[2] : r->block_max;
@@ -388,6 +392,9 @@ rda_status rda_ring_create(rda_ring **out, rda_plan *plan, const rda_ring_desc *
     const uint64_t fp = rda_ring_fingerprint(cfg, desc->n, desc->ranks, (int)desc->layout);
     s = ring_join(r, desc, fp, timeout_s, &err);
   }
+  /* Links set up now (NCCL's point-to-point ones), not during the first pass's steps. */
+  if (s == RDA_OK) s = rda_transport_connect(r->t, peers, npeers, &err);
+  free(peers);
   if (s != RDA_OK) {
     ring_free(r);
     return rda_api_failf(ctx, s, "%s: %s", fn, err.msg[0] != '\0' ? err.msg : "(no detail)");

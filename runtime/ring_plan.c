@@ -894,6 +894,18 @@ void rda_ring_steps_blocks(const rda_ring_step *steps, int64_t n, uint64_t *send
   }
 }
 
+void rda_ring_steps_peers(const rda_ring_step *steps, int64_t n, int self, int *peers,
+                          int *npeers) {
+  unsigned char seen[RDA_RING_MAX_RANKS] = {0};
+  for (int64_t i = 0; i < n; i++) {
+    for (int q = 0; q < steps[i].nsend; q++) seen[steps[i].send[q].peer] = 1;
+    for (int q = 0; q < steps[i].nrecv; q++) seen[steps[i].recv[q].peer] = 1;
+  }
+  *npeers = 0;
+  for (int q = 0; q < RDA_RING_MAX_RANKS; q++)
+    if (seen[q] && q != self) peers[(*npeers)++] = q;
+}
+
 rda_status rda_ring_plan_simulate(const rda_ring_plan *p, double link_bytes_per_s,
                                   double flops_per_s, rda_ring_sim *out, rda_err *err) {
   if (!(link_bytes_per_s > 0.0) || !isnormal(link_bytes_per_s))

@@ -193,6 +193,13 @@ void rda_ring_round_layout(const rda_ring_step *steps, int64_t n, uint64_t (*sen
 void rda_ring_steps_blocks(const rda_ring_step *steps, int64_t n, uint64_t *send,
                            uint64_t *send_all, uint64_t *recv);
 
+/* The ranks a rank's steps exchange blocks with (sends to or receives from; the backward
+ * returns gradients along the same pairs), ascending and each once, into peers (room for the
+ * plan's ranks - 1 entries); *npeers their count. Symmetric over the plan: q lists p when p
+ * lists q. What rda_transport_connect sets up at ring creation. */
+void rda_ring_steps_peers(const rda_ring_step *steps, int64_t n, int self, int *peers,
+                          int *npeers);
+
 /* The cost model of `rdagen ring-sim` for one rank. */
 typedef struct rda_ring_sim {
   double compute_s; /* flops / flops_per_s */

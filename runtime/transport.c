@@ -78,6 +78,19 @@ rda_status rda_transport_gather8(rda_transport *t, uint64_t mine, uint64_t *all,
   return t->vt->gather8(t, mine, all, err);
 }
 
+rda_status rda_transport_connect(rda_transport *t, const int *peers, int npeers, rda_err *err) {
+  RDA_TRY(tr_check(t, err));
+  for (int i = 0; i < npeers; i++)
+    if (peers == NULL || peers[i] < 0 || peers[i] >= t->size || peers[i] == t->rank)
+      return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rank %d: cannot connect to rank %d of %d",
+                         t->rank, peers == NULL ? -1 : peers[i], t->size);
+  if (t->vt->connect == NULL || npeers == 0) return RDA_OK;
+  const uint64_t sent = t->bytes_sent, received = t->bytes_received;
+  const rda_status s = t->vt->connect(t, peers, npeers, err);
+  t->bytes_sent = sent, t->bytes_received = received; /* no ring bytes */
+  return s;
+}
+
 rda_status rda_transport_barrier(rda_transport *t, rda_err *err) {
   RDA_TRY(tr_check(t, err));
   return t->vt->gather8(t, 0, NULL, err);

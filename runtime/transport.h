@@ -10,7 +10,7 @@
  *  - device virtual ranks (runtime/transport_device.c): the same world with device-to-device
  *    copies on each receiver's communication stream, ordered by events, so P virtual ranks run
  *    natively on one GPU (and, through the emulator backend, in CI).
- *  - NCCL (runtime/transport_nccl.c; compiled, not yet run on a GPU): ncclSend/ncclRecv between
+ *  - NCCL (runtime/transport_nccl.c; run on a one-rank communicator only): ncclSend/ncclRecv between
  *    ncclGroupStart/End on a communication stream ordered against the caller's stream by
  *    events; wait polls an event and ncclCommGetAsyncError until done or the timeout, then
  *    ncclCommAbort. Buffers are device pointers.
@@ -51,6 +51,8 @@ typedef struct rda_transport_vtbl {
   rda_status (*wait)(rda_transport *t, rda_err *err);
   /* all[q] = rank q's `mine` (all may be NULL: a barrier); returns once every rank arrived. */
   rda_status (*gather8)(rda_transport *t, uint64_t mine, uint64_t *all, rda_err *err);
+  /* Set up the links to peers before the first transfer; NULL: there is nothing to set up. */
+  rda_status (*connect)(rda_transport *t, const int *peers, int npeers, rda_err *err);
   void (*abort)(rda_transport *t, const char *reason);
   void (*destroy)(rda_transport *t);
 } rda_transport_vtbl;
@@ -78,6 +80,12 @@ rda_status rda_transport_allgather(rda_transport *t, const void *send, void *rec
 /* Every rank's 8-byte value: all[q] (size values) = rank q's mine, on every rank. */
 rda_status rda_transport_gather8(rda_transport *t, uint64_t mine, uint64_t *all, rda_err *err);
 rda_status rda_transport_barrier(rda_transport *t, rda_err *err); /* gather8 of nothing */
+/* Set up the links to `peers` (npeers distinct ranks, not this one; each lists this one in its
+ * own call: rda_ring_steps_peers), so that the ring's first steps do not pay for them. NCCL
+ * connects point-to-point lazily, on a pair's first transfer: its endpoint makes one grouped
+ * exchange of one byte each way with every peer. The virtual-rank worlds have no links: a
+ * no-op. Collective among the ranks concerned; the byte counters do not change. */
+rda_status rda_transport_connect(rda_transport *t, const int *peers, int npeers, rda_err *err);
 /* The first rank q > 0 whose all[q] differs from all[0], or 0 when all n agree. */
 int rda_transport_first_differing(const uint64_t *all, int n);
 /* The creation check of every transport: RDA_ERR_NCCL on `rank` naming the first rank whose

@@ -396,6 +396,21 @@ static rda_status tn_gather8(rda_transport *t, uint64_t mine, uint64_t *all, rda
   return RDA_OK;
 }
 
+/* NCCL sets up a pair's point-to-point connection on its first transfer: one grouped exchange
+ * of a byte each way with every peer does that now, through the scratch buffer (this rank's
+ * slot sent, peer q's slot received). */
+static rda_status tn_connect(rda_transport *t, const int *peers, int npeers, rda_err *err) {
+  tn_endpoint *ep = (tn_endpoint *)t;
+  char *base = (char *)(uintptr_t)ep->scratch;
+  RDA_TRY(tn_group_start(t, err));
+  for (int i = 0; i < npeers; i++) {
+    RDA_TRY(tn_send(t, peers[i], base + 8u * (size_t)t->rank, 1, err));
+    RDA_TRY(tn_recv(t, peers[i], base + 8u * (size_t)peers[i], 1, err));
+  }
+  RDA_TRY(tn_group_end(t, err));
+  return tn_wait(t, err);
+}
+
 /* Any thread (see tn_endpoint): files the request; the first reason wins. From the thread that
  * made the latest call (not inside one, then: calls are synchronous) the communicator is
  * aborted at once, so that transfers a failed ring call left posted stop before that call
@@ -457,6 +472,7 @@ static const rda_transport_vtbl tn_vtbl = {
     .group_end = tn_group_end,
     .wait = tn_wait,
     .gather8 = tn_gather8,
+    .connect = tn_connect,
     .abort = tn_abort,
     .destroy = tn_destroy,
 };

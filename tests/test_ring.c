@@ -187,9 +187,15 @@ static void flaky_destroy(rda_transport *t) {
   rda_transport_destroy(((flaky_transport *)t)->inner);
   free(t);
 }
-static const rda_transport_vtbl flaky_vtbl = {
-    "host", flaky_group_start, flaky_send, flaky_recv, flaky_group_end,
-    flaky_wait, flaky_gather8, flaky_abort, flaky_destroy};
+static const rda_transport_vtbl flaky_vtbl = {.name = "host",
+                                              .group_start = flaky_group_start,
+                                              .send = flaky_send,
+                                              .recv = flaky_recv,
+                                              .group_end = flaky_group_end,
+                                              .wait = flaky_wait,
+                                              .gather8 = flaky_gather8,
+                                              .abort = flaky_abort,
+                                              .destroy = flaky_destroy};
 
 static rda_transport *flaky_wrap(rda_transport *inner, int fail_at) {
   flaky_transport *f = calloc(1, sizeof *f);

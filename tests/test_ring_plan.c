@@ -218,6 +218,36 @@ static void check_plan(const rda_config *c, long long n, int P, int layout) {
       const long long row = (long long)(q % (size_t)n);
       fail_msg("%s: a needed remote row %lld (cell %zu) is never received", what, row, q);
     }
+  /* The peers a rank connects to at ring creation: ascending, exactly the ranks its steps send
+   * to or receive from, and mirrored (a connect whose lists differ would hang over NCCL). */
+  int *peers = malloc((size_t)P * P * sizeof *peers), *npeers = calloc((size_t)P, sizeof *npeers);
+  assert_non_null(peers), assert_non_null(npeers);
+  for (int x = 0; x < P; x++) {
+    rda_ring_steps_peers(steps[x], nsteps[x], x, peers + (size_t)x * P, &npeers[x]);
+    unsigned char *talks = calloc((size_t)P, 1);
+    assert_non_null(talks);
+    for (int64_t s = 0; s < nsteps[x]; s++) {
+      for (int k = 0; k < steps[x][s].nsend; k++) talks[steps[x][s].send[k].peer] = 1;
+      for (int k = 0; k < steps[x][s].nrecv; k++) talks[steps[x][s].recv[k].peer] = 1;
+    }
+    int want = 0;
+    for (int q = 0; q < P; q++) want += talks[q] && q != x;
+    if (npeers[x] != want) fail_msg("%s: rank %d has %d peers, its steps %d", what, x, npeers[x], want);
+    for (int i = 0; i < npeers[x]; i++) {
+      const int q = peers[(size_t)x * P + i];
+      if (q == x || !talks[q] || (i > 0 && q <= peers[(size_t)x * P + i - 1]))
+        fail_msg("%s: rank %d peer list wrong at %d", what, x, i);
+    }
+    free(talks);
+  }
+  for (int x = 0; x < P; x++)
+    for (int i = 0; i < npeers[x]; i++) {
+      const int q = peers[(size_t)x * P + i];
+      int back = 0;
+      for (int j = 0; j < npeers[q]; j++) back |= peers[(size_t)q * P + j] == x;
+      if (!back) fail_msg("%s: rank %d connects to %d, which does not connect back", what, x, q);
+    }
+  free(peers), free(npeers);
   for (int x = 0; x < P; x++) free(steps[x]);
   free(steps), free(nsteps), free(got);
   truth_free(&t);

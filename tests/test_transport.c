@@ -749,6 +749,64 @@ static void size_mismatch_errors_both_sides(int kind) {
   tworld_destroy(&w);
 }
 
+/* connect: ranks 0-1-2 in a line connect to their neighbours (mirrored lists): done, byte
+ * counters untouched; then rank 0 lists rank 2, which does not list it back: rank 0 times out
+ * (over NCCL that would hang, which is why rda_ring_steps_peers lists are mirrored). */
+typedef struct connect_ctx {
+  tworld *world;
+  int rank, lopsided;
+  rda_status status;
+  uint64_t sent, received;
+  char msg[1024];
+} connect_ctx;
+
+static void *connect_rank(void *arg) {
+  connect_ctx *c = arg;
+  rda_err err = {0};
+  rda_transport *t = NULL;
+  static const int line[3][2] = {{1, -1}, {0, 2}, {1, -1}};
+  static const int count[3] = {1, 2, 1};
+  if (tworld_join(c->world, c->rank, 4, NULL, &t, &err) == RDA_OK &&
+      rda_transport_connect(t, line[c->rank], count[c->rank], &err) == RDA_OK) {
+    rda_transport_bytes(t, &c->sent, &c->received);
+    if (c->lopsided && c->rank == 0) {
+      const int far[1] = {2};
+      rda_transport_connect(t, far, 1, &err);
+    }
+  }
+  rda_transport_destroy(t);
+  c->status = err.status;
+  snprintf(c->msg, sizeof c->msg, "%s", err.msg);
+  return NULL;
+}
+
+static void test_transport_connect_mirrored_lists_only(void **state) {
+  (void)state;
+  for (int lopsided = 0; lopsided < 2; lopsided++) {
+    tworld w;
+    rda_err err = {0};
+    if (tworld_create(&w, KIND_HOST, 1, 3, 1.0, &err) != RDA_OK) fail_msg("%s", err.msg);
+    connect_ctx ctx[3];
+    pthread_t th[3];
+    memset(ctx, 0, sizeof ctx);
+    for (int x = 0; x < 3; x++) {
+      ctx[x].world = &w, ctx[x].rank = x, ctx[x].lopsided = lopsided;
+      assert_int_equal(pthread_create(&th[x], NULL, connect_rank, &ctx[x]), 0);
+    }
+    for (int x = 0; x < 3; x++) pthread_join(th[x], NULL);
+    for (int x = 0; x < 3; x++) {
+      assert_int_equal(ctx[x].sent, 0);
+      assert_int_equal(ctx[x].received, 0);
+      if (!lopsided || x != 0) {
+        if (ctx[x].status != RDA_OK) fail_msg("rank %d: %s", x, ctx[x].msg);
+      } else if (ctx[x].status != RDA_ERR_NCCL || strstr(ctx[x].msg, "timed out") == NULL) {
+        fail_msg("rank 0 connecting to a rank that does not connect back: %s", ctx[x].msg);
+      }
+    }
+    tworld_destroy(&w);
+  }
+}
+
 static void test_transport_size_mismatch_errors_both_sides(void **state) {
   (void)state;
   size_mismatch_errors_both_sides(KIND_HOST);
@@ -1269,6 +1327,7 @@ int main(void) {
       cmocka_unit_test(test_transport_silent_rank_times_the_others_out_without_a_hang),
       cmocka_unit_test(test_transport_adversarial_post_orders_never_deadlock),
       cmocka_unit_test(test_transport_size_mismatch_errors_both_sides),
+      cmocka_unit_test(test_transport_connect_mirrored_lists_only),
       cmocka_unit_test(test_transport_allgather_barrier_and_misuse),
       cmocka_unit_test(test_transport_nccl_without_a_gpu_fails_cleanly),
       cmocka_unit_test(test_device_transport_moves_exactly_the_plans_blocks),
