@@ -10,9 +10,9 @@
  *  - device virtual ranks (runtime/transport_device.c): the same world with device-to-device
  *    copies on each receiver's communication stream, ordered by events, so P virtual ranks run
  *    natively on one GPU (and, through the emulator backend, in CI).
- *  - NCCL (runtime/transport_nccl.c; run on a one-rank communicator only): ncclSend/ncclRecv between
- *    ncclGroupStart/End on a communication stream ordered against the caller's stream by
- *    events; wait polls an event and ncclCommGetAsyncError until done or the timeout, then
+ *  - NCCL (runtime/transport_nccl.c; run on a one-rank communicator only): ncclSend/ncclRecv
+ *    between ncclGroupStart/End on a communication stream ordered against the caller's stream
+ *    by events; wait polls an event and ncclCommGetAsyncError until done or the timeout, then
  *    ncclCommAbort. Buffers are device pointers.
  *
  * Semantics every implementation keeps:
