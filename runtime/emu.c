@@ -572,9 +572,27 @@ static rda_status rda_emu_runtime(rda_emu_impl *im, const char *dir, const rda_e
   return st; /* the handle stays open for the life of the process */
 }
 
-/* Set once a build in the cache folder ran out of space: this process then builds every module
- * in a private folder (rda_emu_private_dir) and keeps it in memory, as for an unusable cache. */
-static atomic_int rda_emu_cache_full;
+/* The cache folder a build ran out of space in: this process then builds every module of that
+ * folder in a private one (rda_emu_private_dir) and keeps it in memory, as for an unusable
+ * cache. Another folder (RDA_CACHE_DIR changed) is tried afresh. */
+static pthread_mutex_t rda_emu_full_mu = PTHREAD_MUTEX_INITIALIZER;
+static char rda_emu_full_dir[kEmuPath];
+
+static int rda_emu_is_full(const char *dir) {
+  pthread_mutex_lock(&rda_emu_full_mu);
+  const int full = strcmp(rda_emu_full_dir, dir) == 0;
+  pthread_mutex_unlock(&rda_emu_full_mu);
+  return full;
+}
+
+/* Records dir as full; 1 when it was not recorded yet (then the caller says so, once). */
+static int rda_emu_mark_full(const char *dir) {
+  pthread_mutex_lock(&rda_emu_full_mu);
+  const int fresh = strcmp(rda_emu_full_dir, dir) != 0;
+  if (fresh) snprintf(rda_emu_full_dir, sizeof rda_emu_full_dir, "%s", dir);
+  pthread_mutex_unlock(&rda_emu_full_mu);
+  return fresh;
+}
 
 /* 1 when a failed build in `dir` failed for want of space: the error (ours, the compiler's or
  * the linker's) names ENOSPC or EDQUOT, or the file system under dir is all but full. */
@@ -634,12 +652,12 @@ static rda_status rda_emu_load(rda_backend *b, const rda_variant *v, rda_module 
     char dir[kEmuPath];
     int in_cache = 0;
     st = rda_cache_folder_try(kp->target, dir, sizeof dir, &in_cache, NULL, 0, err);
-    in_cache = in_cache && !atomic_load(&rda_emu_cache_full);
+    in_cache = st == RDA_OK && in_cache && !rda_emu_is_full(dir);
     if (st == RDA_OK && in_cache) {
       rda_err first = {0};
       st = rda_emu_build(im, dir, kp, &key, v, &dl, &first);
       if (st != RDA_OK && rda_emu_out_of_space(dir, first.msg)) {
-        if (!atomic_exchange(&rda_emu_cache_full, 1))
+        if (rda_emu_mark_full(dir))
           rda_log(RDA_LOG_INFO,
                   "no space left for emulator builds in %s (%s): building in private folders "
                   "under $TMPDIR from now on",
