@@ -332,7 +332,8 @@ RDA_API rda_status rda_ring_rows(const rda_ring *ring, long long *rows, int *npi
                                  long long lo[2], long long hi[2]);
 
 /* Workspace bytes of rda_ring_forward (backward = 0) or rda_ring_backward (1) for batch B
- * (1 .. 65535). Forward: rda_plan_workspace_size's parts for the rank's rows (the fp32 O
+ * (>= 1; past 65535, the grid's limit, the ring runs one pass per slice of 65535 and its own
+ * buffers serve one slice). Forward: rda_plan_workspace_size's parts for the rank's rows (the fp32 O
  * accumulator, the fp32 LSE) and the ring's buffers, each 256-byte aligned, laid out in that
  * order; the parts a call does not use are left out (no accumulator when o is RDA_FP32, no LSE
  * when lse is given), so such calls need less. Backward: rda_backward's workspace for the rows,

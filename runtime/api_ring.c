@@ -116,10 +116,12 @@ static rda_status ring_ws_parts(const rda_ring *r, long long batch, int backward
     ws->bwd_bytes = rda_api_round_up(rda_bwd_workspace_bytes(pk, batch, r->rows));
     ws->o_bytes = ws->lse_bytes = 0;
   }
-  /* The ring's workspace is at most 11 blocks of block_max bytes times the batch (ring.c's
-   * layout: send, 2 receive, 2 x 2 gradient, 2 x 2 returned gradient blocks, rounded): refuse a
-   * batch that could overflow before ring.c multiplies. */
-  if (r->block_max > 0 && (uint64_t)batch > (uint64_t)(SIZE_MAX / 16) / r->block_max)
+  /* The ring's workspace is at most 11 blocks of block_max bytes times one batch slice (ring.c's
+   * layout: send, 2 receive, 2 x 2 gradient, 2 x 2 returned gradient blocks, rounded; a larger
+   * batch reuses it slice by slice): refuse a slice that could overflow before ring.c
+   * multiplies. */
+  const long long most = rda_ring_batch_slice(), slice = batch < most ? batch : most;
+  if (r->block_max > 0 && (uint64_t)slice > (uint64_t)(SIZE_MAX / 16) / r->block_max)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                        "%s: batch = %lld, rows = %lld: the ring's workspace size overflows", fn,
                        batch, r->rows);
@@ -424,8 +426,8 @@ rda_status rda_ring_workspace_size(const rda_ring *ring, long long batch, int ba
   if (!ring_ok(ring)) return ring_bad(ring, fn);
   rda_ctx *ctx = ring->ctx;
   if (bytes == NULL) return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT, "%s: bytes is NULL", fn);
-  if (batch < 1 || batch > 65535)
-    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT, "%s: batch = %lld: must be 1 to 65535", fn,
+  if (batch < 1)
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT, "%s: batch = %lld: must be >= 1", fn,
                          batch);
   if (backward != 0 && backward != 1)
     return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
@@ -442,17 +444,17 @@ rda_status rda_ring_workspace_size(const rda_ring *ring, long long batch, int ba
 
 /* ---- forward ----------------------------------------------------------------------------- */
 
-/* q's place in fn's arguments, as both passes check it first: [B, rows, H, D] with B 1 to
- * 65535 and the rank's rows (its other dimensions are checked with the other tensors). */
+/* q's place in fn's arguments, as both passes check it first: [B, rows, H, D] with B >= 1 and
+ * the rank's rows (its other dimensions are checked with the other tensors). */
 static rda_status ring_check_q(const rda_ring *r, const char *fn, const rda_tensor *q,
                                rda_err *err) {
   if (q == NULL) return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: q is NULL", fn);
   if (q->ndim != 4)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                        "%s: q->ndim = %d: expected 4 (q [B, rows, H, D])", fn, q->ndim);
-  if (q->shape[0] < 1 || q->shape[0] > 65535)
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                       "%s: q->shape[0] = %lld: B must be 1 to 65535", fn, q->shape[0]);
+  if (q->shape[0] < 1)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: q->shape[0] = %lld: B must be >= 1",
+                       fn, q->shape[0]);
   if (q->shape[1] != r->rows)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                        "%s: q->shape[1] = %lld: rank %d of %d owns %lld rows (rda_ring_rows)", fn,

@@ -298,13 +298,11 @@ rda_status rda_bwd_prep(rda_backend *b, const rda_plan_k *p, const rda_fwd_kerne
   return launch_prep(b, p, k, a, (float *)a->workspace, err);
 }
 
-/* The batch is the grid's z dimension: a larger one runs slice by slice. The slice of a
- * starting b0 batch entries in (strides in elements; K/V may broadcast, stride 0), the
- * workspace's Dp rows [B, heads, n] included. */
-static void bwd_slice(const rda_plan_k *p, const rda_bwd_args *a, long long b0, rda_bwd_args *sl) {
+void rda_bwd_args_slice(const rda_plan_k *p, const rda_bwd_args *a, long long b0, long long most,
+                        rda_bwd_args *sl) {
   *sl = *a;
   const long long left = a->batch - b0;
-  sl->batch = left < RDA_MAX_BATCH_PER_LAUNCH ? left : RDA_MAX_BATCH_PER_LAUNCH;
+  sl->batch = left < most ? left : most;
   sl->q = (const uint16_t *)a->q + b0 * a->q_s[0];
   sl->k = (const uint16_t *)a->k + b0 * a->k_s[0];
   sl->v = (const uint16_t *)a->v + b0 * a->v_s[0];
@@ -329,7 +327,7 @@ rda_status rda_bwd_run(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernel
   RDA_TRY(check_args(p, k, a, err));
   for (long long b0 = 0; b0 < a->batch; b0 += RDA_MAX_BATCH_PER_LAUNCH) {
     rda_bwd_args sl;
-    bwd_slice(p, a, b0, &sl);
+    rda_bwd_args_slice(p, a, b0, RDA_MAX_BATCH_PER_LAUNCH, &sl);
     RDA_TRY(launch_prep(b, p, k, &sl, (float *)sl.workspace, err));
     for (int i = 0; i < p->nsteps; ++i) {
       const rda_bwd_step *s = &p->bwd_steps[i];

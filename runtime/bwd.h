@@ -36,6 +36,12 @@ typedef struct rda_bwd_args {
 void rda_bwd_args_like_fwd(rda_bwd_args *g, const rda_fwd_args *a, const void *dout,
                            const float *dlse, float *dq, float *dk, float *dv, void *workspace);
 
+/* The slice of a that starts b0 batch entries in, at most `most` long (a launch takes at most
+ * RDA_MAX_BATCH_PER_LAUNCH, the grid's z dimension): every pointer moved by b0 batch strides
+ * (in elements; K/V may broadcast, stride 0), the workspace's Dp rows [B, heads, n] included. */
+void rda_bwd_args_slice(const rda_plan_k *p, const rda_bwd_args *a, long long b0, long long most,
+                        rda_bwd_args *sl);
+
 /* Backend memory the backward pass needs beside its arguments (at most an fp32 dQ
  * accumulator and the Dp vector). */
 size_t rda_bwd_workspace_bytes(const rda_plan_k *p, long long batch, long long n);

@@ -212,19 +212,23 @@ static rda_status fwd_run_slice(rda_backend *b, const rda_plan_k *p, const rda_f
   return RDA_OK;
 }
 
+void rda_fwd_args_slice(const rda_fwd_args *a, long long b0, long long most, rda_fwd_args *sl) {
+  *sl = *a;
+  sl->batch = a->batch - b0 < most ? a->batch - b0 : most;
+  sl->q = (const uint16_t *)a->q + b0 * a->q_s[0];
+  sl->k = (const uint16_t *)a->k + b0 * a->k_s[0];
+  sl->v = (const uint16_t *)a->v + b0 * a->v_s[0];
+  sl->o = a->o + b0 * a->o_s[0];
+  sl->lse = a->lse + b0 * a->lse_s[0];
+}
+
 rda_status rda_fwd_run(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
                        const rda_fwd_args *a, rda_err *err) {
   RDA_TRY(check_args(p, a, err));
-  /* The batch is the grid's z dimension: a larger one runs slice by slice, each slice's
-   * tensors starting b0 batch entries in (strides in elements; K/V may broadcast, stride 0). */
+  /* The batch is the grid's z dimension: a larger one runs slice by slice. */
   for (long long b0 = 0; b0 < a->batch; b0 += RDA_MAX_BATCH_PER_LAUNCH) {
-    rda_fwd_args sl = *a;
-    sl.batch = a->batch - b0 < RDA_MAX_BATCH_PER_LAUNCH ? a->batch - b0 : RDA_MAX_BATCH_PER_LAUNCH;
-    sl.q = (const uint16_t *)a->q + b0 * a->q_s[0];
-    sl.k = (const uint16_t *)a->k + b0 * a->k_s[0];
-    sl.v = (const uint16_t *)a->v + b0 * a->v_s[0];
-    sl.o = a->o + b0 * a->o_s[0];
-    sl.lse = a->lse + b0 * a->lse_s[0];
+    rda_fwd_args sl;
+    rda_fwd_args_slice(a, b0, RDA_MAX_BATCH_PER_LAUNCH, &sl);
     RDA_TRY(fwd_run_slice(b, p, k, &sl, err));
   }
   return RDA_OK;

@@ -22,6 +22,11 @@ typedef struct rda_fwd_args {
 void rda_fwd_args_contiguous(rda_fwd_args *a, const rda_config *cfg, long long batch, long long n,
                              const void *q, const void *k, const void *v, float *o, float *lse);
 
+/* The slice of a that starts b0 batch entries in, at most `most` long (a launch takes at most
+ * RDA_MAX_BATCH_PER_LAUNCH, the grid's z dimension): pointers moved by b0 batch strides (in
+ * elements; K/V may broadcast, stride 0). A larger batch runs slice by slice. */
+void rda_fwd_args_slice(const rda_fwd_args *a, long long b0, long long most, rda_fwd_args *sl);
+
 /* Loaded modules of a plan's variants on one backend. */
 typedef struct rda_fwd_kernels {
   int n;

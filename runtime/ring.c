@@ -10,6 +10,7 @@
  * transport's (transport.h). */
 #include "ring.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +29,17 @@ typedef struct ring_blocks {
   unsigned char *grblk[2]; /* fp32 gradients of a sent block, coming back */
 } ring_blocks;
 
-static const size_t kAlign = RDA_RING_BLOCK_ALIGN; /* the plan's peak_bytes counts it too */
+static const size_t kAlign = RDA_RING_BLOCK_ALIGN;
+
+/* The most batch entries of one pass: the launch limit, or less for tests. */
+static _Atomic long long rda_ring_slice = RDA_MAX_BATCH_PER_LAUNCH;
+
+void rda_ring_set_batch_slice(long long most) {
+  atomic_store(&rda_ring_slice,
+               most >= 1 && most <= RDA_MAX_BATCH_PER_LAUNCH ? most : RDA_MAX_BATCH_PER_LAUNCH);
+}
+
+long long rda_ring_batch_slice(void) { return atomic_load(&rda_ring_slice); } /* the plan's peak_bytes counts it too */
 
 static size_t ring_round_up(size_t x) {
   return (x + kAlign - 1) / kAlign * kAlign;
@@ -58,8 +69,9 @@ size_t rda_ring_workspace_bytes(const rda_plan_k *pk, const rda_ring_plan *rp, i
   rda_err err = {0};
   if (rp == NULL || batch < 1 || rda_ring_plan_steps(rp, rank, &steps, &nsteps, &err) != RDA_OK)
     return SIZE_MAX;
-  ring_blocks bl;
-  ring_sizes(steps, nsteps, batch, &bl);
+  ring_blocks bl; /* one batch slice's: a larger batch reuses it slice by slice */
+  const long long most = rda_ring_batch_slice();
+  ring_sizes(steps, nsteps, batch < most ? batch : most, &bl);
   free(steps);
   return ring_layout_bytes(bl.send, bl.send_all, bl.recv, backward);
 }
@@ -80,6 +92,7 @@ typedef struct ring_run {
   rda_transport *t;
   ring_blocks bl;
   int backward;
+  long long call_batch;       /* the call's whole batch (c.batch: this pass's slice of it) */
   ring_op *ops;               /* a virtual step's operations (ring_schedule's max_ops) */
   rda_ring_rows_params *rows; /* a round's transfers to pack or add (max_ops of them) */
   const int **heads;          /* their kv heads */
@@ -227,7 +240,9 @@ static rda_status ring_agree(const ring_run *r, int rank, rda_err *err) {
   const int P = r->t->size;
   uint64_t *all = calloc((size_t)P, sizeof *all);
   if (all == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring %s: out of memory", what);
-  const uint64_t mine = (uint64_t)r->backward << 32 | (uint64_t)r->c.batch;
+  /* The whole batch, not the slice: calls that differ fail before the first slice moves. */
+  const uint64_t low = (1ull << 63) - 1;
+  const uint64_t mine = (uint64_t)r->backward << 63 | (uint64_t)r->call_batch;
   rda_status s = rda_transport_gather8(r->t, mine, all, err);
   const int q = s == RDA_OK ? rda_transport_first_differing(all, P) : 0;
   if (q > 0)
@@ -235,10 +250,9 @@ static rda_status ring_agree(const ring_run *r, int rank, rda_err *err) {
                     "ring %s: rank %d: the ranks' calls differ: rank 0 runs the %s pass with "
                     "batch %llu, rank %d the %s pass with batch %llu (every rank must make the "
                     "same ring calls with the same batch)",
-                    what, rank, all[0] >> 32 ? "backward" : "forward",
-                    (unsigned long long)(all[0] & 0xffffffffu), q,
-                    all[q] >> 32 ? "backward" : "forward",
-                    (unsigned long long)(all[q] & 0xffffffffu));
+                    what, rank, all[0] >> 63 ? "backward" : "forward",
+                    (unsigned long long)(all[0] & low), q, all[q] >> 63 ? "backward" : "forward",
+                    (unsigned long long)(all[q] & low));
   free(all);
   return s;
 }
@@ -324,10 +338,6 @@ static rda_status ring_enter(rda_backend *b, const rda_plan_k *pk, const rda_fwd
   else if (ba != NULL && !pk->has_bwd)
     s = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                     "%s: the plan has no backward kernels (plan it with RDA_PLAN_BACKWARD)", what);
-  /* One launch per received block holds the whole batch (the grid's z dimension). */
-  else if ((ba != NULL ? ba->batch : fa->batch) > RDA_MAX_BATCH_PER_LAUNCH)
-    s = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: batch = %lld: at most %lld per call", what,
-                    ba != NULL ? ba->batch : fa->batch, RDA_MAX_BATCH_PER_LAUNCH);
   /* Segments span ranks: their grid rows count over the whole sequence. */
   rda_err rows = {0};
   if (s == RDA_OK && rda_fwd_check_grid_rows(rda_ring_plan_config(rp),
@@ -337,18 +347,39 @@ static rda_status ring_enter(rda_backend *b, const rda_plan_k *pk, const rda_fwd
     if (t != NULL) rda_transport_abort(t, err != NULL ? err->msg : what);
     return s;
   }
-  ring_run r;
-  memset(&r, 0, sizeof r);
-  r.c.b = b;
-  r.c.pk = pk;
-  r.c.k = k;
-  r.c.fa = fa;
-  r.c.ba = ba;
-  r.c.batch = ba != NULL ? ba->batch : fa->batch;
-  r.rp = rp;
-  r.t = t;
-  r.backward = ba != NULL;
-  return ring_pass(&r, rank, ba != NULL ? ba->n : fa->n, workspace, workspace_bytes, stats, err);
+  /* A launch per received block holds a whole batch slice (the grid's z dimension): a batch
+   * past RDA_MAX_BATCH_PER_LAUNCH runs as one pass per slice, reusing the ring's workspace
+   * (sized for one slice); the counters add up, the peak is a slice's. */
+  const long long batch = ba != NULL ? ba->batch : fa->batch, most = rda_ring_batch_slice();
+  rda_ring_run_stats total;
+  memset(&total, 0, sizeof total);
+  for (long long b0 = 0; s == RDA_OK && b0 < batch; b0 += most) {
+    rda_fwd_args fs;
+    rda_bwd_args bs;
+    if (fa != NULL) rda_fwd_args_slice(fa, b0, most, &fs);
+    if (ba != NULL) rda_bwd_args_slice(pk, ba, b0, most, &bs);
+    ring_run r;
+    memset(&r, 0, sizeof r);
+    r.c.b = b;
+    r.c.pk = pk;
+    r.c.k = k;
+    r.c.fa = fa != NULL ? &fs : NULL;
+    r.c.ba = ba != NULL ? &bs : NULL;
+    r.c.batch = ba != NULL ? bs.batch : fs.batch;
+    r.call_batch = batch;
+    r.rp = rp;
+    r.t = t;
+    r.backward = ba != NULL;
+    rda_ring_run_stats one;
+    memset(&one, 0, sizeof one);
+    s = ring_pass(&r, rank, ba != NULL ? ba->n : fa->n, workspace, workspace_bytes, &one, err);
+    total.rows = one.rows;
+    total.bytes_sent += one.bytes_sent;
+    total.bytes_received += one.bytes_received;
+    if (one.peak_bytes > total.peak_bytes) total.peak_bytes = one.peak_bytes;
+  }
+  if (s == RDA_OK && stats != NULL) *stats = total;
+  return s;
 }
 
 rda_status rda_ring_fwd_run(rda_backend *b, const rda_plan_k *pk, const rda_fwd_kernels *k,

@@ -111,6 +111,16 @@ rda_status rda_ring_trace_dev_times(const rda_ring_trace_dev *d, void *ref, rda_
 size_t rda_ring_workspace_bytes(const rda_plan_k *pk, const rda_ring_plan *rp, int rank,
                                 long long batch, int backward);
 
+/* A pass holds at most rda_ring_batch_slice() batch entries (a launch per received block takes
+ * the slice whole: the grid's z dimension, RDA_MAX_BATCH_PER_LAUNCH); a larger batch runs one
+ * pass per slice, reusing the ring's workspace (rda_ring_workspace_bytes sizes it for one
+ * slice), its counters summed and its peak one slice's. rda_ring_set_batch_slice lowers the
+ * slice (1 .. RDA_MAX_BATCH_PER_LAUNCH; anything else restores that), process-wide: tests use
+ * it to run several slices with a small batch, which the launch limit's 65536 entries would
+ * make too slow on the emulator. Set it only while no ring runs. */
+void rda_ring_set_batch_slice(long long most);
+long long rda_ring_batch_slice(void);
+
 /* The forward pass of `rank` over the transport endpoint t (t->rank == rank). a holds only this
  * rank's rows: a->n must equal the rank's row count; local row i is the i-th owned global row
  * in ascending order (zigzag: chunk rank, then chunk 2P-1-rank). o and lse (fp32) receive the

@@ -7,6 +7,7 @@
 #include "rda.h"
 #include "rda_test.h"
 #include "reference.h"
+#include "ring.h"
 #include "ring_plan.h"
 
 /* clang-format off */
@@ -32,6 +33,7 @@ static rda_ctx *g_ctx;
 static rda_plan *g_plan_a; /* causal, mod offsets, GQA, bf16; with the backward pass */
 static rda_plan *g_plan_b; /* non-causal, block offsets, MQA, fp16, dilation 3 */
 static rda_plan *g_plan_c; /* causal, group offsets, three branches, head_dim 64 */
+static rda_plan *g_plan_d; /* the smallest: 2 heads, MQA, fp16, one segment of 2; backward */
 
 static rda_attn_config config_a(void) {
   rda_attn_config c = RDA_CONFIG_INIT;
@@ -64,16 +66,25 @@ static rda_attn_config config_c(void) {
   return c;
 }
 
+static rda_attn_config config_d(void) {
+  rda_attn_config c = RDA_CONFIG_INIT;
+  c.heads = 2, c.kv_heads = 1, c.head_dim = 32, c.dtype = RDA_FP16, c.causal = 1;
+  c.nbranch = 1;
+  c.segments[0] = 2, c.dilations[0] = 1;
+  return c;
+}
+
 static int group_setup(void **state) {
   (void)state;
   if (rda_ctx_create_emulator(&g_ctx) != RDA_OK) {
     fprintf(stderr, "test_api_ring: rda_ctx_create_emulator: %s\n", rda_last_error(NULL));
     return -1;
   }
-  const rda_attn_config a = config_a(), b = config_b(), c = config_c();
+  const rda_attn_config a = config_a(), b = config_b(), c = config_c(), d = config_d();
   if (rda_plan_create(&g_plan_a, g_ctx, &a, RDA_PLAN_WITH_BACKWARD) != RDA_OK ||
       rda_plan_create(&g_plan_b, g_ctx, &b, RDA_PLAN_FORWARD) != RDA_OK ||
-      rda_plan_create(&g_plan_c, g_ctx, &c, RDA_PLAN_FORWARD) != RDA_OK) {
+      rda_plan_create(&g_plan_c, g_ctx, &c, RDA_PLAN_FORWARD) != RDA_OK ||
+      rda_plan_create(&g_plan_d, g_ctx, &d, RDA_PLAN_WITH_BACKWARD) != RDA_OK) {
     fprintf(stderr, "test_api_ring: rda_plan_create: %s\n", rda_last_error(g_ctx));
     return -1;
   }
@@ -85,6 +96,7 @@ static int group_teardown(void **state) {
   rda_plan_destroy(g_plan_a);
   rda_plan_destroy(g_plan_b);
   rda_plan_destroy(g_plan_c);
+  rda_plan_destroy(g_plan_d);
   rda_ctx_destroy(g_ctx);
   return 0;
 }
@@ -595,6 +607,29 @@ static void test_ring_backward_matches_single_device(void **state) {
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) run_case(&cases[i]);
 }
 
+/* SPEC §2 allows any batch: past the grid's z limit (65535) the ring runs one pass per slice,
+ * its buffers sized for one slice. The slice is lowered to 2 here (65536 entries would take
+ * minutes on the emulator), so batches of 3 and 5 run 2 and 3 passes: every entry (the short
+ * last slice too) is checked against the single device and float64, the bytes are the plan's
+ * times the whole batch, the workspace one slice's ring buffers. */
+static void test_ring_batch_past_the_slice_runs_pass_by_pass(void **state) {
+  (void)state;
+  const rcase cases[] = {
+      {"batch 5 in slices of 2, P=2 fp16 O, no lse", g_plan_d, 2, RDA_LAYOUT_CONTIGUOUS, 5, 2,
+       RDA_FP16, 0, 0, 0, 0},
+      {"batch 5 in slices of 2, P=2 backward with dlse", g_plan_d, 2, RDA_LAYOUT_CONTIGUOUS, 5, 2,
+       RDA_FP32, 1, 1, 1, 0},
+      {"batch 3 in slices of 2, P=3 backward, fused qkv", g_plan_a, 3, RDA_LAYOUT_CONTIGUOUS, 3, 29,
+       RDA_FP32, 1, 1, 0, 1},
+      {"batch 3 in slices of 2, zigzag P=2 bf16 O, lse", g_plan_a, 2, RDA_LAYOUT_ZIGZAG, 3, 40,
+       RDA_BF16, 1, 0, 0, 0},
+  };
+  rda_ring_set_batch_slice(2);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) run_case(&cases[i]);
+  rda_ring_set_batch_slice(0); /* the launch limit again */
+  assert_int_equal(rda_ring_batch_slice(), 65535);
+}
+
 /* ------------------------------------------------------------------ creation failures */
 
 /* One rank's rda_ring_create in a thread (with its own n and plan). */
@@ -1064,6 +1099,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_ring_forward_group_offsets_fused_qkv),
       cmocka_unit_test(test_ring_forward_zigzag),
       cmocka_unit_test(test_ring_backward_matches_single_device),
+      cmocka_unit_test(test_ring_batch_past_the_slice_runs_pass_by_pass),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
