@@ -102,7 +102,7 @@ typedef enum { RDA_OFFSET_MOD = 0, RDA_OFFSET_BLOCK = 1, RDA_OFFSET_GROUP = 2 } 
 typedef struct rda_attn_config {
   size_t struct_size; /* sizeof(rda_attn_config): set by RDA_CONFIG_INIT, checked */
   unsigned version;   /* RDA_VERSION_NUMBER compiled against: set by RDA_CONFIG_INIT */
-  int heads;          /* H >= 1 */
+  int heads;          /* H: 1 .. 65535 */
   int kv_heads;       /* Hkv dividing H; 0 means H */
   int head_dim;       /* D: 32, 64, 96, 128 or 256 */
   rda_dtype dtype;    /* storage type of Q, K, V: RDA_BF16 or RDA_FP16 */
@@ -152,11 +152,13 @@ typedef enum {
  * (`rdagen tune`; the user's database, $RDA_TUNING_DB or tuning.lua in the cache folder, then
  * the one shipped with rda), else the tile space's first that fits. Plans of one config on one
  * context share their kernels: the database is read when a context first plans a config, and
- * a later change to it reaches that config on a new context. Takes a reference on ctx. *out is NULL on
- * failure: RDA_ERR_CONFIG with the key, the value and what is allowed in rda_last_error(ctx)
- * (or naming the user's tuning database when it does not load or check); RDA_ERR_IO when that
- * database cannot be read; RDA_ERR_NVRTC / RDA_ERR_EMULATOR when a kernel does not compile;
- * RDA_ERR_INVALID_ARGUMENT for unknown flags. cfg is only read during the call. Free with
+ * a later change to it reaches that config on a new context; a plan offers only the passes it
+ * was created with, whatever another plan of the config asked for. Takes a reference on ctx.
+ * *out is NULL on failure: RDA_ERR_CONFIG with the key, the value and what is allowed in
+ * rda_last_error(ctx) (or naming the user's tuning database when it does not load or check);
+ * RDA_ERR_IO when that database cannot be read; RDA_ERR_NVRTC / RDA_ERR_EMULATOR when a kernel
+ * does not compile; RDA_ERR_INVALID_ARGUMENT for a NULL argument, unknown flags, or a cfg whose
+ * struct_size or version is not RDA_CONFIG_INIT's. cfg is only read during the call. Free with
  * rda_plan_destroy. */
 RDA_API rda_status rda_plan_create(rda_plan **out, rda_ctx *ctx, const rda_attn_config *cfg,
                                    unsigned flags);
@@ -181,8 +183,9 @@ RDA_API void rda_plan_destroy(rda_plan *plan);
 
 /* A strided view of device memory (host memory on the emulator context). Q, O, dQ, dO are
  * [B, N, H, D]; K, V, dK, dV are [B, N, Hkv, D]; LSE and dLSE are [B, H, N]. Strides are in
- * elements; the last dimension must be contiguous (stride 1). Rows of 16-bit tensors must start
- * at 16-byte boundaries (data 16-byte aligned, strides multiples of 8 elements; 4 for fp32). */
+ * elements; the last dimension must be contiguous (stride 1). Rows of the 4-dimensional tensors
+ * must start at 16-byte boundaries (data 16-byte aligned, strides multiples of 8 elements for
+ * 16-bit dtypes, 4 for fp32); LSE and dLSE (fp32, 3 dimensions) need only 4-byte alignment. */
 typedef struct rda_tensor {
   void *data;
   rda_dtype dtype;
@@ -192,15 +195,16 @@ typedef struct rda_tensor {
 } rda_tensor;
 
 /* Fill t as a contiguous (row-major) tensor of the given shape over data. Returns
- * RDA_ERR_INVALID_ARGUMENT for t NULL, ndim not 3 or 4, or a shape entry < 1. */
+ * RDA_ERR_INVALID_ARGUMENT (t zeroed) for t or shape NULL, an unknown dtype, ndim not 3 or 4, a
+ * shape entry < 1, or a shape whose element count overflows 64 bits. */
 RDA_API rda_status rda_tensor_contiguous(rda_tensor *t, void *data, rda_dtype dtype, int ndim,
                                          const long long *shape);
 
 /* ---- forward ------------------------------------------------------------------------------ */
 
 /* Bytes of workspace rda_forward needs for batch B and sequence length N (the fp32 O
- * accumulator and the fp32 LSE when the caller asks for neither). Host-only; never fails for a
- * valid plan and B, N >= 1. */
+ * accumulator and the fp32 LSE when the caller asks for neither). Host-only; for a valid plan
+ * and B, N >= 1 it fails only when the size overflows size_t. */
 RDA_API rda_status rda_plan_workspace_size(const rda_plan *plan, long long batch, long long n,
                                            size_t *bytes);
 
@@ -281,10 +285,11 @@ typedef struct rda_ring_desc {
   int ranks;                  /* P >= 1 */
   int rank;                   /* 0 .. P-1 */
   rda_ring_layout layout;
-  double timeout_s;           /* per ring operation; 0 means 60 s. With a world, the world's
-                                 timeout applies (this must still be >= 0). Over NCCL a step
-                                 waits for the device, so GPU work queued on the stream before
-                                 the call counts toward its first step's timeout */
+  double timeout_s;           /* per ring operation, up to 1e6 s; 0 means 60 s. With a world,
+                                 the world's timeout applies (this must still be 0 .. 1e6).
+                                 Over NCCL a step waits for the device, so GPU work queued on
+                                 the stream before the call counts toward its first step's
+                                 timeout */
   rda_ring_world *world;      /* virtual ranks of rda_ring_world_create, or NULL */
   void *nccl_comm;            /* an ncclComm_t of P ranks the caller owns (aborted, never
                                  destroyed, on a failure), or NULL. Make it non-blocking
@@ -319,10 +324,12 @@ RDA_API rda_status rda_ring_nccl_unique_id(void *id);
  * joined (or the timeout). RDA_ERR_INVALID_ARGUMENT, before joining, for: desc NULL or its
  * struct_size wrong, not exactly one of world / nccl_comm / nccl_unique_id, ranks outside
  * 1 .. 4096 or not the world's, rank outside 0 .. P-1, N < P or N > 2^40, an unknown layout,
- * zigzag with N % 2P != 0, a negative or non-finite timeout, a ring whose byte counts would
- * pass 2^63 - 1. With a world, any such failure of one rank aborts the world, so the other
+ * zigzag with N % 2P != 0, a timeout negative, not finite or above 1e6 (checked with a world
+ * too, whose own timeout then applies), a ring whose byte counts would pass 2^63 - 1; and out
+ * NULL or plan not a plan. With a world, any such failure of one rank aborts the world, so the other
  * ranks fail at once (RDA_ERR_NCCL naming that rank and why) instead of after the timeout; the
- * world cannot be used again. *out is NULL on failure. */
+ * world cannot be used again (desc NULL or with a wrong struct_size names no world: then the
+ * other ranks fail after their timeout). *out is NULL on failure. */
 RDA_API rda_status rda_ring_create(rda_ring **out, rda_plan *plan, const rda_ring_desc *desc);
 
 /* The rank's rows: count, and its pieces [lo[i], hi[i]) of global rows (npieces 1 or 2; with

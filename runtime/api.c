@@ -39,10 +39,15 @@ static _Thread_local char rda_api_thread_error[RDA_API_MSG_LEN];
 
 /* ---- errors ------------------------------------------------------------------------------ */
 
-/* Record err (status and message) on ctx (when usable) and on the thread; returns the status. */
+/* Record err (status and message) on ctx (when usable) and on the thread; returns the status.
+ * The message is made one line: control characters (a caller's abort reason, a path) become
+ * spaces. */
 rda_status rda_api_fail(rda_ctx *ctx, const rda_err *err) {
   const rda_status s = err->status != RDA_OK ? err->status : RDA_ERR_INTERNAL;
-  const char *msg = err->msg[0] != '\0' ? err->msg : "(no detail recorded)";
+  char msg[RDA_API_MSG_LEN];
+  snprintf(msg, sizeof msg, "%s", err->msg[0] != '\0' ? err->msg : "(no detail recorded)");
+  for (char *c = msg; *c != '\0'; ++c)
+    if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = ' ';
   snprintf(rda_api_thread_error, sizeof rda_api_thread_error, "%s", msg);
   if (rda_api_ctx_ok(ctx)) {
     pthread_mutex_lock(&ctx->err_lock);
@@ -67,7 +72,10 @@ rda_status rda_api_failf(rda_ctx *ctx, rda_status s, const char *fmt, ...) {
 static _Thread_local char rda_api_thread_copy[RDA_API_MSG_LEN];
 
 const char *rda_last_error(const rda_ctx *ctx) {
-  if (!rda_api_ctx_ok(ctx)) return rda_api_thread_error;
+  if (!rda_api_ctx_ok(ctx)) { /* a copy too: the thread's next failure must not change it */
+    snprintf(rda_api_thread_copy, sizeof rda_api_thread_copy, "%s", rda_api_thread_error);
+    return rda_api_thread_copy;
+  }
   rda_ctx *c = (rda_ctx *)(uintptr_t)ctx; /* the lock, not the context, changes */
   pthread_mutex_lock(&c->err_lock);
   snprintf(rda_api_thread_copy, sizeof rda_api_thread_copy, "%s", c->last_error);
@@ -212,12 +220,14 @@ static int rda_api_cfg_equal(const rda_config *a, const rda_config *b) {
 }
 
 /* A new plan handle on core (which gains a reference). Called with ctx->lock held. */
-rda_status rda_api_plan_wrap(rda_ctx *ctx, rda_api_core *core, rda_plan **out, rda_err *err) {
+rda_status rda_api_plan_wrap(rda_ctx *ctx, rda_api_core *core, unsigned flags, rda_plan **out,
+                             rda_err *err) {
   rda_plan *p = malloc(sizeof *p);
   if (p == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "rda_plan_create: out of memory");
   p->magic = RDA_API_PLAN_MAGIC;
   p->ctx = ctx;
   p->core = core;
+  p->flags = flags;
   core->refs++;
   atomic_fetch_add(&ctx->refs, 1);
   atomic_fetch_add(&ctx->plans, 1);
@@ -278,7 +288,7 @@ static rda_status rda_api_plan_build(rda_ctx *ctx, const rda_config *cfg, const 
                                      unsigned flags, rda_plan **out, rda_err *err) {
   for (rda_api_core *c = ctx->cores; c != NULL; c = c->next)
     if ((c->flags & flags) == flags && rda_api_cfg_equal(&c->pk.cfg, cfg))
-      return rda_api_plan_wrap(ctx, c, out, err);
+      return rda_api_plan_wrap(ctx, c, flags, out, err);
   rda_api_core *c = calloc(1, sizeof *c);
   char *key = text != NULL ? strdup(text) : NULL;
   if (c == NULL || (text != NULL && key == NULL)) {
@@ -293,7 +303,7 @@ static rda_status rda_api_plan_build(rda_ctx *ctx, const rda_config *cfg, const 
     s = rda_fwd_load(ctx->b, &c->pk, &c->kernels, err);
     if (s != RDA_OK) rda_plan_k_free(&c->pk);
   }
-  if (s == RDA_OK) s = rda_api_plan_wrap(ctx, c, out, err);
+  if (s == RDA_OK) s = rda_api_plan_wrap(ctx, c, flags, out, err);
   if (s != RDA_OK) {
     if (c->kernels.modules != NULL) {
       rda_fwd_unload(ctx->b, &c->kernels);
@@ -322,7 +332,7 @@ static rda_status rda_api_plan_from(rda_plan **out, rda_ctx *ctx, const char *ch
   if (chunk != NULL)
     for (rda_api_core *c = ctx->cores; c != NULL; c = c->next)
       if ((c->flags & flags) == flags && c->text != NULL && strcmp(c->text, chunk) == 0) {
-        const rda_status s = rda_api_plan_wrap(ctx, c, out, &err);
+        const rda_status s = rda_api_plan_wrap(ctx, c, flags, out, &err);
         pthread_mutex_unlock(&ctx->lock);
         return s == RDA_OK ? RDA_OK : rda_api_fail(ctx, &err);
       }
@@ -490,6 +500,11 @@ rda_status rda_tensor_contiguous(rda_tensor *t, void *data, rda_dtype dtype, int
   if (t == NULL)
     return rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT, "rda_tensor_contiguous: t is NULL");
   memset(t, 0, sizeof *t);
+  if (dtype != RDA_BF16 && dtype != RDA_FP16 && dtype != RDA_FP32)
+    return rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT,
+                         "rda_tensor_contiguous: dtype = %d: must be RDA_BF16, RDA_FP16 or "
+                         "RDA_FP32",
+                         (int)dtype);
   if (ndim != 3 && ndim != 4)
     return rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT,
                          "rda_tensor_contiguous: ndim = %d: must be 3 or 4", ndim);
@@ -499,17 +514,19 @@ rda_status rda_tensor_contiguous(rda_tensor *t, void *data, rda_dtype dtype, int
     if (shape[i] < 1)
       return rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT,
                            "rda_tensor_contiguous: shape[%d] = %lld: must be >= 1", i, shape[i]);
-  t->data = data;
-  t->dtype = dtype;
-  t->ndim = ndim;
   long long s = 1;
   for (int i = ndim - 1; i >= 0; --i) {
     t->shape[i] = shape[i];
     t->stride[i] = s;
-    if (__builtin_mul_overflow(s, shape[i], &s))
+    if (__builtin_mul_overflow(s, shape[i], &s)) {
+      memset(t, 0, sizeof *t);
       return rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT,
                            "rda_tensor_contiguous: the shape overflows 64-bit element counts");
+    }
   }
+  t->data = data;
+  t->dtype = dtype;
+  t->ndim = ndim;
   return RDA_OK;
 }
 
@@ -924,7 +941,7 @@ rda_status rda_plan_backward_workspace_size(const rda_plan *plan, long long batc
   if (bytes == NULL)
     return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
                          "rda_plan_backward_workspace_size: bytes is NULL");
-  if (!plan->core->pk.has_bwd)
+  if (!rda_api_plan_has_bwd(plan))
     return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
                          "rda_plan_backward_workspace_size: the plan was created without "
                          "RDA_PLAN_WITH_BACKWARD");
@@ -947,7 +964,7 @@ rda_status rda_backward(const rda_plan *plan, const rda_tensor *q, const rda_ten
   if (!rda_api_plan_ok(plan)) return rda_api_bad_plan(plan, fn);
   rda_ctx *ctx = plan->ctx;
   const rda_plan_k *pk = &plan->core->pk;
-  if (!pk->has_bwd)
+  if (!rda_api_plan_has_bwd(plan))
     return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
                          "rda_backward: the plan was created without RDA_PLAN_WITH_BACKWARD");
   rda_err err;

@@ -58,8 +58,15 @@ struct rda_ctx {
 struct rda_plan {
   uint32_t magic;
   rda_ctx *ctx;
-  rda_api_core *core;
+  rda_api_core *core; /* shared by the plans of one config: it may hold more than they asked */
+  unsigned flags;     /* what this plan was created with (RDA_PLAN_*) */
 };
+
+/* The plan was created with RDA_PLAN_WITH_BACKWARD (its core may have backward kernels for
+ * another plan of the config; this one does not offer them). */
+static inline int rda_api_plan_has_bwd(const rda_plan *p) {
+  return (p->flags & RDA_PLAN_WITH_BACKWARD) != 0;
+}
 
 /* A context's memory (it may be closed: destroyed by the caller, alive for its plans). */
 static inline int rda_api_ctx_ok(const rda_ctx *ctx) {
@@ -83,8 +90,10 @@ rda_status rda_api_bad_plan(const rda_plan *plan, const char *fn);
 
 /* Drop one reference on ctx (a plan's, a ring world's, or the caller's); frees it at zero. */
 void rda_api_ctx_release(rda_ctx *ctx);
-/* One more plan handle on core (which gains a reference, as does ctx). ctx->lock held. */
-rda_status rda_api_plan_wrap(rda_ctx *ctx, rda_api_core *core, rda_plan **out, rda_err *err);
+/* One more plan handle on core (which gains a reference, as does ctx) offering flags (those
+ * the core was built with, or fewer). ctx->lock held. */
+rda_status rda_api_plan_wrap(rda_ctx *ctx, rda_api_core *core, unsigned flags, rda_plan **out,
+                             rda_err *err);
 
 /* What a call needs of one tensor argument. */
 typedef struct rda_api_want {

@@ -250,6 +250,10 @@ static rda_status ring_check_desc(const rda_ctx *ctx, const rda_ring_desc *d, do
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                        "%s: desc->rank = %d: must be 0 to %d (desc->ranks - 1)", fn, d->rank,
                        d->ranks - 1);
+  if (d->n > RDA_RING_MAX_N)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "%s: desc->n = %lld: must be at most 2^40 = %lld", fn, d->n,
+                       (long long)RDA_RING_MAX_N);
   if (d->n < d->ranks)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                        "%s: desc->n = %lld: must be >= desc->ranks = %d (every rank holds at "
@@ -339,11 +343,17 @@ static void ring_free(rda_ring *r) {
 
 rda_status rda_ring_create(rda_ring **out, rda_plan *plan, const rda_ring_desc *desc) {
   static const char fn[] = "rda_ring_create";
-  if (out == NULL)
+  if (out == NULL) {
+    ring_abort_world(desc, "rda_ring_create: out is NULL");
     return rda_api_failf(rda_api_plan_ok(plan) ? plan->ctx : NULL, RDA_ERR_INVALID_ARGUMENT,
                          "%s: out is NULL", fn);
+  }
   *out = NULL;
-  if (!rda_api_plan_ok(plan)) return rda_api_bad_plan(plan, fn);
+  if (!rda_api_plan_ok(plan)) {
+    const rda_status s = rda_api_bad_plan(plan, fn);
+    ring_abort_world(desc, rda_last_error(NULL));
+    return s;
+  }
   rda_ctx *ctx = plan->ctx;
   if (desc == NULL) return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT, "%s: desc is NULL", fn);
   rda_err err = {0};
@@ -365,7 +375,7 @@ rda_status rda_ring_create(rda_ring **out, rda_plan *plan, const rda_ring_desc *
   r->rank = desc->rank;
   r->ranks = desc->ranks;
   pthread_mutex_lock(&ctx->lock);
-  rda_status s = rda_api_plan_wrap(ctx, plan->core, &r->plan, &err);
+  rda_status s = rda_api_plan_wrap(ctx, plan->core, plan->flags, &r->plan, &err);
   pthread_mutex_unlock(&ctx->lock);
   if (s == RDA_OK)
     s = rda_ring_plan_create(cfg, desc->n, desc->ranks, (int)desc->layout, &r->rp, &err);
@@ -432,7 +442,7 @@ rda_status rda_ring_workspace_size(const rda_ring *ring, long long batch, int ba
   if (backward != 0 && backward != 1)
     return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
                          "%s: backward = %d: must be 0 (forward) or 1 (backward)", fn, backward);
-  if (backward && !ring->plan->core->pk.has_bwd)
+  if (backward && !rda_api_plan_has_bwd(ring->plan))
     return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
                          "%s: the plan was created without RDA_PLAN_WITH_BACKWARD", fn);
   rda_err err = {0};
@@ -528,7 +538,7 @@ static rda_status ring_backward(rda_ring *r, const rda_tensor *const t[10], void
   rda_ctx *ctx = r->ctx;
   const rda_plan_k *pk = &plan->core->pk;
   RDA_TRY(ring_check_alive(r, err));
-  if (!pk->has_bwd)
+  if (!rda_api_plan_has_bwd(plan))
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                        "%s: the plan was created without RDA_PLAN_WITH_BACKWARD", fn);
   const rda_tensor *q = t[0];

@@ -589,6 +589,22 @@ static void test_tensor_contiguous_checks_its_arguments(void **state) {
   assert_int_equal(rda_tensor_contiguous(&t, NULL, RDA_BF16, 4, bad), RDA_ERR_INVALID_ARGUMENT);
   assert_error_names(NULL, "shape[1] = 0");
   assert_int_equal(rda_tensor_contiguous(&t, NULL, RDA_BF16, 4, NULL), RDA_ERR_INVALID_ARGUMENT);
+  /* An unknown dtype, and a shape whose element count overflows: refused, t left zeroed. */
+  assert_int_equal(rda_tensor_contiguous(&t, NULL, (rda_dtype)9, 4, shape),
+                   RDA_ERR_INVALID_ARGUMENT);
+  assert_error_names(NULL, "dtype = 9");
+  const long long huge[4] = {1LL << 62, 4, 1, 1};
+  int dummy = 0;
+  assert_int_equal(rda_tensor_contiguous(&t, &dummy, RDA_FP32, 4, huge), RDA_ERR_INVALID_ARGUMENT);
+  assert_error_names(NULL, "overflows");
+  assert_null(t.data);
+  assert_int_equal(t.ndim, 0);
+  /* rda_last_error(NULL) is a copy: a later failure on the thread does not change it. */
+  const char *kept = rda_last_error(NULL);
+  char before[512];
+  snprintf(before, sizeof before, "%s", kept);
+  assert_int_equal(rda_tensor_contiguous(&t, NULL, RDA_BF16, 2, shape), RDA_ERR_INVALID_ARGUMENT);
+  assert_string_equal(kept, before);
   assert_int_equal(rda_tensor_contiguous(&t, NULL, RDA_BF16, 4, shape), RDA_OK);
   assert_int_equal(t.stride[0], 96);
   assert_int_equal(t.stride[1], 32);
@@ -1011,6 +1027,18 @@ static void test_backward_matches_reference_bf16_causal_gqa(void **state) {
   size_t ws_bytes = 0;
   assert_int_equal(rda_plan_backward_workspace_size(g_plan, b.B, b.N, &ws_bytes),
                    RDA_ERR_INVALID_ARGUMENT);
+  /* A forward-only plan of the same config, made while p lives (they share compiled kernels),
+   * offers no backward pass all the same: what a plan offers is what it was created with. */
+  rda_plan *fwd_only = NULL;
+  assert_int_equal(rda_plan_create(&fwd_only, g_ctx, &cfg, RDA_PLAN_FORWARD), RDA_OK);
+  assert_int_equal(rda_plan_backward_workspace_size(fwd_only, b.B, b.N, &ws_bytes),
+                   RDA_ERR_INVALID_ARGUMENT);
+  assert_error_names(g_ctx, "without RDA_PLAN_WITH_BACKWARD");
+  assert_int_equal(rda_backward(fwd_only, &b.tq, &b.tk, &b.tv, &b.to, &b.tl, &b.tdo, NULL, &b.tdq,
+                                &b.tdk, &b.tdv, b.ws, b.ws_bytes, NULL),
+                   RDA_ERR_INVALID_ARGUMENT);
+  assert_error_names(g_ctx, "without RDA_PLAN_WITH_BACKWARD");
+  rda_plan_destroy(fwd_only);
   bwd_case_free(&b);
   rda_plan_destroy(p);
 }

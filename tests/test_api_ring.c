@@ -690,9 +690,10 @@ static void test_ring_fingerprint_mismatch_fails_every_rank(void **state) {
   expect_mismatch("different config on rank 2", 3, 2, g_plan_b, 30);
 }
 
-/* P ranks create a ring; rank `bad` alone has n = n_bad, which its own checks (or its plan)
- * refuse. It must fail naming `names`, and abort the world: every other rank fails well before
- * the timeout, naming the bad rank and its reason, instead of waiting for it to join. */
+/* P ranks create a ring; rank `bad` alone has n = n_bad (0: no plan instead), which its own
+ * checks (or its plan) refuse. It must fail naming `names`, and abort the world: every other
+ * rank fails well before the timeout, naming the bad rank and its reason, instead of waiting
+ * for it to join. */
 static void expect_bad_rank(const char *what, int P, int bad, long long n_bad, const char *names) {
   rda_ring_world *world = NULL;
   assert_int_equal(rda_ring_world_create(&world, g_ctx, P, kTimeout), RDA_OK);
@@ -701,7 +702,8 @@ static void expect_bad_rank(const char *what, int P, int bad, long long n_bad, c
   memset(jobs, 0, sizeof jobs);
   for (int p = 0; p < P; ++p) {
     jobs[p] = (cjob){g_plan_a, world, 30, P, p, RDA_LAYOUT_CONTIGUOUS, RDA_OK, "", 0.0};
-    if (p == bad) jobs[p].n = n_bad;
+    if (p == bad && n_bad == 0) jobs[p].plan = NULL;
+    if (p == bad && n_bad != 0) jobs[p].n = n_bad;
     assert_int_equal(pthread_create(&th[p], NULL, create_main, &jobs[p]), 0);
   }
   for (int p = 0; p < P; ++p) pthread_join(th[p], NULL);
@@ -727,8 +729,9 @@ static void test_ring_bad_desc_on_one_rank_fails_every_rank(void **state) {
   (void)state;
   expect_bad_rank("P > N on rank 1", 3, 1, 2, "desc->n = 2");
   expect_bad_rank("N beyond the ring plan's cap on rank 2", 3, 2, RDA_RING_MAX_N + 1,
-                  "need 1 <= N <= 2^40");
+                  "desc->n = 1099511627777: must be at most 2^40");
   expect_bad_rank("P > N on rank 0 of 2", 2, 0, 1, "desc->n = 1");
+  expect_bad_rank("no plan on rank 1", 3, 1, 0, "plan is NULL");
 }
 
 static void test_ring_create_rejects_bad_desc(void **state) {
@@ -915,6 +918,18 @@ static void test_ring_handles_and_world_lifetime(void **state) {
   rda_ring_destroy(NULL);
   rda_ring_world_destroy(NULL);
   rda_ring_abort(NULL, "x");
+  /* A reason of several lines is one line in every message it reaches. */
+  rda_ring_world *w2 = NULL;
+  assert_int_equal(rda_ring_world_create(&w2, g_ctx, 1, kTimeout), RDA_OK);
+  rda_ring_desc d2 = d;
+  d2.world = w2;
+  rda_ring *r3 = NULL;
+  assert_int_equal(rda_ring_create(&r3, g_plan_a, &d2), RDA_OK);
+  rda_ring_abort(r3, "stop\nnow\r\tplease");
+  assert_int_equal(rda_ring_forward(r3, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL), RDA_ERR_NCCL);
+  assert_one_line_naming(rda_last_error(g_ctx), "stop now  please");
+  rda_ring_destroy(r3);
+  rda_ring_world_destroy(w2);
   assert_int_equal(rda_ring_rows(NULL, &rows, NULL, NULL, NULL), RDA_ERR_INVALID_ARGUMENT);
   assert_one_line_naming(rda_last_error(NULL), "rda_ring_rows: ring is NULL");
   assert_int_equal(rda_ring_forward(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL),
