@@ -291,10 +291,16 @@ typedef struct rda_ring_desc {
                                  the stream before the call counts toward its first step's
                                  timeout */
   rda_ring_world *world;      /* virtual ranks of rda_ring_world_create, or NULL */
-  void *nccl_comm;            /* an ncclComm_t of P ranks the caller owns (aborted, never
-                                 destroyed, on a failure), or NULL. Make it non-blocking
-                                 (ncclConfig_t blocking = 0): in a blocking one NCCL may wait
-                                 for a lost peer inside a call, where no timeout reaches */
+  void *nccl_comm;            /* an ncclComm_t of P ranks the caller owns, or NULL. rda never
+                                 destroys it; it aborts it when a ring call fails or times out
+                                 or the ring is aborted, so that no transfer lands after the
+                                 error. ncclCommAbort frees it: after such a failure (and after
+                                 an RDA_ERR_NCCL or RDA_ERR_CUDA from rda_ring_create, which may
+                                 have aborted it) the handle is gone: neither use nor destroy
+                                 it. Otherwise destroy it after rda_ring_destroy. Make it
+                                 non-blocking (ncclConfig_t blocking = 0): in a blocking one
+                                 NCCL may wait for a lost peer inside a call, where no timeout
+                                 reaches */
   const void *nccl_unique_id; /* 128 bytes of rda_ring_nccl_unique_id from rank 0, or NULL */
   void *comm_stream;          /* CUstream for NCCL transfers; NULL: the ring makes its own */
 } rda_ring_desc;
