@@ -991,6 +991,18 @@ static void bwd_case_free(bwd_case *b) {
   free(b->o), free(b->lse), free(b->dlsef), free(b->dq), free(b->dk), free(b->dv);
 }
 
+/* plan (forward-only) refuses the backward pass and its workspace size, naming the flag. */
+static void assert_no_backward(const rda_plan *plan, const bwd_case *b) {
+  assert_int_equal(rda_backward(plan, &b->tq, &b->tk, &b->tv, &b->to, &b->tl, &b->tdo, NULL,
+                                &b->tdq, &b->tdk, &b->tdv, b->ws, b->ws_bytes, NULL),
+                   RDA_ERR_INVALID_ARGUMENT);
+  assert_error_names(g_ctx, "without RDA_PLAN_WITH_BACKWARD");
+  size_t ws_bytes = 0;
+  assert_int_equal(rda_plan_backward_workspace_size(plan, b->B, b->N, &ws_bytes),
+                   RDA_ERR_INVALID_ARGUMENT);
+  assert_error_names(g_ctx, "without RDA_PLAN_WITH_BACKWARD");
+}
+
 static void test_backward_matches_reference_bf16_causal_gqa(void **state) {
   (void)state;
   const rda_attn_config cfg = base_config();
@@ -1020,24 +1032,12 @@ static void test_backward_matches_reference_bf16_causal_gqa(void **state) {
                                 &b.tdv, b.ws, b.ws_bytes, NULL),
                    RDA_ERR_INVALID_ARGUMENT);
   assert_error_names(g_ctx, "dq->data == dout->data");
-  assert_int_equal(rda_backward(g_plan, &b.tq, &b.tk, &b.tv, &b.to, &b.tl, &b.tdo, NULL, &b.tdq,
-                                &b.tdk, &b.tdv, b.ws, b.ws_bytes, NULL),
-                   RDA_ERR_INVALID_ARGUMENT);
-  assert_error_names(g_ctx, "without RDA_PLAN_WITH_BACKWARD");
-  size_t ws_bytes = 0;
-  assert_int_equal(rda_plan_backward_workspace_size(g_plan, b.B, b.N, &ws_bytes),
-                   RDA_ERR_INVALID_ARGUMENT);
+  assert_no_backward(g_plan, &b);
   /* A forward-only plan of the same config, made while p lives (they share compiled kernels),
    * offers no backward pass all the same: what a plan offers is what it was created with. */
   rda_plan *fwd_only = NULL;
   assert_int_equal(rda_plan_create(&fwd_only, g_ctx, &cfg, RDA_PLAN_FORWARD), RDA_OK);
-  assert_int_equal(rda_plan_backward_workspace_size(fwd_only, b.B, b.N, &ws_bytes),
-                   RDA_ERR_INVALID_ARGUMENT);
-  assert_error_names(g_ctx, "without RDA_PLAN_WITH_BACKWARD");
-  assert_int_equal(rda_backward(fwd_only, &b.tq, &b.tk, &b.tv, &b.to, &b.tl, &b.tdo, NULL, &b.tdq,
-                                &b.tdk, &b.tdv, b.ws, b.ws_bytes, NULL),
-                   RDA_ERR_INVALID_ARGUMENT);
-  assert_error_names(g_ctx, "without RDA_PLAN_WITH_BACKWARD");
+  assert_no_backward(fwd_only, &b);
   rda_plan_destroy(fwd_only);
   bwd_case_free(&b);
   rda_plan_destroy(p);

@@ -820,6 +820,16 @@ static void test_ring_create_rejects_bad_desc(void **state) {
   rda_ring_world_destroy(w2);
 }
 
+/* A ring of plan on a new one-rank world (*w), desc d otherwise. */
+static rda_ring *one_rank_ring(rda_plan *plan, const rda_ring_desc *d, rda_ring_world **w) {
+  assert_int_equal(rda_ring_world_create(w, g_ctx, 1, kTimeout), RDA_OK);
+  rda_ring_desc d1 = *d;
+  d1.world = *w;
+  rda_ring *r = NULL;
+  assert_int_equal(rda_ring_create(&r, plan, &d1), RDA_OK);
+  return r;
+}
+
 static void test_ring_handles_and_world_lifetime(void **state) {
   (void)state;
   /* A one-rank ring joins at once; its world refuses to go while the ring lives. */
@@ -894,11 +904,7 @@ static void test_ring_handles_and_world_lifetime(void **state) {
   const rda_attn_config cb = config_b(); /* forward only */
   assert_int_equal(rda_plan_create(&p, g_ctx, &cb, RDA_PLAN_FORWARD), RDA_OK);
   rda_ring_world *w1 = NULL;
-  assert_int_equal(rda_ring_world_create(&w1, g_ctx, 1, kTimeout), RDA_OK);
-  rda_ring_desc d1 = d;
-  d1.world = w1;
-  rda_ring *r2 = NULL;
-  assert_int_equal(rda_ring_create(&r2, p, &d1), RDA_OK);
+  rda_ring *r2 = one_rank_ring(p, &d, &w1);
   rda_plan_destroy(p);
   assert_int_equal(rda_ring_workspace_size(r2, 1, 1, &ws), RDA_ERR_INVALID_ARGUMENT);
   assert_one_line_naming(rda_last_error(g_ctx), "RDA_PLAN_WITH_BACKWARD");
@@ -920,11 +926,7 @@ static void test_ring_handles_and_world_lifetime(void **state) {
   rda_ring_abort(NULL, "x");
   /* A reason of several lines is one line in every message it reaches. */
   rda_ring_world *w2 = NULL;
-  assert_int_equal(rda_ring_world_create(&w2, g_ctx, 1, kTimeout), RDA_OK);
-  rda_ring_desc d2 = d;
-  d2.world = w2;
-  rda_ring *r3 = NULL;
-  assert_int_equal(rda_ring_create(&r3, g_plan_a, &d2), RDA_OK);
+  rda_ring *r3 = one_rank_ring(g_plan_a, &d, &w2);
   rda_ring_abort(r3, "stop\nnow\r\tplease");
   assert_int_equal(rda_ring_forward(r3, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL), RDA_ERR_NCCL);
   assert_one_line_naming(rda_last_error(g_ctx), "stop now  please");
