@@ -136,9 +136,9 @@ typedef struct rda_attn_config {
  * reference, then timed at N = twice the longest segment within [1024, 65536], 1024 on the
  * emulator, batch 1), and record the rankings in the user's tuning database, which later plans
  * and other processes read. Plan creation then takes seconds to minutes and host and device
- * memory for that problem, once per target, config shape and rda version; other calls on the
- * context wait for it, and so do other tuners of the same database (they then find the
- * entries). It fails when a kernel has no candidate that passes, when memory runs out, and
+ * memory for that problem, once per target and config shape (entries stay in use across rda
+ * versions: `rdagen tune` measures them again); other calls on the context wait for it, and
+ * so do other tuners of the same database (they then find the entries). It fails when a kernel has no candidate that passes, when memory runs out, and
  * (RDA_ERR_CACHE or RDA_ERR_IO, naming the path) when the database cannot be written. */
 typedef enum {
   RDA_PLAN_FORWARD = 0,

@@ -59,6 +59,7 @@ typedef struct tune_run {
   tune_ref refs[RDA_MAX_BRANCHES];
   void **evs;   /* iters + 1 timed events: pass i runs between evs[i] and evs[i + 1] */
   float *times; /* iters */
+  rda_err fatal; /* a failure no tile is to blame for (the kernel cache refused): ends the run */
 } tune_run;
 
 static void tune_log(const rda_tune_opts *o, const char *fmt, ...)
@@ -489,6 +490,11 @@ static void tune_task(tune_run *r, int ti, const rda_tune_task *t, rda_tune_repo
       snprintf(rep->outcome.ranked[i].tile, sizeof rep->outcome.ranked[i].tile, "%s", tile);
       rep->outcome.ranked[i].us = us;
       tune_log(r->o, "  %s  %-24s %10.1f us", t->key, tile, us);
+    } else if (cerr.status == RDA_ERR_CACHE) {
+      /* The kernel cache refused (a folder writable by others, say): every tile would fail
+       * alike, and the message is the folder's, not the tile's. */
+      rda_err_set(&r->fatal, cerr.status, "%s", cerr.msg);
+      break;
     } else {
       ndisagree += disagree;
       char *f = rep->failed[rep->nfailed++];
@@ -621,6 +627,10 @@ rda_status rda_tune_run(rda_backend *b, rda_gen *g, const rda_hw *hw, const rda_
     if (o->untuned_only && tasks[i].tuned) continue;
     rda_tune_report *rep = &reps[nreps++];
     tune_task(&r, i, &tasks[i], rep);
+    if (r.fatal.status != RDA_OK) {
+      s = rda_err_set(err, r.fatal.status, "%s", r.fatal.msg);
+      goto done;
+    }
     if (rep->outcome.nranked == 0) {
       char all[800] = "";
       size_t len = 0;

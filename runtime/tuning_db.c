@@ -182,6 +182,30 @@ rda_status rda_tuning_db_write(const char *path, const char *text, rda_err *err)
   return RDA_OK;
 }
 
+/* RDA_ERR_IO when the rename of a new file onto target (which exists) would be refused: a
+ * folder with the sticky bit lets only the file's owner, the folder's owner or root replace it. */
+static rda_status rda_tuning_db_replaceable(const char *path, const char *target, rda_err *err) {
+  char folder[4200];
+  snprintf(folder, sizeof folder, "%s", target);
+  char *slash = strrchr(folder, '/');
+  if (slash == NULL)
+    snprintf(folder, sizeof folder, ".");
+  else if (slash == folder)
+    folder[1] = '\0';
+  else
+    *slash = '\0';
+  struct stat f, d;
+  const uid_t me = geteuid();
+  if (me == 0 || stat(target, &f) != 0 || stat(folder, &d) != 0 || !(d.st_mode & S_ISVTX) ||
+      f.st_uid == me || d.st_uid == me)
+    return RDA_OK;
+  return rda_err_set(err, RDA_ERR_IO,
+                     "tuning database '%s': it belongs to another user (uid %u) in a folder with "
+                     "the sticky bit, so it cannot be replaced: use another file (--db or "
+                     "RDA_TUNING_DB)",
+                     path, (unsigned)f.st_uid);
+}
+
 rda_status rda_tuning_db_lock(const char *path, rda_tuning_lock *lk, rda_err *err) {
   lk->fd = -1;
   lk->path[0] = '\0';
@@ -192,7 +216,9 @@ rda_status rda_tuning_db_lock(const char *path, rda_tuning_lock *lk, rda_err *er
     return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': path too long", path);
   RDA_TRY(rda_tuning_db_parent(lock, err));
   for (;;) {
-    const int l = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    /* Read-only is enough for flock, and opens a lock file another user left behind (a
+     * killed tune cannot remove it) where read-write would be refused. */
+    const int l = open(lock, O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
     if (l < 0)
       return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': lock '%s': %s", path, lock,
                          strerror(errno));
@@ -212,7 +238,11 @@ rda_status rda_tuning_db_lock(const char *path, rda_tuning_lock *lk, rda_err *er
         held.st_ino == named.st_ino) {
       lk->fd = l;
       memcpy(lk->path, lock, sizeof lock);
-      return RDA_OK;
+      /* A writer finds out now, not after a long tune, that the rename cannot replace the
+       * file: another user's file in a sticky folder (/tmp) is theirs to replace. */
+      const rda_status s = rda_tuning_db_replaceable(path, target, err);
+      if (s != RDA_OK) rda_tuning_db_unlock(lk);
+      return s;
     }
     close(l);
   }

@@ -33,9 +33,12 @@ rda_status rda_tuning_db_read_file(const char *path, char **text, rda_err *err);
 rda_status rda_tuning_db_write(const char *path, const char *text, rda_err *err);
 
 /* Writers take this lock (flock on <the file path names>.lock, made beside it while held and
- * removed when let go, so a link and its target share one and nothing stays behind; waits for
- * other holders) around read, merge and write, so concurrent `rdagen tune` runs keep each
- * other's entries. Readers (plans) need none: writes are atomic renames. */
+ * removed when let go, so a link and its target share one and nothing stays behind, unless the
+ * holder is killed: a file left so is locked again as it is; waits for other holders) around
+ * read, merge and write, so concurrent `rdagen tune` runs keep each other's entries. Readers
+ * (plans) need none: writes are atomic renames. Taking it also checks that the file can be
+ * replaced (RDA_ERR_IO, lock not held: another user's file in a sticky folder), so a writer
+ * learns that before its work, not at the rename. */
 typedef struct rda_tuning_lock {
   int fd;         /* -1: not held */
   char path[4200];

@@ -1272,6 +1272,55 @@ static void test_cli_tune_bad_input_exits_and_keeps_the_database(void **state) {
   rt_proc_free(&p);
   free(kept);
   unlink(db);
+
+  /* Standard output on a full disk: the tune fails before the database changes. */
+  const int before = rt_count_entries(f->dir);
+  char *argv[] = {arg("/bin/sh"), arg("-c"), arg("exec \"$0\" \"$@\" > /dev/full"),
+                  arg(RDAGEN_PATH), arg("tune"), f->config, arg("--n"), arg("64"),
+                  arg("--iters"), arg("1"), arg("--backend"), arg("emu"), NULL};
+  assert_true(rt_run(argv, 900, &p));
+  if (p.exit_code != 1 || rt_count_lines(p.err) != 1 ||
+      strstr(p.err, "cannot write to standard output") == NULL || rt_exists(db) ||
+      rt_count_entries(f->dir) != before) {
+    show("tune with standard output on a full disk", &p);
+    fail();
+  }
+  rt_proc_free(&p);
+
+  /* A kernel cache it must refuse (writable by others) is one line naming the folder, not a
+   * failure of every tile. */
+  char *saved_cache = rt_env_save("RDA_CACHE_DIR");
+  char *open_cache = rt_path(f->dir, "open_cache");
+  assert_int_equal(mkdir(open_cache, 0700), 0);
+  assert_int_equal(chmod(open_cache, 0777), 0);
+  assert_int_equal(setenv("RDA_CACHE_DIR", open_cache, 1), 0);
+  p = run_rdagen(900, tune);
+  if (p.exit_code != 1 || rt_count_lines(p.err) != 1 || strstr(p.err, open_cache) == NULL ||
+      strstr(p.err, "writable by group or others") == NULL || rt_exists(db)) {
+    show("tune with a refused kernel cache", &p);
+    fail();
+  }
+  rt_proc_free(&p);
+  rt_env_restore("RDA_CACHE_DIR", saved_cache);
+  rmdir(open_cache);
+  free(open_cache);
+
+  /* No cache folder at all (and no RDA_TUNING_DB): a dry run needs no database. */
+  char *saved_home = rt_env_save("HOME"), *saved_xdg = rt_env_save("XDG_CACHE_HOME");
+  saved_cache = rt_env_save("RDA_CACHE_DIR");
+  unsetenv("HOME"), unsetenv("XDG_CACHE_HOME"), unsetenv("RDA_CACHE_DIR"),
+      unsetenv("RDA_TUNING_DB");
+  const char *const dry[] = {"tune",      C,     "--n",       "64",        "--iters",
+                             "1",         "--backend", "emu", "--dry-run", NULL};
+  p = run_rdagen(900, dry);
+  if (p.exit_code != 0 || strstr(p.out, "dry run: no tuning database") == NULL) {
+    show("tune --dry-run without a cache folder", &p);
+    fail();
+  }
+  rt_proc_free(&p);
+  rt_env_restore("HOME", saved_home);
+  rt_env_restore("XDG_CACHE_HOME", saved_xdg);
+  rt_env_restore("RDA_CACHE_DIR", saved_cache);
   rt_env_restore("RDA_TUNING_DB", saved);
   free(db), free(missing);
 }

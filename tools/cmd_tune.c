@@ -10,9 +10,11 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char tune_usage_text[] =
     "usage: rdagen tune CONFIG [--n N] [--batch B] [--backward] [--iters K] [--verify-n N]\n"
@@ -24,11 +26,11 @@ static const char tune_usage_text[] =
     "reference (batch 1, --verify-n rows), then timed at [B, N] (median of K passes after one\n"
     "untimed) and its outputs there compared with the first passing candidate's. The ranking is\n"
     "merged into the tuning database; every later plan takes its first usable tile.\n"
-    "  --n         rows of the timed problem (default: twice the largest segment, at least\n"
-    "              1024 and at most 65536; 1024 on the emulator)\n"
-    "  --batch     batch of the timed problem (default 1)\n"
-    "  --iters     timed passes per candidate (default 10; 3 on the emulator)\n"
-    "  --verify-n  rows of the reference check, at most N (default min(N, 1024))\n"
+    "  --n         rows of the timed problem, 1..16777216 (default: twice the largest segment,\n"
+    "              at least 1024 and at most 65536; 1024 on the emulator)\n"
+    "  --batch     batch of the timed problem, 1..4096 (default 1)\n"
+    "  --iters     timed passes per candidate, 1..1000 (default 10; 3 on the emulator)\n"
+    "  --verify-n  rows of the reference check, 1..8192, cut to N (default min(N, 1024))\n"
     "  --backward  also tune the backward kernels\n"
     "  --wgmma     admit the sm_90a wgmma tiles (as RDA_WGMMA=1)\n"
     "  --backend   auto (default: cuda when a GPU is usable, else emu), cuda or emu; entries\n"
@@ -112,7 +114,7 @@ static int tune_parse(int argc, char **argv, tune_cli *o) {
         break;
       case 5:
         if (!rdagen_parse_count(val, 0, LLONG_MAX, &x))
-          return rdagen_usage("tune: --seed '%s': expected a non-negative integer", val);
+          return rdagen_usage("tune: --seed '%s': expected an integer in 0..%lld", val, LLONG_MAX);
         o->seed = (unsigned long long)x;
         break;
       default: o->db = val; break;
@@ -122,6 +124,28 @@ static int tune_parse(int argc, char **argv, tune_cli *o) {
   if (o->config == NULL) return rdagen_usage("tune: no CONFIG given");
   if (o->backend == NULL) o->backend = "auto";
   return -1;
+}
+
+/* The lock file of the database while held: Ctrl-C, SIGTERM or SIGHUP remove it on the way
+ * out (SIGKILL cannot; a file left so is harmless, the next tune locks it as it is). */
+static char tune_lock_path[4200];
+static volatile sig_atomic_t tune_lock_held;
+
+static void tune_on_signal(int sig) {
+  if (tune_lock_held) (void)unlink(tune_lock_path);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+static void tune_signals(void (*handler)(int)) {
+  static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+  for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = handler;
+    sigemptyset(&sa.sa_mask);
+    sigaction(sigs[i], &sa, NULL);
+  }
 }
 
 static void tune_cli_log(void *ud, const char *line) {
@@ -162,7 +186,9 @@ int rdagen_cmd_tune(int argc, char **argv) {
     /* The plans made while tuning (the tile each takes now) read the same database. */
     if (setenv("RDA_TUNING_DB", opt.db, 1) != 0) return rdagen_fail("--db: cannot set it");
   } else if (rda_tuning_db_path(db_path, sizeof db_path, &err) != RDA_OK) {
-    return rdagen_fail("%s", err.msg);
+    /* No cache folder to hold one: a dry run writes none, and plans then read none. */
+    if (!opt.dry_run) return rdagen_fail("%s", err.msg);
+    db_path[0] = '\0';
   }
 
   rda_gen *g = NULL;
@@ -182,14 +208,19 @@ int rdagen_cmd_tune(int argc, char **argv) {
   if (rda_gen_open(&g, &err) != RDA_OK ||
       rda_gen_config_file(g, opt.config, &cfg, &err) != RDA_OK ||
       (!opt.dry_run && rda_tuning_db_lock(db_path, &lock, &err) != RDA_OK) ||
-      rda_tuning_db_read_file(db_path, &old_text, &err) != RDA_OK) {
+      (db_path[0] != '\0' && rda_tuning_db_read_file(db_path, &old_text, &err) != RDA_OK)) {
     rdagen_fail("%s", err.msg);
     goto done;
   }
   /* The database, loaded at every plan below, runs sandboxed: should rdagen's watchdog end the
    * process inside it, the lock's file must not outlive the lock (the unlock below never
    * runs then). */
-  if (lock.fd >= 0) (void)rda_gen_watchdog_remove_on_kill(lock.path, 1);
+  if (lock.fd >= 0) {
+    (void)rda_gen_watchdog_remove_on_kill(lock.path, 1);
+    snprintf(tune_lock_path, sizeof tune_lock_path, "%s", lock.path);
+    tune_lock_held = 1;
+    tune_signals(tune_on_signal);
+  }
   if (rda_backend_open(opt.backend, &b, why, sizeof why, &err) != RDA_OK) {
     rdagen_fail("%s", err.msg);
     goto done;
@@ -227,8 +258,19 @@ int rdagen_cmd_tune(int argc, char **argv) {
         "\nnote: timed on the CPU emulator: these entries are for target emu-sm_%d and steer "
         "only emulator plans, never a GPU's\n",
         hw.arch);
+  /* What was printed must reach standard output before the database changes: a failed write
+   * (a full disk) fails the tune with the database as it was. */
+  errno = 0;
+  if (!opt.dry_run && (fflush(stdout) != 0 || ferror(stdout))) {
+    rdagen_fail("cannot write to standard output (%s): %s not written",
+                errno != 0 ? strerror(errno) : "a write failed", db_path);
+    goto done;
+  }
   if (opt.dry_run) {
-    printf("\ndry run: %s not written\n", db_path);
+    if (db_path[0] != '\0')
+      printf("\ndry run: %s not written\n", db_path);
+    else
+      printf("\ndry run: no tuning database (no cache folder to hold one)\n");
   } else {
     if (rda_tune_save_locked(g, &hw, &cfg, &to, reports, nreports, db_path, &err) != RDA_OK) {
       rdagen_fail("%s", err.msg);
@@ -239,7 +281,10 @@ int rdagen_cmd_tune(int argc, char **argv) {
   rc = 0;
 done:
   if (lock.fd >= 0) (void)rda_gen_watchdog_remove_on_kill(lock.path, 0);
+  const int had_lock = tune_lock_held;
+  tune_lock_held = 0; /* before the unlock: the name may be another run's lock after it */
   rda_tuning_db_unlock(&lock);
+  if (had_lock) tune_signals(SIG_DFL);
   free(reports);
   free(db_text);
   free(old_text);
