@@ -430,10 +430,9 @@ static void run_ring(const rcase *c, const rda_config *cfg, const rdata *d, cons
     rt_ring_out_gather(&out, j);
     /* What moved is what the plan says (per batch element); the backward moves K/V again and
      * returns fp32 gradients, twice the bytes, for every received block. The memory the
-     * forward held is the plan's, up to the driver's rounding of its three blocks to 256. */
+     * forward held is the plan's blocks for the batch, each aligned. */
     const uint64_t ub = (uint64_t)B;
-    if (j->stats.rows != R || j->stats.peak_bytes < rk->peak_bytes * ub ||
-        j->stats.peak_bytes > rk->peak_bytes * ub + 3 * 256 ||
+    if (j->stats.rows != R || j->stats.peak_bytes != rt_ring_planned_peak(rk, B) ||
         j->stats.bytes_sent != rk->bytes_sent * ub ||
         j->stats.bytes_received != rk->bytes_received * ub ||
         j->bstats.bytes_sent != (rk->bytes_sent + 2 * rk->bytes_received) * ub ||

@@ -353,9 +353,7 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
       assert_int_equal(j->stats.rows, R);
       /* The memory the ring held is what the plan (and ring-sim) says: its blocks for the
        * batch, each rounded up to RDA_RING_BLOCK_ALIGN; for B = 1 the plan's peak exactly. */
-      const uint64_t a = RDA_RING_BLOCK_ALIGN;
-      const uint64_t planned = (rk->send_block * (uint64_t)B + a - 1) / a * a +
-                               2 * ((rk->recv_block * (uint64_t)B + a - 1) / a * a);
+      const uint64_t planned = rt_ring_planned_peak(rk, B);
       if (j->stats.peak_bytes != planned || (B == 1 && planned != rk->peak_bytes))
         fail_msg("%s: rank %d held %llu bytes, the plan says %llu (%llu for batch 1)", what, p,
                  (unsigned long long)j->stats.peak_bytes, (unsigned long long)planned,

@@ -222,3 +222,9 @@ void rt_ring_out_free(rt_ring_out *out) {
   free(out->dv);
   out->o = out->lse = out->dq = out->dk = out->dv = NULL;
 }
+
+uint64_t rt_ring_planned_peak(const rda_ring_rank *rk, long long batch) {
+  const long long most = rda_ring_batch_slice();
+  const uint64_t b = (uint64_t)(batch < most ? batch : most), a = RDA_RING_BLOCK_ALIGN;
+  return (rk->send_block * b + a - 1) / a * a + 2 * ((rk->recv_block * b + a - 1) / a * a);
+}

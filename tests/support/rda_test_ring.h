@@ -44,6 +44,11 @@ void rt_ring_gather_rows(rda_backend *b, const rda_ring_rank *rk, long long batc
 void rt_ring_gather_lse(rda_backend *b, const rda_ring_rank *rk, long long batch, long long heads,
                         long long n, const float *dev, float *global);
 
+/* The memory rk's forward ring holds for a batch of B: its send block and two receive blocks of
+ * one batch slice (rda_ring_batch_slice), each rounded up to RDA_RING_BLOCK_ALIGN; for B = 1
+ * the plan's rk->peak_bytes. */
+uint64_t rt_ring_planned_peak(const rda_ring_rank *rk, long long batch);
+
 /* Where a rank's thread calls its job's hook. */
 typedef enum rt_ring_stage {
   RT_RING_JOINED,   /* after joining the world (j->status says whether it could) */
