@@ -29,7 +29,7 @@ typedef struct ring_blocks {
   unsigned char *grblk[2]; /* fp32 gradients of a sent block, coming back */
 } ring_blocks;
 
-static const size_t kAlign = RDA_RING_BLOCK_ALIGN;
+static const size_t kAlign = RDA_RING_BLOCK_ALIGN; /* the plan's peak_bytes counts it too */
 
 /* The most batch entries of one pass: the launch limit, or less for tests. */
 static _Atomic long long rda_ring_slice = RDA_MAX_BATCH_PER_LAUNCH;
@@ -39,7 +39,7 @@ void rda_ring_set_batch_slice(long long most) {
                most >= 1 && most <= RDA_MAX_BATCH_PER_LAUNCH ? most : RDA_MAX_BATCH_PER_LAUNCH);
 }
 
-long long rda_ring_batch_slice(void) { return atomic_load(&rda_ring_slice); } /* the plan's peak_bytes counts it too */
+long long rda_ring_batch_slice(void) { return atomic_load(&rda_ring_slice); }
 
 static size_t ring_round_up(size_t x) {
   return (x + kAlign - 1) / kAlign * kAlign;
