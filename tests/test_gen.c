@@ -680,14 +680,16 @@ typedef struct th_config {
 } th_config;
 
 /* The lines of th_config_make's chunk where the hooks may stop a runaway: the compare loop,
- * and before it the line that builds the two 1 MiB strings (a few milliseconds alone, but a
+ * and before it the line that builds the two 256 KiB strings (a millisecond alone, but a
  * thread's CPU clock can pass a short limit there on a loaded machine, under ASan). */
 #define TH_STRINGS_LINE 2
 #define TH_BURN_LINE 3
 
-/* A random valid config whose chunk first compares two distinct strings of 1 MiB `burn` times:
- * one VM instruction per compare but tens of microseconds of CPU, so the sandbox's clock, not
- * its instruction count, bounds a long loop of them. heads comes out right only when every
+/* A random valid config whose chunk first compares two distinct strings of 256 KiB `burn` times:
+ * one VM instruction per compare but microseconds of CPU, so the sandbox's clock, not its
+ * instruction count, bounds a long loop of them. 256 KiB, not more: the two strings stay in a
+ * core's cache, so a slow config costs about the CPU time calibrated on one quiet thread even
+ * with other threads and processes competing for memory bandwidth. heads comes out right only when every
  * compare ran. */
 static void th_config_make(th_config *c, rt_rng *r, long long burn, const char *name) {
   static const int dims[] = {32, 64, 96, 128};
@@ -718,7 +720,7 @@ static void th_config_make(th_config *c, rt_rng *r, long long burn, const char *
            "for i = 1, %lld do if a == b then n = n + 1 end end\n"
            "return { heads = %d + n - %lld, kv_heads = %d, head_dim = %d, dtype = '%s',"
            " causal = %s, segments = { %s }, dilations = { %s } }\n",
-           burn > 0 ? 1 << 20 : 1, burn > 0 ? 1 << 20 : 1, burn, w->heads, burn, w->kv_heads,
+           burn > 0 ? 1 << 18 : 1, burn > 0 ? 1 << 18 : 1, burn, w->heads, burn, w->kv_heads,
            w->head_dim, w->dtype == RDA_DTYPE_FP16 ? "fp16" : "bf16", w->causal ? "true" : "false",
            seg, dil);
 }
@@ -757,7 +759,7 @@ static int th_is_time_message(const char *msg, const char *name, double limit, c
 /* CPU seconds one compare of th_config_make's chunk takes in this build, on this machine (-1
  * when the chunk fails: no cmocka assertion here, a forked child calls this too). */
 static double th_compare_cost(rda_gen *g, rt_rng *r) {
-  enum { N = 400 };
+  enum { N = 1000 };
   double best[2] = {1e9, 1e9};
   for (int rep = 0; rep < 2; rep++) {
     for (int k = 0; k < 2; k++) {
@@ -856,8 +858,9 @@ static int th_same_plan(const rda_plan_k *a, const rda_plan_k *b) {
 }
 
 /* TH_MIXED_THREADS threads load and plan configs at once under a time limit of `limit` CPU
- * seconds each: the slow ones take about a seventh of it per config, as calibrated on one quiet
- * thread (four at once on a loaded machine can cost several times that; thread 0 runs away). Only
+ * seconds each: the slow ones take a twentieth of it per config, as calibrated on one quiet
+ * thread (four at once on a loaded machine, under ASan, have cost seven times that; thread 0
+ * runs away). Only
  * the runaway fails, with the hooks' message, after a full `limit` of its own thread's CPU time
  * whatever the others spend; every other config loads and plans as it does alone (on ref).
  * 1 when all of that holds, else 0 with why. */
@@ -869,7 +872,7 @@ static int th_mixed(rda_gen *ref, double limit, char *why, size_t cap) {
     th_fail(why, cap, "the calibration config failed");
     return 0;
   }
-  const long long burn = (long long)(0.15 * limit / cost) + 1;
+  const long long burn = (long long)(0.05 * limit / cost) + 1;
   th_mixed_job jobs[TH_MIXED_THREADS];
   pthread_t threads[TH_MIXED_THREADS];
   pthread_barrier_t go;
@@ -1021,9 +1024,9 @@ typedef struct th_stress_job {
 /* Short runs of kinds drawn at random: 0 a valid config, 1 a syntax error (its parse is
  * watched too), 2 a raised error; in threads 0 and 1, at their 200th run, 3: a runaway the
  * hooks stop at the limit (0.2 s of CPU: not more, the others must keep going). The last thread
- * runs only 4: valid configs that take a fifth of the limit of its own CPU time (calibrated on
- * one quiet thread: six busy threads on two cores can make the same work cost twice to four
- * times the CPU time), watched most of the time, while the process's CPU time (all threads)
+ * runs only 4: valid configs that take a twentieth of the limit of its own CPU time (calibrated
+ * on one quiet thread: six busy threads on two cores, under ASan, can make the same work cost
+ * several times the CPU time), watched most of the time, while the process's CPU time (all threads)
  * runs far past limit + 1 s. The generator is replaced every 32 runs. */
 static void *th_stress_main(void *arg) {
   th_stress_job *j = arg;
@@ -1108,7 +1111,7 @@ static int th_stress_child(void *arg) {
     rt_rng_seed(&jobs[i].rng, rt_rng_next(&r));
     jobs[i].id = i;
     jobs[i].until = until;
-    jobs[i].burn = (long long)(0.2 * 0.2 / cost) + 1;
+    jobs[i].burn = (long long)(0.05 * 0.2 / cost) + 1;
     if (pthread_create(&threads[i], NULL, th_stress_main, &jobs[i]) != 0) abort();
   }
   for (int i = 0; i < TH_STRESS_THREADS; i++) pthread_join(threads[i], NULL);
