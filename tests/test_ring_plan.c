@@ -749,10 +749,12 @@ static void test_ring_sim_cli_prints_ranks_and_rejects_bad_input(void **state) {
     run_cli(argv, 0, "\"overlap\"");
     run_cli(argv, 0, "\"predicted\": true");
     run_cli(argv, 0, "nothing was run or measured");
+    run_cli(argv, 0, "\"pass\": \"forward\", \"batch\": 1,"); /* what the numbers cover */
   }
   {
     const char *argv[] = {"ring-sim", cfg, "--n", "4096", "--ranks", "8", NULL};
     run_cli(argv, 0, "overlap");
+    run_cli(argv, 0, "; forward pass, one batch entry\n");
     run_cli(argv, 0, "why      branch 1, "); /* the plan's reasons for ring or all-gather */
   }
   {

@@ -30,14 +30,17 @@ static const char sim_usage_text[] =
     "usage: rdagen ring-sim CONFIG --n N --ranks P [--layout contiguous|zigzag]\n"
     "                       [--link-gbps B] [--tflops F] [--json]\n"
     "\n"
-    "Predict the ring for N rows over P ranks (N <= 2^40 = 1099511627776, P <= 4096, P <= N;\n"
-    "N may be written 1e9):\n"
+    "Predict the forward pass of the ring for one batch entry of N rows over P ranks\n"
+    "(N <= 2^40 = 1099511627776, P <= 4096, P <= N; N may be written 1e9). Every further batch\n"
+    "entry moves, holds and computes as much again; a backward sends the K/V rows once more and\n"
+    "returns fp32 dK/dV for every row received (`rdagen run --ranks P --stats` counts both):\n"
     "  per rank: rows, bytes sent and received, peak bytes the ring holds (packed send block +\n"
     "  receive buffers), steps, compute time (4*D*pairs / F), communication time (per round of\n"
     "  steps max(sent, received) / B), the total with each round's transfer overlapping the\n"
     "  previous round's compute (per stage max(compute, comm)) and the overlap: the share of the\n"
-    "  communication time hidden behind compute; per branch: segment groups and bytes. A plan\n"
-    "  whose byte counts would exceed 2^63 - 1 is refused.\n"
+    "  communication time hidden behind compute (a rank that only sends has just its local\n"
+    "  block to hide its sends behind); per branch: segment groups and bytes. A plan whose byte\n"
+    "  counts would exceed 2^63 - 1 is refused.\n"
     "  --layout     contiguous (default) or zigzag (2P chunks; N must be a multiple of 2P)\n"
     "  --link-gbps  link rate per direction in gigabits per second, 0.001 to 1e9 (default\n"
     "               3600 = 450 GB/s, one NVLink 4 GPU; 400 is one NDR InfiniBand port)\n"
@@ -185,6 +188,9 @@ static int sim_print_json(const sim_opts *o, const rda_ring_plan *p, const rda_r
   rda_json_key(&j, "n"), rda_json_int(&j, o->n);
   rda_json_key(&j, "world_size"), rda_json_int(&j, o->ranks);
   rda_json_key(&j, "layout"), rda_json_string(&j, rda_ring_layout_name(o->layout));
+  /* What the numbers cover: `rdagen run --stats` also counts the backward and every entry. */
+  rda_json_key(&j, "pass"), rda_json_string(&j, "forward");
+  rda_json_key(&j, "batch"), rda_json_int(&j, 1);
   rda_json_key(&j, "link_gbps"), rda_json_double(&j, o->link_gbps);
   rda_json_key(&j, "tflops"), rda_json_double(&j, o->tflops);
   double worst = 0.0;
@@ -253,8 +259,8 @@ static void sim_print_table(const sim_opts *o, const rda_ring_plan *p, const rda
   printf("config   %s: heads %d (kv %d), head_dim %d, %s, %s, offsets %s\n", o->config, c->heads,
          c->kv_heads, c->head_dim, rda_dtype_name(c->dtype), c->causal ? "causal" : "non-causal",
          rda_offsets_name(c->offsets));
-  printf("ring     N %lld over P %d ranks, layout %s\n", o->n, o->ranks,
-         rda_ring_layout_name(o->layout));
+  printf("ring     N %lld over P %d ranks, layout %s; forward pass, one batch entry\n", o->n,
+         o->ranks, rda_ring_layout_name(o->layout));
   printf("model    link %g Gb/s = %g GB/s per direction%s; compute %g TFLOP/s effective\n",
          o->link_gbps, o->link_gbps / 8.0,
          o->link_gbps == SIM_DEFAULT_LINK_GBPS ? " (default: NVLink 4)" : "", o->tflops);
