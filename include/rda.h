@@ -196,7 +196,8 @@ typedef struct rda_tensor {
 
 /* Fill t as a contiguous (row-major) tensor of the given shape over data. Returns
  * RDA_ERR_INVALID_ARGUMENT (t zeroed) for t or shape NULL, an unknown dtype, ndim not 3 or 4, a
- * shape entry < 1, or a shape whose element count overflows 64 bits. */
+ * shape entry < 0, or a shape whose element count overflows 64 bits. A shape entry of 0 makes
+ * an empty tensor (a ring rank without rows): its data is never read and may be NULL. */
 RDA_API rda_status rda_tensor_contiguous(rda_tensor *t, void *data, rda_dtype dtype, int ndim,
                                          const long long *shape);
 
@@ -251,15 +252,17 @@ RDA_API rda_status rda_backward(const rda_plan *plan, const rda_tensor *q, const
 
 /* ---- the ring: one attention over P ranks, each holding N/P rows ---------------------------
  * Rank ρ holds only its rows of q, k, v (and of every output): with the contiguous layout rows
- * [lo, hi) of an even split (the first N mod P ranks one row more); with zigzag, the sequence
- * cut into 2P equal chunks, chunks ρ and 2P-1-ρ, in that order. Its tensors are [B, rows, H, D]
- * (k, v, dk, dv: Hkv heads) and [B, H, rows] (lse); its results equal its rows of the
- * single-device rda_forward / rda_backward within SPEC §5. The ring moves only the dilated K/V
- * rows each rank's queries use (and their fp32 gradients back to their owners); memory per
- * rank is O(N/P). Every rank of a ring calls the same functions in the same order, with the
- * same batch B: each call checks that first, and calls that differ between ranks (forward on
- * one, backward on another, or another B) are RDA_ERR_INVALID_ARGUMENT on every rank, naming
- * the first two that differ, before anything is transferred.
+ * [lo, hi) of an even split (the first N mod P ranks one row more; with P > N the last P - N
+ * ranks own none: rda_ring_rows gives 0 rows and no piece, their tensors are empty, shape
+ * [B, 0, H, D], data may be NULL, and they move, hold and compute nothing); with zigzag, the
+ * sequence cut into 2P equal chunks, chunks ρ and 2P-1-ρ, in that order. Its tensors are
+ * [B, rows, H, D] (k, v, dk, dv: Hkv heads) and [B, H, rows] (lse); its results equal its
+ * rows of the single-device rda_forward / rda_backward within SPEC §5. The ring moves only the
+ * dilated K/V rows each rank's queries use (and their fp32 gradients back to their owners);
+ * memory per rank is O(N/P). Every rank of a ring calls the same functions in the same order,
+ * with the same batch B: each call checks that first, and calls that differ between ranks
+ * (forward on one, backward on another, or another B) are RDA_ERR_INVALID_ARGUMENT on every
+ * rank, naming the first two that differ, before anything is transferred.
  * Failures: a ring call (rda_ring_forward / rda_ring_backward) that fails on one rank, for any
  * reason including a bad argument, aborts the ring: that rank returns its own status, every
  * other rank's pending or next call returns RDA_ERR_NCCL naming the cause (a rank still
@@ -281,7 +284,8 @@ typedef enum { RDA_LAYOUT_CONTIGUOUS = 0, RDA_LAYOUT_ZIGZAG = 1 } rda_ring_layou
 /* How one rank joins a ring: exactly one of world, nccl_comm, nccl_unique_id. */
 typedef struct rda_ring_desc {
   size_t struct_size;         /* sizeof(rda_ring_desc) */
-  long long n;                /* global sequence length N >= ranks */
+  long long n;                /* global sequence length N >= 1; with N < P, ranks N .. P-1
+                                 hold no rows (empty tensors) but make every call */
   int ranks;                  /* P >= 1 */
   int rank;                   /* 0 .. P-1 */
   rda_ring_layout layout;
@@ -338,9 +342,9 @@ RDA_API rda_status rda_ring_nccl_unique_id(void *id);
  * other ranks fail after their timeout). *out is NULL on failure. */
 RDA_API rda_status rda_ring_create(rda_ring **out, rda_plan *plan, const rda_ring_desc *desc);
 
-/* The rank's rows: count, and its pieces [lo[i], hi[i]) of global rows (npieces 1 or 2; with
- * zigzag, rank P-1's chunks P-1 and P touch and make one piece; unused entries are 0). Any
- * output may be NULL. */
+/* The rank's rows: count, and its pieces [lo[i], hi[i]) of global rows (npieces 1 or 2, or 0
+ * for a rank without rows; with zigzag, rank P-1's chunks P-1 and P touch and make one piece;
+ * unused entries are 0). Any output may be NULL. */
 RDA_API rda_status rda_ring_rows(const rda_ring *ring, long long *rows, int *npieces,
                                  long long lo[2], long long hi[2]);
 

@@ -511,9 +511,9 @@ rda_status rda_tensor_contiguous(rda_tensor *t, void *data, rda_dtype dtype, int
   if (shape == NULL)
     return rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT, "rda_tensor_contiguous: shape is NULL");
   for (int i = 0; i < ndim; ++i)
-    if (shape[i] < 1)
+    if (shape[i] < 0)
       return rda_api_failf(NULL, RDA_ERR_INVALID_ARGUMENT,
-                           "rda_tensor_contiguous: shape[%d] = %lld: must be >= 1", i, shape[i]);
+                           "rda_tensor_contiguous: shape[%d] = %lld: must be >= 0", i, shape[i]);
   long long s = 1;
   for (int i = ndim - 1; i >= 0; --i) {
     t->shape[i] = shape[i];
@@ -543,6 +543,12 @@ static size_t rda_api_dtype_bytes(rda_dtype d) {
   return d == RDA_FP32 ? 4 : 2;
 }
 
+int rda_api_tensor_empty(const rda_tensor *t) {
+  for (int i = 0; i < t->ndim && i < 4; ++i)
+    if (t->shape[i] == 0) return 1;
+  return 0;
+}
+
 /* Checks one tensor against what the plan needs: dtype (one of two, dt_b may be -1), shape,
  * contiguity of the last dimension, 16-byte row alignment (4 bytes for LSE), non-negative
  * strides, offsets within 64 bits, and for outputs that no two elements share an address. */
@@ -550,8 +556,6 @@ rda_status rda_api_check_tensor(const rda_plan *plan, const rda_tensor *t, const
                                 int dt_a, int dt_b, rda_err *err) {
   const char *nm = w->name;
   if (t == NULL) return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: %s is NULL", w->fn, nm);
-  if (t->data == NULL)
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: %s->data is NULL", w->fn, nm);
   if ((int)t->dtype != dt_a && (int)t->dtype != dt_b) {
     if (dt_b < 0)
       return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: %s->dtype = %s: the plan needs %s",
@@ -577,6 +581,11 @@ rda_status rda_api_check_tensor(const rda_plan *plan, const rda_tensor *t, const
                          "and q",
                          w->fn, nm, i, t->shape[i], nm, w->dims, want);
     }
+  /* No elements (a ring rank without rows): nothing is read or written, so neither data nor
+   * strides matter (frameworks give empty tensors a NULL pointer). */
+  if (rda_api_tensor_empty(t)) return RDA_OK;
+  if (t->data == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: %s->data is NULL", w->fn, nm);
   const int last = w->ndim - 1;
   if (t->stride[last] != 1)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
@@ -718,7 +727,8 @@ rda_status rda_api_check_bwd_tensors(const rda_plan *plan, const char *fn, int r
   }
   for (int i = 7; i < 10; ++i)
     for (int j = 0; j < 10; ++j)
-      if (j != i && t[j] != NULL && t[i]->data == t[j]->data)
+      if (j != i && t[j] != NULL && !rda_api_tensor_empty(t[i]) && !rda_api_tensor_empty(t[j]) &&
+          t[i]->data == t[j]->data)
         return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                            "%s: %s->data == %s->data: an output must not overlap another "
                            "argument",
@@ -730,7 +740,7 @@ rda_status rda_api_check_bwd_tensors(const rda_plan *plan, const char *fn, int r
 static rda_status rda_api_check_ws_apart(const char *fn, const rda_tensor *const *t, int count,
                                          const void *workspace, size_t need, rda_err *err) {
   for (int i = 0; i < count; ++i)
-    if (t[i] != NULL && rda_api_ranges_meet(t[i], workspace, need))
+    if (t[i] != NULL && !rda_api_tensor_empty(t[i]) && rda_api_ranges_meet(t[i], workspace, need))
       return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                          "%s: workspace overlaps %s: it must be memory of its own", fn,
                          kTensorNames[i]);
@@ -743,7 +753,8 @@ rda_status rda_api_check_fwd_apart(const char *fn, const rda_tensor *const t[5],
    * layouts in one buffer are allowed, so only these cheap, certain cases are refused.) */
   for (int i = 3; i < 5; ++i)
     for (int j = 0; j < i; ++j)
-      if (t[i] != NULL && t[i]->data == t[j]->data)
+      if (t[i] != NULL && !rda_api_tensor_empty(t[i]) && !rda_api_tensor_empty(t[j]) &&
+          t[i]->data == t[j]->data)
         return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                            "%s: %s->data == %s->data: an output must not overlap another "
                            "argument",

@@ -105,9 +105,12 @@ typedef struct rda_api_want {
   int output; /* 1: written by the call: its elements must not overlap */
 } rda_api_want;
 
+/* 1 when t has no elements (a dimension of extent 0: a ring rank without rows). */
+int rda_api_tensor_empty(const rda_tensor *t);
 /* Checks one tensor against w: dtype (dt_a, or dt_b unless it is -1), shape, contiguity of the
  * last dimension, 16-byte row alignment (4 bytes for LSE), non-negative strides, offsets
- * within 64 bits, and for outputs that no two elements share an address. */
+ * within 64 bits, and for outputs that no two elements share an address; of an empty tensor
+ * only dtype and shape (its data may be NULL). */
 rda_status rda_api_check_tensor(const rda_plan *plan, const rda_tensor *t, const rda_api_want *w,
                                 int dt_a, int dt_b, rda_err *err);
 /* The tensors of a pass for fn over batch x n rows, which the messages call N (ring 0: the

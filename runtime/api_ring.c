@@ -254,11 +254,9 @@ static rda_status ring_check_desc(const rda_ctx *ctx, const rda_ring_desc *d, do
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                        "%s: desc->n = %lld: must be at most 2^40 = %lld", fn, d->n,
                        (long long)RDA_RING_MAX_N);
-  if (d->n < d->ranks)
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                       "%s: desc->n = %lld: must be >= desc->ranks = %d (every rank holds at "
-                       "least one row)",
-                       fn, d->n, d->ranks);
+  if (d->n < 1)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: desc->n = %lld: must be >= 1", fn,
+                       d->n);
   if (d->layout != RDA_LAYOUT_CONTIGUOUS && d->layout != RDA_LAYOUT_ZIGZAG)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                        "%s: desc->layout = %d: must be RDA_LAYOUT_CONTIGUOUS or "
@@ -510,7 +508,7 @@ static rda_status ring_forward(rda_ring *r, const rda_tensor *q, const rda_tenso
   if (ctx->is_cuda) rda_backend_cuda_use_stream(stream);
   rda_status s = rda_ring_fwd_run(ctx->b, pk, &plan->core->kernels, r->rp, r->rank, r->t, &a,
                                   ring_ws_ptr, ws.ring_bytes, &st, err);
-  if (s == RDA_OK && !o_direct) s = rda_api_cast(plan, a.o, a.o_s, o, batch, n, err);
+  if (s == RDA_OK && !o_direct && n > 0) s = rda_api_cast(plan, a.o, a.o_s, o, batch, n, err);
   if (ctx->is_cuda) rda_backend_cuda_own_stream();
   ring_save_stats(r, &st);
   /* Every rank returns success only if every rank got here: a rank whose plan has no steps
@@ -548,8 +546,9 @@ static rda_status ring_backward(rda_ring *r, const rda_tensor *const t[10], void
   ring_ws ws;
   RDA_TRY(ring_ws_parts(r, batch, 1, &ws, fn, err));
   const size_t need = ws.bwd_bytes + ws.ring_bytes;
-  RDA_TRY(rda_api_check_workspace(fn, "rda_ring_workspace_size", workspace, workspace_bytes, need,
-                                  err));
+  if (need > 0) /* 0 only on a rank without rows */
+    RDA_TRY(rda_api_check_workspace(fn, "rda_ring_workspace_size", workspace, workspace_bytes,
+                                    need, err));
   RDA_TRY(rda_api_check_bwd_apart(fn, t, workspace, need, err));
 
   rda_bwd_args a;

@@ -284,7 +284,9 @@ static rda_status ring_pass(ring_run *r, int rank, long long n, void *workspace,
       s = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                       "ring %s: the ring workspace must be 16-byte aligned", what);
   }
-  if (s == RDA_OK) {
+  /* A rank without rows (P > N) has no steps and nothing to compute, but still agrees. */
+  const int idle = n == 0;
+  if (s == RDA_OK && !idle) {
     ring_carve(&r->bl, workspace, r->backward);
     s = ring_ctx_init(&r->c, r->rp, rank, err);
   }
@@ -298,10 +300,10 @@ static rda_status ring_pass(ring_run *r, int rank, long long n, void *workspace,
   }
   if (s == RDA_OK) s = ring_round_scratch_init(&r->scratch, sc.max_recvs, err);
   if (s == RDA_OK) s = ring_agree(r, rank, err);
-  if (s == RDA_OK)
+  if (s == RDA_OK && !idle)
     s = r->backward ? rda_bwd_prep(r->c.b, r->c.pk, r->c.k, r->c.ba, err)
                     : rda_fwd_init(r->c.b, r->c.pk, r->c.k, r->c.fa, err);
-  if (s == RDA_OK) s = ring_loop(r, sc.v, sc.nv, err);
+  if (s == RDA_OK && !idle) s = ring_loop(r, sc.v, sc.nv, err);
   ring_schedule_free(&sc);
   free(steps);
   free(r->ops);

@@ -159,7 +159,7 @@ static int rp_pieces(const rda_ring_plan *p, int rho, int64_t lo[2], int64_t hi[
     return 2;
   }
   lo[0] = rp_start(p, rho), hi[0] = rp_start(p, rho + 1);
-  return 1;
+  return hi[0] > lo[0]; /* none for a rank past the rows (P > N) */
 }
 
 /* --- counting pairs ------------------------------------------------------------------------- */
@@ -619,11 +619,6 @@ rda_status rda_ring_plan_create_bundled(const rda_config *cfg, int64_t n, int ra
   if (ranks < 1 || ranks > RDA_RING_MAX_RANKS)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring plan: ranks P = %d: need 1 <= P <= %d",
                        ranks, RDA_RING_MAX_RANKS);
-  if (ranks > n)
-    return rda_err_set(
-        err, RDA_ERR_INVALID_ARGUMENT,
-        "ring plan: ranks P = %d exceeds N = %lld: every rank needs at least one row", ranks,
-        (long long)n);
   if (layout != RDA_RING_CONTIGUOUS && layout != RDA_RING_ZIGZAG)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                        "ring plan: layout %d: expected contiguous or zigzag", layout);

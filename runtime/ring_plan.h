@@ -134,7 +134,8 @@ const char *rda_ring_layout_name(int layout);
 
 /* Plan the ring for a validated config, N rows, P ranks and a layout. Errors
  * (RDA_ERR_INVALID_ARGUMENT, one line): n < 1 or > RDA_RING_MAX_N, P < 1 or > RDA_RING_MAX_RANKS,
- * P > N, zigzag with N % 2P != 0, an unknown layout, a segment or dilation above RDA_RING_MAX_N,
+ * zigzag with N % 2P != 0 (P > N is fine contiguous: ranks N .. P-1 get no rows, no piece
+ * and no steps), an unknown layout, a segment or dilation above RDA_RING_MAX_N,
  * and a plan whose byte counts would exceed RDA_RING_MAX_BYTES ("too large for the ring": every
  * byte product and sum is overflow-checked here, so the bytes of rda_ring_plan_steps,
  * rda_ring_plan_own_block, rda_ring_round_layout and rda_ring_steps_blocks on a created plan

@@ -169,6 +169,7 @@ static rda_status ring_upload_rows(ring_rank_run *r, const rda_ring_rank *rk, lo
                                    long long N, long long X, const uint16_t *global, void *mem,
                                    rda_err *err) {
   const size_t bytes = (size_t)(B * rk->rows * X) * 2;
+  if (bytes == 0) return RDA_OK; /* a rank without rows (P > N) has no memory there */
   void *host = malloc(bytes);
   if (host == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "out of host memory");
   ring_rows_copy(rk, B, N, X, 2, (void *)(uintptr_t)global, host, 0);
@@ -179,6 +180,7 @@ static rda_status ring_upload_rows(ring_rank_run *r, const rda_ring_rank *rk, lo
 
 /* Fill fp32 device memory with NaN: an element no kernel writes comes out NaN. */
 static rda_status ring_poison(ring_rank_run *r, void *mem, size_t count, rda_err *err) {
+  if (count == 0) return RDA_OK;
   float *host = malloc(count * sizeof(float));
   if (host == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "out of host memory");
   for (size_t i = 0; i < count; ++i) host[i] = NAN;
@@ -192,6 +194,7 @@ static rda_status ring_gather_rows(ring_rank_run *r, const rda_ring_rank *rk, lo
                                    long long N, long long X, const void *mem, float *global,
                                    rda_err *err) {
   const size_t bytes = (size_t)(B * rk->rows * X) * sizeof(float);
+  if (bytes == 0) return RDA_OK;
   void *host = malloc(bytes);
   if (host == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "out of host memory");
   rda_status s = r->b->download(r->b, host, mem, bytes, err);
@@ -247,6 +250,7 @@ static rda_status ring_rank_gather(ring_rank_run *r, const rda_ring_virtual *j,
                                    const rda_ring_rank *rk, rda_err *err) {
   const long long B = j->batch, N = j->n, R = rk->rows;
   const long long H = j->cfg->heads, Hkv = j->cfg->kv_heads, D = j->cfg->head_dim;
+  if (R == 0) return RDA_OK; /* P > N: nothing of the result is here */
   RDA_TRY(ring_gather_rows(r, rk, B, N, H * D, r->mem[R_O], j->o, err));
   /* LSE [B, H, R] -> [B, H, N]: its rows are the innermost dimension. */
   float *l = malloc(sizeof(float) * (size_t)(B * H * R));

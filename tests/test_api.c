@@ -582,12 +582,15 @@ static void test_forward_rejects_missing_or_small_workspace(void **state) {
 static void test_tensor_contiguous_checks_its_arguments(void **state) {
   (void)state;
   rda_tensor t;
-  const long long shape[4] = {2, 3, 4, 8}, bad[4] = {2, 0, 4, 8};
+  const long long shape[4] = {2, 3, 4, 8}, bad[4] = {2, -1, 4, 8}, empty[4] = {2, 0, 4, 8};
   assert_int_equal(rda_tensor_contiguous(NULL, NULL, RDA_BF16, 4, shape), RDA_ERR_INVALID_ARGUMENT);
   assert_int_equal(rda_tensor_contiguous(&t, NULL, RDA_BF16, 2, shape), RDA_ERR_INVALID_ARGUMENT);
   assert_error_names(NULL, "ndim = 2");
   assert_int_equal(rda_tensor_contiguous(&t, NULL, RDA_BF16, 4, bad), RDA_ERR_INVALID_ARGUMENT);
-  assert_error_names(NULL, "shape[1] = 0");
+  assert_error_names(NULL, "shape[1] = -1");
+  /* An empty tensor (a ring rank without rows): no elements, so no data is needed. */
+  assert_int_equal(rda_tensor_contiguous(&t, NULL, RDA_BF16, 4, empty), RDA_OK);
+  assert_int_equal(t.shape[1], 0);
   assert_int_equal(rda_tensor_contiguous(&t, NULL, RDA_BF16, 4, NULL), RDA_ERR_INVALID_ARGUMENT);
   /* An unknown dtype, and a shape whose element count overflows: refused, t left zeroed. */
   assert_int_equal(rda_tensor_contiguous(&t, NULL, (rda_dtype)9, 4, shape),

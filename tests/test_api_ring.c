@@ -146,7 +146,9 @@ static int model_rows(long long n, int P, int layout, int rank, long long lo[2],
   lo[0] = rank * base + (rank < extra ? rank : extra);
   hi[0] = lo[0] + base + (rank < extra ? 1 : 0);
   lo[1] = hi[1] = 0;
-  return 1;
+  if (hi[0] > lo[0]) return 1;
+  lo[0] = hi[0] = 0; /* P > N: no rows, no piece */
+  return 0;
 }
 
 /* Copy rows [lo, hi) of a global [B, N, W] array (elem bytes each) to local rows from `at` of a
@@ -275,8 +277,8 @@ static void *rank_main(void *arg) {
     tensor4(&tdk, j->dk, RDA_FP32, B, R, Hkv, D);
     tensor4(&tdv, j->dv, RDA_FP32, B, R, Hkv, D);
     rda_ring_workspace_size(ring, B, 1, &j->ws_bwd);
-    ws = aalloc(j->ws_bwd);
-    rt_poison_f32(ws, j->ws_bwd / 4);
+    ws = j->ws_bwd > 0 ? aalloc(j->ws_bwd) : NULL;
+    if (ws != NULL) rt_poison_f32(ws, j->ws_bwd / 4);
     j->bwd_s = rda_ring_backward(ring, &tq, &tk, &tv, &to, &tl, &tdo, rc->with_dlse ? &tdl : NULL,
                                  &tdq, &tdk, &tdv, ws, j->ws_bwd, NULL);
     if (j->bwd_s != RDA_OK) snprintf(j->msg, sizeof j->msg, "%s", rda_last_error(NULL));
@@ -377,6 +379,7 @@ static void run_case(const rcase *rc) {
     const long long R = j->R;
     const size_t lq = (size_t)(B * R * H * D), lk = (size_t)(B * R * Hkv * D),
                  ll = (size_t)(B * H * R);
+    if (R == 0) continue; /* no rows: every tensor empty, its data NULL */
     if (rc->fused) {
       const long long row = (H + 2 * Hkv) * D;
       j->qkv = aalloc((size_t)(B * R * row) * 2);
@@ -436,12 +439,16 @@ static void run_case(const rcase *rc) {
     assert_int_equal(j->fwd_stats.bytes_received, rk->bytes_received * (uint64_t)B);
     /* The workspace is the single device's for the rank's rows plus what the ring holds. */
     size_t single = 0;
-    assert_int_equal(rda_plan_workspace_size(rc->plan, B, j->R, &single), RDA_OK);
+    if (j->R > 0) assert_int_equal(rda_plan_workspace_size(rc->plan, B, j->R, &single), RDA_OK);
     assert_int_equal(j->ws_fwd, single + j->fwd_stats.peak_bytes);
+    if (j->R == 0) /* a rank without rows moves and holds nothing */
+      assert_int_equal(j->fwd_stats.bytes_sent + j->fwd_stats.bytes_received + j->ws_fwd, 0);
     assert_true(j->fwd_stats.bytes_received == 0 || j->fwd_stats.peak_bytes > 0);
     if (rc->backward) {
-      assert_int_equal(rda_plan_backward_workspace_size(rc->plan, B, j->R, &single), RDA_OK);
+      if (j->R > 0)
+        assert_int_equal(rda_plan_backward_workspace_size(rc->plan, B, j->R, &single), RDA_OK);
       assert_int_equal(j->ws_bwd, single + st->peak_bytes);
+      if (j->R == 0) assert_int_equal(st->bytes_sent + st->bytes_received + j->ws_bwd, 0);
       assert_true(st->peak_bytes >= j->fwd_stats.peak_bytes); /* + the gradient blocks */
       assert_true(st->bytes_sent >= j->fwd_stats.bytes_sent); /* K/V out, and gradients back */
     }
@@ -607,6 +614,21 @@ static void test_ring_backward_matches_single_device(void **state) {
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) run_case(&cases[i]);
 }
 
+/* SPEC §1: any P, also more ranks than rows. The ranks past the rows hold empty tensors with
+ * NULL data and no workspace; they make every call (agreement, barrier) and move nothing. */
+static void test_ring_more_ranks_than_rows(void **state) {
+  (void)state;
+  const rcase cases[] = {
+      {"P=5 over N=3, bf16 O, no lse", g_plan_a, 5, RDA_LAYOUT_CONTIGUOUS, 2, 3, RDA_BF16, 0, 0, 0,
+       0},
+      {"P=5 over N=2, backward with dlse", g_plan_a, 5, RDA_LAYOUT_CONTIGUOUS, 2, 2, RDA_FP32, 1, 1,
+       1, 0},
+      {"P=4 over N=2, backward, fused qkv", g_plan_d, 4, RDA_LAYOUT_CONTIGUOUS, 1, 2, RDA_FP32, 1, 1,
+       0, 1},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) run_case(&cases[i]);
+}
+
 /* SPEC §2 allows any batch: past the grid's z limit (65535) the ring runs one pass per slice,
  * its buffers sized for one slice. The slice is lowered to 2 here (65536 entries would take
  * minutes on the emulator), so batches of 3 and 5 run 2 and 3 passes: every entry (the short
@@ -727,10 +749,10 @@ static void expect_bad_rank(const char *what, int P, int bad, long long n_bad, c
 
 static void test_ring_bad_desc_on_one_rank_fails_every_rank(void **state) {
   (void)state;
-  expect_bad_rank("P > N on rank 1", 3, 1, 2, "desc->n = 2");
+  expect_bad_rank("N < 1 on rank 1", 3, 1, -1, "desc->n = -1: must be >= 1");
   expect_bad_rank("N beyond the ring plan's cap on rank 2", 3, 2, RDA_RING_MAX_N + 1,
                   "desc->n = 1099511627777: must be at most 2^40");
-  expect_bad_rank("P > N on rank 0 of 2", 2, 0, 1, "desc->n = 1");
+  expect_bad_rank("N < 1 on rank 0 of 2", 2, 0, -5, "desc->n = -5");
   expect_bad_rank("no plan on rank 1", 3, 1, 0, "plan is NULL");
 }
 
@@ -755,7 +777,7 @@ static void test_ring_create_rejects_bad_desc(void **state) {
       {"desc->rank = 3", RDA_ERR_INVALID_ARGUMENT, good},
       {"desc->rank = -1", RDA_ERR_INVALID_ARGUMENT, good},
       {"desc->ranks = 0", RDA_ERR_INVALID_ARGUMENT, good},
-      {"desc->n = 2", RDA_ERR_INVALID_ARGUMENT, good},
+      {"desc->n = 0: must be >= 1", RDA_ERR_INVALID_ARGUMENT, good},
       {"desc->layout = 7", RDA_ERR_INVALID_ARGUMENT, good},
       {"desc->timeout_s = -1", RDA_ERR_INVALID_ARGUMENT, good},
       {"desc->ranks = 2: the world has 3 ranks", RDA_ERR_INVALID_ARGUMENT, good},
@@ -769,7 +791,7 @@ static void test_ring_create_rejects_bad_desc(void **state) {
   bad[3].d.rank = 3;
   bad[4].d.rank = -1;
   bad[5].d.ranks = 0;
-  bad[6].d.n = 2; /* P > N */
+  bad[6].d.n = 0; /* P > N is fine (empty ranks), N < 1 is not */
   bad[7].d.layout = (rda_ring_layout)7;
   bad[8].d.timeout_s = -1.0;
   bad[9].d.ranks = 2;
@@ -1117,6 +1139,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_ring_forward_zigzag),
       cmocka_unit_test(test_ring_backward_matches_single_device),
       cmocka_unit_test(test_ring_batch_past_the_slice_runs_pass_by_pass),
+      cmocka_unit_test(test_ring_more_ranks_than_rows),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -547,6 +547,35 @@ static void test_ring_causal_single_row_pieces(void **state) {
   run_ranks("causal zigzag one-row chunks, backward", rc, 1, ps, 1);
 }
 
+/* More ranks than rows (SPEC §1: any P): the first N ranks own a row each, the others none.
+ * An empty rank sends, receives, holds and launches nothing, yet takes part in every call, so
+ * the ranks with rows still match the reference, forward and backward. */
+static void test_ring_more_ranks_than_rows(void **state) {
+  (void)state;
+  struct { const char *what; ring_case rc; long long n; int ranks; } cases[] = {
+      {"causal mod, 5 rows over 8 ranks", case_causal_mod(), 5, 8},
+      {"non-causal block GQA batch 2, 3 rows over 7 ranks", case_noncausal_block_gqa(), 3, 7},
+      {"causal group GQA (uncovered rows), 1 row over 4 ranks", case_causal_group_gqa(), 1, 4},
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c)
+    for (int backward = 0; backward < 2; ++backward) {
+      ring_case rc = cases[c].rc;
+      rc.n = cases[c].n, rc.ranks = cases[c].ranks, rc.backward = backward;
+      ring_result res;
+      memset(&res, 0, sizeof res);
+      run_ring(cases[c].what, &rc, &res);
+      for (int p = 0; p < rc.ranks; ++p) {
+        const int empty = p >= rc.n;
+        assert_int_equal(res.stats[p].rows, empty ? 0 : 1);
+        if (!empty) continue;
+        assert_int_equal(res.stats[p].bytes_sent + res.stats[p].bytes_received, 0);
+        assert_int_equal(res.stats[p].peak_bytes, 0);
+        assert_int_equal(res.fwd_launches[p] + res.bwd_launches[p], 0);
+      }
+      ring_result_free(&res);
+    }
+}
+
 static void test_ring_matches_reference_noncausal_block_offsets_gqa(void **state) {
   (void)state;
   const int ps[] = {2, 3, 5};
@@ -926,6 +955,7 @@ int main(void) {
       cmocka_unit_test(test_ring_causal_single_row_pieces),
       cmocka_unit_test(test_ring_refuses_segments_of_2_31_grid_rows),
       cmocka_unit_test(test_ring_matches_reference_every_rank_count_causal_mod),
+      cmocka_unit_test(test_ring_more_ranks_than_rows),
       cmocka_unit_test(test_ring_matches_reference_noncausal_block_offsets_gqa),
       cmocka_unit_test(test_ring_matches_reference_group_offsets_causal_gqa),
       cmocka_unit_test(test_ring_matches_reference_zigzag),
