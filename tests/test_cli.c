@@ -1121,23 +1121,22 @@ static void test_cli_backward_cuda_matches_reference_or_fails_cleanly(void **sta
   run_and_compare(*state, &kBackwardCuda);
 }
 
+/* base on the ring with `ranks` virtual ranks over n rows (more ranks than rows here). */
+static void run_more_ranks(void **state, run_case rc, const char *name, long long n,
+                           const char *ranks) {
+  rc.name = name, rc.n = n, rc.ranks = ranks;
+  run_and_compare(*state, &rc);
+}
+
 /* More ranks than rows (SPEC §1: any P): 9 rows over 12 virtual ranks, the last three owning
  * none, forward and backward against the reference. */
 static void test_cli_ring_more_ranks_than_rows(void **state) {
-  run_case rc = kBackwardBf16CausalGqa;
-  rc.name = "ring backward, 9 rows over 12 ranks";
-  rc.n = 9;
-  rc.ranks = "12";
-  run_and_compare(*state, &rc);
+  run_more_ranks(state, kBackwardBf16CausalGqa, "ring backward, 9 rows over 12 ranks", 9, "12");
 }
 
 /* The same on device virtual ranks: 5 rows over 8 (a GPU, else a clean failure). */
 static void test_cli_ring_cuda_more_ranks_than_rows(void **state) {
-  run_case rc = kBackwardCuda;
-  rc.name = "ring cuda backward, 5 rows over 8 ranks";
-  rc.n = 5;
-  rc.ranks = "8";
-  run_and_compare(*state, &rc);
+  run_more_ranks(state, kBackwardCuda, "ring cuda backward, 5 rows over 8 ranks", 5, "8");
 }
 
 /* The ring backward through the CLI: 3 virtual ranks of the emulator, gradients gathered and

@@ -165,10 +165,12 @@ static void draw_case(rt_rng *r, unsigned force, int refuse_now, rcase *c) {
     c->r[i] = rt_rng_range(r, 1, c->w[i] < 8 ? c->w[i] : 8);
   }
   if ((force & (F_RING | F_ZIGZAG)) && c->n < 2) c->n = rt_rng_range(r, 2, 40);
-  const long long pmax = c->n < MAXP ? c->n : MAXP;
+  /* Now and then more ranks than rows (SPEC §1: any P): the ranks past the rows own none. */
+  const long long pmax = c->n < MAXP && rt_rng_uniform(r) < 0.5 ? c->n : MAXP;
   c->ranks = (int)rt_rng_range(r, (force & (F_RING | F_ZIGZAG)) ? 2 : 1, pmax);
   const long long chunk = 2LL * c->ranks;
-  if ((force & F_ZIGZAG) || (c->n % chunk != 0 && rt_rng_uniform(r) < 0.25)) {
+  if ((force & F_ZIGZAG) ||
+      (c->ranks <= c->n && c->n % chunk != 0 && rt_rng_uniform(r) < 0.25)) {
     /* a sequence the zigzag layout can split: a multiple of 2P */
     c->n = c->n / chunk * chunk;
     if (c->n == 0) c->n = chunk;
@@ -510,7 +512,7 @@ static void test_random_configs_match_reference(void **state) {
     case_draw(seed, K - 1, need, &cases[K - 1], &cfgs[K - 1]);
 
   long ran = 0, fwd = 0, bwd = 0, ring = 0, zigzag = 0, wgmma = 0, refused = 0, dlse = 0,
-       atomic = 0, by_p[MAXP + 1] = {0};
+       atomic = 0, empty = 0, by_p[MAXP + 1] = {0};
   const double t0 = rt_now_s();
   for (int i = 0; i < K; ++i) {
     if (only >= 0 && i != only) continue;
@@ -538,6 +540,7 @@ static void test_random_configs_match_reference(void **state) {
     ring++;
     by_p[c->ranks]++;
     zigzag += c->zigzag;
+    empty += c->ranks > c->n;
     wgmma += c->wgmma;
     refused += c->refused;
     dlse += c->with_dlse;
@@ -546,10 +549,11 @@ static void test_random_configs_match_reference(void **state) {
   }
   print_message("test_random: seed %" PRIu64
                 ", %ld of %d cases in %.0f s: fwd %ld, bwd %ld "
-                "(dlse %ld, atomic %ld), ring %ld (P = 1..8: %ld %ld %ld %ld %ld %ld %ld %ld), "
-                "zigzag %ld, wgmma %ld, refused draws %ld\n",
+                "(dlse %ld, atomic %ld), ring %ld (P = 1..8: %ld %ld %ld %ld %ld %ld %ld %ld; "
+                "P > N %ld), zigzag %ld, wgmma %ld, refused draws %ld\n",
                 seed, ran, K, rt_now_s() - t0, fwd, bwd, dlse, atomic, ring, by_p[1], by_p[2],
-                by_p[3], by_p[4], by_p[5], by_p[6], by_p[7], by_p[8], zigzag, wgmma, refused);
+                by_p[3], by_p[4], by_p[5], by_p[6], by_p[7], by_p[8], empty, zigzag, wgmma,
+                refused);
   free(cases);
   free(cfgs);
   /* Every kind ran at least once (a single case chosen by RDA_RANDOM_CASE: only that one). */
