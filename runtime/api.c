@@ -549,6 +549,12 @@ int rda_api_tensor_empty(const rda_tensor *t) {
   return 0;
 }
 
+/* 1 when a and b hold elements at the same address (empty tensors hold none; their data may
+ * both be NULL). */
+static int rda_api_same_data(const rda_tensor *a, const rda_tensor *b) {
+  return !rda_api_tensor_empty(a) && !rda_api_tensor_empty(b) && a->data == b->data;
+}
+
 /* Checks one tensor against what the plan needs: dtype (one of two, dt_b may be -1), shape,
  * contiguity of the last dimension, 16-byte row alignment (4 bytes for LSE), non-negative
  * strides, offsets within 64 bits, and for outputs that no two elements share an address. */
@@ -642,8 +648,10 @@ rda_status rda_api_check_tensor(const rda_plan *plan, const rda_tensor *t, const
   return RDA_OK;
 }
 
-/* 1 when the bytes t spans (already checked not to overflow) meet [p, p + bytes). */
+/* 1 when the bytes t spans (already checked not to overflow) meet [p, p + bytes); an empty
+ * tensor spans none. */
 int rda_api_ranges_meet(const rda_tensor *t, const void *p, size_t bytes) {
+  if (rda_api_tensor_empty(t)) return 0;
   unsigned long long last = 0;
   for (int i = 0; i < t->ndim; ++i)
     last += (unsigned long long)(t->shape[i] - 1) * (unsigned long long)t->stride[i];
@@ -727,8 +735,7 @@ rda_status rda_api_check_bwd_tensors(const rda_plan *plan, const char *fn, int r
   }
   for (int i = 7; i < 10; ++i)
     for (int j = 0; j < 10; ++j)
-      if (j != i && t[j] != NULL && !rda_api_tensor_empty(t[i]) && !rda_api_tensor_empty(t[j]) &&
-          t[i]->data == t[j]->data)
+      if (j != i && t[j] != NULL && rda_api_same_data(t[i], t[j]))
         return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                            "%s: %s->data == %s->data: an output must not overlap another "
                            "argument",
@@ -740,7 +747,7 @@ rda_status rda_api_check_bwd_tensors(const rda_plan *plan, const char *fn, int r
 static rda_status rda_api_check_ws_apart(const char *fn, const rda_tensor *const *t, int count,
                                          const void *workspace, size_t need, rda_err *err) {
   for (int i = 0; i < count; ++i)
-    if (t[i] != NULL && !rda_api_tensor_empty(t[i]) && rda_api_ranges_meet(t[i], workspace, need))
+    if (t[i] != NULL && rda_api_ranges_meet(t[i], workspace, need))
       return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                          "%s: workspace overlaps %s: it must be memory of its own", fn,
                          kTensorNames[i]);
@@ -753,8 +760,7 @@ rda_status rda_api_check_fwd_apart(const char *fn, const rda_tensor *const t[5],
    * layouts in one buffer are allowed, so only these cheap, certain cases are refused.) */
   for (int i = 3; i < 5; ++i)
     for (int j = 0; j < i; ++j)
-      if (t[i] != NULL && !rda_api_tensor_empty(t[i]) && !rda_api_tensor_empty(t[j]) &&
-          t[i]->data == t[j]->data)
+      if (t[i] != NULL && rda_api_same_data(t[i], t[j]))
         return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                            "%s: %s->data == %s->data: an output must not overlap another "
                            "argument",

@@ -131,7 +131,8 @@ rda_status rda_api_check_fwd_apart(const char *fn, const rda_tensor *const t[5],
 /* None of the backward's tensors t (as above) meets the workspace's first need bytes. */
 rda_status rda_api_check_bwd_apart(const char *fn, const rda_tensor *const t[10],
                                    const void *workspace, size_t need, rda_err *err);
-/* 1 when the bytes t spans (already checked not to overflow) meet [p, p + bytes). */
+/* 1 when the bytes t spans (already checked not to overflow) meet [p, p + bytes); an empty
+ * tensor spans none. */
 int rda_api_ranges_meet(const rda_tensor *t, const void *p, size_t bytes);
 /* The caller's workspace for fn: there, at least need bytes, 16-byte aligned; sizer names the
  * function that reports the size. */

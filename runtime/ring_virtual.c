@@ -194,7 +194,6 @@ static rda_status ring_gather_rows(ring_rank_run *r, const rda_ring_rank *rk, lo
                                    long long N, long long X, const void *mem, float *global,
                                    rda_err *err) {
   const size_t bytes = (size_t)(B * rk->rows * X) * sizeof(float);
-  if (bytes == 0) return RDA_OK;
   void *host = malloc(bytes);
   if (host == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "out of host memory");
   rda_status s = r->b->download(r->b, host, mem, bytes, err);
