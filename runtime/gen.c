@@ -578,14 +578,76 @@ static void rda_gen_push_chunk_error(lua_State *L, const char *msg, const char *
   luaL_pushresult(&b);
 }
 
-/* native.sandbox_run(text, name, env, max_instructions, max_bytes[, max_seconds[, what]])
- *   -> true, value | false, message
- * Loads text (source only) as the chunk `name` (a leading '=' or '@' is dropped) with env as
- * its _ENV and runs it in a fresh coroutine. A hook counts its instructions and bounds its time
- * (max_seconds; default the generator's limit, rda_gen_set_time_limit, parse included); its
- * allocations, parse included, are bounded by max_bytes. The limits' messages call it `what`
- * (default "config"; "the tuning database"). While it runs, string methods
- * ("x"):rep() see env.string instead of the generator's string library. A message names
+/* Runs check(value) (the function at index `check`; the value on top of L, replaced) in a
+ * fresh coroutine under what is left of the sandboxed run's clock and its watchdog: checking
+ * what a chunk returned is trusted code, but its work grows with that value (20,000 entries
+ * that share one list of 200,000 tiles take hours to check). No instruction budget of its own,
+ * no allocation limit (it copies what it checks at most). Leaves true, result | false,
+ * message, as native.sandbox_run. */
+static int rda_gen_sandbox_check(lua_State *L, rda_gen *g, int check, const char *name,
+                                 const char *what, double max_seconds) {
+  lua_State *cv = lua_newthread(L);
+  lua_pushvalue(L, check);
+  lua_pushvalue(L, -3);
+  lua_xmove(L, cv, 2);
+  lua_sethook(cv, rda_gen_sandbox_hook, LUA_MASKCOUNT | LUA_MASKCALL, RDA_GEN_HOOK_COUNT);
+  g->instr_left = LLONG_MAX;
+  g->chunkname = name;
+  g->what = what;
+  int nres = 0;
+  rda_gen_watch_run(g, name, what, max_seconds);
+  const int st = lua_resume(cv, L, 1, &nres);
+  rda_gen_unwatch(g);
+  g->chunkname = NULL;
+  lua_sethook(cv, NULL, 0, 0);
+  if (st == LUA_OK && rda_gen_cpu_now() >= g->deadline) {
+    lua_pushboolean(L, 0);
+    rda_gen_push_time_error(L, name, what, max_seconds);
+  } else if (st == LUA_OK && nres > 0 && !lua_isnil(cv, -nres)) {
+    lua_pushboolean(L, 1);
+    lua_pushvalue(cv, -nres);
+    lua_xmove(cv, L, 1);
+  } else if (st == LUA_OK) { /* nil, message */
+    lua_pushboolean(L, 0);
+    if (nres > 1 && lua_type(cv, -nres + 1) == LUA_TSTRING)
+      lua_xmove(cv, L, 1);
+    else
+      lua_pushfstring(L, "%s: %s failed its checks", name, what);
+  } else {
+    lua_pushboolean(L, 0);
+    if (lua_type(cv, -1) == LUA_TSTRING)
+      lua_xmove(cv, L, 1);
+    else
+      lua_pushfstring(L, "%s: checking the %s raised a %s", name, what, luaL_typename(cv, -1));
+  }
+  lua_remove(L, -3); /* the thread, kept until its results were copied */
+  lua_remove(L, -3); /* the value */
+  return 2;
+}
+
+/* Where Lua source text starts: after a UTF-8 byte order mark and a first line that starts
+ * with '#' (a "#!" line), as the stand-alone interpreter (luaL_loadfilex) skips them; the
+ * newline of that line stays, so line numbers are the file's. */
+static const char *rda_gen_source_start(const char *text, size_t *len) {
+  if (*len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0) text += 3, *len -= 3;
+  if (*len > 0 && text[0] == '#') {
+    const char *nl = memchr(text, '\n', *len);
+    const size_t skip = nl != NULL ? (size_t)(nl - text) : *len;
+    text += skip, *len -= skip;
+  }
+  return text;
+}
+
+/* native.sandbox_run(text, name, env, max_instructions, max_bytes[, max_seconds[, what
+ *                    [, check]]]) -> true, value | false, message
+ * Loads text (source only; a byte order mark and a "#!" line skipped) as the chunk `name` (a
+ * leading '=' or '@' is dropped) with env as its _ENV and runs it in a fresh coroutine. A hook
+ * counts its instructions and bounds its time (max_seconds; default the generator's limit,
+ * rda_gen_set_time_limit, parse included); its allocations, parse included, are bounded by
+ * max_bytes. The limits' messages call it `what` (default "config"; "the tuning database").
+ * While it runs, string methods ("x"):rep() see env.string instead of the generator's string
+ * library. With `check`, a function(value) -> result | nil, message, the value is what check
+ * makes of it, checked within the same time limit (rda_gen_sandbox_check). A message names
  * `name` in full, on one line when it reaches C (rda_gen_fail_line). */
 static int rda_gen_l_sandbox_run(lua_State *L) {
   size_t len;
@@ -603,15 +665,17 @@ static int rda_gen_l_sandbox_run(lua_State *L) {
   lua_pop(L, 1);
   if (name[0] == '=' || name[0] == '@') name++;
   const char *what = luaL_optstring(L, 7, "config");
-  lua_settop(L, 7);
+  if (!lua_isnoneornil(L, 8)) luaL_checktype(L, 8, LUA_TFUNCTION);
+  lua_settop(L, 8);
+  text = rda_gen_source_start(text, &len);
 
   if (len > 0 && text[0] == LUA_SIGNATURE[0]) {
     lua_pushboolean(L, 0);
-    lua_pushfstring(L, "%s: binary chunks are not accepted: a config must be Lua source text",
-                    name);
+    lua_pushfstring(L, "%s: binary chunks are not accepted: %s must be Lua source text", name,
+                    strcmp(what, "config") == 0 ? "a config" : what);
     return 2;
   }
-  lua_State *co = lua_newthread(L); /* 8 */
+  lua_State *co = lua_newthread(L); /* 9 */
   /* One budget for the parse and the run: a chunk's constants and functions count too. */
   rda_gen_start_clock(g, max_seconds);
   g->run_seconds = max_seconds;
@@ -648,10 +712,10 @@ static int rda_gen_l_sandbox_run(lua_State *L) {
 
   lua_pushliteral(L, "");
   if (!lua_getmetatable(L, -1)) return luaL_error(L, "strings have no metatable");
-  lua_remove(L, -2);             /* 9: the string metatable */
-  lua_getfield(L, 9, "__index"); /* 10: the generator's string library */
+  lua_remove(L, -2);              /* 10: the string metatable */
+  lua_getfield(L, 10, "__index"); /* 11: the generator's string library */
   lua_getfield(L, 3, "string");
-  lua_setfield(L, 9, "__index");
+  lua_setfield(L, 10, "__index");
 
   lua_sethook(co, rda_gen_sandbox_hook, LUA_MASKCOUNT | LUA_MASKCALL, RDA_GEN_HOOK_COUNT);
   g->instr_left = (long long)max_instr;
@@ -666,8 +730,8 @@ static int rda_gen_l_sandbox_run(lua_State *L) {
   g->armed = 0;
   g->chunkname = NULL;
   lua_sethook(co, NULL, 0, 0);
-  lua_pushvalue(L, 10);
-  lua_setfield(L, 9, "__index");
+  lua_pushvalue(L, 11);
+  lua_setfield(L, 10, "__index");
 
   if (st == LUA_OK && rda_gen_cpu_now() >= g->deadline) {
     lua_pushboolean(L, 0);
@@ -675,13 +739,15 @@ static int rda_gen_l_sandbox_run(lua_State *L) {
     return 2;
   }
   if (st == LUA_OK) {
-    lua_pushboolean(L, 1);
     if (nres > 0) {
       lua_pop(co, nres - 1);
       lua_xmove(co, L, 1);
     } else {
       lua_pushnil(L);
     }
+    if (!lua_isnil(L, 8)) return rda_gen_sandbox_check(L, g, 8, name, what, max_seconds);
+    lua_pushboolean(L, 1);
+    lua_insert(L, -2);
     return 2;
   }
   lua_pushboolean(L, 0);

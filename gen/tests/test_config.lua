@@ -349,4 +349,42 @@ T.test("long string compares overshoot the limit by little", function()
   end
 end)
 
+-- Checking what a chunk returned is work that grows with it (300,000 unknown keys: about
+-- 0.4 s here), so it runs under the same clock: the limit bounds parse, run and checks
+-- together, whichever of them uses the time up.
+T.test("the checks of a config count against its time limit", function()
+  local text = "local t = { heads = 8, head_dim = 64, dtype = 'bf16', segments = { 256 },\n"
+               .. "dilations = { 1 } }\nfor i = 1, 300000 do t[i + 0.5] = 1 end\nreturn t"
+  local t0 = os.clock()
+  local c, msg = config.load(text, "keys.lua", { seconds = 0.25 })
+  local took = os.clock() - t0
+  assert(c == nil, "accepted")
+  testing.contains(msg, "config exceeds the time limit (0.25 s)")
+  assert(took < 0.25 + 0.5, string.format("%.2f s for a limit of 0.25 s", took))
+  -- The same chunk with time enough: the least unknown key, named.
+  c, msg = config.load(text, "keys.lua", { seconds = 60 })
+  assert(c == nil, "accepted")
+  testing.contains(msg, "keys.lua: [1.5] = 1: unknown key")
+end)
+
+-- As the stand-alone interpreter: a UTF-8 byte order mark and a first line starting with '#'
+-- are skipped, and line numbers stay the file's.
+T.test("a byte order mark and a #! line are skipped", function()
+  local body = "return { heads = 2, head_dim = 32, dtype = 'bf16', segments = { 16 }, "
+               .. "dilations = { 1 } }"
+  for _, text in ipairs { "\xEF\xBB\xBF" .. body, "#!/usr/bin/env lua\n" .. body,
+                          "\xEF\xBB\xBF#!/usr/bin/env lua\n" .. body, "#\n" .. body } do
+    local c = assert(config.load(text, "ok.lua"))
+    assert(c.heads == 2 and c.segments[1] == 16, "fields")
+  end
+  local _, msg = config.load("#!/usr/bin/env lua\nreturn {\n", "bad.lua")
+  testing.contains(msg, "bad.lua:3:")
+  _, msg = config.load("#!/usr/bin/env lua", "empty.lua")
+  testing.contains(msg, "empty.lua: the config must return a table, not nothing")
+  _, msg = config.load("\xEF\xBB\xBF#!x\n\27Lua", "bin.lua")
+  testing.contains(msg, "bin.lua:")
+  _, msg = config.load("\xEF\xBB", "half.lua") -- not a whole mark: Lua's own error
+  testing.contains(msg, "half.lua:1:")
+end)
+
 T.run()

@@ -354,6 +354,23 @@ T.test("sandbox: a user database that loops, allocates or reaches out fails clea
   local _, why = tuning.load_user(slow, "u.lua", 0.2)
   testing.contains(why, "u.lua:3: the tuning database exceeds the time limit (0.2 s)")
   assert(os.clock() - t0 < 5, "the limit took too long to trip")
+  -- The checks run under the same clock: 2,000 entries that share one list of 20,000 tiles
+  -- are little memory for the chunk, and a minute of checks without it.
+  local shared = "local c = {} for i = 1, 20000 do c[i] = 'bm' .. i .. '_bn64_w4_s2' end\n"
+                 .. "local l = {} for h = 1, 2000 do l[h] = { target = 'sm_90', kind = 'fwd', "
+                 .. "head_dim = 1000 + h, dtype = 'bf16', causal = true, dilated = false, "
+                 .. "rows = 16, wgmma = false, candidates = c, ranking = { { tile = c[1], "
+                 .. "us = 1.0 } } } end\nreturn l"
+  t0 = os.clock()
+  _, why = tuning.load_user(shared, "u.lua", 0.2)
+  assert(why == "u.lua: the tuning database exceeds the time limit (0.2 s)", why)
+  assert(os.clock() - t0 < 5, "the limit took too long to trip")
+  -- One unknown key among 200,000 is named without sorting them all (that took seconds).
+  t0 = os.clock()
+  _, why = tuning.load_user("local e = {} for i = 1, 200000 do e[i + 0.5] = true end\n"
+                            .. "return { e }", "u.lua", 2)
+  testing.contains(why, "u.lua: entry 1: unknown key 1.5 (known: target")
+  assert(os.clock() - t0 < 2, "the unknown key took too long to find")
   -- A name longer than Lua's chunk names (about 60 characters) is given in full.
   local long = string.rep("/folder_with_a_long_name", 4) .. "/u.lua"
   _, why = tuning.load_user("return {", long)
