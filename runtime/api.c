@@ -582,10 +582,14 @@ rda_status rda_api_check_tensor(const rda_plan *plan, const rda_tensor *t, const
                  w->shape[2], w->shape[3]);
       else
         snprintf(want, sizeof want, "[%lld, %lld, %lld]", w->shape[0], w->shape[1], w->shape[2]);
+      const int cross = i == 1 && (strcmp(nm, "k") == 0 || strcmp(nm, "v") == 0);
       return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                          "%s: %s->shape[%d] = %lld: expected %s %s = %s for this plan "
-                         "and q",
-                         w->fn, nm, i, t->shape[i], nm, w->dims, want);
+                         "and q%s",
+                         w->fn, nm, i, t->shape[i], nm, w->dims, want,
+                         cross ? " (keys of another length than the queries would be "
+                                 "cross-attention, which is not defined: SPEC section 1)"
+                               : "");
     }
   /* No elements (a ring rank without rows): nothing is read or written, so neither data nor
    * strides matter (frameworks give empty tensors a NULL pointer). */

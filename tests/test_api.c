@@ -464,6 +464,11 @@ static void test_forward_rejects_mismatched_dtypes_and_shapes(void **state) {
   b = a;
   b.tv.shape[1] = kN - 1;
   expect_bad(&b, "v->shape[1]");
+  assert_error_names(g_ctx, "cross-attention"); /* keys and queries of other lengths */
+  b = a;
+  b.to.shape[1] = kN - 1; /* an output of the wrong length is no cross-attention */
+  expect_bad(&b, "o->shape[1]");
+  assert_null(strstr(rda_last_error(g_ctx), "cross"));
   b = a;
   b.to.shape[3] = 64;
   expect_bad(&b, "o->shape[3]");

@@ -821,6 +821,31 @@ static void test_cli_non_finite_inputs_exit_1_naming_the_element(void **state) {
   }
 }
 
+/* Keys and values of another length than the queries (cross-attention, SPEC section 1: not
+ * defined): exit 1, one line naming the file, the shapes and why; nothing written. */
+static void test_cli_cross_attention_is_refused_as_such(void **state) {
+  fixture *f = *state;
+  assert_true(rt_write_file(f->config, small_config, strlen(small_config)));
+  const long long s[4] = {1, 48, 2, 32}; /* N = 48 keys for 40 queries */
+  const char *paths[2] = {f->k, f->v};
+  for (int i = 0; i < 2; i++) {
+    char *saved = rt_path(f->dir, "saved.tmp");
+    assert_int_equal(rename(paths[i], saved), 0);
+    double *x = rt_normal((size_t)(s[0] * s[1] * s[2] * s[3]), RDA_DTYPE_BF16);
+    assert_true(rt_write_npy(paths[i], "<f4", 0, 4, s, x));
+    free(x);
+    const char *const args[] = {"run", f->config, "--q", f->q, "--k", f->k, "--v", f->v,
+                                "--o", f->o, "--lse", f->lse, "--backend", "emu", NULL};
+    const char *const needles[] = {paths[i], "(1, 48, 2, 32)", "(1, 40, 2, 32)",
+                                   "cross-attention", NULL};
+    expect_refusal(paths[i], args, 1, needles);
+    assert_null(stray_entry(f, 0));
+    unlink(paths[i]);
+    assert_int_equal(rename(saved, paths[i]), 0);
+    free(saved);
+  }
+}
+
 /* Finite inputs with a legal but huge scale: the true scores leave float32. Exit 1 with one
  * line naming the output element that is not finite; no output written (the existing one kept,
  * no stats file), on one device and on the ring. */
@@ -1842,6 +1867,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cli_uncreatable_output_names_the_users_path, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_non_finite_inputs_exit_1_naming_the_element, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cli_cross_attention_is_refused_as_such, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_non_finite_result_exits_1_and_writes_nothing, setup,
                                       teardown),

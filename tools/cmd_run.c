@@ -40,10 +40,10 @@ static const char run_usage_text[] =
     "             dQ [B, N, H, D], dK and dV [B, N, Hkv, D] as float32 (dLSE = 0)\n"
     "  --backend  auto (default: cuda when a GPU is usable, else emu), cuda, or emu (the CPU\n"
     "             emulator running the generated kernels)\n"
-    "  --ranks    ring ranks (default 1; at most 4096 and at most N): P virtual ranks,\n"
-    "             threads each given only its own rows (the emulator over host memory, or\n"
-    "             one GPU over device memory); the result (and with --do, the gradients)\n"
-    "             is gathered\n"
+    "  --ranks    ring ranks (default 1; at most 4096, also more than N: ranks past the\n"
+    "             rows hold none): P virtual ranks, threads each given only its own rows\n"
+    "             (the emulator over host memory, or one GPU over device memory); the\n"
+    "             result (and with --do, the gradients) is gathered\n"
     "  --layout   how rows are split over the ranks: contiguous (default) or zigzag (2P equal\n"
     "             chunks, rank p holds chunks p and 2P-1-p; N must be a multiple of 2P)\n"
     "  --stats    write {\"ranks\": [{\"rank\", \"rows\", \"bytes_sent\", \"bytes_received\",\n"
@@ -207,8 +207,13 @@ static int run_check_shape(const char *flag, const char *path, const rda_npy *a,
     snprintf(exp, sizeof exp, "(%lld, %lld, %lld, %lld)", b, n, h, d);
   else
     snprintf(exp, sizeof exp, "(B, N, %lld, %lld) with B, N >= 1", h, d);
-  return rdagen_fail("%s: %s has shape %s; expected %s %s = %s", path, flag, got, dims,
-                     b > 0 ? "(the B and N of --q)" : "from the config", exp);
+  /* Keys of another length than the queries: say what that would be. */
+  const int cross = b > 0 && a->ndim == 4 && a->shape[1] != n && strcmp(flag, "--do") != 0;
+  return rdagen_fail("%s: %s has shape %s; expected %s %s = %s%s", path, flag, got, dims,
+                     b > 0 ? "(the B and N of --q)" : "from the config", exp,
+                     cross ? " (keys of another length than the queries would be "
+                             "cross-attention, which is not defined: SPEC section 1)"
+                           : "");
 }
 
 /* x as an error message shows it: NaN without a sign (printf may say "-nan"), else %g. */
