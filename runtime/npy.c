@@ -53,7 +53,8 @@ static rda_status rda_npy_string(rda_npy_parser *p, char *buf, size_t cap) {
   const char quote = *p->s++;
   size_t n = 0;
   while (p->s < p->end && *p->s != quote) {
-    if (*p->s == '\\' || *p->s == '\n') return rda_npy_bad_header(p, "unsupported string");
+    if (*p->s == '\\' || *p->s == '\n' || *p->s == '\0')
+      return rda_npy_bad_header(p, "unsupported string");
     if (n + 1 < cap) buf[n++] = *p->s;
     p->s++;
   }
@@ -98,6 +99,8 @@ static rda_status rda_npy_shape(rda_npy_parser *p, rda_npy *a) {
     }
     if (p->s >= p->end || *p->s < '0' || *p->s > '9')
       return rda_npy_bad_header(p, "'shape' must be a tuple of non-negative integers");
+    /* Python (whose literal the header is) reads 0, 00 but not 08: no leading zeros. */
+    const char *first = p->s;
     long long v = 0;
     while (p->s < p->end && *p->s >= '0' && *p->s <= '9') {
       const int digit = *p->s - '0';
@@ -109,6 +112,8 @@ static rda_status rda_npy_shape(rda_npy_parser *p, rda_npy *a) {
       v = v * 10 + digit;
       p->s++;
     }
+    if (*first == '0' && v != 0)
+      return rda_npy_bad_header(p, "a dimension with a leading zero");
     if (p->s < p->end && (*p->s == 'L' || *p->s == 'l')) p->s++; /* Python 2 longs */
     if (a->ndim >= RDA_NPY_MAX_DIMS)
       return rda_err_set(p->err, RDA_ERR_IO, "%s: more than %d dimensions in the .npy header; %s",

@@ -278,6 +278,11 @@ static void test_npy_rejects_each_bad_header(void **state) {
       {"too many dims", 1,
        "{'descr': '<f4', 'fortran_order': False, 'shape': (1,1,1,1,1,1,1,1,1), }", 4, "dimensions"},
       {"unterminated", 1, "{'descr': '<f4, 'fortran_order': False, 'shape': (2,), }", 8, "header"},
+      /* Python, whose literal the header is, has no leading zeros (NumPy refuses these). */
+      {"leading zero", 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (02,), }", 8,
+       "leading zero"},
+      {"leading zeros", 1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 008), }", 32,
+       "leading zero"},
   };
   unsigned char zeros[64] = {0};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -287,6 +292,41 @@ static void test_npy_rejects_each_bad_header(void **state) {
     expect_rejected(path, cases[i].what, cases[i].expect);
     free(path);
   }
+}
+
+/* A NUL byte inside a quoted string (Python refuses a literal holding one) is refused, not
+ * read as the end of the string; a dimension of 0 or 00 is Python's zero. */
+static void test_npy_rejects_nul_in_strings_reads_zero_dims(void **state) {
+  fixture *f = *state;
+  static const char *const dicts[] = {
+      "{'descr': '<f4~', 'fortran_order': False, 'shape': (2,), }",
+      "{'descr~x': '<f4', 'fortran_order': False, 'shape': (2,), }",
+  };
+  unsigned char zeros[8] = {0};
+  for (size_t i = 0; i < sizeof dicts / sizeof dicts[0]; i++) {
+    char *path = make_file(f, "nul.npy", 1, dicts[i], 1, zeros, sizeof zeros);
+    size_t len = 0;
+    char *text = rt_read_file(path, &len);
+    assert_non_null(text);
+    char *at = memchr(text, '~', len);
+    assert_non_null(at);
+    *at = '\0';
+    assert_true(rt_write_file(path, text, len));
+    free(text);
+    expect_rejected(path, "NUL in a string", "header");
+    free(path);
+  }
+  char *path = make_file(f, "zero.npy", 1,
+                         "{'descr': '<f4', 'fortran_order': False, 'shape': (00, 0), }", 1, NULL,
+                         0);
+  rda_npy a;
+  rda_err err = {0};
+  assert_int_equal(rda_npy_read(path, &a, &err), RDA_OK);
+  assert_int_equal(a.ndim, 2);
+  assert_int_equal(a.shape[0], 0);
+  assert_int_equal(a.count, 0);
+  rda_npy_free(&a);
+  free(path);
 }
 
 static void test_npy_rejects_bad_magic_version_and_truncation(void **state) {
@@ -658,6 +698,8 @@ int main(void) {
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(test_npy_reads_scalar_and_empty_shapes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_npy_rejects_each_bad_header, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_npy_rejects_nul_in_strings_reads_zero_dims, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_npy_rejects_bad_magic_version_and_truncation, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_npy_pipe_reads_what_arrives, setup, teardown),
