@@ -110,7 +110,8 @@ static rda_status rda_tuning_db_write_all(int fd, const char *text, size_t len) 
   return RDA_OK;
 }
 
-/* Creates path's folder when it is missing (a fresh cache root). */
+/* Creates path's folder when it is missing and is the cache root (a fresh cache). A folder
+ * the user named (--db, RDA_TUNING_DB) must be there: a typo in it would quietly build a tree. */
 static rda_status rda_tuning_db_parent(const char *path, rda_err *err) {
   const char *slash = strrchr(path, '/');
   if (slash == NULL || slash == path) return RDA_OK;
@@ -119,6 +120,16 @@ static rda_status rda_tuning_db_parent(const char *path, rda_err *err) {
     return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': path too long", path);
   struct stat st;
   if (stat(dir, &st) == 0) return RDA_OK;
+  const int e = errno;
+  char root[4096];
+  rda_err ignored = {0};
+  const char *cut = NULL;
+  if (rda_cache_dir_path("tuning.lua", root, sizeof root, &ignored) == RDA_OK)
+    cut = strrchr(root, '/');
+  if (cut == NULL || (size_t)(cut - root) != strlen(dir) || strncmp(root, dir, strlen(dir)) != 0)
+    return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': folder '%s' %s", path, dir,
+                       e == ENOENT ? "does not exist (only the cache folder is made when missing)"
+                                   : strerror(e));
   rda_err why = {0};
   if (rda_cache_dir_mkdirs(dir, &why) != RDA_OK)
     return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': %s", path, why.msg);

@@ -28,8 +28,8 @@ rda_status rda_tuning_db_read_file(const char *path, char **text, rda_err *err);
  * flushed, then renamed over it, so a reader sees the old or the new database, never a part.
  * Symbolic links are followed (the file they name is replaced, or created when a link
  * dangles; the links are kept); the old file's
- * permissions are kept (a new one: 0644 less the umask); missing parent folders are created
- * (0700). RDA_ERR_IO naming the path on failure (the old file is then untouched). */
+ * permissions are kept (a new one: 0644 less the umask); a missing cache root is created
+ * (0700), any other missing folder is an error. RDA_ERR_IO naming the path on failure (the old file is then untouched). */
 rda_status rda_tuning_db_write(const char *path, const char *text, rda_err *err);
 
 /* Writers take this lock (flock on <the file path names>.lock, made beside it while held and

@@ -148,14 +148,35 @@ static void test_tuning_db_path_and_the_optional_default(void **state) {
   free(mine), free(root), free(want);
 }
 
-/* Writing creates missing folders, replaces the content whole, leaves no temporary file,
- * keeps the old file's permissions, and through a symbolic link replaces the file it names
- * while the link stays a link. */
+/* Writing creates a missing cache root but no folder the user named (a typo would build a
+ * tree), replaces the content whole, leaves no temporary file, keeps the old file's
+ * permissions, and through a symbolic link replaces the file it names while the link stays a
+ * link. */
 static void test_tuning_db_write_replaces_atomically_and_keeps_links_and_modes(void **state) {
   fixture *f = *state;
   rda_err err = {0};
   char *sub = rt_path(f->dir, "a/b");
   char *db = rt_path(sub, "tuning.lua");
+  assert_int_equal(rda_tuning_db_write(db, "return {}\n", &err), RDA_ERR_IO);
+  assert_non_null(strstr(err.msg, "does not exist"));
+  assert_non_null(strstr(err.msg, sub));
+  rda_tuning_lock lk = RDA_TUNING_LOCK_INIT;
+  err = (rda_err){0};
+  assert_int_equal(rda_tuning_db_lock(db, &lk, &err), RDA_ERR_IO);
+  assert_false(rt_exists(sub));
+  char *root = rt_path(f->dir, "fresh/cache");
+  char *in_root = rt_path(root, "tuning.lua");
+  setenv("RDA_CACHE_DIR", root, 1);
+  assert_int_equal(rda_tuning_db_lock(in_root, &lk, &err), RDA_OK);
+  assert_int_equal(rda_tuning_db_write(in_root, "return {}\n", &err), RDA_OK);
+  rda_tuning_db_unlock(&lk);
+  assert_true(rt_exists(in_root));
+  unsetenv("RDA_CACHE_DIR");
+  free(root), free(in_root);
+  char *a = rt_path(f->dir, "a");
+  assert_int_equal(mkdir(a, 0700), 0);
+  assert_int_equal(mkdir(sub, 0700), 0);
+  free(a);
   assert_int_equal(rda_tuning_db_write(db, "return { -- one\n}\n", &err), RDA_OK);
   size_t len = 0;
   char *got = rt_read_file(db, &len);
@@ -236,6 +257,9 @@ static void test_tuning_db_lock_excludes_another_writer(void **state) {
   rda_err err = {0};
   char *db = rt_path(f->dir, "locked/tuning.lua");
   char *lock = rt_path(f->dir, "locked/tuning.lua.lock");
+  char *folder = rt_path(f->dir, "locked");
+  assert_int_equal(mkdir(folder, 0700), 0);
+  free(folder);
   rda_tuning_lock lk = RDA_TUNING_LOCK_INIT;
   assert_int_equal(rda_tuning_db_lock(db, &lk, &err), RDA_OK);
   assert_true(lk.fd >= 0);
