@@ -6,6 +6,7 @@
 
 #include "rda.h"
 
+#include <stdarg.h>
 #include <stddef.h>
 
 typedef struct rda_err {
@@ -13,7 +14,17 @@ typedef struct rda_err {
   char msg[1024];
 } rda_err;
 
-/* Records the message (printf format) unless one is already recorded; returns s. */
+/* Copies text into out[cap]; text too long to fit is shortened first (and text changed): its
+ * longest words (runs without a space: paths, mostly) lose their middles to "...", so a long
+ * path cannot push the reason after it out of a message. */
+void rda_text_fit(char *out, size_t cap, char *text);
+
+/* vsnprintf into out[cap], shortened by rda_text_fit when the whole does not fit. */
+void rda_text_vformat(char *out, size_t cap, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
+
+/* Records the message (printf format; rda_text_vformat) unless one is already recorded;
+ * returns s. */
 rda_status rda_err_set(rda_err *e, rda_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

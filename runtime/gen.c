@@ -160,20 +160,33 @@ static size_t rda_gen_one_line(char *line, size_t cap, const char *msg, int firs
 }
 
 /* Records msg as one line (rda_gen_one_line). */
+static rda_status rda_gen_fail_text(rda_err *err, rda_status s, const char *msg, int first_only) {
+  /* Whole (one_line never lengthens), so rda_err_set shortens a long path, not the reason. */
+  const size_t cap = strlen(msg) + 1;
+  char *line = malloc(cap);
+  if (line == NULL) {
+    char cut[sizeof err->msg];
+    rda_gen_one_line(cut, sizeof cut, msg, first_only);
+    return rda_err_set(err, s, "%s", cut);
+  }
+  rda_gen_one_line(line, cap, msg, first_only);
+  rda_err_set(err, s, "%s", line);
+  free(line);
+  return s;
+}
+
 static rda_status rda_gen_fail_line(rda_err *err, rda_status s, const char *msg) {
-  char line[sizeof err->msg];
-  rda_gen_one_line(line, sizeof line, msg, 0);
-  return rda_err_set(err, s, "%s", line);
+  return rda_gen_fail_text(err, s, msg, 0);
 }
 
 /* rda_gen_fail_line of a formatted message (one naming a path a user gave). */
 static rda_status rda_gen_fail_fmt(rda_err *err, rda_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static rda_status rda_gen_fail_fmt(rda_err *err, rda_status s, const char *fmt, ...) {
-  char line[sizeof err->msg];
+  char line[4 * sizeof err->msg + 4096]; /* room for a whole path and the reason */
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(line, sizeof line, fmt, ap);
+  rda_text_vformat(line, sizeof line, fmt, ap);
   va_end(ap);
   return rda_gen_fail_line(err, s, line);
 }
@@ -203,10 +216,10 @@ static rda_status rda_gen_docall(rda_gen *g, int nargs, int nres, rda_status fai
   const char *msg = lua_tostring(L, -1);
   if (msg == NULL) msg = "(error object is not a string)";
   snprintf(g->trace, sizeof g->trace, "%s", msg);
-  char line[sizeof err->msg];
-  rda_gen_one_line(line, sizeof line, msg, 1);
+  const rda_status s =
+      rda_gen_fail_text(err, st == LUA_ERRMEM ? RDA_ERR_OUT_OF_MEMORY : fail, msg, 1);
   lua_pop(L, 1);
-  return rda_err_set(err, st == LUA_ERRMEM ? RDA_ERR_OUT_OF_MEMORY : fail, "%s", line);
+  return s;
 }
 
 /* Runs fn(ctx) protected: every Lua API call that can raise happens inside fn. */

@@ -8,6 +8,7 @@
 
 #include <cmocka.h>
 
+#include "err.h"
 #include "npy.h"
 #include "out_files.h"
 #include "rda_test.h"
@@ -327,6 +328,53 @@ static void test_npy_rejects_nul_in_strings_reads_zero_dims(void **state) {
   assert_int_equal(a.count, 0);
   rda_npy_free(&a);
   free(path);
+}
+
+/* A path of 1,200 characters (legal: PATH_MAX is 4096) leaves the message room for its
+ * reason: the path loses its middle to "...", keeping its start and its file name. */
+static void test_npy_long_path_keeps_the_reason(void **state) {
+  fixture *f = *state;
+  char *dir = strdup(f->dir);
+  for (int i = 0; i < 6; i++) {
+    char part[201];
+    memset(part, 'a' + i, 200);
+    part[200] = '\0';
+    char *next = rt_path(dir, part);
+    assert_int_equal(mkdir(next, 0700), 0);
+    free(dir);
+    dir = next;
+  }
+  char *path = make_file(f, "short.npy", 1, "{'descr': '<f4', 'fortran_order': False, "
+                                            "'shape': (4,), }", 1, "abcd", 4);
+  char *deep = rt_path(dir, "q.npy");
+  assert_int_equal(rename(path, deep), 0);
+  rda_npy a;
+  rda_err err = {0};
+  assert_int_equal(rda_npy_read(deep, &a, &err), RDA_ERR_IO);
+  assert_non_null(strstr(err.msg, "truncated .npy data: 4 bytes present, expected 16"));
+  assert_non_null(strstr(err.msg, "..."));
+  assert_non_null(strstr(err.msg, "ffff/q.npy: truncated"));
+  assert_true(strncmp(err.msg, f->dir, strlen(f->dir) / 3) == 0);
+  unlink(deep);
+  free(path), free(deep), free(dir);
+
+  /* Short text is copied as it is; words of 16 characters or fewer are never cut. */
+  char text[64] = "a/b/c: fine", out[32];
+  rda_text_fit(out, sizeof out, text);
+  assert_string_equal(out, "a/b/c: fine");
+  snprintf(text, sizeof text, "%s", "/0123456789/0123456789/0123456789/x.npy: bad");
+  rda_text_fit(out, sizeof out, text);
+  assert_string_equal(out, "/0123456...123456789/x.npy: bad");
+  snprintf(text, sizeof text, "%s", "0123456789abcdef 0123456789abcdef 0123456789");
+  rda_text_fit(out, 20, text);
+  assert_string_equal(out, "0123456789abcdef 01");
+  /* A cut never splits a UTF-8 character: 20 two-byte characters into 24 bytes. */
+  snprintf(text, sizeof text, "%s", "\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9"
+                                    "\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9"
+                                    "\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9");
+  rda_text_fit(out, 24, text);
+  assert_string_equal(out, "\xC3\xA9\xC3\xA9\xC3\xA9...\xC3\xA9\xC3\xA9\xC3\xA9\xC3\xA9"
+                           "\xC3\xA9\xC3\xA9\xC3\xA9");
 }
 
 static void test_npy_rejects_bad_magic_version_and_truncation(void **state) {
@@ -700,6 +748,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_npy_rejects_each_bad_header, setup, teardown),
       cmocka_unit_test_setup_teardown(test_npy_rejects_nul_in_strings_reads_zero_dims, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_npy_long_path_keeps_the_reason, setup, teardown),
       cmocka_unit_test_setup_teardown(test_npy_rejects_bad_magic_version_and_truncation, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_npy_pipe_reads_what_arrives, setup, teardown),

@@ -3,6 +3,7 @@
  * "rdagen: error: ..." line on stderr), 2 bad usage. */
 #include "commands.h"
 
+#include "err.h"
 #include "gen.h"
 #include "rda.h"
 
@@ -43,7 +44,7 @@ static const char rdagen_usage_text[] =
 static void rdagen_one_line(char *msg, size_t cap, const char *fmt, va_list ap)
     __attribute__((format(printf, 3, 0)));
 static void rdagen_one_line(char *msg, size_t cap, const char *fmt, va_list ap) {
-  vsnprintf(msg, cap, fmt, ap);
+  rda_text_vformat(msg, cap, fmt, ap); /* long paths shortened, never the reason cut off */
   for (char *c = msg; *c; c++)
     if (*c == '\n' || *c == '\r') *c = ' ';
 }
