@@ -38,6 +38,8 @@ struct rda_ring_plan {
   int64_t chunk; /* zigzag chunk rows */
   int nclasses;
   rp_class *classes;
+  int class0[RDA_MAX_BRANCHES]; /* branch i's classes: [class0[i], class0[i] + nclasses) */
+  double *nq_before;            /* nq_before[c]: the query heads of classes 0 .. c-1 */
   int *kv;
   int64_t ngroups, gcap;
   rp_group *groups;
@@ -195,32 +197,52 @@ static void rp_tspan(int64_t lo, int64_t hi, int64_t a, int64_t j, int64_t r, in
   *t1 = x1 < ng ? x1 : ng;
 }
 
-/* Pairs of queries in rows [lo, hi) with their keys in segment [a, b), one head. */
-static double rp_seg_pairs(int64_t lo, int64_t hi, int64_t a, int64_t b, int64_t j, int64_t r,
-                           int causal) {
-  const int64_t ng = rp_grid_rows(b - a, j, r);
-  int64_t t0, t1;
-  rp_tspan(lo > a ? lo : a, hi < b ? hi : b, a, j, r, ng, &t0, &t1);
-  if (t1 <= t0) return 0.0;
-  return causal ? rp_tri(t1) - rp_tri(t0) : (double)(t1 - t0) * (double)ng;
+/* Query heads of branch i's classes with offset below u (classes ascend by offset). */
+static double rp_nq_below(const rda_ring_plan *p, int i, int64_t u) {
+  int lo = p->class0[i], hi = lo + p->branches[i].nclasses;
+  const int first = lo;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (p->classes[mid].offset < u)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return p->nq_before[lo] - p->nq_before[first];
 }
 
-/* Pairs of queries in rows [lo, hi), one head, one (w, r, j): O(1) whatever the length. */
-static double rp_piece_pairs(const rda_ring_plan *p, int64_t lo, int64_t hi, int64_t w, int64_t r,
-                             int64_t j) {
+/* Pairs of queries in rows [a + x, a + y) of a segment of L rows with their keys in it, summed
+ * over branch i's classes, each times its query heads. O(log classes), whatever their number:
+ * an offset j lies in [0, r), so a grid has L div r rows plus one when j < L mod r, and the
+ * grid indices below row x are x div r plus one when j < x mod r; each sum over the classes is
+ * then one of W(u), the query heads of the classes with offset below u. */
+static double rp_seg_pairs(const rda_ring_plan *p, int i, int64_t len, int64_t x, int64_t y) {
+  if (y <= x) return 0.0;
+  const int64_t r = p->branches[i].r;
+  const int64_t Q = len / r, R = len % r, X = x / r, xr = x % r, Y = y / r, yr = y % r;
+  const double all = rp_nq_below(p, i, r);
+  if (p->cfg.causal) /* sum of tri(t1) - tri(t0), t = X + [j < xr] and Y + [j < yr] */
+    return (rp_tri(Y) - rp_tri(X)) * all + (double)(Y + 1) * rp_nq_below(p, i, yr) -
+           (double)(X + 1) * rp_nq_below(p, i, xr);
+  /* sum of (t1 - t0) * ng, with t1 - t0 = (Y - X) + [j < yr] - [j < xr], ng = Q + [j < R] */
+  const double D = (double)(Y - X);
+  return D * (double)Q * all + D * rp_nq_below(p, i, R) +
+         (double)Q * (rp_nq_below(p, i, yr) - rp_nq_below(p, i, xr)) +
+         rp_nq_below(p, i, yr < R ? yr : R) - rp_nq_below(p, i, xr < R ? xr : R);
+}
+
+/* Pairs of queries in rows [lo, hi), branch i, all its query heads: O(log classes). */
+static double rp_piece_pairs(const rda_ring_plan *p, int i, int64_t lo, int64_t hi) {
   if (hi <= lo) return 0.0;
-  const int causal = p->cfg.causal;
+  const int64_t w = p->branches[i].w;
   const int64_t m0 = lo / w, m1 = (hi - 1) / w;
   const int64_t b0 = (m0 + 1) * w < p->n ? (m0 + 1) * w : p->n;
-  double s = rp_seg_pairs(lo, hi, m0 * w, b0, j, r, causal);
-  if (m1 == m0) return s;
+  if (m1 == m0) return rp_seg_pairs(p, i, b0 - m0 * w, lo - m0 * w, hi - m0 * w);
   const int64_t b1 = (m1 + 1) * w < p->n ? (m1 + 1) * w : p->n;
-  s += rp_seg_pairs(lo, hi, m1 * w, b1, j, r, causal);
+  double s = rp_seg_pairs(p, i, b0 - m0 * w, lo - m0 * w, b0 - m0 * w);
+  s += rp_seg_pairs(p, i, b1 - m1 * w, 0, hi - m1 * w);
   const int64_t full = m1 - m0 - 1; /* segments m0+1 .. m1-1 lie wholly inside, each w long */
-  if (full > 0) {
-    const int64_t ng = rp_grid_rows(w, j, r);
-    s += (double)full * (causal ? rp_tri(ng) : (double)ng * (double)ng);
-  }
+  if (full > 0) s += (double)full * rp_seg_pairs(p, i, w, 0, w);
   return s;
 }
 
@@ -249,8 +271,9 @@ static rda_status rp_build_classes(rda_ring_plan *p, rda_err *err) {
   }
   p->classes = calloc((size_t)(total > 0 ? total : 1), sizeof *p->classes);
   p->kv = calloc((size_t)(total > 0 ? total : 1), sizeof *p->kv);
+  p->nq_before = calloc((size_t)total + 1, sizeof *p->nq_before);
   rp_head *hs = calloc((size_t)(c->heads > 0 ? c->heads : 1), sizeof *hs);
-  if (p->classes == NULL || p->kv == NULL || hs == NULL) {
+  if (p->classes == NULL || p->kv == NULL || p->nq_before == NULL || hs == NULL) {
     free(hs);
     return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring plan: out of memory for head classes");
   }
@@ -262,6 +285,13 @@ static rda_status rp_build_classes(rda_ring_plan *p, rda_err *err) {
      * this O(H log H) where every head may be a class of its own (r >= H). */
     for (int x = 0; x < cnt; x++) hs[x].head = h0 + x, hs[x].offset = rda_config_offset(c, i, h0 + x);
     qsort(hs, (size_t)cnt, sizeof *hs, rp_head_cmp);
+    p->class0[i] = p->nclasses;
+    /* The pair counts (rp_seg_pairs) rest on every offset lying in [0, r) (SPEC 1's rules). */
+    if (cnt > 0 && (hs[0].offset < 0 || hs[cnt - 1].offset >= c->dilations[i])) {
+      free(hs);
+      return rda_err_set(err, RDA_ERR_INTERNAL, "ring plan: branch %d: an offset outside [0, %lld)",
+                         i, (long long)c->dilations[i]);
+    }
     for (int x = 0; x < cnt;) {
       rp_class *k = &p->classes[p->nclasses++];
       k->branch = i, k->offset = hs[x].offset, k->nq = 0, k->nkv = 0, k->kv0 = nkv_total;
@@ -272,6 +302,7 @@ static rda_status rp_build_classes(rda_ring_plan *p, rda_err *err) {
       }
       nkv_total += k->nkv;
       p->branches[i].nclasses++;
+      p->nq_before[p->nclasses] = p->nq_before[p->nclasses - 1] + k->nq;
     }
   }
   free(hs);
@@ -482,15 +513,31 @@ static rda_status rp_build_groups(rda_ring_plan *p, int i, int64_t *slot, int64_
       }
     }
     const int64_t g0 = p->ngroups;
-    for (int cls = 0; cls < p->nclasses; cls++) {
-      if (p->classes[cls].branch != i) continue;
+    for (int cls = p->class0[i]; cls < p->class0[i] + p->branches[i].nclasses; cls++) {
       const int64_t j = p->classes[cls].offset, ng = rp_grid_rows(b - a, j, r);
       int nm = 0;
-      for (int q = 0; q < np; q++) {
+      /* The pieces that hold grid rows: each one's, or with fewer rows than pieces (a sparse
+       * grid over many ranks), the piece of each row, found by bisection (pieces ascend). */
+      int64_t t = 0; /* the first grid row not yet placed */
+      for (int q = 0; q < np && t < ng;) {
+        if (ng < np) {
+          const int64_t row = a + j + t * r;
+          int lo = q, hi = np - 1;
+          while (lo < hi) {
+            const int mid = lo + (hi - lo + 1) / 2;
+            if (pr_lo[mid] <= row)
+              lo = mid;
+            else
+              hi = mid - 1;
+          }
+          q = lo;
+        }
         int64_t t0, t1;
         rp_tspan(pr_lo[q], pr_hi[q], a, j, r, ng, &t0, &t1);
+        q++;
         if (t1 <= t0) continue;
-        const int rho = pr_rank[q];
+        t = t1;
+        const int rho = pr_rank[q - 1];
         if (slot[rho] < 0) {
           slot[rho] = nm;
           tmp[nm].rank = rho, tmp[nm].nr = 0;
@@ -532,12 +579,8 @@ static rda_status rp_totals(rda_ring_plan *p, rda_err *err) {
     rk->rows = 0;
     for (int q = 0; q < rk->npieces; q++) {
       rk->rows += rk->hi[q] - rk->lo[q];
-      for (int cls = 0; cls < p->nclasses; cls++) {
-        const rp_class *k = &p->classes[cls];
-        rk->pairs +=
-            (double)k->nq * rp_piece_pairs(p, rk->lo[q], rk->hi[q], p->branches[k->branch].w,
-                                           p->branches[k->branch].r, k->offset);
-      }
+      for (int i = 0; i < p->cfg.nbranch; i++)
+        rk->pairs += rp_piece_pairs(p, i, rk->lo[q], rk->hi[q]);
     }
     rk->flops = 4.0 * p->cfg.head_dim * rk->pairs;
   }
@@ -726,7 +769,8 @@ done:
 
 void rda_ring_plan_destroy(rda_ring_plan *p) {
   if (p == NULL) return;
-  free(p->classes), free(p->kv), free(p->groups), free(p->members), free(p->ranks);
+  free(p->classes), free(p->nq_before), free(p->kv), free(p->groups), free(p->members);
+  free(p->ranks);
   free(p->memb_off), free(p->memb_g), free(p->memb_x);
   free(p);
 }
