@@ -571,6 +571,9 @@ static rda_status rp_build_groups(rda_ring_plan *p, int i, int64_t *slot, int64_
 }
 
 /* Per-rank totals from every group's steps. */
+static rda_status rp_steps_into(const rda_ring_plan *p, int rank, rda_ring_step **buf,
+                                int64_t *cap_io, int64_t *count, rda_err *err);
+
 static rda_status rp_totals(rda_ring_plan *p, rda_err *err) {
   for (int rho = 0; rho < p->nranks; rho++) {
     rda_ring_rank *rk = &p->ranks[rho];
@@ -604,11 +607,16 @@ static rda_status rp_totals(rda_ring_plan *p, rda_err *err) {
   free(fill);
   /* Totals from each rank's steps; memory as the ring driver holds it: the send block of a
    * round and two receive blocks, double-buffered. */
+  rda_ring_step *steps = NULL;
+  int64_t cap = 0;
   for (int rho = 0; rho < p->nranks; rho++) {
     rda_ring_rank *rk = &p->ranks[rho];
-    rda_ring_step *steps = NULL;
     int64_t n = 0;
-    RDA_TRY(rda_ring_plan_steps(p, rho, &steps, &n, err));
+    const rda_status s = rp_steps_into(p, rho, &steps, &cap, &n, err);
+    if (s != RDA_OK) {
+      free(steps);
+      return s;
+    }
     rk->steps = n;
     char what[64] = "";
     for (int64_t i = 0; i < n && what[0] == '\0'; i++) {
@@ -634,10 +642,13 @@ static rda_status rp_totals(rda_ring_plan *p, rda_err *err) {
           !rp_add_bytes(&peak, rp_aligned(rk->recv_block)))
         snprintf(what, sizeof what, "the ring memory of rank %d", rho);
     }
-    free(steps);
-    if (what[0] != '\0') return rp_too_large(p, what, err);
+    if (what[0] != '\0') {
+      free(steps);
+      return rp_too_large(p, what, err);
+    }
     rk->peak_bytes = peak;
   }
+  free(steps);
   return RDA_OK;
 }
 
@@ -838,16 +849,17 @@ int rda_ring_plan_own_block(const rda_ring_plan *p, int64_t group, int rank, rda
   return 0;
 }
 
-rda_status rda_ring_plan_steps(const rda_ring_plan *p, int rank, rda_ring_step **steps,
-                               int64_t *count, rda_err *err) {
-  *steps = NULL, *count = 0;
-  if (rank < 0 || rank >= p->nranks)
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring plan: rank %d of %d", rank, p->nranks);
+/* The steps of rank into *buf (capacity *cap steps, grown with realloc as needed; the caller
+ * frees it): the walks over every rank (totals, simulation) reuse one buffer, where a fresh
+ * one per rank cost more in page faults than the steps themselves (tens of MiB a rank). */
+static rda_status rp_steps_into(const rda_ring_plan *p, int rank, rda_ring_step **buf,
+                                int64_t *cap_io, int64_t *count, rda_err *err) {
+  *count = 0;
   /* Groups come in (branch, segment, class) order and bundles number them in that order: per
    * bundle of the rank's memberships, shift by shift, group by group is the key of
    * rda_ring_step, (bundle, shift, group). */
-  rda_ring_step *v = NULL;
-  int64_t c = 0, cap = 0;
+  rda_ring_step *v = *buf;
+  int64_t c = 0, cap = *cap_io;
   const int64_t m1 = p->memb_off[rank + 1];
   for (int64_t m0 = p->memb_off[rank]; m0 < m1;) {
     const int64_t bundle = p->groups[p->memb_g[m0]].bundle;
@@ -860,22 +872,32 @@ rda_status rda_ring_plan_steps(const rda_ring_plan *p, int rank, rda_ring_step *
         const rp_group *g = &p->groups[p->memb_g[m]];
         if (s < rp_first_step(g) || s >= rp_nsteps(g)) continue;
         if (c == cap) {
-          cap = cap ? 2 * cap : 64;
-          rda_ring_step *nv = realloc(v, (size_t)cap * sizeof *v);
-          if (nv == NULL) {
-            free(v);
+          const int64_t grown = cap ? 2 * cap : 64;
+          rda_ring_step *nv = realloc(v, (size_t)grown * sizeof *v);
+          if (nv == NULL)
             return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY,
-                               "ring plan: out of memory for %lld steps", (long long)cap);
-          }
-          v = nv;
+                               "ring plan: out of memory for %lld steps", (long long)grown);
+          *buf = v = nv, *cap_io = cap = grown;
         }
         if (rp_step(p, p->memb_g[m], p->memb_x[m], s, &v[c])) c++;
       }
     m0 = me;
   }
-  if (c == 0) {
+  *count = c;
+  return RDA_OK;
+}
+
+rda_status rda_ring_plan_steps(const rda_ring_plan *p, int rank, rda_ring_step **steps,
+                               int64_t *count, rda_err *err) {
+  *steps = NULL, *count = 0;
+  if (rank < 0 || rank >= p->nranks)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring plan: rank %d of %d", rank, p->nranks);
+  rda_ring_step *v = NULL;
+  int64_t cap = 0, c = 0;
+  const rda_status s = rp_steps_into(p, rank, &v, &cap, &c, err);
+  if (s != RDA_OK || c == 0) {
     free(v);
-    v = NULL;
+    return s;
   }
   *steps = v, *count = c;
   return RDA_OK;
@@ -959,11 +981,16 @@ rda_status rda_ring_plan_simulate(const rda_ring_plan *p, double link_bytes_per_
    * stage is max(this round's transfer, the previous round's compute), and the last round's
    * compute comes after. */
   const double fpp = 4.0 * p->cfg.head_dim / flops_per_s; /* seconds per pair */
+  rda_ring_step *steps = NULL;
+  int64_t cap = 0;
   for (int rho = 0; rho < p->nranks; rho++) {
     const rda_ring_rank *rk = &p->ranks[rho];
-    rda_ring_step *steps = NULL;
     int64_t n = 0;
-    RDA_TRY(rda_ring_plan_steps(p, rho, &steps, &n, err));
+    const rda_status s = rp_steps_into(p, rho, &steps, &cap, &n, err);
+    if (s != RDA_OK) {
+      free(steps);
+      return s;
+    }
     double first_comm = 0.0, rest = 0.0, prev = 0.0, comm_s = 0.0, exposed = 0.0;
     for (int64_t i = 0; i < n;) {
       const int64_t e = rda_ring_round_end(steps, n, i);
@@ -984,7 +1011,6 @@ rda_status rda_ring_plan_simulate(const rda_ring_plan *p, double link_bytes_per_
       prev = pairs * fpp;
       i = e;
     }
-    free(steps);
     const double local = (rk->pairs - rk->recv_pairs) * fpp;
     out[rho].compute_s = rk->pairs * fpp;
     out[rho].comm_s = comm_s;
@@ -994,6 +1020,7 @@ rda_status rda_ring_plan_simulate(const rda_ring_plan *p, double link_bytes_per_
     out[rho].exposed_s = exposed;
     out[rho].overlap = comm_s > 0.0 ? (comm_s - exposed) / comm_s : 1.0;
   }
+  free(steps);
   return RDA_OK;
 }
 

@@ -2,7 +2,7 @@
  * and print what each rank moves, holds and computes, with a pipelined time model; no kernel
  * runs. Rows and pairs come in closed form (never a loop over rows or over classes per rank);
  * its time grows with the ring steps it walks, rank by rank: well under a second for
- * bench/target_ring.lua at N = 1e9 over P = 4096, some 45 s where 128 heads each run a ring
+ * bench/target_ring.lua at N = 1e9 over P = 4096, some 15 s where 128 heads each run a ring
  * of a global dilated branch over P = 1024 ranks (130 million steps in all). */
 #include <math.h>
 #include <stdio.h>
