@@ -622,9 +622,10 @@ static int rda_gen_sandbox_check(lua_State *L, rda_gen *g, int check, const char
     lua_xmove(cv, L, 1);
   } else if (st == LUA_OK) { /* nil, message */
     lua_pushboolean(L, 0);
-    if (nres > 1 && lua_type(cv, -nres + 1) == LUA_TSTRING)
+    if (nres > 1 && lua_type(cv, -nres + 1) == LUA_TSTRING) {
+      lua_pushvalue(cv, -nres + 1);
       lua_xmove(cv, L, 1);
-    else
+    } else
       lua_pushfstring(L, "%s: %s failed its checks", name, what);
   } else {
     lua_pushboolean(L, 0);
