@@ -713,6 +713,11 @@ static int rda_gen_l_sandbox_run(lua_State *L) {
     if (loaded == LUA_ERRMEM && g->tripped) {
       lua_pushfstring(L, "%s: %s exceeds the memory limit (%d MiB)", name, what,
                       (int)(g->byte_budget >> 20));
+    } else if (lua_type(co, -1) == LUA_TSTRING &&
+               strstr(lua_tostring(co, -1), "C stack overflow") != NULL) {
+      /* Lua's parser says only that, with no line: say what in the text caused it. */
+      lua_pushfstring(L, "%s: %s nests too deeply for Lua's parser (C stack overflow)", name,
+                      strcmp(what, "config") == 0 ? "the config" : what);
     } else {
       lua_xmove(co, L, 1);
       rda_gen_push_chunk_error(L, lua_tostring(L, -1), name);

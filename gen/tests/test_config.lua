@@ -389,4 +389,11 @@ T.test("a byte order mark and a #! line are skipped", function()
   end
 end)
 
+-- Lua's parser reports nesting past its C stack with no line; the message says what it means.
+T.test("a config nested too deeply says so", function()
+  local c, msg = config.load("return " .. ("{"):rep(300) .. ("}"):rep(300), "deep.lua")
+  assert(c == nil, "accepted")
+  assert(msg == "deep.lua: the config nests too deeply for Lua's parser (C stack overflow)", msg)
+end)
+
 T.run()
