@@ -265,8 +265,10 @@ RDA_API rda_status rda_backward(const rda_plan *plan, const rda_tensor *q, const
  * rank, naming the first two that differ, before anything is transferred.
  * Failures: a ring call (rda_ring_forward / rda_ring_backward) that fails on one rank, for any
  * reason including a bad argument, aborts the ring: that rank returns its own status, every
- * other rank's pending or next call returns RDA_ERR_NCCL naming the cause (a rank still
- * returning from rda_ring_create may get it there), never a hang. An aborted ring stays aborted
+ * other rank's pending or next call returns RDA_ERR_NCCL, never a hang: naming the cause with
+ * virtual ranks (a rank still returning from rda_ring_create may get it there); over NCCL,
+ * which does not carry an abort to the peers, within their timeout (desc.timeout_s), saying
+ * what they waited for. An aborted ring stays aborted
  * (every later call fails): destroy it, and its world, and make new ones. A ring call returns
  * RDA_OK only once every rank has reached the end of the same call (a barrier), so all ranks
  * succeed or all fail. Errors are one line in rda_last_error(ctx) of the plan's context (with
@@ -299,9 +301,12 @@ typedef struct rda_ring_desc {
                                  destroys it; it aborts it when a ring call fails or times out
                                  or the ring is aborted, so that no transfer lands after the
                                  error. ncclCommAbort frees it: after such a failure (and after
-                                 an RDA_ERR_NCCL or RDA_ERR_CUDA from rda_ring_create, which may
-                                 have aborted it) the handle is gone: neither use nor destroy
-                                 it. Otherwise destroy it after rda_ring_destroy. Make it
+                                 an RDA_ERR_NCCL or RDA_ERR_CUDA from rda_ring_create, which
+                                 aborts it) the handle is gone: neither use nor destroy it.
+                                 After any other status it is the caller's as before. It must
+                                 be on the context's device; one still initializing (non-
+                                 blocking) is waited for, within the timeout. Otherwise destroy
+                                 it after rda_ring_destroy. Make it
                                  non-blocking (ncclConfig_t blocking = 0): in a blocking one
                                  NCCL may wait for a lost peer inside a call, where no timeout
                                  reaches */
@@ -394,7 +399,9 @@ RDA_API void rda_ring_abort(rda_ring *ring, const char *reason);
 
 /* Leave the ring and drop its plan reference; the ring's work must have completed (on a cuda
  * context: synchronize the stream first). A rank that leaves with transfers pending aborts the
- * ring. Accepts NULL. */
+ * ring. Over a communicator rda made (nccl_unique_id), leaving finalizes it, which NCCL makes a
+ * collective of the ranks on one node: destroy the ranks' rings together (a rank that leaves
+ * alone waits for the others up to the timeout, then aborts). Accepts NULL. */
 RDA_API void rda_ring_destroy(rda_ring *ring);
 
 #ifdef __cplusplus

@@ -56,6 +56,7 @@ rda_status rda_transport_nccl_unique_id(void *id, rda_err *err) {
   X(ncclCommGetAsyncError, (ncclComm_t comm, ncclResult_t * result))                          \
   X(ncclCommCount, (const ncclComm_t comm, int *count))                                       \
   X(ncclCommUserRank, (const ncclComm_t comm, int *rank))                                     \
+  X(ncclCommCuDevice, (const ncclComm_t comm, int *device))                                   \
   X(ncclGroupStart, (void))                                                                   \
   X(ncclGroupEnd, (void))                                                                     \
   X(ncclSend, (const void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, \
@@ -74,7 +75,8 @@ rda_status rda_transport_nccl_unique_id(void *id, rda_err *err) {
   X(cuMemAlloc_v2, (CUdeviceptr * p, size_t bytes))                    \
   X(cuMemFree_v2, (CUdeviceptr p))                                     \
   X(cuMemcpyHtoDAsync_v2, (CUdeviceptr dst, const void *src, size_t bytes, CUstream s)) \
-  X(cuMemcpyDtoH_v2, (void *dst, CUdeviceptr src, size_t bytes))       \
+  X(cuMemcpyDtoHAsync_v2, (void *dst, CUdeviceptr src, size_t bytes, CUstream s)) \
+  X(cuCtxGetDevice, (CUdevice * device))                               \
   X(cuCtxGetCurrent, (CUcontext * ctx))                                \
   X(cuCtxSetCurrent, (CUcontext ctx))                                  \
   X(cuGetErrorString, (CUresult e, const char **s))
@@ -271,6 +273,9 @@ static rda_status tn_check_live(tn_endpoint *ep, rda_err *err) {
   if (ep->aborted)
     return rda_err_set(err, RDA_ERR_NCCL, "rank %d: the communicator was aborted: %s",
                        ep->base.rank, ep->reason);
+  /* The ring may be called from another thread than the one that made it (a framework's
+   * worker): the driver calls below act on the calling thread's current context. */
+  if (ep->ctx != NULL) RDA_TRY(tn_cu(ep, err, "cuCtxSetCurrent", tn_.cuCtxSetCurrent(ep->ctx)));
   return RDA_OK;
 }
 
@@ -390,10 +395,14 @@ static rda_status tn_gather8(rda_transport *t, uint64_t mine, uint64_t *all, rda
   RDA_TRY(tn_poll(ep, 0, "ncclAllGather", err));
   RDA_TRY(tn_cu(ep, err, "cuEventRecord", tn_.cuEventRecord(ep->done, ep->stream)));
   RDA_TRY(tn_poll(ep, 1, "an all-gather", err));
-  if (all != NULL)
-    RDA_TRY(tn_cu(ep, err, "cuMemcpyDtoH",
-                  tn_.cuMemcpyDtoH_v2(all, ep->scratch, 8u * (size_t)ep->base.size)));
-  return RDA_OK;
+  if (all == NULL) return RDA_OK;
+  /* On the communication stream too: a synchronous copy would go to the legacy stream and
+   * wait for every blocking stream of the context, the caller's queued work included. */
+  RDA_TRY(tn_cu(ep, err, "cuMemcpyDtoHAsync",
+                tn_.cuMemcpyDtoHAsync_v2(all, ep->scratch, 8u * (size_t)ep->base.size,
+                                         ep->stream)));
+  RDA_TRY(tn_cu(ep, err, "cuEventRecord", tn_.cuEventRecord(ep->done, ep->stream)));
+  return tn_poll(ep, 1, "an all-gather's read-back", err);
 }
 
 /* NCCL sets up a pair's point-to-point connection on its first transfer: one grouped exchange
@@ -430,7 +439,9 @@ static void tn_abort(rda_transport *t, const char *reason) {
 /* A communicator rda made, at the end: ncclCommFinalize flushes its operations while every
  * rank is still there, then ncclCommDestroy frees it without blocking; destroyed without a
  * finalize it would wait in a barrier of every rank, for ever when a peer aborted. With work
- * in flight, a failure, or no finalize within the timeout: ncclCommAbort (local only). */
+ * in flight, a failure, or no finalize within the timeout: ncclCommAbort (current NCCL
+ * returns from it at once; the 2.18 - 2.20 manuals call it an intra-node collective, so there
+ * an aborting rank may wait until its peers on the node abort too). */
 static void tn_release_comm(tn_endpoint *ep) {
   if (ep->state == 2) {
     tn_abort_comm(ep, "released with operations in flight");
@@ -509,12 +520,25 @@ rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank
   rda_status s = RDA_OK;
   if (comm != NULL) {
     ep->comm = (ncclComm_t)comm;
-    int n = 0, me = -1;
-    if (tn_.ncclCommCount(ep->comm, &n) != ncclSuccess ||
-        tn_.ncclCommUserRank(ep->comm, &me) != ncclSuccess || n != size || me != rank)
+    /* A non-blocking communicator may still be initializing: NCCL refuses every other call on
+     * it until its state is ncclSuccess. */
+    s = tn_poll(ep, 0, "the communicator's initialization", err);
+    int n = 0, me = -1, dev = -1;
+    CUdevice mine = -1;
+    if (s == RDA_OK && (tn_.ncclCommCount(ep->comm, &n) != ncclSuccess ||
+                        tn_.ncclCommUserRank(ep->comm, &me) != ncclSuccess || n != size ||
+                        me != rank))
       s = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                       "nccl transport: the communicator is rank %d of %d, expected %d of %d", me, n,
                       rank, size);
+    /* Its kernels run on its device: on another than the context's they would read the ring's
+     * buffers through peer access, or fault. */
+    if (s == RDA_OK && tn_.ncclCommCuDevice(ep->comm, &dev) == ncclSuccess &&
+        tn_.cuCtxGetDevice(&mine) == CUDA_SUCCESS && dev != (int)mine)
+      s = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                      "nccl transport: the communicator is on device %d, the context on device "
+                      "%d",
+                      dev, (int)mine);
   } else {
     /* Non-blocking init so a peer that never arrives is a timeout, not a hang. */
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
@@ -547,8 +571,10 @@ rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank
   if (s == RDA_OK) s = rda_transport_check_fingerprints(all, size, rank, err);
   free(all);
   if (s != RDA_OK) {
-    if (!ep->owns_comm) ep->comm = NULL; /* never destroy the caller's communicator */
-    /* Ours: aborted, not finalized (its peers may never get as far as finalizing). */
+    /* The caller's communicator is aborted after an NCCL or CUDA failure (its peers may have
+     * transfers posted to it; rda.h: the handle is then gone), and left to the caller after
+     * any other. Ours: aborted, not finalized (its peers may never get as far as that). */
+    if (!ep->owns_comm && s != RDA_ERR_NCCL && s != RDA_ERR_CUDA) ep->comm = NULL;
     if (ep->comm != NULL) tn_abort_comm(ep, "the ring's creation failed");
     tn_destroy(&ep->base);
     return s;
