@@ -429,6 +429,95 @@ static void compare_outputs(const char *what, const float *ring, const float *on
   free(a), free(e);
 }
 
+/* A caller's communicator, non-blocking and handed over while it may still be initializing
+ * (NCCL refuses other calls on it until then): creation waits for it. Then a call from a
+ * thread that has no context current (a framework's worker) still works: every transport call
+ * makes the ring's context current. The communicator stays the caller's. */
+#if defined(__has_include)
+#if __has_include(<nccl.h>)
+/* nccl.h (and the fp16/bf16 headers it pulls in) test undefined macros and declare f(). */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wundef"
+#pragma GCC diagnostic ignored "-Wstrict-prototypes"
+#include <nccl.h>
+#pragma GCC diagnostic pop
+#define TEST_HAVE_NCCL_H 1
+#endif
+#endif
+
+typedef struct other_thread_call {
+  rda_transport *t;
+  uint64_t all[1];
+  rda_status status;
+  char msg[1024];
+} other_thread_call;
+
+static void *other_thread_gather(void *arg) {
+  other_thread_call *c = arg;
+  rda_err err = {0};
+  c->status = rda_transport_gather8(c->t, 99, c->all, &err);
+  snprintf(c->msg, sizeof c->msg, "%s", err.msg);
+  return NULL;
+}
+
+static void test_nccl_caller_comm_initializing_and_other_threads(void **state) {
+  (void)state;
+#ifndef TEST_HAVE_NCCL_H
+  print_message("skipped: rda was built without nccl.h\n");
+  skip();
+#else
+  rda_backend *b = open_gpu();
+  if (b == NULL) skip();
+  unsigned char id[NCCL_ID_BYTES];
+  if (!nccl_id(id)) {
+    b->destroy(b);
+    skip();
+  }
+  void *lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+  assert_non_null(lib);
+  typedef ncclResult_t (*init_fn)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *);
+  typedef ncclResult_t (*comm_fn)(ncclComm_t);
+  typedef ncclResult_t (*err_fn)(ncclComm_t, ncclResult_t *);
+  void *si = dlsym(lib, "ncclCommInitRankConfig"), *sd = dlsym(lib, "ncclCommDestroy");
+  void *se = dlsym(lib, "ncclCommGetAsyncError");
+  assert_true(si != NULL && sd != NULL && se != NULL);
+  init_fn init;
+  comm_fn destroy;
+  err_fn async_error;
+  memcpy(&init, &si, sizeof si), memcpy(&destroy, &sd, sizeof sd);
+  memcpy(&async_error, &se, sizeof se);
+  rda_err err = {0};
+  void *ev = NULL;
+  assert_int_equal(b->event_create(b, &ev, &err), RDA_OK); /* makes the context current */
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclUniqueId u;
+  memcpy(&u, id, sizeof u);
+  ncclComm_t comm = NULL;
+  const ncclResult_t r = init(&comm, 1, u, 0, &cfg);
+  assert_true(r == ncclSuccess || r == ncclInProgress);
+  void *cstream = NULL;
+  assert_int_equal(b->stream_create(b, &cstream, &err), RDA_OK);
+  rda_transport *t = NULL;
+  if (rda_transport_nccl_create(comm, NULL, 0, 1, cstream, b, 7, 30.0, &t, &err) != RDA_OK)
+    fail_msg("create with a communicator still initializing: %s", err.msg);
+  other_thread_call c = {.t = t};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, other_thread_gather, &c), 0);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  if (c.status != RDA_OK) fail_msg("a call from another thread: %s", c.msg);
+  assert_true(c.all[0] == 99);
+  rda_transport_destroy(t);
+  ncclResult_t state_now = ncclInProgress;
+  assert_int_equal(async_error(comm, &state_now), ncclSuccess);
+  assert_int_equal(state_now, ncclSuccess); /* untouched: still the caller's, healthy */
+  assert_int_equal(destroy(comm), ncclSuccess);
+  b->stream_destroy(b, cstream);
+  b->event_destroy(b, ev);
+  b->destroy(b);
+#endif
+}
+
 static void test_ring_over_nccl_one_rank_matches_single_device(void **state) {
   (void)state;
   rda_ctx *ctx = NULL;
@@ -615,6 +704,7 @@ int main(void) {
       cmocka_unit_test(test_nccl_create_rejects_bad_arguments),
       cmocka_unit_test(test_nccl_transport_one_rank_moves_every_byte),
       cmocka_unit_test(test_ring_over_nccl_one_rank_matches_single_device),
+      cmocka_unit_test(test_nccl_caller_comm_initializing_and_other_threads),
       /* Last: if NCCL hangs in an abort, the thread it leaves behind affects nothing else. */
       cmocka_unit_test(test_nccl_transport_missing_peer_times_out),
   };
