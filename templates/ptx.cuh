@@ -136,7 +136,9 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 #endif
 }
 
-/* Orders this warpgroup's register and shared accesses before the wgmma that follow. */
+/* Orders this warpgroup's accesses to the accumulator and A-fragment registers before the
+ * wgmma that follow (PTX ISA: wgmma.fence). Shared memory that wgmma reads is ordered by
+ * fence.proxy.async after the writes, not by this. */
 __device__ __forceinline__ void wgmma_fence() {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
