@@ -97,6 +97,7 @@ typedef struct ring_run {
   rda_ring_rows_params *rows; /* a round's transfers to pack or add (max_ops of them) */
   const int **heads;          /* their kv heads */
   ring_round_scratch scratch; /* for the forward's rounds */
+  int posted;                 /* a transport group is posted and not yet waited for */
 } ring_run;
 
 static size_t ring_bytes(const rda_ring_xfer *x, long long batch) {
@@ -187,23 +188,25 @@ static rda_status ring_compute_step(ring_run *r, const ring_vstep *v, int64_t i,
 
 static rda_status ring_loop(ring_run *r, const ring_vstep *v, int64_t nv, rda_err *err) {
   rda_backend *b = r->c.b;
-  int posted = 0, nops = 0;
+  int nops = 0;
   ring_trace_mark(b, RING_MARK_BEGIN, 0);
   if (nv > 0 && (nops = ring_vstep_ops(&v[0], r->c.batch, r->ops)) > 0) {
     RDA_TRY(ring_post(r, &v[0], 0, nops, err));
-    posted = 1;
+    r->posted = 1;
   }
   RDA_TRY(r->backward ? ring_bwd_own(&r->c, err) : ring_fwd_own(&r->c, err));
   ring_trace_mark(b, RING_MARK_OWN, 0);
   for (int64_t i = 0; i < nv; ++i) {
     ring_trace_mark(b, RING_MARK_WAIT0, i);
-    if (posted) RDA_TRY(rda_transport_wait(r->t, err));
+    if (r->posted) {
+      r->posted = 0; /* waited for, even when the wait fails */
+      RDA_TRY(rda_transport_wait(r->t, err));
+    }
     ring_trace_mark(b, RING_MARK_WAIT1, i);
     if (v[i].grad.n > 0) RDA_TRY(ring_add_returned(r, &v[i].grad, r->bl.grblk[i % 2], err));
-    posted = 0;
     if (i + 1 < nv && (nops = ring_vstep_ops(&v[i + 1], r->c.batch, r->ops)) > 0) {
       RDA_TRY(ring_post(r, &v[i + 1], i + 1, nops, err));
-      posted = 1;
+      r->posted = 1;
     }
     ring_trace_mark(b, RING_MARK_POSTED, i);
     RDA_TRY(ring_compute_step(r, &v[i], i, err));
@@ -313,6 +316,13 @@ static rda_status ring_pass(ring_run *r, int rank, long long n, void *workspace,
   ring_round_scratch_free(&r->scratch);
   if (s != RDA_OK) {
     rda_transport_abort(r->t, err != NULL && err->msg[0] != '\0' ? err->msg : "a rank failed");
+    /* A group posted and not waited for (a launch failed meanwhile): its wait, failing now,
+     * orders the caller's stream after the copies it had started (transport.h). */
+    if (r->posted) {
+      rda_err ignored = {0};
+      rda_transport_wait(r->t, &ignored);
+      r->posted = 0;
+    }
     return s;
   }
   if (stats != NULL) {

@@ -29,7 +29,10 @@
  *    device to finish. The host transport copies at once (its memory is host memory).
  *  - Errors are RDA_ERR_NCCL with one line naming the rank, e.g. "rank 3: timed out after
  *    2.0 s waiting for rank 5". A timeout or a failure aborts the world: every other rank's
- *    pending or later call fails within its own timeout, never hangs.
+ *    pending or later call fails within its own timeout, never hangs. A wait that fails still
+ *    orders the caller's stream after the transfers that had begun (device transport: copies
+ *    matched before the abort), so none lands in a buffer the caller reuses after the error:
+ *    a caller that abandons a posted group calls wait all the same.
  *  - Creation checks a fingerprint (rda_ring_fingerprint): a mismatch is an error on every rank. */
 #ifndef RDA_TRANSPORT_H
 #define RDA_TRANSPORT_H

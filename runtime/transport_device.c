@@ -6,7 +6,8 @@
  *  - whoever matches a pair enqueues, on the receiver's communication stream, waits on both
  *    ready events, the copy, then each side's "copied" event;
  *  - wait blocks the host until every op of the group is matched and enqueued, then makes the
- *    caller's current stream wait on each op's copied event. It never synchronizes the device.
+ *    caller's current stream wait on each op's copied event; a wait that fails (an abort, a
+ *    timeout) does the same for the ops that were matched. It never synchronizes the device.
  * Every backend call goes through the rank's backend, which makes its CUDA context current on
  * the calling thread (runtime/cuda.c enters the context in every operation). Events of one
  * rank's backend are used on another rank's streams: all backends must be on one device (one
@@ -76,6 +77,17 @@ static rda_status td_after_wait(tw_endpoint *t, rda_err *err) {
   return RDA_OK;
 }
 
+/* The owner's thread, a posted group failed: its caller's stream waits for the copies that
+ * were enqueued (matched ops), in both directions: a copy into its receive buffers, and a
+ * peer's copy reading its send buffers, which the caller may reuse once it has the error. */
+static void td_abandoned(tw_endpoint *t) {
+  td_endpoint *ep = (td_endpoint *)t;
+  rda_err ignored = {0};
+  for (int q = 0; q < t->nops; q++)
+    if (t->ops[q]->done && t->ops[q]->ev_copied != NULL)
+      ep->b->stream_wait_event(ep->b, t->ops[q]->ev_copied, &ignored);
+}
+
 /* Wait (up to the timeout) until the copies already queued into this rank's buffers have
  * landed: a failed pass can leave some behind, and once the endpoint is destroyed its caller
  * may reuse those buffers. */
@@ -133,6 +145,7 @@ static const tw_hooks td_hooks = {
     .complete = td_complete,
     .before_post = td_before_post,
     .after_wait = td_after_wait,
+    .abandoned = td_abandoned,
     .fini = td_fini,
 };
 

@@ -218,8 +218,9 @@ rda_status tw_wait(rda_transport *t, rda_err *err) {
       tw_abort_locked(w, t->rank, why);
     }
   }
-  if (s != RDA_OK) tw_unlink_all(w, ep);
+  if (s != RDA_OK) tw_unlink_all(w, ep); /* what is not matched now never will be */
   pthread_mutex_unlock(&w->mu);
+  if (s != RDA_OK && w->hooks->abandoned != NULL) w->hooks->abandoned(ep);
   if (s == RDA_OK && w->hooks->after_wait != NULL) {
     rda_err why = {0};
     if (w->hooks->after_wait(ep, &why) != RDA_OK) s = tw_hook_failed(w, t->rank, &why, err);

@@ -47,6 +47,11 @@ typedef struct tw_hooks {
    * and when wait saw every op complete. A failure aborts the world in the owner's name. */
   rda_status (*before_post)(tw_endpoint *ep, rda_err *err);
   rda_status (*after_wait)(tw_endpoint *ep, rda_err *err);
+  /* Optional, by the owner's thread without the lock, when wait failed on a posted group (the
+   * world aborted, or timed out): its ops with done set were matched, their bytes moved or
+   * being moved (device: copies enqueued), the others never will be; order the caller's later
+   * work after the moves, so none lands in a buffer the caller reuses after the error. */
+  void (*abandoned)(tw_endpoint *ep);
   /* Optional: release what the transport added to an endpoint (also after a failed join). */
   void (*fini)(tw_endpoint *ep);
 } tw_hooks;

@@ -1002,6 +1002,7 @@ enum { AB_MAX_STREAMS = 64 };
 static struct {
   pthread_mutex_t mu;
   ab_stream streams[AB_MAX_STREAMS];
+  ab_stream *paused; /* runs nothing while set */
   int nstreams, stop;
   ab_event *events;
   pthread_t th;
@@ -1073,7 +1074,9 @@ static void *ab_device(void *arg) {
     int ready[AB_MAX_STREAMS], nready = 0;
     for (int q = 0; q < abd.nstreams; q++) {
       const ab_op *h = abd.streams[q].head;
-      if (h != NULL && (h->kind != AB_WAIT || ab_event_done(h->ev, h->seq))) ready[nready++] = q;
+      if (h != NULL && &abd.streams[q] != abd.paused &&
+          (h->kind != AB_WAIT || ab_event_done(h->ev, h->seq)))
+        ready[nready++] = q;
     }
     if (nready == 0) {
       pthread_mutex_unlock(&abd.mu);
@@ -1295,6 +1298,110 @@ static void test_device_transport_orders_copies_with_events(void **state) {
   }
 }
 
+/* Stops the fake device once every stream drained, frees its events and streams. */
+static void ab_device_drain_and_stop(pthread_t dev) {
+  for (int busy = 1; busy;) {
+    pthread_mutex_lock(&abd.mu);
+    busy = 0;
+    for (int q = 0; q < abd.nstreams; q++) busy |= abd.streams[q].head != NULL;
+    abd.stop = !busy;
+    pthread_mutex_unlock(&abd.mu);
+    if (busy) sleep_us(100);
+  }
+  pthread_join(dev, NULL);
+  while (abd.events != NULL) {
+    ab_event *e = abd.events;
+    abd.events = e->next;
+    free(e->done), free(e);
+  }
+  abd.nstreams = 0;
+}
+
+typedef struct join_ctx {
+  rda_device_world *world;
+  int rank;
+  rda_backend *b;
+  rda_transport *t;
+  rda_status status;
+} join_ctx;
+
+static void *join_main(void *arg) {
+  join_ctx *c = arg;
+  rda_err err = {0};
+  c->status = rda_device_world_join(c->world, c->rank, 9, c->b, &c->t, &err);
+  return NULL;
+}
+
+/* A group that fails after its copy was matched (the world aborted while the sender's data was
+ * not yet ready): the failed wait must still order the receiver's stream after that copy, or
+ * it lands later in a buffer the caller has reused since. The sender's stream is paused so
+ * that the copy is surely late; the receiver then writes its receive buffer, and once the
+ * device is released that write must be what stays. Both ranks on this thread, in turn. */
+static void test_device_transport_failed_wait_orders_the_copies_it_began(void **state) {
+  (void)state;
+  rt_rng_seed(&abd.rng, rt_seed_value() + 7);
+  abd.stop = 0;
+  pthread_t dev;
+  assert_int_equal(pthread_create(&dev, NULL, ab_device, NULL), 0);
+  rda_device_world *w = NULL;
+  rda_err err = {0};
+  assert_int_equal(rda_device_world_create(2, 20.0, &w, &err), RDA_OK);
+  rda_backend *b[2] = {ab_open(), ab_open()};
+  rda_transport *t[2] = {NULL, NULL};
+  void *ev = NULL;
+  ab_event_create(b[0], &ev, NULL);
+  /* Joining is a barrier of both ranks: one thread each. */
+  join_ctx jc[2];
+  pthread_t th[2];
+  for (int x = 0; x < 2; x++) {
+    jc[x] = (join_ctx){.world = w, .rank = x, .b = b[x]};
+    assert_int_equal(pthread_create(&th[x], NULL, join_main, &jc[x]), 0);
+  }
+  for (int x = 0; x < 2; x++) {
+    pthread_join(th[x], NULL);
+    assert_int_equal(jc[x].status, RDA_OK);
+    t[x] = jc[x].t;
+  }
+  unsigned char *src = xmalloc(ORD_BYTES), *dst = xmalloc(ORD_BYTES);
+  memset(src, 0x5A, ORD_BYTES), memset(dst, 0, ORD_BYTES);
+  pthread_mutex_lock(&abd.mu);
+  abd.paused = (ab_stream *)b[1]->impl; /* rank 1's stream: its ready event waits */
+  pthread_mutex_unlock(&abd.mu);
+  assert_int_equal(rda_transport_group_start(t[1], &err), RDA_OK);
+  assert_int_equal(rda_transport_send(t[1], 0, src, ORD_BYTES, &err), RDA_OK);
+  assert_int_equal(rda_transport_group_end(t[1], &err), RDA_OK);
+  assert_int_equal(rda_transport_group_start(t[0], &err), RDA_OK);
+  assert_int_equal(rda_transport_recv(t[0], 1, dst, ORD_BYTES, &err), RDA_OK);
+  assert_int_equal(rda_transport_group_end(t[0], &err), RDA_OK); /* matched: copy enqueued */
+  rda_transport_abort(t[0], "a launch failed");
+  assert_int_equal(rda_transport_wait(t[0], &err), RDA_ERR_NCCL);
+  b[0]->memset_async(b[0], dst, 0x33, ORD_BYTES, NULL); /* the caller reuses the buffer */
+  b[0]->event_record(b[0], ev, NULL);
+  /* Unordered, the write runs now, while the copy cannot; ordered, it waits for the copy. */
+  int done = 0;
+  for (int i = 0; i < 2000 && !done; i++) {
+    b[0]->event_query(b[0], ev, &done, NULL);
+    sleep_us(50);
+  }
+  pthread_mutex_lock(&abd.mu);
+  abd.paused = NULL;
+  pthread_mutex_unlock(&abd.mu);
+  while (b[0]->event_query(b[0], ev, &done, NULL) == RDA_OK && !done) sleep_us(20);
+  rda_err_clear(&err);
+  assert_int_equal(rda_transport_wait(t[1], &err), RDA_ERR_NCCL);
+  rda_transport_destroy(t[0]);
+  rda_transport_destroy(t[1]);
+  ab_device_drain_and_stop(dev);
+  rda_device_world_destroy(w);
+  size_t kept = 0;
+  for (int i = 0; i < ORD_BYTES; i++) kept += dst[i] == 0x33;
+  free(src), free(dst);
+  b[0]->destroy(b[0]), b[1]->destroy(b[1]);
+  if (kept != ORD_BYTES)
+    fail_msg("%zu of %d bytes of the reused buffer were overwritten by the late copy",
+             (size_t)ORD_BYTES - kept, ORD_BYTES);
+}
+
 /* Without a GPU (CI here) the NCCL transport must fail with one clear line, not crash. */
 static void test_transport_nccl_without_a_gpu_fails_cleanly(void **state) {
   (void)state;
@@ -1339,6 +1446,7 @@ int main(void) {
       cmocka_unit_test(test_device_transport_allgather_barrier_and_misuse),
       cmocka_unit_test(test_device_transport_rank_without_a_usable_backend_fails_every_rank),
       cmocka_unit_test(test_device_transport_orders_copies_with_events),
+      cmocka_unit_test(test_device_transport_failed_wait_orders_the_copies_it_began),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
