@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "log.h"
 #include "transport.h"
 #include "transport_world.h"
 
@@ -107,7 +108,13 @@ static void td_quiesce(td_endpoint *ep) {
     clock_gettime(CLOCK_MONOTONIC, &now);
     const double waited =
         (double)(now.tv_sec - t0.tv_sec) + 1e-9 * (double)(now.tv_nsec - t0.tv_nsec);
-    if (waited > ep->tw.base.timeout_s) return;
+    if (waited > ep->tw.base.timeout_s) {
+      rda_log(RDA_LOG_WARN,
+              "device transport: rank %d left with copies into its buffers still queued after "
+              "%.1f s; they may land after its caller reuses those buffers",
+              ep->tw.base.rank, ep->tw.base.timeout_s);
+      return;
+    }
     nanosleep(&nap, NULL);
   }
 }
