@@ -67,6 +67,16 @@ static int nccl_id(void *id) {
   return 1;
 }
 
+/* The GPU's backend and a fresh NCCL id, or NULL (the caller skips, having been told why). */
+static rda_backend *open_gpu_and_nccl(void *id) {
+  rda_backend *b = open_gpu();
+  if (b != NULL && !nccl_id(id)) {
+    b->destroy(b);
+    return NULL;
+  }
+  return b;
+}
+
 /* Host-wait for everything enqueued so far on b's current stream, through an event. */
 static rda_status sync_current(rda_backend *b, void *ev, rda_err *err) {
   int done = 0;
@@ -154,13 +164,9 @@ enum { MSG_A = (3 << 20) + 7, MSG_B = (1 << 20) + 1, GATHER = 64 << 10, ROUNDS =
 
 static void test_nccl_transport_one_rank_moves_every_byte(void **state) {
   (void)state;
-  rda_backend *b = open_gpu();
-  if (b == NULL) skip();
   unsigned char id[NCCL_ID_BYTES];
-  if (!nccl_id(id)) {
-    b->destroy(b);
-    skip();
-  }
+  rda_backend *b = open_gpu_and_nccl(id);
+  if (b == NULL) skip();
   rda_err err = {0};
   void *comm = NULL, *compute = NULL, *ev = NULL;
   assert_int_equal(b->stream_create(b, &comm, &err), RDA_OK);
@@ -466,13 +472,9 @@ static void test_nccl_caller_comm_initializing_and_other_threads(void **state) {
   print_message("skipped: rda was built without nccl.h\n");
   skip();
 #else
-  rda_backend *b = open_gpu();
-  if (b == NULL) skip();
   unsigned char id[NCCL_ID_BYTES];
-  if (!nccl_id(id)) {
-    b->destroy(b);
-    skip();
-  }
+  rda_backend *b = open_gpu_and_nccl(id);
+  if (b == NULL) skip();
   void *lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
   assert_non_null(lib);
   typedef ncclResult_t (*init_fn)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *);

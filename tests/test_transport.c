@@ -1191,6 +1191,34 @@ static void ab_sync(rda_backend *b, void *ev) {
   while (b->event_query(b, ev, &done, NULL) == RDA_OK && !done) sleep_us(20);
 }
 
+/* Starts the fake device's thread, its interleaving drawn from the test seed plus salt. */
+static pthread_t ab_device_start(uint64_t salt) {
+  rt_rng_seed(&abd.rng, rt_seed_value() + salt);
+  abd.stop = 0;
+  pthread_t dev;
+  assert_int_equal(pthread_create(&dev, NULL, ab_device, NULL), 0);
+  return dev;
+}
+
+/* Stops the fake device once every stream drained, frees its events and streams. */
+static void ab_device_drain_and_stop(pthread_t dev) {
+  for (int busy = 1; busy;) {
+    pthread_mutex_lock(&abd.mu);
+    busy = 0;
+    for (int q = 0; q < abd.nstreams; q++) busy |= abd.streams[q].head != NULL;
+    abd.stop = !busy;
+    pthread_mutex_unlock(&abd.mu);
+    if (busy) sleep_us(100);
+  }
+  pthread_join(dev, NULL);
+  while (abd.events != NULL) {
+    ab_event *e = abd.events;
+    abd.events = e->next;
+    free(e->done), free(e);
+  }
+  abd.nstreams = 0;
+}
+
 typedef struct ord_ctx {
   rda_device_world *world;
   int rank, P, rounds;
@@ -1258,10 +1286,7 @@ done:
 static void test_device_transport_orders_copies_with_events(void **state) {
   (void)state;
   enum { P = 3 };
-  rt_rng_seed(&abd.rng, rt_seed_value() + 99);
-  abd.stop = 0;
-  pthread_t dev;
-  assert_int_equal(pthread_create(&dev, NULL, ab_device, NULL), 0);
+  const pthread_t dev = ab_device_start(99);
   rda_device_world *w = NULL;
   rda_err err = {0};
   assert_int_equal(rda_device_world_create(P, 20.0, &w, &err), RDA_OK);
@@ -1273,48 +1298,14 @@ static void test_device_transport_orders_copies_with_events(void **state) {
     assert_int_equal(pthread_create(&th[x], NULL, ord_rank, &ctx[x]), 0);
   }
   for (int x = 0; x < P; x++) pthread_join(th[x], NULL);
-  /* Let the device drain, then stop it. */
-  for (int busy = 1; busy;) {
-    pthread_mutex_lock(&abd.mu);
-    busy = 0;
-    for (int q = 0; q < abd.nstreams; q++) busy |= abd.streams[q].head != NULL;
-    abd.stop = !busy;
-    pthread_mutex_unlock(&abd.mu);
-    if (busy) sleep_us(100);
-  }
-  pthread_join(dev, NULL);
+  ab_device_drain_and_stop(dev);
   rda_device_world_destroy(w);
   for (int x = 0; x < P; x++)
     for (size_t k = 0; k < sizeof ctx[x].mem / sizeof ctx[x].mem[0]; k++) free(ctx[x].mem[k]);
-  while (abd.events != NULL) {
-    ab_event *e = abd.events;
-    abd.events = e->next;
-    free(e->done), free(e);
-  }
-  abd.nstreams = 0;
   for (int x = 0; x < P; x++) {
     if (ctx[x].status != RDA_OK) fail_msg("rank %d: %s", x, ctx[x].msg);
     if (ctx[x].bad != 0) fail_msg("rank %d: %lld bytes wrong", x, ctx[x].bad);
   }
-}
-
-/* Stops the fake device once every stream drained, frees its events and streams. */
-static void ab_device_drain_and_stop(pthread_t dev) {
-  for (int busy = 1; busy;) {
-    pthread_mutex_lock(&abd.mu);
-    busy = 0;
-    for (int q = 0; q < abd.nstreams; q++) busy |= abd.streams[q].head != NULL;
-    abd.stop = !busy;
-    pthread_mutex_unlock(&abd.mu);
-    if (busy) sleep_us(100);
-  }
-  pthread_join(dev, NULL);
-  while (abd.events != NULL) {
-    ab_event *e = abd.events;
-    abd.events = e->next;
-    free(e->done), free(e);
-  }
-  abd.nstreams = 0;
 }
 
 typedef struct join_ctx {
@@ -1339,10 +1330,7 @@ static void *join_main(void *arg) {
  * device is released that write must be what stays. Both ranks on this thread, in turn. */
 static void test_device_transport_failed_wait_orders_the_copies_it_began(void **state) {
   (void)state;
-  rt_rng_seed(&abd.rng, rt_seed_value() + 7);
-  abd.stop = 0;
-  pthread_t dev;
-  assert_int_equal(pthread_create(&dev, NULL, ab_device, NULL), 0);
+  const pthread_t dev = ab_device_start(7);
   rda_device_world *w = NULL;
   rda_err err = {0};
   assert_int_equal(rda_device_world_create(2, 20.0, &w, &err), RDA_OK);
