@@ -587,9 +587,7 @@ rda_status rda_api_check_tensor(const rda_plan *plan, const rda_tensor *t, const
                          "%s: %s->shape[%d] = %lld: expected %s %s = %s for this plan "
                          "and q%s",
                          w->fn, nm, i, t->shape[i], nm, w->dims, want,
-                         cross ? " (keys of another length than the queries would be "
-                                 "cross-attention, which is not defined: SPEC section 1)"
-                               : "");
+                         cross ? RDA_CROSS_ATTENTION_NOTE : "");
     }
   /* No elements (a ring rank without rows): nothing is read or written, so neither data nor
    * strides matter (frameworks give empty tensors a NULL pointer). */

@@ -31,6 +31,12 @@ int rda_config_size_ok(long long v);
 int rda_config_scale_fits(double scale);
 double rda_config_scale_max(void); /* the bound on |scale| to print (%.8g), rounded down */
 
+/* What a key length other than the query length would be, for the messages that refuse it
+ * (rda_forward's checks, rdagen run's): SPEC §1 leaves it undefined. */
+#define RDA_CROSS_ATTENTION_NOTE \
+  " (keys of another length than the queries would be cross-attention, which is not defined: " \
+  "SPEC section 1)"
+
 /* "bf16" / "fp16"; "mod" / "block" / "group". */
 const char *rda_dtype_name(int dtype);
 const char *rda_offsets_name(int offsets);

@@ -570,10 +570,45 @@ static rda_status rp_build_groups(rda_ring_plan *p, int i, int64_t *slot, int64_
   return RDA_OK;
 }
 
-/* Per-rank totals from every group's steps. */
+/* The steps of rank into *buf (capacity *cap steps, grown with realloc as needed; the caller
+ * frees it): the walks over every rank (totals, simulation) reuse one buffer, where a fresh
+ * one per rank cost more in page faults than the steps themselves (tens of MiB a rank). */
 static rda_status rp_steps_into(const rda_ring_plan *p, int rank, rda_ring_step **buf,
-                                int64_t *cap_io, int64_t *count, rda_err *err);
+                                int64_t *cap_io, int64_t *count, rda_err *err) {
+  *count = 0;
+  /* Groups come in (branch, segment, class) order and bundles number them in that order: per
+   * bundle of the rank's memberships, shift by shift, group by group is the key of
+   * rda_ring_step, (bundle, shift, group). */
+  rda_ring_step *v = *buf;
+  int64_t c = 0, cap = *cap_io;
+  const int64_t m1 = p->memb_off[rank + 1];
+  for (int64_t m0 = p->memb_off[rank]; m0 < m1;) {
+    const int64_t bundle = p->groups[p->memb_g[m0]].bundle;
+    int64_t me = m0;
+    int smax = 0;
+    for (; me < m1 && p->groups[p->memb_g[me]].bundle == bundle; me++)
+      if (rp_nsteps(&p->groups[p->memb_g[me]]) > smax) smax = rp_nsteps(&p->groups[p->memb_g[me]]);
+    for (int s = 0; s < smax; s++)
+      for (int64_t m = m0; m < me; m++) {
+        const rp_group *g = &p->groups[p->memb_g[m]];
+        if (s < rp_first_step(g) || s >= rp_nsteps(g)) continue;
+        if (c == cap) {
+          const int64_t grown = cap ? 2 * cap : 64;
+          rda_ring_step *nv = realloc(v, (size_t)grown * sizeof *v);
+          if (nv == NULL)
+            return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY,
+                               "ring plan: out of memory for %lld steps", (long long)grown);
+          *buf = v = nv, *cap_io = cap = grown;
+        }
+        if (rp_step(p, p->memb_g[m], p->memb_x[m], s, &v[c])) c++;
+      }
+    m0 = me;
+  }
+  *count = c;
+  return RDA_OK;
+}
 
+/* Per-rank totals from every group's steps. */
 static rda_status rp_totals(rda_ring_plan *p, rda_err *err) {
   for (int rho = 0; rho < p->nranks; rho++) {
     rda_ring_rank *rk = &p->ranks[rho];
@@ -847,44 +882,6 @@ int rda_ring_plan_own_block(const rda_ring_plan *p, int64_t group, int rank, rda
     return 1;
   }
   return 0;
-}
-
-/* The steps of rank into *buf (capacity *cap steps, grown with realloc as needed; the caller
- * frees it): the walks over every rank (totals, simulation) reuse one buffer, where a fresh
- * one per rank cost more in page faults than the steps themselves (tens of MiB a rank). */
-static rda_status rp_steps_into(const rda_ring_plan *p, int rank, rda_ring_step **buf,
-                                int64_t *cap_io, int64_t *count, rda_err *err) {
-  *count = 0;
-  /* Groups come in (branch, segment, class) order and bundles number them in that order: per
-   * bundle of the rank's memberships, shift by shift, group by group is the key of
-   * rda_ring_step, (bundle, shift, group). */
-  rda_ring_step *v = *buf;
-  int64_t c = 0, cap = *cap_io;
-  const int64_t m1 = p->memb_off[rank + 1];
-  for (int64_t m0 = p->memb_off[rank]; m0 < m1;) {
-    const int64_t bundle = p->groups[p->memb_g[m0]].bundle;
-    int64_t me = m0;
-    int smax = 0;
-    for (; me < m1 && p->groups[p->memb_g[me]].bundle == bundle; me++)
-      if (rp_nsteps(&p->groups[p->memb_g[me]]) > smax) smax = rp_nsteps(&p->groups[p->memb_g[me]]);
-    for (int s = 0; s < smax; s++)
-      for (int64_t m = m0; m < me; m++) {
-        const rp_group *g = &p->groups[p->memb_g[m]];
-        if (s < rp_first_step(g) || s >= rp_nsteps(g)) continue;
-        if (c == cap) {
-          const int64_t grown = cap ? 2 * cap : 64;
-          rda_ring_step *nv = realloc(v, (size_t)grown * sizeof *v);
-          if (nv == NULL)
-            return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY,
-                               "ring plan: out of memory for %lld steps", (long long)grown);
-          *buf = v = nv, *cap_io = cap = grown;
-        }
-        if (rp_step(p, p->memb_g[m], p->memb_x[m], s, &v[c])) c++;
-      }
-    m0 = me;
-  }
-  *count = c;
-  return RDA_OK;
 }
 
 rda_status rda_ring_plan_steps(const rda_ring_plan *p, int rank, rda_ring_step **steps,

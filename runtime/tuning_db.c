@@ -121,12 +121,13 @@ static rda_status rda_tuning_db_parent(const char *path, rda_err *err) {
   struct stat st;
   if (stat(dir, &st) == 0) return RDA_OK;
   const int e = errno;
-  char root[4096];
+  char root[4096]; /* the cache root: the folder of the default database */
   rda_err ignored = {0};
-  const char *cut = NULL;
+  char *cut = NULL;
   if (rda_cache_dir_path("tuning.lua", root, sizeof root, &ignored) == RDA_OK)
     cut = strrchr(root, '/');
-  if (cut == NULL || (size_t)(cut - root) != strlen(dir) || strncmp(root, dir, strlen(dir)) != 0)
+  if (cut != NULL) *cut = '\0';
+  if (cut == NULL || strcmp(root, dir) != 0)
     return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': folder '%s' %s", path, dir,
                        e == ENOENT ? "does not exist (only the cache folder is made when missing)"
                                    : strerror(e));

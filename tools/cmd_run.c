@@ -211,9 +211,7 @@ static int run_check_shape(const char *flag, const char *path, const rda_npy *a,
   const int cross = b > 0 && a->ndim == 4 && a->shape[1] != n && strcmp(flag, "--do") != 0;
   return rdagen_fail("%s: %s has shape %s; expected %s %s = %s%s", path, flag, got, dims,
                      b > 0 ? "(the B and N of --q)" : "from the config", exp,
-                     cross ? " (keys of another length than the queries would be "
-                             "cross-attention, which is not defined: SPEC section 1)"
-                           : "");
+                     cross ? RDA_CROSS_ATTENTION_NOTE : "");
 }
 
 /* x as an error message shows it: NaN without a sign (printf may say "-nan"), else %g. */
