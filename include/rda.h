@@ -265,10 +265,14 @@ RDA_API rda_status rda_backward(const rda_plan *plan, const rda_tensor *q, const
  * rank, naming the first two that differ, before anything is transferred.
  * Failures: a ring call (rda_ring_forward / rda_ring_backward) that fails on one rank, for any
  * reason including a bad argument, aborts the ring: that rank returns its own status, every
- * other rank's pending or next call returns RDA_ERR_NCCL, never a hang: naming the cause with
- * virtual ranks (a rank still returning from rda_ring_create may get it there); over NCCL,
- * which does not carry an abort to the peers, within their timeout (desc.timeout_s), saying
- * what they waited for. An aborted ring stays aborted
+ * other rank's pending or next call returns RDA_ERR_NCCL, never a hang. A rank that fails
+ * before its pass starts (a bad argument, say), or after its pass ends, says so in the call's
+ * agreement (one 8-byte all-gather that every rank makes anyway; it waits there for the
+ * others, up to the timeout), so the others fail at once, naming that rank and its status, on
+ * NCCL too. A failure inside the pass reaches the others
+ * at once with virtual ranks, naming the cause (a rank still returning from rda_ring_create
+ * may get it there); over NCCL, which does not carry an abort to the peers, within their
+ * timeout (desc.timeout_s), saying what they waited for. An aborted ring stays aborted
  * (every later call fails): destroy it, and its world, and make new ones. A ring call returns
  * RDA_OK only once every rank has reached the end of the same call (a barrier), so all ranks
  * succeed or all fail. Errors are one line in rda_last_error(ctx) of the plan's context (with

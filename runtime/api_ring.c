@@ -89,9 +89,16 @@ static void ring_kill(rda_ring *r, const char *why) {
   rda_transport_abort(r->t, why); /* the first abort of the world wins */
 }
 
-/* A ring call failed: abort the ring with the message, record "fn: message" on the context. */
-static rda_status ring_fail(rda_ring *r, const char *fn, const rda_err *err) {
+/* A ring call failed: tell the other ranks if no agreement of the call has (their pass's
+ * agreement waits for this rank's word: see rda_ring_settle), abort the ring with the message,
+ * record "fn: message" on the context. */
+static rda_status ring_fail(rda_ring *r, const char *fn, int told, const rda_err *err) {
   const char *msg = err->msg[0] != '\0' ? err->msg : "(no detail recorded)";
+  if (!told && !atomic_load(&r->aborted)) {
+    rda_err ignored = {0};
+    (void)rda_ring_settle(r->t, err->status != RDA_OK ? err->status : RDA_ERR_INTERNAL, NULL,
+                          &ignored);
+  }
   ring_kill(r, msg);
   const int named = strncmp(msg, fn, strlen(fn)) == 0; /* the boundary checks name fn already */
   return rda_api_failf(r->ctx, err->status != RDA_OK ? err->status : RDA_ERR_INTERNAL, "%s%s%s",
@@ -474,7 +481,7 @@ static rda_status ring_check_q(const rda_ring *r, const char *fn, const rda_tens
 static rda_status ring_forward(rda_ring *r, const rda_tensor *q, const rda_tensor *k,
                                const rda_tensor *v, const rda_tensor *o, const rda_tensor *lse,
                                void *workspace, size_t workspace_bytes, void *stream,
-                               rda_err *err) {
+                               int *told, rda_err *err) {
   static const char fn[] = "rda_ring_forward";
   const rda_plan *plan = r->plan;
   rda_ctx *ctx = r->ctx;
@@ -506,14 +513,16 @@ static rda_status ring_forward(rda_ring *r, const rda_tensor *q, const rda_tenso
   rda_ring_run_stats st;
   memset(&st, 0, sizeof st);
   if (ctx->is_cuda) rda_backend_cuda_use_stream(stream);
+  *told = 1; /* from here on, by the pass's agreements or by the one below */
   rda_status s = rda_ring_fwd_run(ctx->b, pk, &plan->core->kernels, r->rp, r->rank, r->t, &a,
                                   ring_ws_ptr, ws.ring_bytes, &st, err);
+  const int ran = s == RDA_OK;
   if (s == RDA_OK && !o_direct && n > 0) s = rda_api_cast(plan, a.o, a.o_s, o, batch, n, err);
   if (ctx->is_cuda) rda_backend_cuda_own_stream();
   ring_save_stats(r, &st);
   /* Every rank returns success only if every rank got here: a rank whose plan has no steps
-   * would otherwise never notice that another one failed. */
-  if (s == RDA_OK) s = rda_transport_barrier(r->t, err);
+   * would otherwise never notice that another one failed (a failed pass aborted already). */
+  if (ran) s = rda_ring_settle(r->t, s, "in rda_ring_forward", err);
   return s;
 }
 
@@ -522,15 +531,17 @@ rda_status rda_ring_forward(rda_ring *ring, const rda_tensor *q, const rda_tenso
                             void *workspace, size_t workspace_bytes, void *stream) {
   if (!ring_ok(ring)) return ring_bad(ring, "rda_ring_forward");
   rda_err err = {0};
-  if (ring_forward(ring, q, k, v, o, lse, workspace, workspace_bytes, stream, &err) != RDA_OK)
-    return ring_fail(ring, "rda_ring_forward", &err);
+  int told = 0;
+  if (ring_forward(ring, q, k, v, o, lse, workspace, workspace_bytes, stream, &told, &err) !=
+      RDA_OK)
+    return ring_fail(ring, "rda_ring_forward", told, &err);
   return RDA_OK;
 }
 
 /* ---- backward ---------------------------------------------------------------------------- */
 
 static rda_status ring_backward(rda_ring *r, const rda_tensor *const t[10], void *workspace,
-                                size_t workspace_bytes, void *stream, rda_err *err) {
+                                size_t workspace_bytes, void *stream, int *told, rda_err *err) {
   static const char fn[] = "rda_ring_backward";
   const rda_plan *plan = r->plan;
   rda_ctx *ctx = r->ctx;
@@ -560,11 +571,12 @@ static rda_status ring_backward(rda_ring *r, const rda_tensor *const t[10], void
   rda_ring_run_stats st;
   memset(&st, 0, sizeof st);
   if (ctx->is_cuda) rda_backend_cuda_use_stream(stream);
+  *told = 1;
   rda_status s = rda_ring_bwd_run(ctx->b, pk, &plan->core->kernels, r->rp, r->rank, r->t, &a,
                                   ring_ws_ptr, ws.ring_bytes, &st, err);
   if (ctx->is_cuda) rda_backend_cuda_own_stream();
   ring_save_stats(r, &st);
-  if (s == RDA_OK) s = rda_transport_barrier(r->t, err);
+  if (s == RDA_OK) s = rda_ring_settle(r->t, s, "in rda_ring_backward", err);
   return s;
 }
 
@@ -576,8 +588,9 @@ rda_status rda_ring_backward(rda_ring *ring, const rda_tensor *q, const rda_tens
   if (!ring_ok(ring)) return ring_bad(ring, "rda_ring_backward");
   const rda_tensor *const t[10] = {q, k, v, o, lse, dout, dlse, dq, dk, dv};
   rda_err err = {0};
-  if (ring_backward(ring, t, workspace, workspace_bytes, stream, &err) != RDA_OK)
-    return ring_fail(ring, "rda_ring_backward", &err);
+  int told = 0;
+  if (ring_backward(ring, t, workspace, workspace_bytes, stream, &told, &err) != RDA_OK)
+    return ring_fail(ring, "rda_ring_backward", told, &err);
   return RDA_OK;
 }
 

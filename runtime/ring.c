@@ -12,6 +12,7 @@
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -234,28 +235,95 @@ static rda_status ring_check(const rda_backend *b, const rda_ring_plan *rp, int 
   return RDA_OK;
 }
 
+/* The words of the ranks' agreements (one 8-byte gather each). A pass's: bit 63 the pass
+ * (backward), bits 0..61 the whole call's batch. A call's end: 0. Either, from a rank that
+ * failed before it: kFailedWord with the status in the low byte, so that the other ranks fail
+ * at once with the cause. Over NCCL an abort stays on its own rank, and the others would learn
+ * of the failure only by their timeout. */
+static const uint64_t kFailedWord = 1ull << 62;
+static const uint64_t kBatchMask = (1ull << 62) - 1;
+
+static uint64_t ring_word_failed(rda_status s) {
+  return kFailedWord | ((uint64_t)(unsigned)s & 0xff);
+}
+
+/* The first rank whose word says it failed, its status in *why; -1 when none did. */
+static int ring_first_failed(const uint64_t *all, int n, rda_status *why) {
+  for (int q = 0; q < n; q++)
+    if (all[q] & kFailedWord) {
+      *why = (rda_status)(all[q] & 0xff);
+      return q;
+    }
+  return -1;
+}
+
+/* where: "before the ring forward pass", "in rda_ring_forward", ... */
+static rda_status ring_peer_failed(int rank, int q, rda_status why, const char *where,
+                                   rda_err *err) {
+  return rda_err_set(err, RDA_ERR_NCCL,
+                     "rank %d: the ring was aborted: rank %d failed %s (%s; its own error says "
+                     "why)",
+                     rank, q, where, rda_status_string(why));
+}
+
+/* Gather mine (a failure word when local failed); local's error, kept in err, comes first. */
+static rda_status ring_gather_word(rda_transport *t, uint64_t mine, rda_status local,
+                                   uint64_t **all, rda_err *err) {
+  *all = calloc((size_t)t->size, sizeof **all);
+  if (local != RDA_OK) {
+    rda_err ignored = {0};
+    if (*all != NULL) rda_transport_gather8(t, ring_word_failed(local), *all, &ignored);
+    return local;
+  }
+  if (*all == NULL)
+    return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "rank %d: out of memory for %d ranks' words",
+                       t->rank, t->size);
+  return rda_transport_gather8(t, mine, *all, err);
+}
+
+rda_status rda_ring_settle(rda_transport *t, rda_status mine, const char *where, rda_err *err) {
+  if (t == NULL) return mine;
+  uint64_t *all = NULL;
+  rda_status s = ring_gather_word(t, 0, mine, &all, err);
+  rda_status why = RDA_OK;
+  const int q = s == RDA_OK ? ring_first_failed(all, t->size, &why) : -1;
+  if (q >= 0) s = ring_peer_failed(t->rank, q, why, where, err);
+  free(all);
+  return s;
+}
+
 /* Every rank must run the same pass with the same batch: each transfer is the plan's bytes
  * times the caller's batch, and NCCL gives no rule for a send matched with a receive of another
  * size (the virtual ranks catch that, NCCL may hang or misplace data). One 8-byte gather per
- * pass settles it before the first transfer, and every rank reports the same difference. */
-static rda_status ring_agree(const ring_run *r, int rank, rda_err *err) {
+ * pass settles it before the first transfer, and every rank reports the same difference; a
+ * rank that failed to prepare its pass (local) says so in it. */
+static rda_status ring_agree(const ring_run *r, int rank, rda_status local, rda_err *err) {
   const char *what = r->backward ? "backward" : "forward";
   const int P = r->t->size;
-  uint64_t *all = calloc((size_t)P, sizeof *all);
-  if (all == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring %s: out of memory", what);
   /* The whole batch, not the slice: calls that differ fail before the first slice moves. */
-  const uint64_t low = (1ull << 63) - 1;
+  if (local == RDA_OK && (uint64_t)r->call_batch > kBatchMask)
+    local = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring %s: rank %d: batch %lld is too large",
+                        what, rank, r->call_batch);
   const uint64_t mine = (uint64_t)r->backward << 63 | (uint64_t)r->call_batch;
-  rda_status s = rda_transport_gather8(r->t, mine, all, err);
-  const int q = s == RDA_OK ? rda_transport_first_differing(all, P) : 0;
-  if (q > 0)
+  uint64_t *all = NULL;
+  rda_status s = ring_gather_word(r->t, mine, local, &all, err);
+  rda_status why = RDA_OK;
+  const int failed = s == RDA_OK ? ring_first_failed(all, P, &why) : -1;
+  const int q = s == RDA_OK && failed < 0 ? rda_transport_first_differing(all, P) : 0;
+  if (failed >= 0) {
+    char where[40];
+    snprintf(where, sizeof where, "before the ring %s pass", what);
+    s = ring_peer_failed(rank, failed, why, where, err);
+  } else if (q > 0) {
     s = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                     "ring %s: rank %d: the ranks' calls differ: rank 0 runs the %s pass with "
                     "batch %llu, rank %d the %s pass with batch %llu (every rank must make the "
                     "same ring calls with the same batch)",
                     what, rank, all[0] >> 63 ? "backward" : "forward",
-                    (unsigned long long)(all[0] & low), q, all[q] >> 63 ? "backward" : "forward",
-                    (unsigned long long)(all[q] & low));
+                    (unsigned long long)(all[0] & kBatchMask), q,
+                    all[q] >> 63 ? "backward" : "forward",
+                    (unsigned long long)(all[q] & kBatchMask));
+  }
   free(all);
   return s;
 }
@@ -302,7 +370,7 @@ static rda_status ring_pass(ring_run *r, int rank, long long n, void *workspace,
       s = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "ring: out of memory for the schedule");
   }
   if (s == RDA_OK) s = ring_round_scratch_init(&r->scratch, sc.max_recvs, err);
-  if (s == RDA_OK) s = ring_agree(r, rank, err);
+  s = ring_agree(r, rank, s, err); /* also when this rank failed: the others learn it now */
   if (s == RDA_OK && !idle)
     s = r->backward ? rda_bwd_prep(r->c.b, r->c.pk, r->c.k, r->c.ba, err)
                     : rda_fwd_init(r->c.b, r->c.pk, r->c.k, r->c.fa, err);
@@ -336,16 +404,17 @@ static rda_status ring_pass(ring_run *r, int rank, long long n, void *workspace,
   return RDA_OK;
 }
 
-/* Both entry points: check the handles (aborting the transport, so that no other rank waits
- * for this one), then one pass. fa or ba is NULL. */
+/* Both entry points: check the handles (on failure, telling the other ranks and aborting the
+ * transport, so that none waits for this one), then one pass per batch slice. The pass's
+ * arguments are fa (forward) or ba (backward), the other NULL. */
 static rda_status ring_enter(rda_backend *b, const rda_plan_k *pk, const rda_fwd_kernels *k,
-                             const rda_ring_plan *rp, int rank, rda_transport *t,
+                             const rda_ring_plan *rp, int rank, rda_transport *t, int backward,
                              const rda_fwd_args *fa, const rda_bwd_args *ba, void *workspace,
                              size_t workspace_bytes, rda_ring_run_stats *stats, rda_err *err) {
-  const char *what = ba != NULL ? "ring backward" : "ring forward";
+  const char *what = backward ? "ring backward" : "ring forward";
   rda_status s = RDA_OK;
   if (b == NULL || pk == NULL || k == NULL || rp == NULL || t == NULL ||
-      (fa == NULL && ba == NULL))
+      (backward ? ba == NULL : fa == NULL))
     s = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: a NULL argument", what);
   else if (ba != NULL && !pk->has_bwd)
     s = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
@@ -356,6 +425,7 @@ static rda_status ring_enter(rda_backend *b, const rda_plan_k *pk, const rda_fwd
                                              (long long)rda_ring_plan_n(rp), &rows) != RDA_OK)
     s = rda_err_set(err, rows.status, "%s: %s", what, rows.msg);
   if (s != RDA_OK) {
+    (void)rda_ring_settle(t, s, NULL, err); /* in place of the pass's agreement */
     if (t != NULL) rda_transport_abort(t, err != NULL ? err->msg : what);
     return s;
   }
@@ -398,20 +468,12 @@ rda_status rda_ring_fwd_run(rda_backend *b, const rda_plan_k *pk, const rda_fwd_
                             const rda_ring_plan *rp, int rank, rda_transport *t,
                             const rda_fwd_args *a, void *workspace, size_t workspace_bytes,
                             rda_ring_run_stats *stats, rda_err *err) {
-  if (a == NULL) {
-    if (t != NULL) rda_transport_abort(t, "ring forward: a NULL argument");
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring forward: a NULL argument");
-  }
-  return ring_enter(b, pk, k, rp, rank, t, a, NULL, workspace, workspace_bytes, stats, err);
+  return ring_enter(b, pk, k, rp, rank, t, 0, a, NULL, workspace, workspace_bytes, stats, err);
 }
 
 rda_status rda_ring_bwd_run(rda_backend *b, const rda_plan_k *pk, const rda_fwd_kernels *k,
                             const rda_ring_plan *rp, int rank, rda_transport *t,
                             const rda_bwd_args *a, void *workspace, size_t workspace_bytes,
                             rda_ring_run_stats *stats, rda_err *err) {
-  if (a == NULL) {
-    if (t != NULL) rda_transport_abort(t, "ring backward: a NULL argument");
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "ring backward: a NULL argument");
-  }
-  return ring_enter(b, pk, k, rp, rank, t, NULL, a, workspace, workspace_bytes, stats, err);
+  return ring_enter(b, pk, k, rp, rank, t, 1, NULL, a, workspace, workspace_bytes, stats, err);
 }

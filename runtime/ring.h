@@ -135,6 +135,16 @@ rda_status rda_ring_fwd_run(rda_backend *b, const rda_plan_k *pk, const rda_fwd_
                             const rda_fwd_args *a, void *workspace, size_t workspace_bytes,
                             rda_ring_run_stats *stats, rda_err *err);
 
+/* The last agreement of a ring call, or the only one of a call that failed before its pass
+ * began: every rank gathers one word saying whether it failed (mine). A rank that failed gets
+ * mine back, err untouched; the others, if any rank failed, RDA_ERR_NCCL naming the first such
+ * rank and its status ("the ring was aborted: rank 3 failed <where> (...)"), at once, where an
+ * abort would reach them over NCCL only by their timeout. Then the caller aborts the transport
+ * on failure, as ever. A rank that fails before its pass calls this in place of the pass (its
+ * word meets the pass's agreement on the other ranks, which says "failed before the ring
+ * forward pass"); where is then unused. NULL t returns mine. */
+rda_status rda_ring_settle(rda_transport *t, rda_status mine, const char *where, rda_err *err);
+
 /* The backward pass of `rank`: a as for rda_bwd_run over the rank's rows (a->n = its rows,
  * a->workspace = rda_bwd_workspace_bytes(pk, batch, rows) for Dp; o and lse the ring
  * forward's). dq (local, fp32) gets the rank's rows of the single-device dQ; dk, dv (fp32) the

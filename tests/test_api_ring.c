@@ -1100,10 +1100,14 @@ static void run_failure(const char *what, int P, long long N, int bad, int how,
 
 static void test_ring_call_errors_fail_every_rank(void **state) {
   (void)state;
+  /* The others learn it from the pass's agreement (over NCCL, where the abort stays on its
+   * rank, that is how they learn it at once), so their error names the rank and its status. */
   run_failure("small workspace on rank 0", 3, 29, 0, kSmallWorkspace, RDA_ERR_INVALID_ARGUMENT,
-              "workspace_bytes", RDA_ERR_NCCL, "aborted");
+              "workspace_bytes", RDA_ERR_NCCL,
+              "aborted: rank 0 failed before the ring forward pass (RDA_ERR_INVALID_ARGUMENT");
   run_failure("wrong row count on rank 1", 2, 20, 1, kWrongRows, RDA_ERR_INVALID_ARGUMENT,
-              "q->shape[1] = 11", RDA_ERR_NCCL, "aborted");
+              "q->shape[1] = 11", RDA_ERR_NCCL,
+              "aborted: rank 1 failed before the ring forward pass (RDA_ERR_INVALID_ARGUMENT");
 }
 
 /* Calls that are each right on their own rank but differ between ranks (here the batch) are

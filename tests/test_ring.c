@@ -138,17 +138,20 @@ static int group_teardown(void **state) {
 /* What this test watches around one rank's ring passes (its job's hook, on its thread). */
 typedef struct rank_watch {
   int fail_wait;                   /* > 0: this rank's transport fails at that wait (mid-ring) */
+  int local_abort;                 /* this rank's abort stays on its rank (flaky_transport) */
   long launches0;                  /* the rank's launch count when the current pass began */
   long fwd_launches, bwd_launches; /* kernel launches of each pass */
   size_t ring_alloc_hw; /* device bytes the ring passes allocated themselves, at most at once */
 } rank_watch;
 
 /* A transport that passes everything to an inner endpoint, except that its `fail_at`-th wait
- * fails (as a broken link would, mid-ring). The inner endpoint's counters are mirrored. */
+ * fails (as a broken link would, mid-ring; 0: none does), and with local_abort its abort stays
+ * on its own rank, as ncclCommAbort's does: the other ranks are not told. The inner endpoint's
+ * counters are mirrored. */
 typedef struct flaky_transport {
   rda_transport base;
   rda_transport *inner;
-  int waits, fail_at;
+  int waits, fail_at, local_abort;
 } flaky_transport;
 
 static void flaky_sync(flaky_transport *f) {
@@ -181,7 +184,8 @@ static rda_status flaky_gather8(rda_transport *t, uint64_t mine, uint64_t *all, 
                      : rda_transport_barrier(inner, err);
 }
 static void flaky_abort(rda_transport *t, const char *reason) {
-  rda_transport_abort(((flaky_transport *)t)->inner, reason);
+  flaky_transport *f = (flaky_transport *)t;
+  if (!f->local_abort) rda_transport_abort(f->inner, reason);
 }
 static void flaky_destroy(rda_transport *t) {
   rda_transport_destroy(((flaky_transport *)t)->inner);
@@ -197,13 +201,14 @@ static const rda_transport_vtbl flaky_vtbl = {.name = "host",
                                               .abort = flaky_abort,
                                               .destroy = flaky_destroy};
 
-static rda_transport *flaky_wrap(rda_transport *inner, int fail_at) {
+static rda_transport *flaky_wrap(rda_transport *inner, int fail_at, int local_abort) {
   flaky_transport *f = calloc(1, sizeof *f);
   assert_non_null(f);
   f->base = *inner;
   f->base.vt = &flaky_vtbl;
   f->inner = inner;
   f->fail_at = fail_at;
+  f->local_abort = local_abort;
   return &f->base;
 }
 
@@ -214,7 +219,8 @@ static void rank_hook(rt_ring_job *j, rt_ring_stage stage, rda_transport **t) {
   const int r = j->rank;
   switch (stage) {
     case RT_RING_JOINED:
-      if (j->status == RDA_OK && w->fail_wait > 0) *t = flaky_wrap(*t, w->fail_wait);
+      if (j->status == RDA_OK && (w->fail_wait > 0 || w->local_abort))
+        *t = flaky_wrap(*t, w->fail_wait, w->local_abort);
       w->launches0 = g_launches[r];
       g_ring_hw[r] = g_ring_live[r] = 0;
       g_in_ring[r] = 1;
@@ -239,6 +245,8 @@ typedef struct ring_case {
   int backward;        /* also the ring backward against the reference gradients */
   int fail_rank_plus1; /* > 0: that rank (minus one) is given a wrong row count and must fail */
   int fail_wait;       /* with fail_rank_plus1: instead its transport fails at this wait */
+  int local_abort;     /* with fail_rank_plus1: its abort does not reach the others (as over
+                          NCCL), and the world times out after 10 s instead of 60 */
   long long bundle_bytes; /* 0: the plan's default bundles; else rda_ring_plan_create_bundled's
                              cap (1: one class per bundle) */
   int wgmma;              /* plan with RDA_PLAN_WGMMA (sm_90a forward kernels and twins) */
@@ -288,7 +296,7 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
   if (rda_ring_plan_create_bundled(&cfg, N, P, rc->layout, bundle, &rp, &err) != RDA_OK)
     fail_msg("%s: ring plan: %s", what, err.msg);
   rda_host_world *world = NULL;
-  assert_int_equal(rda_host_world_create(P, 60.0, &world, &err), RDA_OK);
+  assert_int_equal(rda_host_world_create(P, rc->local_abort ? 10.0 : 60.0, &world, &err), RDA_OK);
 
   const size_t nq = (size_t)(B * N * H * D), nkv = (size_t)(B * N * Hkv * D);
   double *q = rt_normal(nq, RDA_DTYPE_BF16);
@@ -311,8 +319,11 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
     g_pk[p] = &plan;
     g_kern[p] = &jobs[p].kern;
   }
+  if (rc->fail_rank_plus1 > 0) watch[rc->fail_rank_plus1 - 1].local_abort = rc->local_abort;
   if (rc->fail_rank_plus1 > 0 && rc->fail_wait > 0)
     watch[rc->fail_rank_plus1 - 1].fail_wait = rc->fail_wait;
+  else if (rc->fail_rank_plus1 > 0 && rc->backward) /* the forward passes, the backward fails */
+    jobs[rc->fail_rank_plus1 - 1].ba.n += 1;
   else if (rc->fail_rank_plus1 > 0)
     jobs[rc->fail_rank_plus1 - 1].a.n += 1;
   rt_ring_run(jobs, P);
@@ -325,6 +336,12 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
       fail_msg("%s: rank %d: unexpected error: %s", what, p, j->err.msg);
     if (p != rc->fail_rank_plus1 - 1 && strstr(j->err.msg, "abort") == NULL)
       fail_msg("%s: rank %d: expected an abort, got: %s", what, p, j->err.msg);
+    /* A rank failing before its pass names itself in the pass's agreement, which completes
+     * before its abort can reach anyone: the others learn of it there, not by their timeout. */
+    char named[64];
+    snprintf(named, sizeof named, "rank %d failed before the ring", rc->fail_rank_plus1 - 1);
+    if (p != rc->fail_rank_plus1 - 1 && rc->fail_wait == 0 && strstr(j->err.msg, named) == NULL)
+      fail_msg("%s: rank %d: expected \"%s\", got: %s", what, p, named, j->err.msg);
     j->status = RDA_OK; /* checked; skip the comparisons below */
     failed = 1;
   }
@@ -841,6 +858,28 @@ static void test_ring_failing_rank_errors_every_rank(void **state) {
   assert_true(time(NULL) - t0 < 30);
 }
 
+/* The same with the failing rank's abort kept on its rank, as ncclCommAbort keeps it: the others
+ * still fail, naming that rank, from the pass's agreement instead of their timeout (10 s here;
+ * before the agreement carried failures they waited for it and reported the barrier timing
+ * out). Backward too, and with a rank that owns no rows among them. */
+static void test_ring_failing_rank_named_without_abort_reaching_peers(void **state) {
+  (void)state;
+  ring_case rc = base_case();
+  rc.causal = 1;
+  rc.nbranch = 1;
+  rc.w[0] = 16, rc.r[0] = 2;
+  rc.n = 64;
+  rc.ranks = 4;
+  rc.fail_rank_plus1 = 2;
+  rc.local_abort = 1;
+  run_ring("failing rank, local abort", &rc, NULL);
+  rc.backward = 1;
+  rc.fail_rank_plus1 = 4;
+  run_ring("failing rank, local abort, backward", &rc, NULL);
+  rc.n = 3; /* rank 3 owns no rows */
+  run_ring("failing rank, local abort, idle rank", &rc, NULL);
+}
+
 /* The ring backward: dQ from local work, dK/dV including what other ranks computed for the
  * rank's rows and returned in fp32, against the float64 reference gradients. */
 static void test_ring_allgathers_beside_rings_match_reference(void **state) {
@@ -965,6 +1004,7 @@ int main(void) {
       cmocka_unit_test(test_ring_local_branches_send_zero_bytes),
       cmocka_unit_test(test_ring_peak_bytes_shrink_with_ranks),
       cmocka_unit_test(test_ring_failing_rank_errors_every_rank),
+    cmocka_unit_test(test_ring_failing_rank_named_without_abort_reaching_peers),
       cmocka_unit_test(test_ring_mid_ring_failure_errors_every_rank),
       cmocka_unit_test(test_ring_allgathers_beside_rings_match_reference),
       cmocka_unit_test(test_ring_backward_matches_reference_causal_mod),
