@@ -1,9 +1,11 @@
 /* test_tuning_db.c — the user's tuning database file (runtime/tuning_db.h): where it is, what
  * reading refuses (never hanging on a FIFO, never cutting text at a NUL), the default place
- * being optional, atomic replacement that keeps links and permissions, and the writers' lock. */
+ * being optional, atomic replacement that keeps links and permissions, and the writers' lock
+ * (with another user's file in a sticky folder refused up front). */
 #include "rda_test.h"
 #include "tuning_db.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -310,6 +312,60 @@ static void test_tuning_db_lock_excludes_another_writer(void **state) {
   free(db), free(link), free(lock), free(link_lock);
 }
 
+/* A folder with the sticky bit (/tmp) lets only the file's owner, the folder's owner or root
+ * replace a file in it: the writers' lock refuses another user's database there at once (not
+ * after a long tune, when the rename would fail), and takes one's own. Run as another user in
+ * a child, so it needs root to set up; skipped otherwise. */
+static void test_tuning_db_lock_refuses_another_users_file_in_a_sticky_folder(void **state) {
+  fixture *f = *state;
+  if (geteuid() != 0) {
+    print_message("skipped: needs root to act as two users\n");
+    skip();
+  }
+  const uid_t other = 65534, owner = 65533; /* nobody, and one more unprivileged uid */
+  assert_int_equal(chmod(f->dir, 0755), 0);
+  char *folder = rt_path(f->dir, "sticky");
+  char *theirs = rt_path(f->dir, "sticky/theirs.lua"), *mine = rt_path(f->dir, "sticky/mine.lua");
+  char *tmp = rt_path(f->dir, "sticky/new.lua");
+  assert_int_equal(mkdir(folder, 0700), 0);
+  assert_int_equal(chmod(folder, 01777), 0);
+  static const char body[] = "return { version = 1, entries = {} }\n";
+  assert_true(rt_write_file(theirs, body, sizeof body - 1));
+  assert_true(rt_write_file(mine, body, sizeof body - 1));
+  assert_int_equal(chown(theirs, other, other), 0);
+  assert_int_equal(chown(mine, owner, owner), 0);
+  const pid_t child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    if (setgid(owner) != 0 || setuid(owner) != 0) _exit(10);
+    int bad = 0;
+    rda_tuning_lock lk = RDA_TUNING_LOCK_INIT;
+    rda_err err = {0};
+    /* The premise: the rename onto their file is refused by the kernel. */
+    if (!rt_write_file(tmp, body, sizeof body - 1)) _exit(11);
+    if (rename(tmp, theirs) == 0 || errno != EPERM) bad |= 1;
+    unlink(tmp);
+    if (rda_tuning_db_lock(theirs, &lk, &err) != RDA_ERR_IO ||
+        strstr(err.msg, "belongs to another user (uid 65534)") == NULL || lk.fd != -1)
+      bad |= 2;
+    rda_err ok = {0};
+    if (rda_tuning_db_lock(mine, &lk, &ok) != RDA_OK) bad |= 4;
+    rda_tuning_db_unlock(&lk);
+    _exit(bad);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(child, &status, 0), child);
+  assert_true(WIFEXITED(status));
+  if (WEXITSTATUS(status) != 0)
+    fail_msg("child as uid %u: failures 0x%x", (unsigned)owner, WEXITSTATUS(status));
+  /* Root may replace anything, so the same call here takes the lock. */
+  rda_tuning_lock lk = RDA_TUNING_LOCK_INIT;
+  rda_err err = {0};
+  assert_int_equal(rda_tuning_db_lock(theirs, &lk, &err), RDA_OK);
+  rda_tuning_db_unlock(&lk);
+  free(folder), free(theirs), free(mine), free(tmp);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_tuning_db_read_file_refuses_what_is_not_a_database,
@@ -320,6 +376,8 @@ int main(void) {
           test_tuning_db_write_replaces_atomically_and_keeps_links_and_modes, setup, teardown),
       cmocka_unit_test_setup_teardown(test_tuning_db_lock_excludes_another_writer, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(
+          test_tuning_db_lock_refuses_another_users_file_in_a_sticky_folder, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
