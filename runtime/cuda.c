@@ -263,15 +263,19 @@ static rda_status rda_cuda_load_variant(rda_backend *b, const rda_variant *v, rd
   m->dynamic_smem = v->smem_bytes;
   rda_status st = rda_cuda_enter(b, err);
   if (st == RDA_OK && from_bundle) {
-    /* A bundle cubin the driver refuses (built by another toolkit, say) is passed over: the
-     * cache or NVRTC give one this driver takes. */
+    /* A bundle cubin the driver refuses (built by another toolkit, say), or one without the
+     * kernel (a manifest naming another kernel's cubin), is passed over: the cache or NVRTC
+     * give one this driver takes. */
     rda_err why = {0};
-    if (RDA_CU(&why, cuModuleLoadData, &m->module, image) != RDA_OK) {
+    if (RDA_CU(&why, cuModuleLoadData, &m->module, image) != RDA_OK ||
+        RDA_CU(&why, cuModuleGetFunction, &m->fn, m->module, v->name) != RDA_OK) {
       rda_log(RDA_LOG_INFO, "bundle cubin of %s for sm_%d not loadable (%s): compiling instead",
               v->name, b->arch, why.msg);
+      if (m->module != NULL) (void)RDA_CU(NULL, cuModuleUnload, m->module);
       free(image);
       image = NULL;
       m->module = NULL;
+      m->fn = NULL;
       st = rda_cuda_image(b, v, 1, &image, &image_bytes, NULL, err);
     }
   }
