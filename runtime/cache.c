@@ -24,6 +24,11 @@
 #include "sources.h"
 
 enum { kCachePath = 4096, kCacheHeader = 64, kCacheFormat = 1 };
+/* The longest name built under a target folder: an entry's temporary (64 + ".tmp.<pid>.<n>",
+ * 110) or an emulator header (inc-<32>.tmp.<pid>.<n>/emu/<file>, about 140), with room. A root
+ * longer than kCacheRootMax leaves no room for a target folder (at most 64) and that name: an
+ * unusable cache, said at once, never a path cut off later. */
+enum { kCacheNameMax = 192, kCacheRootMax = kCachePath - 1 - (1 + 64) - (1 + kCacheNameMax) };
 static const char rda_cache_magic[8] = {'R', 'D', 'A', 'C', 'A', 'C', 'H', 'E'};
 
 /* ================================================================== SHA-256 (FIPS 180-4) */
@@ -197,8 +202,9 @@ static rda_status rda_cache_check_stat(const char *path, const struct stat *st, 
   return RDA_OK;
 }
 
-/* The refusal of a per-target folder that is a symbolic link: one policy for get, put, list,
- * evict and clear (a link could lead the cache's deletes and loads anywhere). */
+/* The refusal of a per-target folder that is a symbolic link, by get, put, list and clear (a
+ * link could lead the cache's deletes and loads anywhere); eviction, run by every put of any
+ * target, passes over it instead, never following it. */
 static rda_status rda_cache_refuse_link(const char *path, rda_err *err) {
   return rda_err_set(err, RDA_ERR_CACHE,
                      "cache folder '%s' is a symbolic link: refusing it (remove the link; only "
@@ -229,8 +235,21 @@ static rda_status rda_cache_folder_at(const char *target, int create, int need_w
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "cache target '%s': not a folder name",
                        target);
   rda_err e = {0};
-  if (rda_cache_dir_path(NULL, out, cap, &e) != RDA_OK ||
-      (create && rda_cache_dir_mkdirs(out, &e) != RDA_OK)) {
+  if (rda_cache_dir_path(NULL, out, cap, &e) != RDA_OK) {
+    if (cap > 0) out[0] = '\0'; /* no root, or one cut off: never taken for a missing root */
+    snprintf(why, why_cap, "%s", e.msg);
+    return RDA_OK;
+  }
+  const size_t root_len = strlen(out);
+  if (root_len > kCacheRootMax) {
+    snprintf(why, why_cap,
+             "cache folder '%.96s...': path too long (%zu characters; at most %d, to leave room "
+             "for the names of its entries)",
+             out, root_len, (int)kCacheRootMax);
+    out[0] = '\0';
+    return RDA_OK;
+  }
+  if (create && rda_cache_dir_mkdirs(out, &e) != RDA_OK) {
     snprintf(why, why_cap, "%s", e.msg);
     return RDA_OK;
   }
@@ -414,17 +433,25 @@ static void rda_cache_mem_put(const char *target, const char *key, const void *d
 
 /* Read a whole regular file, `path` relative to the folder dfd (AT_FDCWD: as given); `flags`
  * adds open flags (O_NOFOLLOW for cache entries). Opened
- * O_NONBLOCK so that a FIFO put in its place never blocks: it is refused by the fstat. */
+ * O_NONBLOCK so that a FIFO put in its place never blocks: it is refused by the fstat. On a
+ * failure errno tells why (the open's, EIO for a short read), for rda_cache_get's `why`. */
 static rda_status rda_cache_read_at(int dfd, const char *path, int flags, unsigned char **data,
                                     size_t *bytes, rda_err *err) {
   *data = NULL;
   *bytes = 0;
   const int fd = openat(dfd, path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | flags);
-  if (fd < 0) return rda_err_set(err, RDA_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+  if (fd < 0) {
+    const int e = errno;
+    rda_err_set(err, RDA_ERR_IO, "cannot open '%s': %s", path, strerror(e));
+    errno = e;
+    return RDA_ERR_IO;
+  }
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     close(fd);
-    return rda_err_set(err, RDA_ERR_IO, "'%s' is not a regular file", path);
+    rda_err_set(err, RDA_ERR_IO, "'%s' is not a regular file", path);
+    errno = EINVAL;
+    return RDA_ERR_IO;
   }
   const int fl = fcntl(fd, F_GETFL);
   if (fl >= 0) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK); /* a regular file: plain reads */
@@ -432,7 +459,9 @@ static rda_status rda_cache_read_at(int dfd, const char *path, int flags, unsign
   unsigned char *buf = malloc(n + 1);
   if (buf == NULL) {
     close(fd);
-    return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "no memory to read '%s' (%zu bytes)", path, n);
+    rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "no memory to read '%s' (%zu bytes)", path, n);
+    errno = ENOMEM;
+    return RDA_ERR_OUT_OF_MEMORY;
   }
   size_t got = 0;
   while (got < n) {
@@ -444,7 +473,9 @@ static rda_status rda_cache_read_at(int dfd, const char *path, int flags, unsign
   close(fd);
   if (got != n) {
     free(buf);
-    return rda_err_set(err, RDA_ERR_IO, "cannot read '%s': short read", path);
+    rda_err_set(err, RDA_ERR_IO, "cannot read '%s': short read", path);
+    errno = EIO;
+    return RDA_ERR_IO;
   }
   buf[n] = 0;
   *data = buf;
@@ -526,6 +557,76 @@ static const char *rda_cache_verify(const unsigned char *buf, size_t n, rda_cach
   return NULL;
 }
 
+/* rm -r of `name` in the folder parent (AT_FDCWD: name is a path), never through a symbolic
+ * link: each folder is opened O_NOFOLLOW | O_DIRECTORY and its names removed relative to it, so
+ * a link (even one swapped in meanwhile) is unlinked itself and what it points to is kept.
+ * 0 when `name` went, ENOENT when it was not there, else the errno of the first failure. */
+static int rda_cache_rmtree_at(int parent, const char *name, int depth) {
+  const int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno != ENOTDIR && errno != ELOOP) return errno;
+    return unlinkat(parent, name, 0) == 0 ? 0 : errno; /* not a folder: a file or a link */
+  }
+  DIR *d = depth < 32 ? fdopendir(fd) : NULL;
+  if (d == NULL) {
+    const int e = depth < 32 ? errno : ELOOP; /* deeper than any folder the cache makes */
+    close(fd);
+    return e;
+  }
+  int first = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    const int r = rda_cache_rmtree_at(dirfd(d), e->d_name, depth + 1);
+    if (first == 0 && r != ENOENT) first = r;
+  }
+  closedir(d);
+  if (unlinkat(parent, name, AT_REMOVEDIR) == 0) return 0;
+  return first != 0 ? first : errno;
+}
+
+void rda_cache_remove_tree(const char *path) {
+  (void)rda_cache_rmtree_at(AT_FDCWD, path, 0);
+}
+
+/* What a name in a target folder is to the cache: an entry (its key, 64 lowercase hex digits,
+ * then ".rda"), the entry's access record (the key, then ".use"), or neither: list, eviction
+ * and clear leave anything else alone (a user's mine.rda is no entry). */
+enum { kCacheNotOurs = 0, kCacheEntryName = 1, kCacheUseName = 2 };
+
+static int rda_cache_name_kind(const char *name) {
+  for (int i = 0; i < 64; ++i)
+    if (!isdigit((unsigned char)name[i]) && (name[i] < 'a' || name[i] > 'f')) return kCacheNotOurs;
+  if (strcmp(name + 64, ".rda") == 0) return kCacheEntryName;
+  if (strcmp(name + 64, ".use") == 0) return kCacheUseName;
+  return kCacheNotOurs;
+}
+
+/* Why the entry `path` could not be read (errno e), as rda_cache_get's `why`: not there (a
+ * plain miss); something else than a regular file in its place (a folder, a FIFO, a link: never
+ * an entry, and the rename of the rebuilt one could not replace a folder), removed without
+ * following a link; or a file this process may not read (left: the rebuilt entry replaces it). */
+static void rda_cache_unreadable(const char *path, int e, char *why, size_t why_cap) {
+  char text[160];
+  struct stat st;
+  if (e == ENOENT || lstat(path, &st) != 0) {
+    snprintf(text, sizeof text, "not on disk");
+  } else if (S_ISREG(st.st_mode)) {
+    snprintf(text, sizeof text, "entry not readable: %s", strerror(e));
+    rda_log(RDA_LOG_INFO, "cache entry %s cannot be read (%s): rebuilding", path, strerror(e));
+  } else {
+    const char *kind = S_ISDIR(st.st_mode)    ? "a folder"
+                       : S_ISLNK(st.st_mode)  ? "a symbolic link"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                                              : "a special file";
+    const int r = rda_cache_rmtree_at(AT_FDCWD, path, 0);
+    snprintf(text, sizeof text, "corrupted entry: %s in its place, %s", kind,
+             r == 0 || r == ENOENT ? "removed" : "cannot be removed");
+    rda_log(RDA_LOG_INFO, "corrupted cache entry %s (%s in its place): %s, rebuilding", path, kind,
+            r == 0 || r == ENOENT ? "removed" : strerror(r));
+  }
+  if (why != NULL && why_cap > 0) snprintf(why, why_cap, "%s", text);
+}
+
 rda_status rda_cache_get(const char *target, const rda_cache_key *key, const char *source,
                          unsigned char **data, size_t *bytes, int *hit, char *why, size_t why_cap,
                          rda_err *err) {
@@ -558,7 +659,7 @@ rda_status rda_cache_get(const char *target, const rda_cache_key *key, const cha
   size_t n = 0;
   rda_err ignored = {0};
   if (rda_cache_read_at(AT_FDCWD, path, O_NOFOLLOW, &buf, &n, &ignored) != RDA_OK) {
-    if (why != NULL) snprintf(why, why_cap, "not on disk");
+    rda_cache_unreadable(path, errno, why, why_cap);
     return RDA_OK;
   }
   rda_cache_header h;
@@ -606,6 +707,9 @@ static rda_status rda_cache_write_all(int fd, const void *data, size_t n, const 
   return RDA_OK;
 }
 
+/* Set once an eviction failure was logged: one warning per process, not one per entry. */
+static atomic_int rda_cache_evict_told;
+
 rda_status rda_cache_put(const char *target, const rda_cache_key *key, const char *name,
                          const char *source, const void *data, size_t bytes, rda_err *err) {
   if (target == NULL || key == NULL || (data == NULL && bytes > 0))
@@ -621,9 +725,6 @@ rda_status rda_cache_put(const char *target, const rda_cache_key *key, const cha
     return RDA_OK;
   }
   RDA_TRY(rda_cache_path(path, sizeof path, err, dir, key->hex, ".rda"));
-  char suffix[64];
-  snprintf(suffix, sizeof suffix, ".tmp.%ld.%lu", (long)getpid(), atomic_fetch_add(&counter, 1));
-  RDA_TRY(rda_cache_path(tmp, sizeof tmp, err, dir, key->hex, suffix));
 
   const char *nm = name ? name : "";
   const char *src = source ? source : "";
@@ -637,7 +738,17 @@ rda_status rda_cache_put(const char *target, const rda_cache_key *key, const cha
   memcpy(head + 24, &h.payload_len, 8);
   memcpy(head + 32, h.sum, 32);
 
-  const int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  /* A name taken already (left by a process killed mid-write whose pid this one has, as a
+   * container's pid 1 after a kill -9, or another container's rdagen as pid 1 on the same
+   * cache) is passed over for the next. */
+  int fd = -1;
+  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
+    char suffix[64];
+    snprintf(suffix, sizeof suffix, ".tmp.%ld.%lu", (long)getpid(), atomic_fetch_add(&counter, 1));
+    RDA_TRY(rda_cache_path(tmp, sizeof tmp, err, dir, key->hex, suffix));
+    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   if (fd < 0)
     return rda_err_set(err, RDA_ERR_CACHE, "cache: cannot create '%s': %s", tmp, strerror(errno));
   rda_status st = rda_cache_write_all(fd, head, sizeof head, tmp, err);
@@ -648,7 +759,13 @@ rda_status rda_cache_put(const char *target, const rda_cache_key *key, const cha
     st = rda_err_set(err, RDA_ERR_CACHE, "cache: fsync '%s': %s", tmp, strerror(errno));
   if (close(fd) != 0 && st == RDA_OK)
     st = rda_err_set(err, RDA_ERR_CACHE, "cache: close '%s': %s", tmp, strerror(errno));
-  if (st == RDA_OK && rename(tmp, path) != 0)
+  int moved = st == RDA_OK ? rename(tmp, path) : 0;
+  if (moved != 0 && errno == EISDIR) { /* a folder in the entry's place: never an entry */
+    rda_log(RDA_LOG_INFO, "corrupted cache entry %s (a folder in its place): removing it", path);
+    (void)rda_cache_rmtree_at(AT_FDCWD, path, 0);
+    moved = rename(tmp, path);
+  }
+  if (moved != 0)
     st = rda_err_set(err, RDA_ERR_CACHE, "cache: cannot store '%s': %s", path, strerror(errno));
   if (st != RDA_OK) {
     unlink(tmp);
@@ -662,7 +779,13 @@ rda_status rda_cache_put(const char *target, const rda_cache_key *key, const cha
   rda_cache_touch(dir, key->hex);
   rda_cache_mem_put(target, key->hex, data, bytes);
   rda_log(RDA_LOG_DEBUG, "stored %s in %s (%zu bytes)", nm, path, bytes);
-  return rda_cache_evict(max_bytes, key->hex, NULL, err);
+  /* Stored: an eviction that fails (a target folder that cannot be read) only lets the cache
+   * grow, said once per process, never "not stored". */
+  rda_err ev = {0};
+  if (rda_cache_evict(max_bytes, key->hex, NULL, &ev) != RDA_OK &&
+      atomic_exchange(&rda_cache_evict_told, 1) == 0)
+    rda_log(RDA_LOG_WARN, "%s", ev.msg);
+  return RDA_OK;
 }
 
 /* ================================================================== listing, eviction */
@@ -672,11 +795,6 @@ typedef struct rda_cache_list_acc {
   size_t n, cap;
 } rda_cache_list_acc;
 
-static int rda_cache_ends_with(const char *s, const char *suffix) {
-  const size_t n = strlen(s), m = strlen(suffix);
-  return n >= m && strcmp(s + n - m, suffix) == 0;
-}
-
 static long long rda_cache_mtime_ns(const struct stat *st) {
   return (long long)st->st_mtim.tv_sec * 1000000000ll + st->st_mtim.tv_nsec;
 }
@@ -685,32 +803,6 @@ static long long rda_cache_mtime_ns(const struct stat *st) {
  * writing them now: eviction and `cache clear` leave them; older ones were left by a process
  * that died mid-write, and go. */
 static const long long rda_cache_stale_ns = 3600ll * 1000000000ll;
-
-/* rm -r of `name` in the folder parent (AT_FDCWD: name is a path), never through a symbolic
- * link: each folder is opened O_NOFOLLOW | O_DIRECTORY and its names removed relative to it, so
- * a link (even one swapped in meanwhile) is unlinked itself and what it points to is kept. */
-static void rda_cache_rmtree_at(int parent, const char *name, int depth) {
-  const int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOTDIR || errno == ELOOP) (void)unlinkat(parent, name, 0); /* not a folder */
-    return;
-  }
-  DIR *d = depth < 32 ? fdopendir(fd) : NULL;
-  if (d == NULL) {
-    close(fd);
-    return;
-  }
-  for (struct dirent *e; (e = readdir(d)) != NULL;) {
-    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-    rda_cache_rmtree_at(dirfd(d), e->d_name, depth + 1);
-  }
-  closedir(d);
-  (void)unlinkat(parent, name, AT_REMOVEDIR);
-}
-
-void rda_cache_remove_tree(const char *path) {
-  rda_cache_rmtree_at(AT_FDCWD, path, 0);
-}
 
 /* A walk over the names of the open folder dfd (which stays open: the walk has its own
  * descriptor, rewound, since a dup shares the position of an earlier walk). NULL on failure. */
@@ -725,6 +817,12 @@ static DIR *rda_cache_walk(int dfd) {
   return d;
 }
 
+/* The one error of a target folder whose names cannot be read (errno e): list, clear and
+ * eviction say it, never "no entries". */
+static rda_status rda_cache_unreadable_folder(const char *dir, int e, rda_err *err) {
+  return rda_err_set(err, RDA_ERR_CACHE, "cache folder '%s' cannot be read: %s", dir, strerror(e));
+}
+
 /* A temporary (".tmp." in its name) or an emulator header folder ("inc-"): what a running
  * process may be using. */
 static int rda_cache_in_flight_name(const char *name) {
@@ -737,10 +835,7 @@ static int rda_cache_remove_if_stale(int dfd, const char *name, long long now) {
   struct stat tb;
   if (fstatat(dfd, name, &tb, AT_SYMLINK_NOFOLLOW) != 0) return 0;
   if (now - rda_cache_mtime_ns(&tb) <= rda_cache_stale_ns) return 1;
-  if (S_ISDIR(tb.st_mode))
-    rda_cache_rmtree_at(dfd, name, 0);
-  else
-    (void)unlinkat(dfd, name, 0);
+  (void)rda_cache_rmtree_at(dfd, name, 0);
   return 0;
 }
 
@@ -749,7 +844,7 @@ static int rda_cache_remove_if_stale(int dfd, const char *name, long long now) {
 static rda_status rda_cache_scan(int dfd, const char *dir, const char *target, int verify,
                                  rda_cache_list_acc *acc, rda_err *err) {
   DIR *d = rda_cache_walk(dfd);
-  if (d == NULL) return RDA_OK; /* unreadable: no entries */
+  if (d == NULL) return rda_cache_unreadable_folder(dir, errno, err);
   rda_status st = RDA_OK;
   const long long now = rda_cache_now_ns();
   for (struct dirent *e; st == RDA_OK && (e = readdir(d)) != NULL;) {
@@ -757,7 +852,7 @@ static rda_status rda_cache_scan(int dfd, const char *dir, const char *target, i
       (void)rda_cache_remove_if_stale(dfd, e->d_name, now);
       continue;
     }
-    if (!rda_cache_ends_with(e->d_name, ".rda") || strlen(e->d_name) != 64 + 4) continue;
+    if (rda_cache_name_kind(e->d_name) != kCacheEntryName) continue;
     struct stat sb;
     if (fstatat(dfd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0) continue; /* evicted meanwhile */
     if (!S_ISREG(sb.st_mode)) continue; /* never an entry: a link, a FIFO, a folder */
@@ -819,11 +914,12 @@ int rda_cache_target_name_ok(const char *name) {
 }
 
 /* The cache root for list, evict and clear, never created: *rootfd is the open folder, or -1
- * (RDA_OK) when there is no cache yet. Then every target folder (of `target`, or all) is
+ * (RDA_OK) when there is no cache yet (the root does not exist; one too long or unset is an
+ * error). With refuse_links (list, clear), every target folder (of `target`, or all) is
  * checked first: a symbolic link among them refuses the whole operation before it changes
- * anything (rda_cache_refuse_link). */
-static rda_status rda_cache_open_root(const char *target, char *root, size_t cap, int *rootfd,
-                                      rda_err *err) {
+ * anything (rda_cache_refuse_link); eviction passes over such links instead. */
+static rda_status rda_cache_open_root(const char *target, int refuse_links, char *root, size_t cap,
+                                      int *rootfd, rda_err *err) {
   *rootfd = -1;
   char why[1024];
   int usable = 0;
@@ -842,7 +938,7 @@ static rda_status rda_cache_open_root(const char *target, char *root, size_t cap
     return rda_err_set(err, RDA_ERR_CACHE, "cache folder '%s': %s", root, strerror(errno));
   }
   rda_status st = RDA_OK;
-  for (struct dirent *e; st == RDA_OK && (e = readdir(d)) != NULL;) {
+  for (struct dirent *e; refuse_links && st == RDA_OK && (e = readdir(d)) != NULL;) {
     if (!rda_cache_target_name_ok(e->d_name)) continue; /* tuning.lua, the user's own links */
     if (target != NULL && strcmp(target, e->d_name) != 0) continue;
     struct stat sb;
@@ -863,10 +959,14 @@ static rda_status rda_cache_open_root(const char *target, char *root, size_t cap
   return RDA_OK;
 }
 
-/* Each target folder of rootfd (of `target`, or all), opened without following a link (one
- * swapped in after rda_cache_open_root is skipped): fn(folder fd, its path, its name, ctx). */
-typedef rda_status (*rda_cache_target_fn)(int dfd, const char *dir, const char *name, void *ctx,
-                                          rda_err *err);
+/* Each target folder of rootfd (of `target`, or all): fn(folder fd, its path, its name, NULL,
+ * ctx). A name that is no folder or a link (even one swapped in after rda_cache_open_root) is
+ * no target folder: skipped, never followed. A folder that cannot be opened (mode 000, or 300:
+ * no read) or that loading would refuse (rda_cache_check_stat: another user's, writable by
+ * group or others) is handed to fn as `problem` (dfd -1; the message names it): each caller
+ * says it in its own way, never as an empty folder. */
+typedef rda_status (*rda_cache_target_fn)(int dfd, const char *dir, const char *name,
+                                          const rda_err *problem, void *ctx, rda_err *err);
 
 static rda_status rda_cache_each_target(int rootfd, const char *root, const char *target,
                                         rda_cache_target_fn fn, void *ctx, rda_err *err) {
@@ -878,13 +978,22 @@ static rda_status rda_cache_each_target(int rootfd, const char *root, const char
   for (struct dirent *e; st == RDA_OK && (e = readdir(d)) != NULL;) {
     if (!rda_cache_target_name_ok(e->d_name)) continue;
     if (target != NULL && strcmp(target, e->d_name) != 0) continue;
+    char dir[kCachePath];
+    snprintf(dir, sizeof dir, "%s/%s", root, e->d_name); /* fits: rda_cache_folder_at */
     const int dfd =
         openat(rootfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (dfd < 0) continue; /* not a folder (or a link): not a target */
-    char dir[kCachePath];
-    if (snprintf(dir, sizeof dir, "%s/%s", root, e->d_name) < (int)sizeof dir)
-      st = fn(dfd, dir, e->d_name, ctx, err);
-    close(dfd);
+    if (dfd < 0 && (errno == ENOTDIR || errno == ELOOP || errno == ENOENT)) continue;
+    rda_err problem = {0};
+    struct stat sb;
+    if (dfd < 0)
+      rda_cache_unreadable_folder(dir, errno, &problem);
+    else if (fstat(dfd, &sb) != 0)
+      rda_cache_unreadable_folder(dir, errno, &problem);
+    else
+      (void)rda_cache_check_stat(dir, &sb, &problem);
+    st = fn(problem.status == RDA_OK ? dfd : -1, dir, e->d_name,
+            problem.status == RDA_OK ? NULL : &problem, ctx, err);
+    if (dfd >= 0) close(dfd);
   }
   closedir(d);
   return st;
@@ -893,23 +1002,39 @@ static rda_status rda_cache_each_target(int rootfd, const char *root, const char
 typedef struct rda_cache_scan_ctx {
   rda_cache_list_acc acc;
   int verify;
+  size_t *skipped; /* NULL: a target folder with a problem fails the listing */
+  rda_err *first;  /* else: counted, and the first one's message kept */
 } rda_cache_scan_ctx;
 
-static rda_status rda_cache_scan_target(int dfd, const char *dir, const char *name, void *ctx,
-                                        rda_err *err) {
+static rda_status rda_cache_scan_target(int dfd, const char *dir, const char *name,
+                                        const rda_err *problem, void *ctx, rda_err *err) {
   rda_cache_scan_ctx *c = ctx;
-  return rda_cache_scan(dfd, dir, name, c->verify, &c->acc, err);
+  rda_err e = {0};
+  if (problem != NULL)
+    rda_err_set(&e, problem->status, "%s", problem->msg);
+  else
+    (void)rda_cache_scan(dfd, dir, name, c->verify, &c->acc, &e);
+  if (e.status == RDA_OK) return RDA_OK;
+  if (c->skipped == NULL) return rda_err_set(err, e.status, "%s", e.msg);
+  ++*c->skipped;
+  rda_err_set(c->first, e.status, "%s", e.msg);
+  return RDA_OK;
 }
 
-static rda_status rda_cache_list_any(const char *target, int verify, rda_cache_entry_info **out,
-                                     size_t *count, rda_err *err) {
+/* The entries of `target` (or all), least recently used first. With skipped NULL (list): links
+ * posing as target folders are refused and a target folder that cannot be read fails it. Else
+ * (eviction): both are passed over, those that cannot be read counted in *skipped, the first
+ * one's message in *first. */
+static rda_status rda_cache_list_any(const char *target, int verify, size_t *skipped,
+                                     rda_err *first, rda_cache_entry_info **out, size_t *count,
+                                     rda_err *err) {
   *out = NULL;
   *count = 0;
   char root[kCachePath];
   int rootfd = -1;
-  RDA_TRY(rda_cache_open_root(target, root, sizeof root, &rootfd, err));
+  RDA_TRY(rda_cache_open_root(target, skipped == NULL, root, sizeof root, &rootfd, err));
   if (rootfd < 0) return RDA_OK; /* no cache yet */
-  rda_cache_scan_ctx c = {{0}, verify};
+  rda_cache_scan_ctx c = {{0}, verify, skipped, first};
   const rda_status st = rda_cache_each_target(rootfd, root, target, rda_cache_scan_target, &c, err);
   close(rootfd);
   if (st != RDA_OK) {
@@ -924,7 +1049,7 @@ static rda_status rda_cache_list_any(const char *target, int verify, rda_cache_e
 
 rda_status rda_cache_list(const char *target, rda_cache_entry_info **out, size_t *count,
                           rda_err *err) {
-  return rda_cache_list_any(target, 1, out, count, err);
+  return rda_cache_list_any(target, 1, NULL, NULL, out, count, err);
 }
 
 /* Remove one entry and its access record: unlinked in its target folder, opened without
@@ -945,8 +1070,9 @@ rda_status rda_cache_evict(unsigned long long max_bytes, const char *keep, size_
                            rda_err *err) {
   if (removed != NULL) *removed = 0;
   rda_cache_entry_info *v = NULL;
-  size_t n = 0;
-  RDA_TRY(rda_cache_list_any(NULL, 0, &v, &n, err));
+  size_t n = 0, skipped = 0;
+  rda_err first = {0};
+  RDA_TRY(rda_cache_list_any(NULL, 0, &skipped, &first, &v, &n, err));
   unsigned long long total = 0;
   for (size_t i = 0; i < n; ++i) total += v[i].bytes;
   char root[kCachePath];
@@ -960,47 +1086,50 @@ rda_status rda_cache_evict(unsigned long long max_bytes, const char *keep, size_
             v[i].target, v[i].key, max_bytes);
   }
   free(v);
+  if (st == RDA_OK && skipped > 0)
+    st = rda_err_set(err, RDA_ERR_CACHE,
+                     "kernel cache eviction passed over %zu target folder%s (their entries stay, "
+                     "whatever RDA_CACHE_MAX_BYTES says): %s",
+                     skipped, skipped == 1 ? "" : "s", first.msg);
   return st;
 }
 
 typedef struct rda_cache_clear_ctx {
   size_t removed, left;
   long long now;
-  size_t failed;             /* names that stayed (not ENOENT), over every target */
-  int fail_errno;            /* the first failure's */
-  char fail_dir[kCachePath]; /* and its folder */
+  size_t failed; /* names that stayed (not ENOENT) and folders not read, over every target */
+  rda_err first; /* the first one's message, naming its folder */
 } rda_cache_clear_ctx;
 
-static rda_status rda_cache_clear_target(int dfd, const char *dir, const char *name, void *ctx,
-                                         rda_err *err) {
+static rda_status rda_cache_clear_target(int dfd, const char *dir, const char *name,
+                                         const rda_err *problem, void *ctx, rda_err *err) {
   (void)name, (void)err;
   rda_cache_clear_ctx *c = ctx;
-  DIR *t = rda_cache_walk(dfd);
+  DIR *t = problem == NULL ? rda_cache_walk(dfd) : NULL;
   if (t == NULL) {
-    if (c->failed++ == 0) {
-      c->fail_errno = errno;
-      snprintf(c->fail_dir, sizeof c->fail_dir, "%s", dir);
-    }
+    ++c->failed;
+    if (problem != NULL)
+      rda_err_set(&c->first, problem->status, "%s", problem->msg);
+    else
+      rda_cache_unreadable_folder(dir, errno, &c->first);
     return RDA_OK;
   }
   /* A file that stays (a read-only folder, an immutable file) is a failed clear, not a quiet
    * "removed 0": counted, the other targets still cleared, and told as one line by
-   * rda_cache_clear. ENOENT: removed by someone else meanwhile. */
+   * rda_cache_clear. ENOENT: removed by someone else meanwhile. Only the cache's own names go
+   * (rda_cache_name_kind), whatever their type: a folder or FIFO in an entry's place too. */
   for (struct dirent *f; (f = readdir(t)) != NULL;) {
     if (f->d_name[0] == '.') continue;
-    int rc = 0;
     if (rda_cache_in_flight_name(f->d_name)) {
       c->left += (size_t)rda_cache_remove_if_stale(dfd, f->d_name, c->now);
-    } else if (rda_cache_ends_with(f->d_name, ".rda")) {
-      rc = unlinkat(dfd, f->d_name, 0);
-      if (rc == 0) ++c->removed;
-    } else if (rda_cache_ends_with(f->d_name, ".use")) {
-      rc = unlinkat(dfd, f->d_name, 0);
+      continue;
     }
-    if (rc != 0 && errno != ENOENT && c->failed++ == 0) {
-      c->fail_errno = errno;
-      snprintf(c->fail_dir, sizeof c->fail_dir, "%s", dir);
-    }
+    const int kind = rda_cache_name_kind(f->d_name);
+    if (kind == kCacheNotOurs) continue;
+    const int rc = rda_cache_rmtree_at(dfd, f->d_name, 0);
+    if (rc == 0 && kind == kCacheEntryName) ++c->removed;
+    if (rc != 0 && rc != ENOENT && c->failed++ == 0)
+      rda_err_set(&c->first, RDA_ERR_CACHE, "cache folder '%s': %s", dir, strerror(rc));
   }
   closedir(t);
   return RDA_OK;
@@ -1011,10 +1140,10 @@ rda_status rda_cache_clear(const char *target, size_t *removed, size_t *left, rd
   if (left != NULL) *left = 0;
   char root[kCachePath];
   int rootfd = -1;
-  RDA_TRY(rda_cache_open_root(target, root, sizeof root, &rootfd, err));
+  RDA_TRY(rda_cache_open_root(target, 1, root, sizeof root, &rootfd, err));
   rda_cache_memory_clear();
   if (rootfd < 0) return RDA_OK; /* no cache yet */
-  /* On the heap: fail_dir is a whole path. */
+  /* On the heap: first holds a whole message. */
   rda_cache_clear_ctx *c = calloc(1, sizeof *c);
   if (c == NULL) {
     close(rootfd);
@@ -1027,13 +1156,32 @@ rda_status rda_cache_clear(const char *target, size_t *removed, size_t *left, rd
   if (left != NULL) *left = c->left;
   if (st == RDA_OK && c->failed > 0)
     st = rda_err_set(err, RDA_ERR_CACHE,
-                     "cache clear: %zu file%s could not be removed, first in cache folder '%s': %s",
-                     c->failed, c->failed == 1 ? "" : "s", c->fail_dir, strerror(c->fail_errno));
+                     "cache clear: %zu file%s or folder%s could not be removed or read, the "
+                     "first: %s",
+                     c->failed, c->failed == 1 ? "" : "s", c->failed == 1 ? "" : "s", c->first.msg);
   free(c);
   return st;
 }
 
 /* ================================================================== cubins */
+
+/* The target folder ("sm_XX", cap 32) and the key of the cubin of `source` for sm_`arch`. */
+static rda_status rda_cache_cubin_key(int arch, const char *source, char *target,
+                                      rda_cache_key *key, rda_err *err) {
+  char headers[65], compiler[64];
+  snprintf(target, 32, "sm_%d", arch);
+  RDA_TRY(rda_sources_digest("templates/", headers, err));
+  const int nv = rda_nvrtc_version();
+  /* The compiler's real target too: arch 90 compiles as sm_90a, and cubins made for plain
+   * sm_90 (before that) must not be taken for it. */
+  char real[16];
+  snprintf(compiler, sizeof compiler, "nvrtc %d.%d %s", nv / 1000, nv % 1000 / 10,
+           rda_nvrtc_target(arch, real));
+  const rda_cache_inputs in = {
+      target, source, headers, RDA_VERSION_STRING, compiler, rda_nvrtc_options()};
+  rda_cache_key_of(&in, key);
+  return RDA_OK;
+}
 
 /* rda_cache_cubin; with must_store, a compiled cubin that did not reach the disk is an error. */
 static rda_status rda_cache_cubin_at(int arch, const char *name, const char *source,
@@ -1044,19 +1192,9 @@ static rda_status rda_cache_cubin_at(int arch, const char *name, const char *sou
   if (compiled != NULL) *compiled = 0;
   if (name == NULL || source == NULL)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_cache_cubin: name and source required");
-  char target[32], headers[65], compiler[64];
-  snprintf(target, sizeof target, "sm_%d", arch);
-  RDA_TRY(rda_sources_digest("templates/", headers, err));
-  const int nv = rda_nvrtc_version();
-  /* The compiler's real target too: arch 90 compiles as sm_90a, and cubins made for plain
-   * sm_90 (before that) must not be taken for it. */
-  char real[16];
-  snprintf(compiler, sizeof compiler, "nvrtc %d.%d %s", nv / 1000, nv % 1000 / 10,
-           rda_nvrtc_target(arch, real));
-  const rda_cache_inputs in = {
-      target, source, headers, RDA_VERSION_STRING, compiler, rda_nvrtc_options()};
+  char target[32];
   rda_cache_key key;
-  rda_cache_key_of(&in, &key);
+  RDA_TRY(rda_cache_cubin_key(arch, source, target, &key, err));
   int hit = 0;
   char why[160];
   RDA_TRY(rda_cache_get(target, &key, source, image, bytes, &hit, why, sizeof why, err));
@@ -1104,6 +1242,27 @@ rda_status rda_cache_cubin_store(int arch, const char *name, const char *source,
   const rda_status st = rda_cache_cubin_at(arch, name, source, &image, &bytes, compiled, 1, err);
   free(image);
   return st;
+}
+
+rda_status rda_cache_cubin_stored(int arch, const char *source, int *stored,
+                                  unsigned long long *bytes, rda_err *err) {
+  *stored = 0;
+  if (bytes != NULL) *bytes = 0;
+  if (source == NULL)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_cache_cubin_stored: source required");
+  char target[32], dir[kCachePath], path[kCachePath], why[1024];
+  rda_cache_key key;
+  RDA_TRY(rda_cache_cubin_key(arch, source, target, &key, err));
+  int usable = 0;
+  RDA_TRY(rda_cache_folder_at(target, 0, 0, dir, sizeof dir, &usable, why, sizeof why, err));
+  if (!usable) return RDA_OK;
+  RDA_TRY(rda_cache_path(path, sizeof path, err, dir, key.hex, ".rda"));
+  struct stat st;
+  if (lstat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+    *stored = 1;
+    if (bytes != NULL) *bytes = (unsigned long long)st.st_size;
+  }
+  return RDA_OK;
 }
 
 /* ================================================================== bundles */

@@ -49,14 +49,15 @@ void rda_cache_key_of(const rda_cache_inputs *in, rda_cache_key *out);
  * target is not NULL, its folder for target, created (0700) when missing. Refused
  * (RDA_ERR_CACHE, the message names the folder) when either belongs to another user or is
  * writable by group or others (a kernel loaded from there could be anyone's code), or when the
- * target folder is a symbolic link (one policy for get, put, list, evict and clear: refused;
- * the root itself may be a link). RDA_ERR_CACHE too when it cannot be used (no root, cannot be
- * created, not a folder). `out` is always a string ("" when there is no root). */
+ * target folder is a symbolic link (get, put, list and clear refuse it, eviction passes over
+ * it; the root itself may be a link). RDA_ERR_CACHE too when it cannot be used (no root, cannot
+ * be created, not a folder, too long). `out` is always a string ("" when there is no root). */
 rda_status rda_cache_folder(const char *target, char *out, size_t cap, rda_err *err);
 
 /* rda_cache_folder for writing, telling a refusal (an error, as above) from a folder that
  * merely cannot be used: cannot be created (read-only file system, a file in the way, no
- * root), not a folder, not writable. Then *usable is 0, RDA_OK is returned, why (may be NULL;
+ * root), not a folder, not writable, a root path too long to hold the names of its entries
+ * (over 3837 characters). Then *usable is 0, RDA_OK is returned, why (may be NULL;
  * why_cap bytes) holds the reason as one line and it is logged once per process
  * (RDA_LOG=info): the caller compiles without caching, as it does when the disk is full. */
 rda_status rda_cache_folder_try(const char *target, char *out, size_t cap, int *usable,
@@ -79,18 +80,24 @@ void rda_cache_remove_tree(const char *path);
  * the caller frees) and *bytes hold the payload and *hit is 1; a disk hit touches the entry's
  * access record (a memory hit touches nothing: it is pure memory).
  * A miss is RDA_OK with *hit 0 and `why` (may be NULL) telling why ("not on disk", "corrupted
- * entry: ..., rebuilt", "a different source under the same key", "kernel cache unusable": the
- * folder cannot be created, see rda_cache_folder_try); a damaged entry is deleted, never
- * returned. `source` (may be NULL) is compared with the source stored in the entry. A memory
+ * entry: ...", "entry not readable: ...", "a different source under the same key", "kernel
+ * cache unusable": the folder cannot be created, see rda_cache_folder_try); a damaged entry is
+ * deleted, never returned, and so is anything else than a regular file under its name (a
+ * folder, a FIFO, a link: removed without following a link, "corrupted entry: a folder in its
+ * place, removed"); a regular file that cannot be read is left for the rebuilt entry to
+ * replace. `source` (may be NULL) is compared with the source stored in the entry. A memory
  * hit is logged at RDA_LOG=debug like a disk hit. */
 rda_status rda_cache_get(const char *target, const rda_cache_key *key, const char *source,
                          unsigned char **data, size_t *bytes, int *hit, char *why, size_t why_cap,
                          rda_err *err);
 
 /* Store an entry (name is for `rdagen cache list`; source is kept for the collision check):
- * temporary file in the target folder, fsync, rename — concurrent writers of the same key all
- * succeed and leave one whole entry. Also kept in memory. Evicts least recently used entries
- * when the cache grows past rda_cache_max_bytes_get()'s limit. A folder that cannot be used
+ * temporary file in the target folder (a name left by a dead process of the same pid is passed
+ * over), fsync, rename (over a folder in the entry's place too: removed first) — concurrent
+ * writers of the same key all succeed and leave one whole entry. Also kept in memory. Then
+ * evicts least recently used entries when the cache grows past rda_cache_max_bytes_get()'s
+ * limit; an eviction that fails (a target folder that cannot be read) is one warning per
+ * process, not a failure: the entry is stored. A folder that cannot be used
  * (rda_cache_folder_try) stores it in memory only and returns RDA_OK. */
 rda_status rda_cache_put(const char *target, const rda_cache_key *key, const char *name,
                          const char *source, const void *data, size_t bytes, rda_err *err);
@@ -116,24 +123,30 @@ int rda_cache_target_name_ok(const char *name);
 
 /* Every entry (of `target`, or all when NULL), least recently used first. *out malloc'd. A
  * missing cache root is an empty cache (nothing is created); no root at all (RDA_CACHE_DIR,
- * XDG_CACHE_HOME and HOME unset) is RDA_ERR_CACHE; a symbolic link named like a target folder
- * (rda_cache_target_name_ok) is refused (rda_cache_folder). Anything else in the root is no
- * target folder: skipped, as by evict and clear. */
+ * XDG_CACHE_HOME and HOME unset) or one too long is RDA_ERR_CACHE; a symbolic link named like a
+ * target folder (rda_cache_target_name_ok) is refused (rda_cache_folder), and so is a target
+ * folder that cannot be read or that loading refuses (another user's, writable by group or
+ * others): RDA_ERR_CACHE naming it. Anything else in the root is no target folder: skipped, as
+ * by evict and clear. Entries are the names of 64 lowercase hex digits and ".rda". */
 rda_status rda_cache_list(const char *target, rda_cache_entry_info **out, size_t *count,
                           rda_err *err);
 
 /* Delete every entry (of `target`, or all when NULL); *removed (may be NULL) counts entries.
+ * Only the cache's own names go: an entry's (64 lowercase hex digits, ".rda") and its access
+ * record's (".use"), whatever is under them (a folder too); a user's mine.rda stays.
  * Temporaries and emulator header folders younger than an hour may belong to a process
  * running now: they are left, and *left (may be NULL) counts them; older ones go. Never
  * deletes through a symbolic link (rda_cache_remove_tree); a symlinked target folder refuses
  * the whole clear before anything is deleted. A missing cache root is not created. An entry
- * or access record that cannot be removed (a read-only folder; not ENOENT) or a target folder
- * that cannot be read: every other target is still cleared, then RDA_ERR_CACHE with one line
- * giving the count and naming the first such folder. */
+ * or access record that cannot be removed (a read-only folder; not ENOENT), or a target folder
+ * that cannot be read or that loading refuses: every other target is still cleared, then
+ * RDA_ERR_CACHE with one line giving the count and naming the first such folder. */
 rda_status rda_cache_clear(const char *target, size_t *removed, size_t *left, rda_err *err);
 
 /* Delete least recently used entries until the cache holds at most max_bytes; `keep` (a key
- * hex, may be NULL) is never deleted. *removed (may be NULL) counts them. */
+ * hex, may be NULL) is never deleted. *removed (may be NULL) counts them. A target folder
+ * that is a symbolic link is passed over (never followed); one that cannot be read or that
+ * loading refuses too, the others still evicted, then RDA_ERR_CACHE naming the first. */
 rda_status rda_cache_evict(unsigned long long max_bytes, const char *keep, size_t *removed,
                            rda_err *err);
 
@@ -148,6 +161,13 @@ rda_status rda_cache_cubin(int arch, const char *name, const char *source, unsig
  * RDA_ERR_CACHE naming the kernel and why, where rda_cache_cubin only logs it. */
 rda_status rda_cache_cubin_store(int arch, const char *name, const char *source, int *compiled,
                                  rda_err *err);
+
+/* Whether the cubin of `source` for sm_`arch` is on disk in the cache now: *stored 1 when its
+ * entry is a regular file (*bytes, may be NULL: its size), else 0 (a missing or unusable
+ * cache too). Never compiles, never touches the memory copies: `rdagen cache warm` checks with
+ * it that RDA_CACHE_MAX_BYTES kept what it stored. */
+rda_status rda_cache_cubin_stored(int arch, const char *source, int *stored,
+                                  unsigned long long *bytes, rda_err *err);
 
 /* ---- ahead-of-time bundles (folders written by `rdagen emit`) ---------------------------- */
 

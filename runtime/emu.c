@@ -96,8 +96,12 @@ static rda_status rda_emu_path(char *out, size_t cap, rda_err *err, const char *
 
 /* ------------------------------------------------------------------ files */
 
-static rda_status rda_emu_write_file(const char *path, const void *data, size_t n, rda_err *err) {
+/* Write a new file (O_EXCL: never over anything); *taken (may be NULL) is 1 when the name was
+ * taken already. */
+static rda_status rda_emu_write_file(const char *path, const void *data, size_t n, int *taken,
+                                     rda_err *err) {
   const int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (taken != NULL) *taken = fd < 0 && errno == EEXIST;
   if (fd < 0)
     return rda_err_set(err, RDA_ERR_CACHE, "emu: cannot write '%s': %s", path, strerror(errno));
   const unsigned char *p = data;
@@ -115,6 +119,36 @@ static rda_status rda_emu_write_file(const char *path, const void *data, size_t 
     return rda_err_set(err, RDA_ERR_CACHE, "emu: cannot write '%s': %s", path, strerror(errno));
   }
   return RDA_OK;
+}
+
+/* Temporary names hold the pid and a count (`<stem>.tmp.<pid>.<k>`); a name taken already (left
+ * by a process of the same pid killed mid-build: a container's pid 1 after a kill -9; or used
+ * by another container's pid 1 on the same cache) is passed over for the next k. */
+enum { kEmuTmpTries = 100 };
+static atomic_ulong rda_emu_tmp_counter;
+
+/* Write data to the new file `<stem>.tmp.<pid>.<k><ext>` (path, cap bytes). */
+static rda_status rda_emu_write_tmp(char *path, size_t cap, const char *stem, const char *ext,
+                                    const void *data, size_t n, rda_err *err) {
+  for (int attempt = 0;; ++attempt) {
+    RDA_TRY(rda_emu_path(path, cap, err, "%s.tmp.%ld.%lu%s", stem, (long)getpid(),
+                         atomic_fetch_add(&rda_emu_tmp_counter, 1), ext));
+    int taken = 0;
+    rda_err e = {0};
+    if (rda_emu_write_file(path, data, n, &taken, &e) == RDA_OK) return RDA_OK;
+    if (!taken || attempt + 1 == kEmuTmpTries) return rda_err_set(err, e.status, "%s", e.msg);
+  }
+}
+
+/* Make the new folder `<stem>.tmp.<pid>.<k>` (path, cap bytes). */
+static rda_status rda_emu_mkdir_tmp(char *path, size_t cap, const char *stem, rda_err *err) {
+  for (int attempt = 0; attempt < kEmuTmpTries; ++attempt) {
+    RDA_TRY(rda_emu_path(path, cap, err, "%s.tmp.%ld.%lu", stem, (long)getpid(),
+                         atomic_fetch_add(&rda_emu_tmp_counter, 1)));
+    if (mkdir(path, 0700) == 0) return RDA_OK;
+    if (errno != EEXIST) break;
+  }
+  return rda_err_set(err, RDA_ERR_CACHE, "emu: mkdir '%s': %s", path, strerror(errno));
 }
 
 /* 1 when every template under `inc` holds exactly what rda_sources_read serves. */
@@ -143,11 +177,8 @@ static int rda_emu_headers_intact(const char *inc) {
  * (content-addressed: a folder that exists is complete, it appeared by one rename). */
 static rda_status rda_emu_headers(const char *dir, const char *digest, char *inc, size_t cap,
                                   rda_err *err) {
-  static atomic_ulong counter;
   RDA_TRY(rda_emu_path(inc, cap, err, "%s/inc-%.32s", dir, digest));
   char tmp[kEmuPath], sub[kEmuPath];
-  RDA_TRY(rda_emu_path(tmp, sizeof tmp, err, "%s.tmp.%ld.%lu", inc, (long)getpid(),
-                       atomic_fetch_add(&counter, 1)));
   struct stat st;
   const int present = lstat(inc, &st) == 0;
   if (present && S_ISDIR(st.st_mode)) {
@@ -157,15 +188,18 @@ static rda_status rda_emu_headers(const char *dir, const char *digest, char *inc
       (void)utimensat(AT_FDCWD, inc, NULL, AT_SYMLINK_NOFOLLOW);
       return RDA_OK;
     }
-    /* Damaged (a file edited or removed by hand): move it aside, then write it anew. */
+    /* Damaged (a file edited or removed by hand): moved aside onto an empty folder of ours
+     * (a rename replaces one), then written anew. */
     rda_log(RDA_LOG_INFO, "emulator headers in %s damaged: rewriting them", inc);
-    if (rename(inc, tmp) == 0) rda_cache_remove_tree(tmp);
+    if (rda_emu_mkdir_tmp(tmp, sizeof tmp, inc, NULL) == RDA_OK) {
+      (void)rename(inc, tmp);
+      rda_cache_remove_tree(tmp);
+    }
   } else if (present) { /* a file or a link in its place: never followed */
     rda_log(RDA_LOG_INFO, "emulator headers %s: not a folder, replacing it", inc);
     (void)unlink(inc);
   }
-  if (mkdir(tmp, 0700) != 0)
-    return rda_err_set(err, RDA_ERR_CACHE, "emu: mkdir '%s': %s", tmp, strerror(errno));
+  RDA_TRY(rda_emu_mkdir_tmp(tmp, sizeof tmp, inc, err));
   static const char prefix[] = "templates/";
   rda_status s = RDA_OK;
   for (size_t i = 0; s == RDA_OK && i < rda_sources_count(); ++i) {
@@ -182,7 +216,7 @@ static rda_status rda_emu_headers(const char *dir, const char *digest, char *inc
     size_t len = 0;
     if (s == RDA_OK) s = rda_sources_read(name, &text, &len, err);
     if (s == RDA_OK) s = rda_emu_path(sub, sizeof sub, err, "%s/%s", tmp, rel);
-    if (s == RDA_OK) s = rda_emu_write_file(sub, text, len, err);
+    if (s == RDA_OK) s = rda_emu_write_file(sub, text, len, NULL, err);
     free(text);
   }
   if (s == RDA_OK && rename(tmp, inc) != 0 && errno != EEXIST && errno != ENOTEMPTY)
@@ -334,12 +368,10 @@ static rda_status rda_emu_copy(rda_backend *b, void *dst, const void *src, size_
 /* dlopen a module given as bytes: written to a temporary file in `dir`, opened, unlinked. */
 static rda_status rda_emu_dlopen_bytes(const char *dir, const unsigned char *data, size_t n,
                                        int flags, void **dl, rda_err *err) {
-  static atomic_ulong counter;
-  char path[kEmuPath];
+  char path[kEmuPath], stem[kEmuPath];
   *dl = NULL;
-  RDA_TRY(rda_emu_path(path, sizeof path, err, "%s/load.tmp.%ld.%lu.so", dir, (long)getpid(),
-                       atomic_fetch_add(&counter, 1)));
-  RDA_TRY(rda_emu_write_file(path, data, n, err));
+  RDA_TRY(rda_emu_path(stem, sizeof stem, err, "%s/load", dir));
+  RDA_TRY(rda_emu_write_tmp(path, sizeof path, stem, ".so", data, n, err));
   *dl = dlopen(path, flags);
   rda_status st = RDA_OK;
   if (*dl == NULL) st = rda_err_set(err, RDA_ERR_EMULATOR, "emu: dlopen '%s': %s", path, dlerror());
@@ -458,19 +490,25 @@ static rda_status rda_emu_keyparts_of(rda_emu_impl *im, rda_emu_keyparts *kp, rd
 static rda_status rda_emu_compile(rda_emu_impl *im, const char *dir, const char *inc_dir,
                                   const char *source, const char *src_path, const char *what,
                                   unsigned char **image, size_t *image_bytes, rda_err *err) {
-  static atomic_ulong counter;
-  const unsigned long k = atomic_fetch_add(&counter, 1);
-  char tmp_cu[kEmuPath], tmp_so[kEmuPath], inc[kEmuPath];
+  char tmp_cu[kEmuPath], tmp_so[kEmuPath], inc[kEmuPath], stem[kEmuPath];
   *image = NULL;
   *image_bytes = 0;
-  RDA_TRY(rda_emu_path(tmp_cu, sizeof tmp_cu, err, "%s/build.tmp.%ld.%lu.cu", dir, (long)getpid(),
-                       k));
-  RDA_TRY(rda_emu_path(tmp_so, sizeof tmp_so, err, "%s/build.tmp.%ld.%lu.so", dir, (long)getpid(),
-                       k));
   RDA_TRY(rda_emu_path(inc, sizeof inc, err, "-I%s", inc_dir));
-  if (source != NULL) {
-    RDA_TRY(rda_emu_write_file(tmp_cu, source, strlen(source), err));
-    src_path = tmp_cu;
+  RDA_TRY(rda_emu_path(stem, sizeof stem, err, "%s/build", dir));
+  /* The output's name is taken first (an empty file the compiler replaces), then the source's
+   * of the same k: no other build writes either. */
+  for (int attempt = 0;; ++attempt) {
+    RDA_TRY(rda_emu_write_tmp(tmp_so, sizeof tmp_so, stem, ".so", "", 0, err));
+    snprintf(tmp_cu, sizeof tmp_cu, "%.*s.cu", (int)(strlen(tmp_so) - 3), tmp_so); /* fits */
+    if (source == NULL) break;
+    int taken = 0;
+    rda_err e = {0};
+    if (rda_emu_write_file(tmp_cu, source, strlen(source), &taken, &e) == RDA_OK) {
+      src_path = tmp_cu;
+      break;
+    }
+    unlink(tmp_so);
+    if (!taken || attempt + 1 == kEmuTmpTries) return rda_err_set(err, e.status, "%s", e.msg);
   }
   char extra[sizeof im->extra];
   memcpy(extra, im->extra, sizeof extra);

@@ -12,12 +12,16 @@
 #include <cmocka.h>
 /* clang-format on */
 
+#include <ctype.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1365,19 +1369,27 @@ static void test_cache_max_bytes_rejects_malformed_negative_and_overflowing(void
   unsetenv("RDA_CACHE_MAX_BYTES");
 }
 
-/* A symlinked target folder is refused, the same way by get, put, list, evict and clear; a
- * clear deletes nothing (not even through another target). */
+/* A folder outside the cache (*outside) holding a file named like an entry (*keep), linked
+ * as the target folder sm_80 (returned): what the cache must never delete through. */
+static char *link_sm80_elsewhere(const cache_fixture *f, char **outside, char **keep) {
+  *outside = rt_mkdtemp();
+  assert_non_null(*outside);
+  assert_int_equal(chmod(*outside, 0700), 0);
+  *keep = rt_path(*outside, "0000000000000000000000000000000000000000000000000000000000000000.rda");
+  assert_true(rt_write_file(*keep, "not an entry", 12));
+  char *link = rt_path(f->root, "sm_80");
+  assert_int_equal(symlink(*outside, link), 0);
+  return link;
+}
+
+/* A symlinked target folder is refused, the same way by get, put, list and clear; a clear
+ * deletes nothing (not even through another target). Eviction passes over it, never through
+ * it. */
 static void test_cache_symlinked_target_folder_is_refused_everywhere(void **state) {
   cache_fixture *f = *state;
   put_entry("kernel_s", 100);
-  char *outside = rt_mkdtemp();
-  assert_non_null(outside);
-  assert_int_equal(chmod(outside, 0700), 0);
-  char *keep =
-      rt_path(outside, "0000000000000000000000000000000000000000000000000000000000000000.rda");
-  assert_true(rt_write_file(keep, "not an entry", 12));
-  char *link = rt_path(f->root, "sm_80");
-  assert_int_equal(symlink(outside, link), 0);
+  char *outside = NULL, *keep = NULL;
+  char *link = link_sm80_elsewhere(f, &outside, &keep);
   const rda_cache_key k = key_for("kernel_s");
   unsigned char *data = NULL;
   size_t n = 0, removed = 0;
@@ -1395,9 +1407,8 @@ static void test_cache_symlinked_target_folder_is_refused_everywhere(void **stat
   assert_int_equal(rda_cache_list(NULL, &v, &n, &err), RDA_ERR_CACHE);
   assert_non_null(strstr(err.msg, "symbolic link"));
   rda_err_clear(&err);
-  assert_int_equal(rda_cache_evict(0, NULL, &removed, &err), RDA_ERR_CACHE);
-  assert_non_null(strstr(err.msg, "symbolic link"));
-  rda_err_clear(&err);
+  assert_int_equal(rda_cache_evict(0, k.hex, &removed, &err), RDA_OK);
+  assert_int_equal(removed, 0);
   assert_int_equal(rda_cache_clear(NULL, &removed, NULL, &err), RDA_ERR_CACHE);
   assert_non_null(strstr(err.msg, "symbolic link"));
   assert_true(rt_exists(keep));
@@ -1410,6 +1421,21 @@ static void test_cache_symlinked_target_folder_is_refused_everywhere(void **stat
   unlink(link);
   rt_rmtree(outside);
   free(outside), free(keep), free(link);
+}
+
+/* A lookup of k for sm_90 misses with `want` as its why, and `path` (in the entry's place) is
+ * gone. */
+static void expect_miss_removing(const rda_cache_key *k, const char *path, const char *want) {
+  unsigned char *data = NULL;
+  size_t n = 0;
+  int hit = 1;
+  char why[160];
+  rda_err err = {0};
+  assert_int_equal(rda_cache_get("sm_90", k, NULL, &data, &n, &hit, why, sizeof why, &err), RDA_OK);
+  assert_int_equal(hit, 0);
+  assert_null(data);
+  assert_string_equal(why, want);
+  assert_false(rt_exists(path));
 }
 
 /* A FIFO where an entry, an access record or a bundle cubin should be is refused at once,
@@ -1426,18 +1452,16 @@ static void test_cache_fifo_in_the_cache_never_blocks(void **state) {
   unlink(use);
   assert_int_equal(mkfifo(use, 0600), 0);
   alarm(20);
-  unsigned char *data = NULL;
+  expect_miss_removing(&k, path, "corrupted entry: a FIFO in its place, removed"); /* no entry */
   size_t n = 0;
-  int hit = 1;
   rda_err err = {0};
-  assert_int_equal(rda_cache_get("sm_90", &k, NULL, &data, &n, &hit, NULL, 0, &err), RDA_OK);
-  assert_int_equal(hit, 0);
   assert_true(has_entry("kernel_q")); /* touches the FIFO access record */
   rda_cache_entry_info *v = NULL;
   assert_int_equal(rda_cache_list(NULL, &v, &n, &err), RDA_OK);
   assert_int_equal(n, 1); /* the FIFO is no entry */
   free(v);
   unsigned char *image = NULL;
+  assert_int_equal(mkfifo(path, 0600), 0);
   assert_int_equal(rda_cache_read_file(path, &image, &n, &err), RDA_ERR_IO);
   assert_non_null(strstr(err.msg, "not a regular file"));
   alarm(0);
@@ -1721,6 +1745,405 @@ static void test_cache_bundle_without_cubin_sha_warns_once_per_bundle(void **sta
   free(log), free(b1), free(b2);
 }
 
+/* ---- review fixes (fix-cache3) ------------------------------------------------------------- */
+
+/* In a forked child (no cmocka there: a failed assert would run the other tests in it): the
+ * line of the first failed check, said on stderr. */
+#define CHILD_CHECK(cond)                                                       \
+  do {                                                                          \
+    if (!(cond)) {                                                              \
+      fprintf(stderr, "child: check failed at line %d: %s\n", __LINE__, #cond); \
+      return __LINE__;                                                          \
+    }                                                                           \
+  } while (0)
+
+/* 1 when the cache holds `source`'s entry of key_for(source) for target, loaded from disk. */
+static int child_has(const char *target, const char *source) {
+  rda_cache_memory_clear();
+  const rda_cache_key k = key_for(source);
+  unsigned char *data = NULL;
+  size_t n = 0;
+  int hit = 0;
+  if (rda_cache_get(target, &k, source, &data, &n, &hit, NULL, 0, NULL) != RDA_OK) return 0;
+  free(data);
+  return hit;
+}
+
+/* Store `bytes` random bytes under key_for(source) for target. */
+static rda_status child_put(const char *target, const char *source, size_t bytes, rda_err *err) {
+  const rda_cache_key k = key_for(source);
+  unsigned char *payload = random_bytes(bytes);
+  const rda_status st = rda_cache_put(target, &k, source, source, payload, bytes, err);
+  free(payload);
+  return st;
+}
+
+/* Run fn(its own fresh cache root) in a child as uid and gid 65534 (nobody), where modes count
+ * (root ignores them); the test passes when it returns 0. Skipped unless run as root. */
+static void run_as_nobody(int (*fn)(const char *root)) {
+  if (geteuid() != 0) {
+    skip(); /* only root can become another user */
+    return;
+  }
+  fflush(stderr);
+  const pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    if (setgroups(0, NULL) != 0 || setgid(65534) != 0 || setuid(65534) != 0) _exit(77);
+    char root[] = "/tmp/rda_nobody_XXXXXX";
+    if (mkdtemp(root) == NULL) _exit(78);
+    setenv("RDA_CACHE_DIR", root, 1);
+    rda_cache_memory_clear();
+    const int line = fn(root);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "chmod -R u+rwx '%s' && rm -rf '%s'", root, root);
+    if (system(cmd) != 0) fprintf(stderr, "child: could not remove %s\n", root);
+    _exit(line == 0 ? 0 : 1);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+/* The counter of the next temporary name rda_cache_put takes in this process (one is spent
+ * finding it): a put with no descriptor left fails naming its temporary. -1 when that fails. */
+static long next_put_counter(const char *target) {
+  struct rlimit old, low;
+  if (getrlimit(RLIMIT_NOFILE, &old) != 0) return -1;
+  low = old;
+  low.rlim_cur = 64;
+  if (setrlimit(RLIMIT_NOFILE, &low) != 0) return -1;
+  int fds[64], nfds = 0;
+  while (nfds < 64 && (fds[nfds] = dup(0)) >= 0) ++nfds;
+  rda_err err = {0};
+  const rda_cache_key k = key_for("counter probe");
+  const unsigned char one = 1;
+  const rda_status st = rda_cache_put(target, &k, "probe", "probe", &one, 1, &err);
+  while (nfds > 0) close(fds[--nfds]);
+  (void)setrlimit(RLIMIT_NOFILE, &old);
+  char mark[64];
+  snprintf(mark, sizeof mark, ".tmp.%ld.", (long)getpid());
+  const char *at = strstr(err.msg, mark);
+  if (st == RDA_OK || at == NULL) return -1;
+  return strtol(at + strlen(mark), NULL, 10);
+}
+
+/* A process killed mid-write left `<key>.tmp.<pid>.<n>`; a later process with its pid (a
+ * container's pid 1) stores the entry all the same, passing over the names taken. */
+static void test_cache_put_passes_over_temporaries_of_a_dead_process_with_its_pid(void **state) {
+  cache_fixture *f = *state;
+  put_entry("kernel_pid0", 100); /* makes sm_90/ */
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/sm_90", f->root);
+  fflush(stderr);
+  const pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    const long next = next_put_counter("sm_90");
+    if (next < 0) _exit(2);
+    const rda_cache_key k = key_for("kernel_pid");
+    for (long i = next + 1; i <= next + 8; ++i) {
+      char name[8192];
+      snprintf(name, sizeof name, "%s/%s.tmp.%ld.%ld", dir, k.hex, (long)getpid(), i);
+      if (!rt_write_file(name, "partial", 7)) _exit(3);
+    }
+    rda_err err = {0};
+    if (child_put("sm_90", "kernel_pid", 500, &err) != RDA_OK) {
+      fprintf(stderr, "child: put: %s\n", err.msg);
+      _exit(4);
+    }
+    _exit(child_has("sm_90", "kernel_pid") ? 0 : 5);
+  }
+  wait_all_exit_zero(&pid, 1);
+  assert_int_equal(count_named(dir, ".tmp."), 8); /* young: they may be a running build's */
+  assert_true(has_entry("kernel_pid"));
+}
+
+/* The emulator's temporaries too (header folder, source, module, load copy): a fresh rdagen
+ * whose pid a killed one had builds and runs all the same. */
+static void test_cache_emulator_passes_over_temporaries_of_a_dead_process_with_its_pid(
+    void **state) {
+  cache_fixture *f = *state;
+  char *config = rt_path(f->root, "small.lua"), *log = rt_path(f->root, "demo.txt");
+  static const char small[] =
+      "return { heads = 2, kv_heads = 1, head_dim = 32, dtype = 'bf16',\n"
+      "  segments = { 16 }, dilations = { 1 }, causal = true }\n";
+  assert_true(rt_write_file(config, small, sizeof small - 1));
+  char digest[65];
+  rda_err err = {0};
+  assert_int_equal(rda_sources_digest("templates/", digest, &err), RDA_OK);
+  struct utsname un;
+  assert_int_equal(uname(&un), 0);
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/emu-%s", f->root, un.machine);
+  assert_int_equal(mkdir(dir, 0700), 0);
+  fflush(stdout);
+  fflush(stderr);
+  const pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) { /* leftovers of this pid, then rdagen in this very process */
+    for (int i = 0; i < 8; ++i) {
+      char name[8192];
+      const long me = (long)getpid();
+      snprintf(name, sizeof name, "%s/inc-%.32s.tmp.%ld.%d", dir, digest, me, i);
+      if (mkdir(name, 0700) != 0) _exit(2);
+      static const char *const stems[] = {"build", "build", "load"};
+      static const char *const exts[] = {".cu", ".so", ".so"};
+      for (int j = 0; j < 3; ++j) {
+        snprintf(name, sizeof name, "%s/%s.tmp.%ld.%d%s", dir, stems[j], me, i, exts[j]);
+        if (!rt_write_file(name, "partial", 7)) _exit(3);
+      }
+    }
+    const int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(4);
+    char *argv[] = {S(RDAGEN_PATH), S("demo"), config,  S("--backend"),
+                    S("emu"),       S("--n"),  S("32"), NULL};
+    execv(RDAGEN_PATH, argv);
+    _exit(5);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  char *text = rt_read_file(log, NULL);
+  assert_non_null(text);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) fprintf(stderr, "demo:\n%s", text);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_non_null(strstr(text, "PASS"));
+  assert_int_equal(count_named(dir, ".tmp."), 8 * 4); /* the leftovers, young: kept */
+  free(text), free(config), free(log);
+}
+
+/* A folder in the sm_90 entry's place of `source` (returned), holding a file and a link to
+ * `victim`, which must never be deleted through it. */
+static char *folder_in_entry_place(const cache_fixture *f, const char *source, const char *victim) {
+  const rda_cache_key k = key_for(source);
+  char *path = entry_path(f->root, "sm_90", &k);
+  assert_int_equal(mkdir(path, 0700), 0);
+  char *inner = rt_path(path, "to-victim"), *file = rt_path(path, "x");
+  assert_int_equal(symlink(victim, inner), 0);
+  assert_true(rt_write_file(file, "x", 1));
+  free(inner), free(file);
+  return path;
+}
+
+/* A folder where an entry should be (never an entry) is removed by the lookup, which says so,
+ * never through a link inside it; and put replaces one by itself. */
+static void test_cache_folder_in_an_entrys_place_is_removed_and_rebuilt(void **state) {
+  cache_fixture *f = *state;
+  put_entry("kernel_d0", 100); /* makes sm_90/ */
+  char *outside = rt_mkdtemp();
+  assert_non_null(outside);
+  char *victim = make_victim(outside, "v");
+  const rda_cache_key k = key_for("kernel_dir");
+  char *path = folder_in_entry_place(f, "kernel_dir", victim);
+  expect_miss_removing(&k, path, "corrupted entry: a folder in its place, removed");
+  assert_int_equal(rt_count_entries(victim), 2);
+  put_entry("kernel_dir", 300);
+  assert_true(has_entry("kernel_dir"));
+  /* put alone, the folder there again (a lookup never ran) */
+  char *path2 = folder_in_entry_place(f, "kernel_dir2", victim);
+  put_entry("kernel_dir2", 300);
+  assert_true(has_entry("kernel_dir2"));
+  assert_int_equal(rt_count_entries(victim), 2);
+  rt_rmtree(outside);
+  free(outside), free(victim), free(path), free(path2);
+}
+
+/* `cache clear` removes a folder in an entry's or an access record's place (never through a
+ * link in it), and only the cache's own names: a user's mine.rda, notes.use, an upper-case
+ * key, a key with a further suffix stay. */
+static void test_cache_clear_removes_only_entry_names_whatever_their_type(void **state) {
+  cache_fixture *f = *state;
+  put_entry("kernel_c1", 100);
+  char *outside = rt_mkdtemp();
+  assert_non_null(outside);
+  char *victim = make_victim(outside, "v");
+  const rda_cache_key k = key_for("kernel_cdir");
+  char *entry_dir = folder_in_entry_place(f, "kernel_cdir", victim);
+  char use_dir[4200];
+  snprintf(use_dir, sizeof use_dir, "%s/sm_90/%s.use", f->root, key_for("kernel_c1").hex);
+  assert_int_equal(unlink(use_dir), 0);
+  assert_int_equal(mkdir(use_dir, 0700), 0);
+  char upper[65];
+  for (int i = 0; i < 64; ++i) upper[i] = (char)toupper((unsigned char)k.hex[i]);
+  upper[64] = '\0';
+  char names[4][128];
+  snprintf(names[0], sizeof names[0], "mine.rda");
+  snprintf(names[1], sizeof names[1], "notes.use");
+  snprintf(names[2], sizeof names[2], "%s.rda", upper);
+  snprintf(names[3], sizeof names[3], "%s.rda.bak", k.hex);
+  char *kept[4];
+  for (int i = 0; i < 4; ++i) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/sm_90", f->root);
+    kept[i] = rt_path(dir, names[i]);
+    assert_true(rt_write_file(kept[i], "mine", 4));
+  }
+  size_t removed = 0;
+  rda_err err = {0};
+  const rda_status st = rda_cache_clear(NULL, &removed, NULL, &err);
+  if (st != RDA_OK) fprintf(stderr, "clear: %s\n", err.msg);
+  assert_int_equal(st, RDA_OK);
+  assert_int_equal(removed, 2); /* kernel_c1 and the folder in kernel_cdir's place */
+  assert_false(rt_exists(entry_dir));
+  assert_false(rt_exists(use_dir));
+  assert_int_equal(rt_count_entries(victim), 2);
+  for (int i = 0; i < 4; ++i) {
+    assert_true(rt_exists(kept[i]));
+    free(kept[i]);
+  }
+  rt_rmtree(outside);
+  free(outside), free(victim), free(entry_dir);
+}
+
+/* A target folder that is a link (to a folder elsewhere) neither fails a put of another target
+ * ("not stored") nor stops its eviction; nothing is deleted through it. */
+static void test_cache_put_and_eviction_work_beside_a_linked_target_folder(void **state) {
+  cache_fixture *f = *state;
+  char *outside = NULL, *keep = NULL;
+  char *link = link_sm80_elsewhere(f, &outside, &keep);
+  setenv("RDA_CACHE_MAX_BYTES", "7000", 1);
+  put_entry("kernel_k1", 3000); /* put_entry asserts RDA_OK: stored, not "not stored" */
+  put_entry("kernel_k2", 3000);
+  put_entry("kernel_k3", 3000);
+  unsetenv("RDA_CACHE_MAX_BYTES");
+  assert_false(has_entry("kernel_k1")); /* evicted all the same */
+  assert_true(has_entry("kernel_k2"));
+  assert_true(has_entry("kernel_k3"));
+  assert_true(rt_exists(keep));
+  unlink(link);
+  rt_rmtree(outside);
+  free(outside), free(keep), free(link);
+}
+
+/* As nobody: a target folder that cannot be read (mode 300: write and search, no read; mode
+ * 000) fails list and clear naming it (never "0 entries", "removed 0"); a put elsewhere still
+ * stores and evicts the folders it can read; an entry file that cannot be read is told apart
+ * from a missing one. */
+static int unreadable_target_as_nobody(const char *root) {
+  rda_err err = {0};
+  CHILD_CHECK(child_put("sm_80", "kernel_u80", 3000, &err) == RDA_OK);
+  CHILD_CHECK(child_put("sm_90", "kernel_u1", 3000, &err) == RDA_OK);
+  char sm80[4096];
+  snprintf(sm80, sizeof sm80, "%s/sm_80", root);
+  static const mode_t modes[] = {0300, 0000};
+  for (int m = 0; m < 2; ++m) {
+    CHILD_CHECK(chmod(sm80, modes[m]) == 0);
+    rda_cache_entry_info *v = NULL;
+    size_t n = 0;
+    rda_err_clear(&err);
+    CHILD_CHECK(rda_cache_list(NULL, &v, &n, &err) == RDA_ERR_CACHE);
+    CHILD_CHECK(strstr(err.msg, sm80) != NULL && strstr(err.msg, "cannot be read") != NULL);
+    rda_err_clear(&err);
+    CHILD_CHECK(rda_cache_list("sm_90", &v, &n, &err) == RDA_OK && n == 1);
+    free(v);
+  }
+  /* Eviction from a put: the put stores, eviction still works where it can read. */
+  setenv("RDA_CACHE_MAX_BYTES", "7000", 1);
+  rda_err_clear(&err);
+  CHILD_CHECK(child_put("sm_90", "kernel_u2", 3000, &err) == RDA_OK);
+  CHILD_CHECK(child_put("sm_90", "kernel_u3", 3000, &err) == RDA_OK);
+  unsetenv("RDA_CACHE_MAX_BYTES");
+  CHILD_CHECK(!child_has("sm_90", "kernel_u1"));
+  CHILD_CHECK(child_has("sm_90", "kernel_u2") && child_has("sm_90", "kernel_u3"));
+  size_t removed = 0;
+  CHILD_CHECK(rda_cache_evict(1ull << 40, NULL, &removed, &err) == RDA_ERR_CACHE);
+  CHILD_CHECK(strstr(err.msg, sm80) != NULL && removed == 0);
+  /* clear: the rest goes, then one error naming the folder; its entry is still there. */
+  rda_err_clear(&err);
+  CHILD_CHECK(rda_cache_clear(NULL, &removed, NULL, &err) == RDA_ERR_CACHE);
+  CHILD_CHECK(strstr(err.msg, sm80) != NULL && strstr(err.msg, "cannot be read") != NULL);
+  CHILD_CHECK(removed == 2);
+  CHILD_CHECK(chmod(sm80, 0700) == 0);
+  CHILD_CHECK(child_has("sm_80", "kernel_u80"));
+  /* An entry file this user may not read: not "not on disk". */
+  const rda_cache_key k = key_for("kernel_u80");
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%s.rda", sm80, k.hex);
+  CHILD_CHECK(chmod(path, 0) == 0);
+  rda_cache_memory_clear();
+  unsigned char *data = NULL;
+  size_t n = 0;
+  int hit = 1;
+  char why[160];
+  CHILD_CHECK(rda_cache_get("sm_80", &k, NULL, &data, &n, &hit, why, sizeof why, &err) == RDA_OK);
+  CHILD_CHECK(hit == 0 && strcmp(why, "entry not readable: Permission denied") == 0);
+  CHILD_CHECK(rt_exists(path));
+  return 0;
+}
+
+static void test_cache_unreadable_target_folder_fails_list_and_clear(void **state) {
+  (void)state;
+  run_as_nobody(unreadable_target_as_nobody);
+}
+
+/* A root too long for the paths under it (over 4096 characters, or one that fits but leaves no
+ * room for an entry's name) is an unusable cache: list and clear fail saying so (never "no
+ * cache yet"), get misses, put keeps the entry in memory only, nothing is created. */
+static void test_cache_root_too_long_is_unusable_and_said(void **state) {
+  cache_fixture *f = *state;
+  static const size_t lengths[] = {4000, 4095, 5000};
+  for (size_t t = 0; t < sizeof lengths / sizeof lengths[0]; ++t) {
+    char *root = malloc(lengths[t] + 1);
+    assert_non_null(root);
+    size_t n = (size_t)snprintf(root, lengths[t] + 1, "%s", f->root);
+    while (n < lengths[t]) { /* components of up to 200 characters */
+      root[n++] = '/';
+      for (int i = 0; i < 200 && n < lengths[t]; ++i) root[n++] = 'd';
+    }
+    root[n] = '\0';
+    setenv("RDA_CACHE_DIR", root, 1);
+    rda_cache_entry_info *v = NULL;
+    size_t count = 0, removed = 0;
+    rda_err err = {0};
+    assert_int_equal(rda_cache_list(NULL, &v, &count, &err), RDA_ERR_CACHE);
+    assert_non_null(strstr(err.msg, "too long"));
+    rda_err_clear(&err);
+    assert_int_equal(rda_cache_clear(NULL, &removed, NULL, &err), RDA_ERR_CACHE);
+    assert_non_null(strstr(err.msg, "too long"));
+    rda_err_clear(&err);
+    const rda_cache_key k = key_for("kernel_long");
+    unsigned char *data = NULL;
+    int hit = 1;
+    char why[160];
+    assert_int_equal(rda_cache_get("sm_90", &k, NULL, &data, &count, &hit, why, sizeof why, &err),
+                     RDA_OK);
+    assert_string_equal(why, "kernel cache unusable");
+    const unsigned char one = 1;
+    assert_int_equal(rda_cache_put("sm_90", &k, "l", "l", &one, 1, &err), RDA_OK);
+    assert_int_equal(rt_count_entries(f->root), 0); /* nothing created */
+    rda_cache_memory_clear();
+    free(root);
+  }
+  setenv("RDA_CACHE_DIR", f->root, 1);
+}
+
+/* A target folder that loading refuses (writable by group or others) is refused by list too,
+ * naming it; clear and eviction leave it and say so. */
+static void test_cache_list_refuses_a_target_folder_that_loading_refuses(void **state) {
+  cache_fixture *f = *state;
+  put_entry("kernel_w", 100);
+  char *dir = rt_path(f->root, "sm_90");
+  assert_int_equal(chmod(dir, 0770), 0);
+  rda_cache_entry_info *v = NULL;
+  size_t n = 0, removed = 0;
+  rda_err err = {0};
+  assert_int_equal(rda_cache_list(NULL, &v, &n, &err), RDA_ERR_CACHE);
+  assert_non_null(strstr(err.msg, dir));
+  assert_non_null(strstr(err.msg, "writable by group or others"));
+  rda_err_clear(&err);
+  assert_int_equal(rda_cache_evict(0, NULL, &removed, &err), RDA_ERR_CACHE);
+  assert_non_null(strstr(err.msg, dir));
+  rda_err_clear(&err);
+  assert_int_equal(rda_cache_clear(NULL, &removed, NULL, &err), RDA_ERR_CACHE);
+  assert_non_null(strstr(err.msg, dir));
+  assert_int_equal(removed, 0);
+  assert_int_equal(chmod(dir, 0700), 0);
+  assert_true(has_entry("kernel_w"));
+  free(dir);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cache_sha256_matches_fips_vectors),
@@ -1762,6 +2185,14 @@ int main(void) {
       T(test_cache_clear_that_cannot_remove_fails_naming_the_folder),
       T(test_cache_emulator_survives_a_partly_deleted_header_folder),
       T(test_cache_bundle_without_cubin_sha_warns_once_per_bundle),
+      T(test_cache_put_passes_over_temporaries_of_a_dead_process_with_its_pid),
+      T(test_cache_emulator_passes_over_temporaries_of_a_dead_process_with_its_pid),
+      T(test_cache_folder_in_an_entrys_place_is_removed_and_rebuilt),
+      T(test_cache_clear_removes_only_entry_names_whatever_their_type),
+      T(test_cache_put_and_eviction_work_beside_a_linked_target_folder),
+      T(test_cache_unreadable_target_folder_fails_list_and_clear),
+      T(test_cache_root_too_long_is_unusable_and_said),
+      T(test_cache_list_refuses_a_target_folder_that_loading_refuses),
 #undef T
   };
   const char *filter = getenv("RDA_TEST_FILTER"); /* e.g. "*link*" while developing */
