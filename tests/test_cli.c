@@ -1839,6 +1839,69 @@ static void test_cli_run_emu_with_the_cache_on_a_full_disk_still_computes(void *
   free(cache), free(tmp), free(o_full);
 }
 
+/* `cache warm` refuses a bad --arch (no built-in profile: sm_75, sm_999) or a missing config
+ * before it makes a folder or compiles anything, whichever --arch comes first. */
+static void test_cli_cache_warm_checks_every_arch_before_anything(void **state) {
+  fixture *f = *state;
+  char *saved = NULL;
+  char *cache = private_cache(f, &saved);
+  char *missing = rt_path(f->dir, "missing.lua");
+  const char *const bad[][8] = {
+      {"cache", "warm", f->config, "--arch", "sm_75", NULL},
+      {"cache", "warm", f->config, "--arch", "sm_999", NULL},
+      {"cache", "warm", f->config, "--arch", "sm_90", "--arch", "sm_75", NULL},
+      {"cache", "warm", missing, "--arch", "sm_90", NULL},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    rt_proc p = run_rdagen(120, bad[i]);
+    const int want = i < 3 ? 2 : 1;
+    const char *name = i < 3 ? (i == 1 ? "sm_999" : "sm_75") : missing;
+    if (p.exit_code != want || strstr(p.err, name) == NULL || p.out[0] != '\0' ||
+        rt_exists(cache)) {
+      char what[48];
+      snprintf(what, sizeof what, "cache warm refused, case %zu", i);
+      show(what, &p);
+      fail();
+    }
+    rt_proc_free(&p);
+  }
+  rt_env_restore("RDA_CACHE_DIR", saved);
+  free(cache), free(missing);
+}
+
+/* `cache warm` fails when RDA_CACHE_MAX_BYTES cannot hold what it stored (each store evicts
+ * the ones before), saying how many stayed; a repeated --arch counts once, as with emit. */
+static void test_cli_cache_warm_fails_when_the_limit_cannot_hold_the_config(void **state) {
+  fixture *f = *state;
+  char *saved = NULL;
+  char *cache = private_cache(f, &saved);
+  char *saved_max = rt_env_save("RDA_CACHE_MAX_BYTES");
+  assert_int_equal(setenv("RDA_CACHE_MAX_BYTES", "200K", 1), 0);
+  const char *const warm[] = {"cache", "warm",   f->config, "--arch",
+                              "sm_80", "--arch", "sm_80",   NULL};
+  rt_proc p = run_rdagen(600, warm);
+  rt_env_restore("RDA_CACHE_MAX_BYTES", saved_max);
+  rt_env_restore("RDA_CACHE_DIR", saved);
+  const int kernels = rt_count_lines(p.out);
+  char want[96];
+  snprintf(want, sizeof want, " of the %d kernels (", kernels);
+  const char *first_eol = strchr(p.out, '\n');
+  const size_t first_len = first_eol != NULL ? (size_t)(first_eol - p.out) + 1 : 0;
+  char *first = strndup(p.out, first_len);
+  assert_non_null(first);
+  static const char head[] = "rdagen: error: cache warm: RDA_CACHE_MAX_BYTES=200K holds only ";
+  if (p.exit_code != 1 || rt_count_lines(p.err) != 1 || kernels < 2 ||
+      strncmp(p.err, head, sizeof head - 1) != 0 || strstr(p.err, want) == NULL ||
+      strstr(p.err, "raise it") == NULL ||
+      strstr(p.out + first_len, first) != NULL) { /* each kernel once */
+    show("cache warm under a limit too small", &p);
+    fail();
+  }
+  free(first);
+  rt_proc_free(&p);
+  free(cache);
+}
+
 /* === end of the kernel cache section (fix-cache) ============================================ */
 
 int main(void) {
@@ -1915,6 +1978,10 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(
           test_cli_run_emu_with_the_cache_on_a_full_disk_still_computes, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cli_cache_warm_checks_every_arch_before_anything, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(
+          test_cli_cache_warm_fails_when_the_limit_cannot_hold_the_config, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cli_cache_warm_fails_when_the_disk_is_full, setup,
                                       teardown),
   };

@@ -76,17 +76,26 @@ static int cache_clear(const char *target) {
   return 0;
 }
 
+/* How many variants of plans[0..n) (plans[a] for archs[a]) the cache holds now: *kept. 0, or
+ * -1 with err set. */
+static int cache_warm_kept(const int *archs, const rda_plan_k *plans, int n, int *kept,
+                           rda_err *err) {
+  *kept = 0;
+  for (int a = 0; a < n; ++a)
+    for (int i = 0; i < plans[a].nvariants; ++i) {
+      int stored = 0;
+      if (rda_cache_cubin_stored(archs[a], plans[a].variants[i].source, &stored, NULL, err) !=
+          RDA_OK)
+        return -1;
+      *kept += stored;
+    }
+  return 0;
+}
+
 static int cache_warm(const char *config, const int *archs, int narchs) {
   rda_err err = {0};
-  /* Elsewhere a cache that cannot be written only costs recompiles; here it is the point. */
-  for (int a = 0; a < narchs; ++a) {
-    char target[16], dir[4096], why[1024];
-    int usable = 0;
-    snprintf(target, sizeof target, "sm_%d", archs[a]);
-    if (rda_cache_folder_try(target, dir, sizeof dir, &usable, why, sizeof why, &err) != RDA_OK)
-      return rdagen_fail("%s", err.msg);
-    if (!usable) return rdagen_fail("cache warm: the kernel cache cannot be written: %s", why);
-  }
+  /* Everything that can be refused is, before a folder is made or a kernel compiled: the
+   * config, then every --arch (a target without a built-in profile is bad usage). */
   rda_gen *g = NULL;
   if (rda_gen_open(&g, &err) != RDA_OK) return rdagen_fail("%s", err.msg);
   rda_config cfg;
@@ -94,32 +103,70 @@ static int cache_warm(const char *config, const int *archs, int narchs) {
     rda_gen_close(g);
     return rdagen_fail("%s", err.msg);
   }
-  int rc = 0, compiled = 0, present = 0;
-  for (int a = 0; a < narchs && rc == 0; ++a) {
-    rda_hw hw;
-    rda_plan_k plan;
-    if (rda_gen_hw_builtin(g, archs[a], &hw, &err) != RDA_OK) {
-      rc = rdagen_usage("cache warm: --arch sm_%d: %s", archs[a], err.msg);
-      break;
+  rda_hw hws[CACHE_MAX_ARCHS];
+  for (int a = 0; a < narchs; ++a) {
+    const rda_status s = rda_gen_hw_builtin(g, archs[a], &hws[a], &err);
+    if (s != RDA_OK) {
+      rda_gen_close(g);
+      return s == RDA_ERR_INVALID_ARGUMENT
+                 ? rdagen_usage("cache warm: --arch sm_%d: %s", archs[a], err.msg)
+                 : rdagen_fail("%s", err.msg);
     }
-    if (rda_gen_plan_ex(g, &cfg, &hw, RDA_PLAN_BACKWARD | RDA_PLAN_BACKWARD_ATOMIC, &plan, &err) !=
-        RDA_OK) {
+  }
+  /* Elsewhere a cache that cannot be written only costs recompiles; here it is the point. */
+  for (int a = 0; a < narchs; ++a) {
+    char target[16], dir[4096], why[1024];
+    int usable = 0;
+    snprintf(target, sizeof target, "sm_%d", archs[a]);
+    int rc = 0;
+    if (rda_cache_folder_try(target, dir, sizeof dir, &usable, why, sizeof why, &err) != RDA_OK)
+      rc = rdagen_fail("%s", err.msg);
+    else if (!usable)
+      rc = rdagen_fail("cache warm: the kernel cache cannot be written: %s", why);
+    if (rc != 0) {
+      rda_gen_close(g);
+      return rc;
+    }
+  }
+  rda_plan_k plans[CACHE_MAX_ARCHS];
+  unsigned long long total = 0; /* bytes of the entries, each as it was just stored or found */
+  int rc = 0, nplans = 0, compiled = 0, present = 0;
+  for (int a = 0; a < narchs && rc == 0; ++a) {
+    if (rda_gen_plan_ex(g, &cfg, &hws[a], RDA_PLAN_BACKWARD | RDA_PLAN_BACKWARD_ATOMIC, &plans[a],
+                        &err) != RDA_OK) {
       rc = rdagen_fail("%s", err.msg);
       break;
     }
-    for (int i = 0; i < plan.nvariants && rc == 0; ++i) {
-      const rda_variant *v = &plan.variants[i];
-      int built = 0; /* a cubin compiled but not stored (disk full) fails: filling is the job */
-      if (rda_cache_cubin_store(archs[a], v->name, v->source, &built, &err) != RDA_OK) {
+    ++nplans;
+    for (int i = 0; i < plans[a].nvariants && rc == 0; ++i) {
+      const rda_variant *v = &plans[a].variants[i];
+      int built = 0, stored = 0; /* a cubin compiled but not stored (disk full) fails */
+      unsigned long long bytes = 0;
+      if (rda_cache_cubin_store(archs[a], v->name, v->source, &built, &err) != RDA_OK ||
+          rda_cache_cubin_stored(archs[a], v->source, &stored, &bytes, &err) != RDA_OK) {
         rc = rdagen_fail("%s", err.msg);
         break;
       }
       printf("sm_%-3d %-62s %s\n", archs[a], v->name, built ? "compiled" : "already cached");
       compiled += built;
       present += !built;
+      total += bytes;
     }
-    rda_plan_k_free(&plan);
   }
+  /* Each store evicts least recently used entries past RDA_CACHE_MAX_BYTES, the ones just
+   * stored too when the limit is below what the config needs: filling is the job, so what
+   * did not stay fails it. */
+  int kept = 0;
+  if (rc == 0 && cache_warm_kept(archs, plans, nplans, &kept, &err) != 0)
+    rc = rdagen_fail("%s", err.msg);
+  if (rc == 0 && kept < compiled + present) {
+    const char *limit = getenv("RDA_CACHE_MAX_BYTES");
+    rc = rdagen_fail(
+        "cache warm: RDA_CACHE_MAX_BYTES=%s holds only %d of the %d kernels (%llu bytes) this "
+        "config needs for these targets: raise it",
+        limit != NULL && limit[0] != '\0' ? limit : "(unset: 1G)", kept, compiled + present, total);
+  }
+  for (int a = 0; a < nplans; ++a) rda_plan_k_free(&plans[a]);
   rda_gen_close(g);
   if (rc == 0) printf("%d compiled, %d already cached\n", compiled, present);
   return rc;
@@ -150,8 +197,11 @@ int rdagen_cmd_cache(int argc, char **argv) {
       if (strcmp(sub, "warm") == 0) {
         const int arch = rdagen_parse_arch(value);
         if (arch < 0) return rdagen_usage("cache warm: --arch '%s': expected sm_XX", value);
+        int dup = 0; /* as emit: a repeated --arch counts once */
+        for (int k = 0; k < narchs; ++k) dup |= archs[k] == arch;
+        if (dup) continue;
         if (narchs == CACHE_MAX_ARCHS)
-          return rdagen_usage("cache warm: at most %d --arch", CACHE_MAX_ARCHS);
+          return rdagen_usage("cache warm: at most %d different --arch", CACHE_MAX_ARCHS);
         archs[narchs++] = arch;
       } else {
         if (target != NULL) return rdagen_usage("cache %s: one --arch at most", sub);
