@@ -54,6 +54,9 @@ RDA_API unsigned rda_version(void);
  *   read-only once created), each with its own workspace and outputs.
  * - rda_*_destroy must not run concurrently with any other call on the same handle. A context
  *   may be destroyed before its plans: it lives until its last plan is destroyed.
+ * - A handle must not be used once destroyed (that is undefined behaviour, as for freed memory):
+ *   a check of each handle's tag refuses a wrong kind of handle, and often a destroyed one, but
+ *   cannot always (its memory may hold a new handle by then).
  * - rda_last_error(ctx) is the context's most recent failure from any thread; with several
  *   threads failing at once on one context, it may describe another thread's call. */
 
@@ -158,7 +161,8 @@ typedef enum {
  * rda_last_error(ctx) (or naming the user's tuning database when it does not load or check);
  * RDA_ERR_IO when that database cannot be read; RDA_ERR_NVRTC / RDA_ERR_EMULATOR when a kernel
  * does not compile; RDA_ERR_INVALID_ARGUMENT for a NULL argument, unknown flags, or a cfg whose
- * struct_size or version is not RDA_CONFIG_INIT's. cfg is only read during the call. Free with
+ * struct_size is not RDA_CONFIG_INIT's or whose version is not a release of the library's major
+ * version up to its own (0, say: a zeroed struct). cfg is only read during the call. Free with
  * rda_plan_destroy. */
 RDA_API rda_status rda_plan_create(rda_plan **out, rda_ctx *ctx, const rda_attn_config *cfg,
                                    unsigned flags);

@@ -366,10 +366,13 @@ static rda_status rda_api_config_chunk(const rda_attn_config *c, char *buf, size
                        "cfg->struct_size = %zu: expected sizeof(rda_attn_config) = %zu "
                        "(initialize with RDA_CONFIG_INIT)",
                        c->struct_size, sizeof(rda_attn_config));
-  if (c->version / 10000 != RDA_VERSION_MAJOR)
+  /* A program built against an older release of this major version runs; 0 (a zeroed struct)
+   * and a newer release than the library do not. */
+  if (c->version / 10000 != RDA_VERSION_MAJOR || c->version == 0 ||
+      c->version > RDA_VERSION_NUMBER)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                       "cfg->version = %u: compiled against another major version than the "
-                       "library's %u (initialize with RDA_CONFIG_INIT)",
+                       "cfg->version = %u: not a release of this library's major version up to "
+                       "its own %u (initialize with RDA_CONFIG_INIT)",
                        c->version, (unsigned)RDA_VERSION_NUMBER);
   if (c->nbranch < 1 || c->nbranch > RDA_CONFIG_MAX_BRANCHES)
     return rda_err_set(err, RDA_ERR_CONFIG, "cfg->nbranch = %d: must be 1 to %d", c->nbranch,
@@ -549,11 +552,83 @@ int rda_api_tensor_empty(const rda_tensor *t) {
   return 0;
 }
 
-/* 1 when a and b hold elements at the same address (empty tensors hold none; their data may
- * both be NULL). */
-static int rda_api_same_data(const rda_tensor *a, const rda_tensor *b) {
-  return !rda_api_tensor_empty(a) && !rda_api_tensor_empty(b) && a->data == b->data;
+/* Whether two strided tensors share a byte. Tensors interleaved in one buffer (dq, dk and dv
+ * as views of a fused [B, N, 3, H, D] gradient, say) meet in their byte extents but share no
+ * element, so the extents alone would refuse a layout frameworks use; the exact question is
+ * whether b0 - a0 = sum over strides s of x_s * s for integers x_s in the range the two index
+ * boxes allow (a's indices minus b's, the bytes within an element a stride of 1). Strides from
+ * dimensions that each step over all smaller ones leave at most two choices per stride, so a
+ * short search settles it; past kMeetSearch steps (strides that do not nest) it answers "meet",
+ * the safe side. Offsets fit 64 bits (rda_api_check_tensor); 128-bit sums stay exact. */
+enum { kMeetDims = 9, kMeetSearch = 4096 };
+__extension__ typedef __int128 rda_wide; /* GCC and Clang */
+
+typedef struct rda_api_lattice {
+  int n;
+  rda_wide s[kMeetDims], lo[kMeetDims], hi[kMeetDims]; /* strides descending, x_s in [lo, hi] */
+  rda_wide below_lo[kMeetDims], below_hi[kMeetDims];   /* what the smaller strides reach */
+  int steps;
+} rda_api_lattice;
+
+static void rda_api_lattice_add(rda_api_lattice *l, rda_wide stride, rda_wide lo, rda_wide hi) {
+  if (stride == 0 || (lo == 0 && hi == 0)) return;
+  for (int i = 0; i < l->n; ++i)
+    if (l->s[i] == stride) { /* two dimensions of one stride: their ranges add */
+      l->lo[i] += lo, l->hi[i] += hi;
+      return;
+    }
+  int i = l->n++;
+  for (; i > 0 && l->s[i - 1] < stride; --i)
+    l->s[i] = l->s[i - 1], l->lo[i] = l->lo[i - 1], l->hi[i] = l->hi[i - 1];
+  l->s[i] = stride, l->lo[i] = lo, l->hi[i] = hi;
 }
+
+static rda_wide rda_api_floor_div(rda_wide a, rda_wide b) { /* b > 0 */
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+/* 1 when d is reached from level k down (or when the search gives up). */
+static int rda_api_lattice_reach(rda_api_lattice *l, int k, rda_wide d) {
+  if (k == l->n) return d == 0;
+  const rda_wide s = l->s[k];
+  rda_wide x0 = -rda_api_floor_div(l->below_hi[k] - d, s); /* ceil((d - below_hi) / s) */
+  rda_wide x1 = rda_api_floor_div(d - l->below_lo[k], s);
+  if (x0 < l->lo[k]) x0 = l->lo[k];
+  if (x1 > l->hi[k]) x1 = l->hi[k];
+  for (rda_wide x = x0; x <= x1; ++x) {
+    if (++l->steps > kMeetSearch) return 1;
+    if (rda_api_lattice_reach(l, k + 1, d - x * s)) return 1;
+  }
+  return 0;
+}
+
+int rda_api_tensors_meet(const rda_tensor *a, const rda_tensor *b) {
+  if (rda_api_tensor_empty(a) || rda_api_tensor_empty(b)) return 0;
+  const size_t ea = rda_api_dtype_bytes(a->dtype), eb = rda_api_dtype_bytes(b->dtype);
+  unsigned long long span_a = 0, span_b = 0;
+  for (int i = 0; i < a->ndim; ++i)
+    span_a += (unsigned long long)(a->shape[i] - 1) * (unsigned long long)a->stride[i];
+  for (int i = 0; i < b->ndim; ++i)
+    span_b += (unsigned long long)(b->shape[i] - 1) * (unsigned long long)b->stride[i];
+  const rda_wide a0 = (rda_wide)(uintptr_t)a->data, b0 = (rda_wide)(uintptr_t)b->data;
+  if (a0 + (rda_wide)((span_a + 1) * ea) <= b0 || b0 + (rda_wide)((span_b + 1) * eb) <= a0)
+    return 0; /* extents apart */
+  rda_api_lattice l;
+  memset(&l, 0, sizeof l);
+  for (int i = 0; i < a->ndim; ++i)
+    rda_api_lattice_add(&l, (rda_wide)a->stride[i] * (rda_wide)ea, 0, a->shape[i] - 1);
+  for (int i = 0; i < b->ndim; ++i)
+    rda_api_lattice_add(&l, (rda_wide)b->stride[i] * (rda_wide)eb, -(b->shape[i] - 1), 0);
+  rda_api_lattice_add(&l, 1, 0, (rda_wide)ea - 1); /* the bytes of an element */
+  rda_api_lattice_add(&l, 1, -((rda_wide)eb - 1), 0);
+  for (int k = l.n - 1; k >= 0; --k) {
+    const rda_wide lo = k + 1 < l.n ? l.below_lo[k + 1] + l.lo[k + 1] * l.s[k + 1] : 0;
+    const rda_wide hi = k + 1 < l.n ? l.below_hi[k + 1] + l.hi[k + 1] * l.s[k + 1] : 0;
+    l.below_lo[k] = lo, l.below_hi[k] = hi;
+  }
+  return rda_api_lattice_reach(&l, 0, b0 - a0);
+}
+
 
 /* Checks one tensor against what the plan needs: dtype (one of two, dt_b may be -1), shape,
  * contiguity of the last dimension, 16-byte row alignment (4 bytes for LSE), non-negative
@@ -624,6 +699,16 @@ rda_status rda_api_check_tensor(const rda_plan *plan, const rda_tensor *t, const
                          "overflows 64 bits",
                          w->fn, nm, t->stride[0], t->stride[1], t->stride[2]);
   }
+  /* And in bytes, from data on: the overlap checks add the byte span to the address. */
+  unsigned long long bytes;
+  if (__builtin_add_overflow((unsigned long long)span, (unsigned long long)t->shape[last],
+                             &bytes) ||
+      __builtin_mul_overflow(bytes, (unsigned long long)esize, &bytes) ||
+      bytes > (unsigned long long)(UINTPTR_MAX - (uintptr_t)t->data))
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "%s: %s->stride = [%lld, %lld, %lld, ...]: the tensor's bytes run past the "
+                       "end of the address space",
+                       w->fn, nm, t->stride[0], t->stride[1], t->stride[2]);
   if (w->output) {
     /* Dimensions of extent > 1 sorted by stride: each must step over everything below it. */
     int ord[4], n = 0;
@@ -683,6 +768,13 @@ rda_status rda_api_check_workspace(const char *fn, const char *sizer, const void
 /* The pass tensors' names and shapes: q, k, v, o, lse, dout, dlse, dq, dk, dv. */
 static const char *const kTensorNames[10] = {"q",    "k",    "v",  "o",  "lse",
                                              "dout", "dlse", "dq", "dk", "dv"};
+/* The message for an output t[i] that meets t[j]. */
+static rda_status rda_api_overlap_error(const char *fn, int i, int j, rda_err *err) {
+  return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                     "%s: %s and %s share memory: an output must not overlap another argument",
+                     fn, kTensorNames[i], kTensorNames[j]);
+}
+
 enum { kShapeH, kShapeHkv, kShapeLse }; /* [B, n, H, D], [B, n, Hkv, D], [B, H, n] */
 static const int kTensorShape[10] = {kShapeH, kShapeHkv, kShapeHkv, kShapeH,   kShapeLse,
                                      kShapeH, kShapeLse, kShapeH,   kShapeHkv, kShapeHkv};
@@ -737,11 +829,8 @@ rda_status rda_api_check_bwd_tensors(const rda_plan *plan, const char *fn, int r
   }
   for (int i = 7; i < 10; ++i)
     for (int j = 0; j < 10; ++j)
-      if (j != i && t[j] != NULL && rda_api_same_data(t[i], t[j]))
-        return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                           "%s: %s->data == %s->data: an output must not overlap another "
-                           "argument",
-                           fn, kTensorNames[i], kTensorNames[j]);
+      if (j != i && t[j] != NULL && rda_api_tensors_meet(t[i], t[j]))
+        return rda_api_overlap_error(fn, i, j, err);
   return RDA_OK;
 }
 
@@ -758,15 +847,12 @@ static rda_status rda_api_check_ws_apart(const char *fn, const rda_tensor *const
 
 rda_status rda_api_check_fwd_apart(const char *fn, const rda_tensor *const t[5],
                                    const void *workspace, size_t need, rda_err *err) {
-  /* Outputs must not be the inputs; the workspace must not hold any tensor. (Interleaved
-   * layouts in one buffer are allowed, so only these cheap, certain cases are refused.) */
+  /* No output shares a byte with another argument (interleaved layouts in one buffer that
+   * share none are fine); the workspace holds no tensor. */
   for (int i = 3; i < 5; ++i)
     for (int j = 0; j < i; ++j)
-      if (t[i] != NULL && rda_api_same_data(t[i], t[j]))
-        return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                           "%s: %s->data == %s->data: an output must not overlap another "
-                           "argument",
-                           fn, kTensorNames[i], kTensorNames[j]);
+      if (t[i] != NULL && t[j] != NULL && rda_api_tensors_meet(t[i], t[j]))
+        return rda_api_overlap_error(fn, i, j, err);
   return need > 0 ? rda_api_check_ws_apart(fn, t, 5, workspace, need, err) : RDA_OK;
 }
 
@@ -970,6 +1056,11 @@ rda_status rda_plan_backward_workspace_size(const rda_plan *plan, long long batc
                          "rda_plan_backward_workspace_size: batch = %lld, n = %lld: both must be "
                          ">= 1 and the size must not overflow",
                          batch, n);
+  if (n > RDA_BWD_MAX_N)
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                         "rda_plan_backward_workspace_size: n = %lld: the backward takes at most "
+                         "2^31 - 1 rows",
+                         n);
   *bytes = rda_api_round_up(rda_bwd_workspace_bytes(&plan->core->pk, batch, n));
   return RDA_OK;
 }
@@ -997,6 +1088,11 @@ rda_status rda_backward(const rda_plan *plan, const rda_tensor *q, const rda_ten
   if (batch < 1 || n < 1)
     return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
                          "rda_backward: q->shape = [%lld, %lld, ...]: B and N must be >= 1", batch,
+                         n);
+  if (n > RDA_BWD_MAX_N)
+    return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT,
+                         "rda_backward: q->shape[1] = %lld: the backward takes at most 2^31 - 1 "
+                         "rows",
                          n);
   const rda_tensor *const t[10] = {q, k, v, o, lse, dout, dlse, dq, dk, dv};
   if (rda_api_check_bwd_tensors(plan, fn, 0, t, batch, n, &err) != RDA_OK)

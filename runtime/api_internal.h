@@ -134,6 +134,10 @@ rda_status rda_api_check_bwd_apart(const char *fn, const rda_tensor *const t[10]
 /* 1 when the bytes t spans (already checked not to overflow) meet [p, p + bytes); an empty
  * tensor spans none. */
 int rda_api_ranges_meet(const rda_tensor *t, const void *p, size_t bytes);
+/* 1 when tensors a and b (each checked by rda_api_check_tensor) share a byte: exact for
+ * strides that nest, interleaved views of one buffer included; "meet" where it cannot tell
+ * quickly (strides that do not nest). */
+int rda_api_tensors_meet(const rda_tensor *a, const rda_tensor *b);
 /* The caller's workspace for fn: there, at least need bytes, 16-byte aligned; sizer names the
  * function that reports the size. */
 rda_status rda_api_check_workspace(const char *fn, const char *sizer, const void *workspace,

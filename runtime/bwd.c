@@ -62,7 +62,7 @@ static rda_status check_args(const rda_plan_k *p, const rda_fwd_kernels *k, cons
   if (a->batch < 1 || a->n < 1)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "batch = %lld, n = %lld: both must be >= 1",
                        a->batch, a->n);
-  if (a->n > 0x7fffffffLL)
+  if (a->n > RDA_BWD_MAX_N)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "n = %lld: at most 2^31 - 1", a->n);
   if (a->q == NULL || a->k == NULL || a->v == NULL || a->o == NULL || a->lse == NULL ||
       a->dout == NULL || a->dq == NULL || a->dk == NULL || a->dv == NULL)

@@ -42,6 +42,9 @@ void rda_bwd_args_like_fwd(rda_bwd_args *g, const rda_fwd_args *a, const void *d
 void rda_bwd_args_slice(const rda_plan_k *p, const rda_bwd_args *a, long long b0, long long most,
                         rda_bwd_args *sl);
 
+/* The most rows a backward pass takes (its kernels index rows in 32 bits). */
+#define RDA_BWD_MAX_N 0x7fffffffLL
+
 /* Backend memory the backward pass needs beside its arguments (at most an fp32 dQ
  * accumulator and the Dp vector). */
 size_t rda_bwd_workspace_bytes(const rda_plan_k *p, long long batch, long long n);

@@ -187,6 +187,18 @@ void rda_fwd_params_for_step(const rda_plan_k *p, const rda_step *s, const rda_f
 /* One launch series over a slice of at most RDA_MAX_BATCH_PER_LAUNCH batch entries. */
 static rda_status fwd_run_slice(rda_backend *b, const rda_plan_k *p, const rda_fwd_kernels *k,
                                 const rda_fwd_args *a, rda_err *err) {
+  /* Every step's grid first: a step past the launch limits fails the call before anything
+   * is written to o or lse. */
+  for (int i = 0; i < p->nsteps; ++i) {
+    const rda_step *s = &p->steps[i];
+    rda_fwd_params fp;
+    rda_fwd_params_for_step(p, s, a, &fp);
+    const long long gx = fp.nseg * fp.tiles_per_seg;
+    if (gx > 0x7fffffffLL || s->nheads > 65535)
+      return rda_err_set(err, RDA_ERR_UNSUPPORTED,
+                         "branch %d: grid of %lld x %d blocks exceeds the launch limits", s->branch,
+                         gx, s->nheads);
+  }
   if (needs_init(p)) RDA_TRY(launch_init(b, p, k, a, err));
 
   for (int i = 0; i < p->nsteps; ++i) {
@@ -201,10 +213,6 @@ static rda_status fwd_run_slice(rda_backend *b, const rda_plan_k *p, const rda_f
       if (heads_overlap(&p->steps[e], s)) fp.merge = 1;
 
     const long long gx = fp.nseg * fp.tiles_per_seg;
-    if (gx > 0x7fffffffLL || s->nheads > 65535)
-      return rda_err_set(err, RDA_ERR_UNSUPPORTED,
-                         "branch %d: grid of %lld x %d blocks exceeds the launch limits", s->branch,
-                         gx, s->nheads);
     const unsigned grid[3] = {(unsigned)gx, (unsigned)s->nheads, (unsigned)a->batch};
     RDA_TRY(b->launch(b, k->modules[s->kernel], grid, (unsigned)v->threads,
                       (unsigned)v->smem_bytes, &fp, sizeof fp, err));

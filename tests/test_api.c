@@ -201,6 +201,12 @@ static void e_size(rda_attn_config *c) {
 static void e_version(rda_attn_config *c) {
   c->version = 990000;
 }
+static void e_version0(rda_attn_config *c) { /* a zeroed struct's */
+  c->version = 0;
+}
+static void e_version_newer(rda_attn_config *c) { /* built against a later release */
+  c->version = RDA_VERSION_NUMBER + 1;
+}
 static void e_nbranch0(rda_attn_config *c) {
   c->nbranch = 0;
 }
@@ -253,6 +259,8 @@ static void test_plan_create_rejects_bad_config_struct(void **state) {
   static const bad_config cases[] = {
       {"struct_size", RDA_ERR_INVALID_ARGUMENT, e_size},
       {"version", RDA_ERR_INVALID_ARGUMENT, e_version},
+      {"version = 0", RDA_ERR_INVALID_ARGUMENT, e_version0},
+      {"version", RDA_ERR_INVALID_ARGUMENT, e_version_newer},
       {"nbranch", RDA_ERR_CONFIG, e_nbranch0},
       {"nbranch", RDA_ERR_CONFIG, e_nbranch_big},
       {"dtype", RDA_ERR_CONFIG, e_dtype},
@@ -524,6 +532,9 @@ static void test_forward_rejects_bad_strides_and_alignment(void **state) {
   b = a;
   b.tq.stride[0] = 0x7ffffffffffffff8LL; /* offsets overflow */
   expect_bad(&b, "q->stride = [");
+  b = a;
+  b.tl.stride[0] = 1LL << 62; /* fits 64 bits in elements, not in bytes (fp32): it would wrap */
+  expect_bad(&b, "past the end of the address space");
   /* Inputs may broadcast (stride 0): K and V shared across the batch is valid. */
   b = a;
   b.tk.stride[0] = 0;
@@ -553,7 +564,14 @@ static void test_forward_rejects_missing_or_small_workspace(void **state) {
   expect_bad(&b, "workspace overlaps q");
   b = a;
   b.to.data = a.q; /* an output over an input */
-  expect_bad(&b, "o->data == q->data");
+  expect_bad(&b, "o and q share memory");
+  /* Partial overlaps too: o starting inside q, lse inside o's second half. */
+  b = a;
+  b.to.data = (char *)a.q + 64;
+  expect_bad(&b, "o and q share memory");
+  b = a;
+  b.tl.data = (char *)a.to.data + 64;
+  expect_bad(&b, "lse and o share memory");
   size_t bytes = 0;
   assert_int_equal(rda_plan_workspace_size(g_plan, 0, kN, &bytes), RDA_ERR_INVALID_ARGUMENT);
   assert_error_names(g_ctx, "batch = 0");
@@ -582,6 +600,87 @@ static void test_forward_rejects_missing_or_small_workspace(void **state) {
   assert_error_names(g_ctx, "workspace_bytes");
   free(of);
   args_free(&a);
+}
+
+/* rda_api_tensors_meet against the byte sets themselves. Random pairs: "apart" must be true
+ * (it may say "meet" where strides do not nest, never the other way). Views of one fused
+ * buffer, the layouts frameworks use: exact both ways, also at random offsets. */
+static void meet_bytes(const rda_tensor *t, uintptr_t base, unsigned char *set, size_t cap) {
+  const size_t es = t->dtype == RDA_FP32 ? 4 : 2;
+  long long idx[4] = {0, 0, 0, 0};
+  for (;;) {
+    long long off = 0;
+    for (int i = 0; i < t->ndim; ++i) off += idx[i] * t->stride[i];
+    const size_t at = (size_t)((uintptr_t)t->data - base) + (size_t)off * es;
+    for (size_t e = 0; e < es; ++e) {
+      assert_true(at + e < cap);
+      set[at + e] = 1;
+    }
+    int d = t->ndim - 1;
+    while (d >= 0 && ++idx[d] == t->shape[d]) idx[d--] = 0;
+    if (d < 0) return;
+  }
+}
+
+static int meet_brute(const rda_tensor *a, const rda_tensor *b, uintptr_t base) {
+  enum { kCap = 1 << 16 };
+  static unsigned char sa[kCap], sb[kCap];
+  memset(sa, 0, sizeof sa), memset(sb, 0, sizeof sb);
+  meet_bytes(a, base, sa, kCap), meet_bytes(b, base, sb, kCap);
+  for (size_t i = 0; i < kCap; ++i)
+    if (sa[i] && sb[i]) return 1;
+  return 0;
+}
+
+static void test_tensor_overlap_is_exact_for_views_of_one_buffer(void **state) {
+  (void)state;
+  const uintptr_t base = (uintptr_t)1 << 20; /* never dereferenced */
+  rt_rng *rng = rt_global_rng();
+  int apart_random = 0, apart_views = 0, met_views = 0;
+  for (int it = 0; it < 4000; ++it) {
+    rda_tensor t[2];
+    for (int k = 0; k < 2; ++k) {
+      memset(&t[k], 0, sizeof t[k]);
+      t[k].ndim = 3 + (int)(rt_rng_next(rng) % 2);
+      t[k].dtype = rt_rng_next(rng) % 2 ? RDA_FP32 : RDA_BF16;
+      for (int i = 0; i < t[k].ndim; ++i) {
+        t[k].shape[i] = 1 + (long long)(rt_rng_next(rng) % 3);
+        t[k].stride[i] = (long long)(rt_rng_next(rng) % 40);
+      }
+      t[k].stride[t[k].ndim - 1] = 1;
+      t[k].data = (void *)(base + (rt_rng_next(rng) % 256) * 2);
+    }
+    const int meet = rda_api_tensors_meet(&t[0], &t[1]), truth = meet_brute(&t[0], &t[1], base);
+    if (!meet && truth) fail_msg("random pair %d: said apart, but they share a byte", it);
+    apart_random += !truth;
+  }
+  for (int it = 0; it < 4000; ++it) {
+    /* A fused [B, N, F, h, D] buffer; two views [B, N, h, D] at slots, or one at a random
+     * element offset; fp32 or bf16 alike. */
+    const long long B = 1 + (long long)(rt_rng_next(rng) % 2), N = 1 + (long long)(rt_rng_next(rng) % 4);
+    const long long F = 1 + (long long)(rt_rng_next(rng) % 4), h = 1 + (long long)(rt_rng_next(rng) % 3);
+    const long long D = 1 + (long long)(rt_rng_next(rng) % 4);
+    const rda_dtype dt = rt_rng_next(rng) % 2 ? RDA_FP32 : RDA_BF16;
+    const size_t es = dt == RDA_FP32 ? 4 : 2;
+    rda_tensor t[2];
+    for (int k = 0; k < 2; ++k) {
+      memset(&t[k], 0, sizeof t[k]);
+      t[k].ndim = 4, t[k].dtype = dt;
+      const long long shape[4] = {B, N, h, D}, stride[4] = {N * F * h * D, F * h * D, D, 1};
+      memcpy(t[k].shape, shape, sizeof shape), memcpy(t[k].stride, stride, sizeof stride);
+      const long long at = rt_rng_next(rng) % 3 == 0 ? (long long)(rt_rng_next(rng) % (2 * F * h * D))
+                                                  : (long long)(rt_rng_next(rng) % F) * h * D;
+      t[k].data = (void *)(base + (size_t)at * es);
+    }
+    const int meet = rda_api_tensors_meet(&t[0], &t[1]), truth = meet_brute(&t[0], &t[1], base);
+    if (meet != truth)
+      fail_msg("views %d (B %lld N %lld F %lld h %lld D %lld): said %s", it, B, N, F, h, D,
+               meet ? "meet" : "apart");
+    apart_views += !truth, met_views += truth;
+  }
+  print_message("apart: %d random pairs; views: %d apart, %d meeting\n", apart_random,
+                apart_views, met_views);
+  assert_true(apart_views > 100 && met_views > 100);
 }
 
 static void test_tensor_contiguous_checks_its_arguments(void **state) {
@@ -1039,7 +1138,53 @@ static void test_backward_matches_reference_bf16_causal_gqa(void **state) {
   assert_int_equal(rda_backward(p, &b.tq, &b.tk, &b.tv, &b.to, &b.tl, &b.tdo, NULL, &bad, &b.tdk,
                                 &b.tdv, b.ws, b.ws_bytes, NULL),
                    RDA_ERR_INVALID_ARGUMENT);
-  assert_error_names(g_ctx, "dq->data == dout->data");
+  /* dq (fp32) over dout's (bf16) buffer runs on past it, maybe into o's: the first met. */
+  assert_error_names(g_ctx, "rda_backward: dq and ");
+  assert_error_names(g_ctx, "share memory");
+  /* Partial overlaps: dk inside dv, dq inside the input o. */
+  bad = b.tdk;
+  bad.data = (char *)b.dv + 1024;
+  assert_int_equal(rda_backward(p, &b.tq, &b.tk, &b.tv, &b.to, &b.tl, &b.tdo, NULL, &b.tdq, &bad,
+                                &b.tdv, b.ws, b.ws_bytes, NULL),
+                   RDA_ERR_INVALID_ARGUMENT);
+  assert_error_names(g_ctx, "dk and dv share memory");
+  bad = b.tdq;
+  bad.data = (char *)b.o + 4096;
+  assert_int_equal(rda_backward(p, &b.tq, &b.tk, &b.tv, &b.to, &b.tl, &b.tdo, NULL, &bad, &b.tdk,
+                                &b.tdv, b.ws, b.ws_bytes, NULL),
+                   RDA_ERR_INVALID_ARGUMENT);
+  assert_error_names(g_ctx, "dq and o share memory");
+  /* Interleaved in one buffer, sharing no element, is fine: dq, dk, dv as views of a fused
+   * [B, N, H + 2 Hkv, D] gradient, checked against the reference like separate buffers. */
+  {
+    const long long B = b.B, N = b.N, H = b.c.heads, Hkv = b.c.kv_heads, D = b.c.head_dim;
+    const long long F = H + 2 * Hkv, fs[3] = {N * F * D, F * D, D};
+    float *fused = aalloc((size_t)(B * N * F * D) * 4);
+    rt_poison_f32(fused, (size_t)(B * N * F * D));
+    rda_tensor fq = b.tdq, fk = b.tdk, fv = b.tdv;
+    fq.data = fused, fk.data = fused + H * D, fv.data = fused + (H + Hkv) * D;
+    for (int i = 0; i < 3; ++i) fq.stride[i] = fk.stride[i] = fv.stride[i] = fs[i];
+    const rda_status fst = rda_backward(p, &b.tq, &b.tk, &b.tv, &b.to, &b.tl, &b.tdo, &b.tdl,
+                                        &fq, &fk, &fv, b.ws, b.ws_bytes, NULL);
+    if (fst != RDA_OK) fprintf(stderr, "fused gradients: %s\n", rda_last_error(g_ctx));
+    assert_int_equal(fst, RDA_OK);
+    double *dq_ref, *dk_ref, *dv_ref;
+    rt_reference_bwd(&b.c, B, N, b.q, b.k, b.v, b.dout, b.dlse, &dq_ref, &dk_ref, &dv_ref);
+    assert_true(rt_check_bwd("fused dq/dk/dv", &b.c, B, N, fused, fs, fused + H * D, fs,
+                             fused + (H + Hkv) * D, fs, dq_ref, dk_ref, dv_ref, NULL));
+    free(dq_ref), free(dk_ref), free(dv_ref), free(fused);
+  }
+  /* Past 2^31 - 1 rows the backward refuses first, not after asking for a workspace. */
+  size_t big = 0;
+  assert_int_equal(rda_plan_backward_workspace_size(p, 1, 1LL << 31, &big),
+                   RDA_ERR_INVALID_ARGUMENT);
+  assert_error_names(g_ctx, "2^31 - 1 rows");
+  bad = b.tq;
+  bad.shape[1] = 1LL << 31;
+  assert_int_equal(rda_backward(p, &bad, &b.tk, &b.tv, &b.to, &b.tl, &b.tdo, NULL, &b.tdq, &b.tdk,
+                                &b.tdv, NULL, 0, NULL),
+                   RDA_ERR_INVALID_ARGUMENT);
+  assert_error_names(g_ctx, "q->shape[1] = 2147483648");
   assert_no_backward(g_plan, &b);
   /* A forward-only plan of the same config, made while p lives (they share compiled kernels),
    * offers no backward pass all the same: what a plan offers is what it was created with. */
@@ -1459,6 +1604,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_forward_rejects_bad_strides_and_alignment),
       cmocka_unit_test(test_forward_rejects_missing_or_small_workspace),
       cmocka_unit_test(test_tensor_contiguous_checks_its_arguments),
+      cmocka_unit_test(test_tensor_overlap_is_exact_for_views_of_one_buffer),
       cmocka_unit_test(test_forward_matches_reference_bf16_causal_gqa_storage_output),
       cmocka_unit_test(test_forward_matches_reference_fp16_block_fused_qkv_fp32_output),
       cmocka_unit_test(test_forward_matches_reference_with_negative_scale),
