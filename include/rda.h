@@ -225,9 +225,12 @@ RDA_API rda_status rda_plan_workspace_size(const rda_plan *plan, long long batch
  *   Exactly: the fp32 O accumulator's part (unless o is RDA_FP32), then the fp32 LSE's part
  *   (unless lse is given), each 256-byte rounded; rda_plan_workspace_size is both parts.
  * - o, lse and workspace must not overlap each other or q, k, v; q, k, v may alias each other
- *   (e.g. views of one fused QKV tensor). Nothing is freed or retained after the call.
+ *   (e.g. views of one fused QKV tensor). Overlap means sharing a byte: views interleaved in
+ *   one buffer that share none are fine (checked exactly where strides nest, as an output's
+ *   do). Nothing is freed or retained after the call.
  * RDA_ERR_INVALID_ARGUMENT with the argument named in rda_last_error for a NULL, a shape or
- * dtype that does not match the plan, a misaligned pointer or stride, or a small workspace.
+ * dtype that does not match the plan, a misaligned pointer or stride, a tensor whose bytes
+ * would run past the end of the address space, an overlap, or a small workspace.
  * RDA_ERR_UNSUPPORTED when a segment holds 2^31 grid rows or more (ceil(min(w_i, N) / r_i);
  * the kernels count them in 32-bit ints). Any batch B >= 1. */
 RDA_API rda_status rda_forward(const rda_plan *plan, const rda_tensor *q, const rda_tensor *k,
@@ -247,7 +250,9 @@ RDA_API rda_status rda_plan_backward_workspace_size(const rda_plan *plan, long l
  * [B, N, Hkv, D], all RDA_FP32 and overwritten (not accumulated into). Results are
  * bit-identical run to run. Same stream, workspace, aliasing and checking rules as rda_forward:
  * workspace of rda_plan_backward_workspace_size() bytes; dq, dk, dv and workspace must not
- * overlap each other or any input. N is at most 2^31 - 1 (RDA_ERR_INVALID_ARGUMENT beyond). */
+ * overlap each other or any input (views of one fused dQKV gradient buffer, say [B, N, 3, H, D],
+ * are fine). N is at most 2^31 - 1 (RDA_ERR_INVALID_ARGUMENT beyond, from the workspace size
+ * too). */
 RDA_API rda_status rda_backward(const rda_plan *plan, const rda_tensor *q, const rda_tensor *k,
                                 const rda_tensor *v, const rda_tensor *o, const rda_tensor *lse,
                                 const rda_tensor *dout, const rda_tensor *dlse,
