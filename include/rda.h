@@ -54,6 +54,9 @@ RDA_API unsigned rda_version(void);
  *   read-only once created), each with its own workspace and outputs.
  * - rda_*_destroy must not run concurrently with any other call on the same handle. A context
  *   may be destroyed before its plans: it lives until its last plan is destroyed.
+ * - Calls on one rda_ring (rda_ring_forward, rda_ring_backward) must not overlap: one that
+ *   starts while another runs fails with RDA_ERR_INVALID_ARGUMENT and leaves the ring as it was
+ *   (rda_ring_abort and rda_ring_get_stats may run beside a call).
  * - A handle must not be used once destroyed (that is undefined behaviour, as for freed memory):
  *   a check of each handle's tag refuses a wrong kind of handle, and often a destroyed one, but
  *   cannot always (its memory may hold a new handle by then).
@@ -351,13 +354,15 @@ RDA_API rda_status rda_ring_nccl_unique_id(void *id);
  * (RDA_ERR_UNSUPPORTED on the emulator or in a build without NCCL). Blocks until every rank
  * joined (or the timeout). RDA_ERR_INVALID_ARGUMENT, before joining, for: desc NULL or its
  * struct_size wrong, not exactly one of world / nccl_comm / nccl_unique_id, ranks outside
- * 1 .. 4096 or not the world's, rank outside 0 .. P-1, N < P or N > 2^40, an unknown layout,
+ * 1 .. 4096 or not the world's, rank outside 0 .. P-1, N < 1 or N > 2^40, an unknown layout,
  * zigzag with N % 2P != 0, a timeout negative, not finite or above 1e6 (checked with a world
  * too, whose own timeout then applies), a ring whose byte counts would pass 2^63 - 1; and out
  * NULL or plan not a plan. With a world, any such failure of one rank aborts the world, so the other
  * ranks fail at once (RDA_ERR_NCCL naming that rank and why) instead of after the timeout; the
  * world cannot be used again (desc NULL or with a wrong struct_size names no world: then the
- * other ranks fail after their timeout). *out is NULL on failure. */
+ * other ranks fail after their timeout). A world serves one ring: a second rda_ring_create for
+ * a rank that joined it already (while its ring lives, or after) is RDA_ERR_INVALID_ARGUMENT
+ * and leaves the world as it was. *out is NULL on failure. */
 RDA_API rda_status rda_ring_create(rda_ring **out, rda_plan *plan, const rda_ring_desc *desc);
 
 /* The rank's rows: count, and its pieces [lo[i], hi[i]) of global rows (npieces 1 or 2, or 0
@@ -411,8 +416,9 @@ RDA_API rda_status rda_ring_get_stats(const rda_ring *ring, rda_ring_stats *out)
 RDA_API void rda_ring_abort(rda_ring *ring, const char *reason);
 
 /* Leave the ring and drop its plan reference; the ring's work must have completed (on a cuda
- * context: synchronize the stream first). A rank that leaves with transfers pending aborts the
- * ring. Over a communicator rda made (nccl_unique_id), leaving finalizes it, which NCCL makes a
+ * context: synchronize the stream first). With a world, the others' pending and later ring
+ * calls (each needs every rank) then fail at once, naming this rank, not by their timeout. A
+ * rank that leaves with transfers pending aborts the ring. Over a communicator rda made (nccl_unique_id), leaving finalizes it, which NCCL makes a
  * collective of the ranks on one node: destroy the ranks' rings together (a rank that leaves
  * alone waits for the others up to the timeout, then aborts). Accepts NULL. */
 RDA_API void rda_ring_destroy(rda_ring *ring);

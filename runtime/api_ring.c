@@ -52,6 +52,7 @@ struct rda_ring {
   uint64_t block_max;   /* the largest ring block of this rank per batch element (send, all
                            sends or receives of one round): bounds the workspace for a batch */
   atomic_int aborted;   /* rda_ring_abort or a failed call: every later call fails */
+  atomic_int busy;      /* a forward or backward call runs: calls on one ring never overlap */
   pthread_mutex_t lock; /* stats and reason */
   char reason[RDA_API_MSG_LEN];
   rda_ring_stats stats;
@@ -148,6 +149,18 @@ static void ring_save_stats(rda_ring *r, const rda_ring_run_stats *st) {
   r->stats.bytes_received = st->bytes_received;
   r->stats.peak_bytes = st->peak_bytes;
   pthread_mutex_unlock(&r->lock);
+}
+
+/* Claim the ring for one forward or backward call; 0 (the error recorded, the ring untouched)
+ * when another thread's call on it runs: the transport keeps one group in flight per rank, so
+ * overlapping calls would interleave their messages. */
+static int ring_enter_call(rda_ring *r, const char *fn) {
+  if (!atomic_exchange(&r->busy, 1)) return 1;
+  (void)rda_api_failf(r->ctx, RDA_ERR_INVALID_ARGUMENT,
+                      "%s: rank %d: another call on this ring is running (calls on one ring must "
+                      "not overlap; the ring is left as it was)",
+                      fn, r->rank);
+  return 0;
 }
 
 /* A call on a ring that was aborted (here, or a failed call) fails at once. */
@@ -376,6 +389,7 @@ rda_status rda_ring_create(rda_ring **out, rda_plan *plan, const rda_ring_desc *
   }
   pthread_mutex_init(&r->lock, NULL);
   atomic_init(&r->aborted, 0);
+  atomic_init(&r->busy, 0);
   r->ctx = ctx;
   r->rank = desc->rank;
   r->ranks = desc->ranks;
@@ -530,12 +544,15 @@ rda_status rda_ring_forward(rda_ring *ring, const rda_tensor *q, const rda_tenso
                             const rda_tensor *v, const rda_tensor *o, const rda_tensor *lse,
                             void *workspace, size_t workspace_bytes, void *stream) {
   if (!ring_ok(ring)) return ring_bad(ring, "rda_ring_forward");
+  if (!ring_enter_call(ring, "rda_ring_forward")) return RDA_ERR_INVALID_ARGUMENT;
   rda_err err = {0};
   int told = 0;
+  rda_status s = RDA_OK;
   if (ring_forward(ring, q, k, v, o, lse, workspace, workspace_bytes, stream, &told, &err) !=
       RDA_OK)
-    return ring_fail(ring, "rda_ring_forward", told, &err);
-  return RDA_OK;
+    s = ring_fail(ring, "rda_ring_forward", told, &err);
+  atomic_store(&ring->busy, 0);
+  return s;
 }
 
 /* ---- backward ---------------------------------------------------------------------------- */
@@ -587,11 +604,14 @@ rda_status rda_ring_backward(rda_ring *ring, const rda_tensor *q, const rda_tens
                              size_t workspace_bytes, void *stream) {
   if (!ring_ok(ring)) return ring_bad(ring, "rda_ring_backward");
   const rda_tensor *const t[10] = {q, k, v, o, lse, dout, dlse, dq, dk, dv};
+  if (!ring_enter_call(ring, "rda_ring_backward")) return RDA_ERR_INVALID_ARGUMENT;
   rda_err err = {0};
   int told = 0;
+  rda_status s = RDA_OK;
   if (ring_backward(ring, t, workspace, workspace_bytes, stream, &told, &err) != RDA_OK)
-    return ring_fail(ring, "rda_ring_backward", told, &err);
-  return RDA_OK;
+    s = ring_fail(ring, "rda_ring_backward", told, &err);
+  atomic_store(&ring->busy, 0);
+  return s;
 }
 
 /* ---- stats, abort, destroy --------------------------------------------------------------- */

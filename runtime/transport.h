@@ -33,6 +33,8 @@
  *    orders the caller's stream after the transfers that had begun (device transport: copies
  *    matched before the abort), so none lands in a buffer the caller reuses after the error:
  *    a caller that abandons a posted group calls wait all the same.
+ *  - Virtual ranks: a rank that destroys its endpoint is gone for good; a wait or barrier of
+ *    another rank that still needs it fails at once, naming it ("rank 2: left the ring ...").
  *  - Creation checks a fingerprint (rda_ring_fingerprint): a mismatch is an error on every rank. */
 #ifndef RDA_TRANSPORT_H
 #define RDA_TRANSPORT_H

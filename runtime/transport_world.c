@@ -26,11 +26,17 @@ static int tw_wait_until(tw_world *w, const struct timespec *dl) {
   return pthread_cond_timedwait(&w->cv, &w->mu, dl) == ETIMEDOUT;
 }
 
-/* Lock held: abort the world with "rank r: why" (first wins) and wake everyone. */
+/* Lock held: abort the world with "rank r: why" (first wins; a why that names rank r first
+ * already keeps its own words) and wake everyone. */
 static void tw_abort_locked(tw_world *w, int rank, const char *why) {
   if (!w->aborted) {
+    char mine[24];
+    snprintf(mine, sizeof mine, "rank %d:", rank);
     w->aborted = 1;
-    snprintf(w->reason, sizeof w->reason, "rank %d: %.480s", rank, why);
+    if (strncmp(why, mine, strlen(mine)) == 0)
+      snprintf(w->reason, sizeof w->reason, "%.500s", why);
+    else
+      snprintf(w->reason, sizeof w->reason, "rank %d: %.480s", rank, why);
   }
   pthread_cond_broadcast(&w->cv);
 }
@@ -41,6 +47,14 @@ static rda_status tw_aborted_error(const tw_world *w, int rank, rda_err *err) {
   if (strncmp(w->reason, mine, strlen(mine)) == 0) /* this rank's own failure */
     return rda_err_set(err, RDA_ERR_NCCL, "%s", w->reason);
   return rda_err_set(err, RDA_ERR_NCCL, "rank %d: the ring was aborted: %s", rank, w->reason);
+}
+
+/* Lock held: abort the world in the name of a rank that left (destroyed its endpoint) while
+ * still needed; 1 when it did. */
+static int tw_departed(tw_world *w, int rank) {
+  if (rank < 0 || !w->left[rank]) return 0;
+  tw_abort_locked(w, rank, "left the ring (its endpoint was destroyed) while still needed");
+  return 1;
 }
 
 /* Without the lock: abort the world with a hook's failure and return it as this rank's error. */
@@ -209,6 +223,10 @@ rda_status tw_wait(rda_transport *t, rda_err *err) {
       break;
     }
     if (ep->pending == 0) break;
+    int gone = 0;
+    for (int q = 0; q < ep->nops && !gone; q++)
+      if (!ep->ops[q]->done) gone = tw_departed(w, ep->ops[q]->peer);
+    if (gone) continue; /* aborted: said above */
     if (tw_wait_until(w, &dl) && ep->pending > 0 && !w->aborted) {
       int peer = -1;
       for (int q = 0; q < ep->nops && peer < 0; q++)
@@ -249,6 +267,7 @@ rda_status tw_gather8(rda_transport *t, uint64_t mine, uint64_t *all, rda_err *e
   const uint64_t gen = w->bar_gen;
   uint64_t *vals = w->bar_vals + (size_t)(gen & 1u) * (size_t)w->size;
   vals[t->rank] = mine;
+  w->bar_at[t->rank] = gen + 1;
   if (!w->aborted && ++w->bar_count == w->size) {
     w->bar_count = 0;
     w->bar_gen++;
@@ -265,10 +284,17 @@ rda_status tw_gather8(rda_transport *t, uint64_t mine, uint64_t *all, rda_err *e
       s = tw_aborted_error(w, t->rank, err);
       break;
     }
+    int gone = 0;
+    for (int q = 0; q < w->size && !gone; q++)
+      if (w->bar_at[q] != gen + 1) gone = tw_departed(w, q);
+    if (gone) continue;
     if (tw_wait_until(w, &dl) && w->bar_gen == gen && !w->aborted) {
-      char why[160];
-      snprintf(why, sizeof why, "timed out after %.1f s in a barrier (%d of %d ranks arrived)",
-               t->timeout_s, w->bar_count, w->size);
+      int missing = 0;
+      while (missing < w->size && w->bar_at[missing] == gen + 1) missing++;
+      char why[192];
+      snprintf(why, sizeof why,
+               "timed out after %.1f s in a barrier (%d of %d ranks arrived; rank %d did not)",
+               t->timeout_s, w->bar_count, w->size, missing);
       tw_abort_locked(w, t->rank, why);
     }
   }
@@ -292,6 +318,10 @@ void tw_destroy(rda_transport *t) {
   pthread_mutex_lock(&w->mu);
   if (ep->state == 2 && ep->pending > 0)
     tw_abort_locked(w, t->rank, "left the ring with operations pending");
+  /* Gone for good: a wait or barrier that still needs this rank fails now, naming it, instead
+   * of by its timeout (tw_departed). */
+  w->left[t->rank] = 1;
+  pthread_cond_broadcast(&w->cv);
   tw_unlink_all(w, ep);
   w->ep[t->rank] = NULL;
   pthread_mutex_unlock(&w->mu);
@@ -327,11 +357,14 @@ static rda_status tw_world_init(tw_world *w, const char *what, const char *name,
   w->present = calloc((size_t)size, sizeof *w->present);
   w->fingerprint = calloc((size_t)size, sizeof *w->fingerprint);
   w->bar_vals = calloc(2 * (size_t)size, sizeof *w->bar_vals);
+  w->bar_at = calloc((size_t)size, sizeof *w->bar_at);
+  w->left = calloc((size_t)size, sizeof *w->left);
   w->ep = calloc((size_t)size, sizeof *w->ep);
   w->sendq = calloc((size_t)size, sizeof *w->sendq);
   w->recvq = calloc((size_t)size, sizeof *w->recvq);
   pthread_condattr_t ca;
-  int ok = w->present && w->fingerprint && w->bar_vals && w->ep && w->sendq && w->recvq;
+  int ok = w->present && w->fingerprint && w->bar_vals && w->bar_at && w->left && w->ep &&
+           w->sendq && w->recvq;
   if (ok && pthread_mutex_init(&w->mu, NULL) != 0) ok = 0;
   if (ok) {
     pthread_condattr_init(&ca);
@@ -343,8 +376,8 @@ static rda_status tw_world_init(tw_world *w, const char *what, const char *name,
     pthread_condattr_destroy(&ca);
   }
   if (!ok) {
-    free(w->present), free(w->fingerprint), free(w->bar_vals), free(w->ep), free(w->sendq);
-    free(w->recvq);
+    free(w->present), free(w->fingerprint), free(w->bar_vals), free(w->bar_at), free(w->left);
+    free(w->ep), free(w->sendq), free(w->recvq);
     return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
   }
   return RDA_OK;
@@ -368,8 +401,8 @@ void tw_world_destroy(tw_world *w) {
   if (w == NULL) return;
   pthread_mutex_destroy(&w->mu);
   pthread_cond_destroy(&w->cv);
-  free(w->present), free(w->fingerprint), free(w->bar_vals), free(w->ep), free(w->sendq);
-  free(w->recvq);
+  free(w->present), free(w->fingerprint), free(w->bar_vals), free(w->bar_at), free(w->left);
+  free(w->ep), free(w->sendq), free(w->recvq);
   free(w);
 }
 
@@ -389,13 +422,21 @@ rda_status tw_join(tw_world *w, int rank, uint64_t fingerprint, size_t ep_bytes,
     if (init != NULL) init_st = init(ep, arg, &why);
   }
   pthread_mutex_lock(&w->mu);
-  if (ep == NULL || init_st != RDA_OK || w->present[rank]) {
-    const char *msg = ep == NULL          ? "out of memory joining the ring"
-                      : init_st != RDA_OK ? why.msg
-                                          : "joined the ring twice";
-    const rda_status s = ep == NULL          ? RDA_ERR_OUT_OF_MEMORY
-                         : init_st != RDA_OK ? init_st
-                                             : RDA_ERR_INVALID_ARGUMENT;
+  if (ep != NULL && init_st == RDA_OK && w->present[rank]) {
+    /* A second ring for a rank is the caller's mistake alone: refused without aborting the
+     * ring the first one makes (or made: a world serves one ring). */
+    pthread_mutex_unlock(&w->mu);
+    rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                "rank %d: joined the ring twice (a world serves one ring, one endpoint per rank: "
+                "make a new world for a new ring)",
+                rank);
+    if (w->hooks->fini != NULL) w->hooks->fini(ep);
+    free(ep);
+    return RDA_ERR_INVALID_ARGUMENT;
+  }
+  if (ep == NULL || init_st != RDA_OK) {
+    const char *msg = ep == NULL ? "out of memory joining the ring" : why.msg;
+    const rda_status s = ep == NULL ? RDA_ERR_OUT_OF_MEMORY : init_st;
     tw_abort_locked(w, rank, msg);
     pthread_mutex_unlock(&w->mu);
     rda_err_set(err, s, "rank %d: %s", rank, msg);

@@ -75,6 +75,8 @@ struct tw_world {
   int bar_count;
   uint64_t bar_gen;
   uint64_t *bar_vals; /* 2 * size: the values of gather8 generation g at (g & 1) * size */
+  uint64_t *bar_at;   /* per rank: 1 + the generation it last arrived at (to name who did not) */
+  int *left;          /* per rank: 1 once its endpoint was destroyed (it never comes back) */
 };
 
 /* A new world of `bytes` (>= sizeof(tw_world): the transport's own struct begins with a

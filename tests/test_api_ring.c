@@ -663,6 +663,7 @@ typedef struct cjob {
   rda_status s;
   char msg[1024];
   double seconds;
+  rda_ring **keep; /* NULL: the ring is destroyed at once; else it is left here */
 } cjob;
 
 static void *create_main(void *arg) {
@@ -676,7 +677,10 @@ static void *create_main(void *arg) {
   j->seconds = now_s() - t0;
   snprintf(j->msg, sizeof j->msg, "%s", j->s == RDA_OK ? "" : rda_last_error(NULL));
   if (j->s != RDA_OK && ring != NULL) j->s = RDA_ERR_INTERNAL; /* *out must be NULL */
-  rda_ring_destroy(ring);
+  if (j->keep != NULL && j->s == RDA_OK)
+    *j->keep = ring;
+  else
+    rda_ring_destroy(ring);
   return NULL;
 }
 
@@ -689,7 +693,7 @@ static void expect_mismatch(const char *what, int P, int odd, rda_plan *plan2, l
   pthread_t th[MAXP];
   memset(jobs, 0, sizeof jobs);
   for (int p = 0; p < P; ++p) {
-    jobs[p] = (cjob){g_plan_a, world, 30, P, p, RDA_LAYOUT_CONTIGUOUS, RDA_OK, "", 0.0};
+    jobs[p] = (cjob){g_plan_a, world, 30, P, p, RDA_LAYOUT_CONTIGUOUS, RDA_OK, "", 0.0, NULL};
     if (p == odd) jobs[p].plan = plan2, jobs[p].n = n2;
     assert_int_equal(pthread_create(&th[p], NULL, create_main, &jobs[p]), 0);
   }
@@ -723,7 +727,7 @@ static void expect_bad_rank(const char *what, int P, int bad, long long n_bad, c
   pthread_t th[MAXP];
   memset(jobs, 0, sizeof jobs);
   for (int p = 0; p < P; ++p) {
-    jobs[p] = (cjob){g_plan_a, world, 30, P, p, RDA_LAYOUT_CONTIGUOUS, RDA_OK, "", 0.0};
+    jobs[p] = (cjob){g_plan_a, world, 30, P, p, RDA_LAYOUT_CONTIGUOUS, RDA_OK, "", 0.0, NULL};
     if (p == bad && n_bad == 0) jobs[p].plan = NULL;
     if (p == bad && n_bad != 0) jobs[p].n = n_bad;
     assert_int_equal(pthread_create(&th[p], NULL, create_main, &jobs[p]), 0);
@@ -970,7 +974,7 @@ static void test_ring_handles_and_world_lifetime(void **state) {
 /* ------------------------------------------------------------------ call failures and abort */
 
 /* A P-rank forward where rank `bad` misbehaves as `how` says; every rank must fail in time. */
-enum { kSmallWorkspace = 1, kWrongRows = 2, kAbortInstead = 3, kOtherBatch = 4 };
+enum { kSmallWorkspace = 1, kWrongRows = 2, kAbortInstead = 3, kOtherBatch = 4, kLeaveInstead = 5 };
 
 typedef struct fjob {
   rda_ring_world *world;
@@ -985,6 +989,50 @@ typedef struct fjob {
   int *created;
 } fjob;
 
+/* One rank's forward call on a ring of config_a's shape: its rows (plus `extra`) of random
+ * inputs, fp32 outputs, its workspace. */
+typedef struct fcall {
+  double *x;
+  uint16_t *q, *kv;
+  float *o, *lse;
+  void *ws;
+  size_t wsb;
+  rda_tensor tq, tk, to, tl;
+} fcall;
+
+static void fcall_make(fcall *c, rda_ring *ring, long long B, long long extra) {
+  long long R = 0;
+  rda_ring_rows(ring, &R, NULL, NULL, NULL);
+  R += extra;
+  const long long H = 4, Hkv = 2, D = 32;
+  long long s3[3];
+  c->x = rt_normal((size_t)(B * R * H * D), RDA_DTYPE_BF16);
+  rt_strides_contig(R, H, D, s3);
+  c->q = rt_make_bits(c->x, B, R, H, D, s3, RDA_DTYPE_BF16, NULL);
+  rt_strides_contig(R, Hkv, D, s3);
+  c->kv = rt_make_bits(c->x, B, R, Hkv, D, s3, RDA_DTYPE_BF16, NULL);
+  c->o = aalloc((size_t)(B * R * H * D) * 4), c->lse = aalloc((size_t)(B * H * R) * 4);
+  tensor4(&c->tq, c->q, RDA_BF16, B, R, H, D);
+  tensor4(&c->tk, c->kv, RDA_BF16, B, R, Hkv, D);
+  tensor4(&c->to, c->o, RDA_FP32, B, R, H, D);
+  tensor3(&c->tl, c->lse, B, H, R);
+  c->wsb = 0;
+  rda_ring_workspace_size(ring, B, 0, &c->wsb);
+  c->ws = aalloc(c->wsb + 256);
+}
+
+/* rda_ring_forward with c's tensors; msg gets the thread's error ("" on success). */
+static rda_status fcall_run(fcall *c, rda_ring *ring, char *msg, size_t cap) {
+  const rda_status s =
+      rda_ring_forward(ring, &c->tq, &c->tk, &c->tk, &c->to, &c->tl, c->ws, c->wsb, NULL);
+  snprintf(msg, cap, "%s", s == RDA_OK ? "" : rda_last_error(NULL));
+  return s;
+}
+
+static void fcall_free(fcall *c) {
+  free(c->x), free(c->q), free(c->kv), free(c->o), free(c->lse), free(c->ws);
+}
+
 static void *fail_main(void *arg) {
   fjob *j = arg;
   rda_ring_desc d = RDA_RING_DESC_INIT;
@@ -998,28 +1046,21 @@ static void *fail_main(void *arg) {
   pthread_cond_broadcast(j->cv);
   pthread_mutex_unlock(j->mu);
   if (j->create_s != RDA_OK) return NULL;
-  long long R = 0;
-  rda_ring_rows(ring, &R, NULL, NULL, NULL);
-  const long long H = 4, Hkv = 2, D = 32;
-  if (j->how == kWrongRows && j->rank == j->bad) R += 1;
-  /* kOtherBatch: a call that is right on its own rank, with a batch the others do not use. */
-  const long long B = j->how == kOtherBatch && j->rank == j->bad ? 2 : 1;
-  double *x = rt_normal((size_t)(B * R * H * D), RDA_DTYPE_BF16);
-  long long s3[3];
-  rt_strides_contig(R, H, D, s3);
-  uint16_t *q = rt_make_bits(x, B, R, H, D, s3, RDA_DTYPE_BF16, NULL);
-  rt_strides_contig(R, Hkv, D, s3);
-  uint16_t *kv = rt_make_bits(x, B, R, Hkv, D, s3, RDA_DTYPE_BF16, NULL);
-  float *o = aalloc((size_t)(B * R * H * D) * 4), *lse = aalloc((size_t)(B * H * R) * 4);
-  rda_tensor tq, tk, to, tl;
-  tensor4(&tq, q, RDA_BF16, B, R, H, D);
-  tensor4(&tk, kv, RDA_BF16, B, R, Hkv, D);
-  tensor4(&to, o, RDA_FP32, B, R, H, D);
-  tensor3(&tl, lse, B, H, R);
-  size_t wsb = 0;
-  rda_ring_workspace_size(ring, B, 0, &wsb);
-  void *ws = aalloc(wsb + 256);
-  if (j->how == kSmallWorkspace && j->rank == j->bad) wsb = 64; /* the ring's buffers need more */
+  if (j->how == kLeaveInstead && j->rank == j->bad) {
+    /* Once every rank has its ring, this one leaves without a call. */
+    pthread_mutex_lock(j->mu);
+    while (*j->created < j->P) pthread_cond_wait(j->cv, j->mu);
+    j->rings[j->rank] = NULL;
+    pthread_mutex_unlock(j->mu);
+    rda_ring_destroy(ring);
+    return NULL;
+  }
+  /* kWrongRows: one row too many; kOtherBatch: a call that is right on its own rank, with a
+   * batch the others do not use. */
+  fcall c;
+  fcall_make(&c, ring, j->how == kOtherBatch && j->rank == j->bad ? 2 : 1,
+             j->how == kWrongRows && j->rank == j->bad);
+  if (j->how == kSmallWorkspace && j->rank == j->bad) c.wsb = 64; /* the ring needs more */
   const double t0 = now_s();
   if (j->how == kAbortInstead && j->rank == j->bad) {
     /* This rank never calls: the main thread aborts the ring through its handle. */
@@ -1027,18 +1068,16 @@ static void *fail_main(void *arg) {
     while (*j->created >= 0) pthread_cond_wait(j->cv, j->mu); /* -1: aborted */
     pthread_mutex_unlock(j->mu);
   }
-  j->s = rda_ring_forward(ring, &tq, &tk, &tk, &to, &tl, ws, wsb, NULL);
+  j->s = fcall_run(&c, ring, j->msg, sizeof j->msg);
   j->seconds = now_s() - t0;
-  snprintf(j->msg, sizeof j->msg, "%s", j->s == RDA_OK ? "" : rda_last_error(NULL));
   /* The ring stays failed. */
-  j->s_after = rda_ring_forward(ring, &tq, &tk, &tk, &to, &tl, ws, wsb + 1, NULL);
-  snprintf(j->msg_after, sizeof j->msg_after, "%s",
-           j->s_after == RDA_OK ? "" : rda_last_error(NULL));
+  c.wsb += 1;
+  j->s_after = fcall_run(&c, ring, j->msg_after, sizeof j->msg_after);
   pthread_mutex_lock(j->mu);
   j->rings[j->rank] = NULL;
   pthread_mutex_unlock(j->mu);
   rda_ring_destroy(ring);
-  free(x), free(q), free(kv), free(o), free(lse), free(ws);
+  fcall_free(&c);
   return NULL;
 }
 
@@ -1085,6 +1124,7 @@ static void run_failure(const char *what, int P, long long N, int bad, int how,
       assert_one_line_naming(j->msg, others_name);
       continue;
     }
+    if (p == bad && how == kLeaveInstead) continue; /* it made no call */
     const rda_status want = p == bad ? bad_status : others_status;
     if (j->s != want)
       fail_msg("%s: rank %d: status %d, expected %d: %s", what, p, j->s, want, j->msg);
@@ -1121,6 +1161,74 @@ static void test_ring_calls_that_differ_fail_every_rank(void **state) {
               "rank 0 runs the forward pass with batch 1, rank 1 the forward pass with batch 2");
 }
 
+/* A rank that leaves (destroys its ring) before calling: no call of the others can complete,
+ * so they fail at once naming it, not by their timeout. */
+static void test_ring_rank_that_leaves_fails_the_others_at_once(void **state) {
+  (void)state;
+  run_failure("rank 1 leaves", 3, 29, 1, kLeaveInstead, RDA_OK, "", RDA_ERR_NCCL,
+              "rank 1: left the ring");
+}
+
+/* Misuse that must leave a working ring alone: a second call on a ring while its first runs
+ * (rank 0's first call waits in the pass's agreement for rank 1), and a second ring for rank 0
+ * on the world. Both are refused at once; then rank 1 calls and both first calls succeed. */
+typedef struct ocall {
+  rda_ring *ring;
+  fcall c;
+  rda_status s;
+  char msg[1024];
+} ocall;
+
+static void *ocall_main(void *arg) {
+  ocall *o = arg;
+  o->s = fcall_run(&o->c, o->ring, o->msg, sizeof o->msg);
+  return NULL;
+}
+
+static void test_ring_overlapping_call_and_second_ring_leave_it_alone(void **state) {
+  (void)state;
+  rda_ring_world *world = NULL;
+  assert_int_equal(rda_ring_world_create(&world, g_ctx, 2, kTimeout), RDA_OK);
+  cjob cj[2];
+  pthread_t th[2];
+  rda_ring *rings[2] = {NULL, NULL};
+  for (int p = 0; p < 2; ++p) {
+    memset(&cj[p], 0, sizeof cj[p]);
+    cj[p].plan = g_plan_a, cj[p].world = world, cj[p].n = 20, cj[p].P = 2, cj[p].rank = p;
+    cj[p].keep = &rings[p];
+    assert_int_equal(pthread_create(&th[p], NULL, create_main, &cj[p]), 0);
+  }
+  for (int p = 0; p < 2; ++p) pthread_join(th[p], NULL);
+  for (int p = 0; p < 2; ++p)
+    if (cj[p].s != RDA_OK) fail_msg("create rank %d: %s", p, cj[p].msg);
+  ocall oc[2];
+  for (int p = 0; p < 2; ++p) {
+    memset(&oc[p], 0, sizeof oc[p]);
+    oc[p].ring = rings[p];
+    fcall_make(&oc[p].c, rings[p], 1, 0);
+  }
+  assert_int_equal(pthread_create(&th[0], NULL, ocall_main, &oc[0]), 0);
+  usleep(300 * 1000); /* rank 0's call is waiting for rank 1 */
+  char msg[1024];
+  assert_int_equal(fcall_run(&oc[0].c, rings[0], msg, sizeof msg), RDA_ERR_INVALID_ARGUMENT);
+  assert_one_line_naming(msg, "another call on this ring is running");
+  rda_ring_desc d = RDA_RING_DESC_INIT;
+  d.n = 20, d.ranks = 2, d.rank = 0, d.world = world;
+  rda_ring *again = NULL;
+  assert_int_equal(rda_ring_create(&again, g_plan_a, &d), RDA_ERR_INVALID_ARGUMENT);
+  assert_null(again);
+  assert_one_line_naming(rda_last_error(NULL), "joined the ring twice");
+  assert_int_equal(pthread_create(&th[1], NULL, ocall_main, &oc[1]), 0);
+  for (int p = 0; p < 2; ++p) pthread_join(th[p], NULL);
+  for (int p = 0; p < 2; ++p)
+    if (oc[p].s != RDA_OK) fail_msg("rank %d: the ring did not survive the misuse: %s", p, oc[p].msg);
+  for (int p = 0; p < 2; ++p) {
+    fcall_free(&oc[p].c);
+    rda_ring_destroy(rings[p]);
+  }
+  rda_ring_world_destroy(world);
+}
+
 static void test_ring_abort_from_another_thread(void **state) {
   (void)state;
   run_failure("abort of rank 2", 3, 29, 2, kAbortInstead, RDA_ERR_NCCL, "the test pulls the plug",
@@ -1137,6 +1245,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_ring_call_errors_fail_every_rank),
       cmocka_unit_test(test_ring_calls_that_differ_fail_every_rank),
       cmocka_unit_test(test_ring_abort_from_another_thread),
+      cmocka_unit_test(test_ring_rank_that_leaves_fails_the_others_at_once),
+      cmocka_unit_test(test_ring_overlapping_call_and_second_ring_leave_it_alone),
       cmocka_unit_test(test_ring_forward_matches_single_device_contiguous),
       cmocka_unit_test(test_ring_forward_noncausal_dilated_block_mqa_fp16),
       cmocka_unit_test(test_ring_forward_group_offsets_fused_qkv),
