@@ -1397,16 +1397,18 @@ static int rda_cache_jentry(rda_cache_json *j, rda_cache_bundle_entry *e) {
   }
 }
 
-/* The bundles already warned about (no cubin_sha256): one warning per bundle per process,
- * not one per kernel load. A fixed table: past it, further bundles are warned about again. */
+/* The bundles already warned about (no cubin_sha256, a malformed manifest): one warning per
+ * bundle and kind per process, not one per kernel load. A fixed table: past it, further
+ * bundles are warned about again. */
 static pthread_mutex_t rda_cache_old_bundle_mu = PTHREAD_MUTEX_INITIALIZER;
-static char rda_cache_old_bundles[16][65]; /* SHA-256 of the folder's path */
+static char rda_cache_old_bundles[16][65]; /* SHA-256 of the kind and the folder's path */
 static int rda_cache_old_bundle_count;
 
-/* 1 the first time `folder` is seen here. */
-static int rda_cache_old_bundle_first(const char *folder) {
-  char id[65];
-  rda_cache_sha256_hex(folder, strlen(folder), id);
+/* 1 the first time `folder` is seen here for `kind`. */
+static int rda_cache_bundle_warn_first(const char *kind, const char *folder) {
+  char id[65], both[kCachePath + 32];
+  snprintf(both, sizeof both, "%s:%s", kind, folder);
+  rda_cache_sha256_hex(both, strlen(both), id);
   int first = 1;
   pthread_mutex_lock(&rda_cache_old_bundle_mu);
   for (int i = 0; i < rda_cache_old_bundle_count && first; ++i)
@@ -1425,7 +1427,7 @@ static int rda_cache_bundle_cubin(const char *folder, const rda_cache_bundle_ent
   if (strlen(e->cubin_sha) != 64) {
     /* A bundle from before cubin_sha256 was recorded: its cubins cannot be verified, so none is
      * used; said at warning level (the default), since the user has to re-emit it. */
-    if (rda_cache_old_bundle_first(folder))
+    if (rda_cache_bundle_warn_first("old", folder))
       rda_log(RDA_LOG_WARN,
               "bundle %s was written by an older rdagen emit (no cubin_sha256 in its "
               "manifest.json): its kernels are not used; re-run rdagen emit for it",
@@ -1454,7 +1456,7 @@ static int rda_cache_bundle_cubin(const char *folder, const rda_cache_bundle_ent
   return 1;
 }
 
-/* Search one manifest; RDA_ERR_CACHE when it is malformed. */
+/* Search one manifest; RDA_ERR_CACHE when it is malformed (the caller passes it over). */
 static rda_status rda_cache_bundle_one(const char *folder, const char *text, size_t n,
                                        const char *name, const char *arch, const char *sha,
                                        char *file, size_t cap, unsigned char **image, size_t *bytes,
@@ -1478,9 +1480,13 @@ static rda_status rda_cache_bundle_one(const char *folder, const char *text, siz
         for (;;) {
           rda_cache_bundle_entry e;
           if (!(ok = rda_cache_jentry(&j, &e))) break;
-          if (!*found && strcmp(e.name, name) == 0 && strcmp(e.arch, arch) == 0 &&
-              strcmp(e.sha, sha) == 0 && e.cubin[0] != '\0' && strstr(e.cubin, "..") == NULL &&
-              e.cubin[0] != '/') {
+          const int match = !*found && strcmp(e.name, name) == 0 &&
+                            strcmp(e.arch, arch) == 0 && strcmp(e.sha, sha) == 0;
+          if (match && (e.cubin[0] == '\0' || strstr(e.cubin, "..") != NULL || e.cubin[0] == '/')) {
+            /* Only a file inside the bundle's folder is one of its cubins. */
+            rda_log(RDA_LOG_INFO, "bundle %s: the entry of %s names the cubin '%s' outside its "
+                    "folder: not used", folder, name, e.cubin);
+          } else if (match) {
             const int w = snprintf(file, cap, "%s/%s", folder, e.cubin);
             if (w > 0 && (size_t)w < cap)
               *found = rda_cache_bundle_cubin(folder, &e, file, image, bytes);
@@ -1543,10 +1549,14 @@ rda_status rda_cache_bundle_load(const char *path_list, const char *name, int ar
       size_t n = 0;
       rda_err ignored = {0};
       if (rda_cache_read_file(manifest, &text, &n, &ignored) == RDA_OK) {
+        rda_err bad = {0};
         const rda_status st = rda_cache_bundle_one(folder, (const char *)text, n, name, archs, sha,
-                                                   file, cap, image, bytes, found, err);
+                                                   file, cap, image, bytes, found, &bad);
         free(text);
-        RDA_TRY(st);
+        /* A damaged manifest is passed over like a damaged cubin: the other bundles, the
+         * cache or NVRTC serve; said once per bundle, at warning level (someone must fix it). */
+        if (st != RDA_OK && rda_cache_bundle_warn_first("malformed", folder))
+          rda_log(RDA_LOG_WARN, "%s: skipped (RDA_KERNEL_PATH)", bad.msg);
       } else {
         rda_log(RDA_LOG_DEBUG, "RDA_KERNEL_PATH: no readable %s: skipped", manifest);
       }
