@@ -156,13 +156,34 @@ static rda_status rda_tuning_db_target(const char *path, char *out, size_t cap, 
   return RDA_OK;
 }
 
+/* The temporary file beside target that a write of this process goes through. */
+static int rda_tuning_db_tmp(const char *target, char *out, size_t cap) {
+  const int len = snprintf(out, cap, "%s.tmp.%ld", target, (long)getpid());
+  return len >= 0 && (size_t)len < cap;
+}
+
+int rda_tuning_db_temp_name(const rda_tuning_lock *lk, char *out, size_t cap) {
+  const size_t n = strlen(lk->path);
+  if (n < 5 || strcmp(lk->path + n - 5, ".lock") != 0 || n - 5 >= cap) return 0;
+  char target[sizeof lk->path];
+  memcpy(target, lk->path, n - 5);
+  target[n - 5] = '\0';
+  return rda_tuning_db_tmp(target, out, cap);
+}
+
 rda_status rda_tuning_db_write(const char *path, const char *text, rda_err *err) {
+  /* Never a file that every later read refuses: the limit holds for what is written too. */
+  const size_t bytes = strlen(text);
+  if (bytes > RDA_TUNING_DB_MAX_BYTES)
+    return rda_err_set(err, RDA_ERR_IO,
+                       "tuning database '%s': the new text is %zu bytes, more than the %d a "
+                       "database may hold: nothing written (use another file, or remove entries)",
+                       path, bytes, RDA_TUNING_DB_MAX_BYTES);
   /* A database reached through a symbolic link is replaced where it lives, keeping the link. */
   char target[4096];
   RDA_TRY(rda_tuning_db_target(path, target, sizeof target, err));
   char tmp[4200];
-  const int len = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", target, (long)getpid());
-  if (len < 0 || (size_t)len >= sizeof tmp)
+  if (!rda_tuning_db_tmp(target, tmp, sizeof tmp))
     return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': path too long", path);
   RDA_TRY(rda_tuning_db_parent(target, err));
   /* The old file's permissions carry over; a new one gets 0644 less the umask. */
@@ -175,7 +196,7 @@ rda_status rda_tuning_db_write(const char *path, const char *text, rda_err *err)
   if (fd < 0)
     return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': cannot create '%s': %s", path, tmp,
                        strerror(errno));
-  const int wrote = rda_tuning_db_write_all(fd, text, strlen(text)) == RDA_OK;
+  const int wrote = rda_tuning_db_write_all(fd, text, bytes) == RDA_OK;
   const int saved = errno;
   const int moded = !wrote || !existed || fchmod(fd, old.st_mode & 07777) == 0;
   const int synced = wrote && moded && fsync(fd) == 0;
@@ -226,7 +247,7 @@ rda_status rda_tuning_db_lock(const char *path, rda_tuning_lock *lk, rda_err *er
   char lock[sizeof lk->path];
   if (snprintf(lock, sizeof lock, "%s.lock", target) >= (int)sizeof lock)
     return rda_err_set(err, RDA_ERR_IO, "tuning database '%s': path too long", path);
-  RDA_TRY(rda_tuning_db_parent(lock, err));
+  RDA_TRY(rda_tuning_db_parent(target, err)); /* the lock lives beside it: one folder */
   for (;;) {
     /* Read-only is enough for flock, and opens a lock file another user left behind (a
      * killed tune cannot remove it) where read-write would be refused. */

@@ -29,7 +29,8 @@ rda_status rda_tuning_db_read_file(const char *path, char **text, rda_err *err);
  * Symbolic links are followed (the file they name is replaced, or created when a link
  * dangles; the links are kept); the old file's
  * permissions are kept (a new one: 0644 less the umask); a missing cache root is created
- * (0700), any other missing folder is an error. RDA_ERR_IO naming the path on failure (the old file is then untouched). */
+ * (0700), any other missing folder is an error. RDA_ERR_IO naming the path on failure (the
+ * old file is then untouched), also for a text over 16 MiB, which no read would take. */
 rda_status rda_tuning_db_write(const char *path, const char *text, rda_err *err);
 
 /* Writers take this lock (flock on <the file path names>.lock, made beside it while held and
@@ -45,6 +46,9 @@ typedef struct rda_tuning_lock {
 } rda_tuning_lock;
 #define RDA_TUNING_LOCK_INIT {-1, ""}
 rda_status rda_tuning_db_lock(const char *path, rda_tuning_lock *lk, rda_err *err);
+/* The temporary file a write of this process makes beside the locked file, into out (cap
+ * bytes): a signal handler that removes the lock removes it too. 0 when it does not fit. */
+int rda_tuning_db_temp_name(const rda_tuning_lock *lk, char *out, size_t cap);
 void rda_tuning_db_unlock(rda_tuning_lock *lk); /* accepts NULL and a lock not held */
 
 #endif

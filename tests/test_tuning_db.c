@@ -366,6 +366,41 @@ static void test_tuning_db_lock_refuses_another_users_file_in_a_sticky_folder(vo
   free(folder), free(theirs), free(mine), free(tmp);
 }
 
+/* A text no read would take (over 16 MiB) is never written: the old file stays. The temporary
+ * name a signal handler removes is the one a write of this process uses. */
+static void test_tuning_db_write_refuses_what_no_read_takes(void **state) {
+  fixture *f = *state;
+  char *db = rt_path(f->dir, "big.lua");
+  static const char old[] = "return {}\n";
+  assert_true(rt_write_file(db, old, sizeof old - 1));
+  const size_t n = (16u << 20) + 1;
+  char *text = malloc(n + 1);
+  assert_non_null(text);
+  memset(text, ' ', n);
+  memcpy(text, "return {}", 9);
+  text[n] = '\0';
+  rda_err err = {0};
+  assert_int_equal(rda_tuning_db_write(db, text, &err), RDA_ERR_IO);
+  assert_non_null(strstr(err.msg, "more than the 16777216"));
+  size_t len = 0;
+  char *now = rt_read_file(db, &len);
+  assert_int_equal(len, sizeof old - 1);
+  assert_memory_equal(now, old, len);
+  free(now);
+  text[n - 1] = '\0'; /* 16 MiB exactly: written */
+  assert_int_equal(rda_tuning_db_write(db, text, &err), RDA_OK);
+  free(text);
+
+  rda_tuning_lock lk = RDA_TUNING_LOCK_INIT;
+  assert_int_equal(rda_tuning_db_lock(db, &lk, &err), RDA_OK);
+  char tmp[4200], want[4200];
+  assert_true(rda_tuning_db_temp_name(&lk, tmp, sizeof tmp));
+  snprintf(want, sizeof want, "%s.tmp.%ld", db, (long)getpid());
+  assert_string_equal(tmp, want);
+  rda_tuning_db_unlock(&lk);
+  free(db);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_tuning_db_read_file_refuses_what_is_not_a_database,
@@ -378,6 +413,8 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(
           test_tuning_db_lock_refuses_another_users_file_in_a_sticky_folder, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_tuning_db_write_refuses_what_no_read_takes, setup,
+                                      teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

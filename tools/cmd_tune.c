@@ -127,13 +127,18 @@ static int tune_parse(int argc, char **argv, tune_cli *o) {
   return -1;
 }
 
-/* The lock file of the database while held: Ctrl-C, SIGTERM or SIGHUP remove it on the way
- * out (SIGKILL cannot; a file left so is harmless, the next tune locks it as it is). */
-static char tune_lock_path[4200];
+/* The lock file of the database while held, and the temporary file a write goes through:
+ * Ctrl-C, SIGTERM or SIGHUP remove both on the way out (the database stays the old one, or is
+ * the new one if the rename came first; SIGKILL cannot: a lock file left so is harmless, the
+ * next tune locks it as it is). */
+static char tune_lock_path[4200], tune_tmp_path[4200];
 static volatile sig_atomic_t tune_lock_held;
 
 static void tune_on_signal(int sig) {
-  if (tune_lock_held) (void)unlink(tune_lock_path);
+  if (tune_lock_held) {
+    if (tune_tmp_path[0] != '\0') (void)unlink(tune_tmp_path);
+    (void)unlink(tune_lock_path);
+  }
   signal(sig, SIG_DFL);
   raise(sig);
 }
@@ -219,6 +224,8 @@ int rdagen_cmd_tune(int argc, char **argv) {
   if (lock.fd >= 0) {
     (void)rda_gen_watchdog_remove_on_kill(lock.path, 1);
     snprintf(tune_lock_path, sizeof tune_lock_path, "%s", lock.path);
+    if (!rda_tuning_db_temp_name(&lock, tune_tmp_path, sizeof tune_tmp_path))
+      tune_tmp_path[0] = '\0';
     tune_lock_held = 1;
     tune_signals(tune_on_signal);
   }
