@@ -1710,6 +1710,35 @@ static void test_cli_emit_is_all_or_nothing_and_records_cubin_sha(void **state) 
   free(cache);
 }
 
+/* An --out that cannot take the bundle (a file, or under one) fails before any compiling:
+ * one error line, nothing on standard output, nothing made; --help lists every profile. */
+static void test_cli_emit_refuses_a_bad_out_before_compiling(void **state) {
+  fixture *f = *state;
+  char *file = rt_path(f->dir, "afile"), *under = rt_path(f->dir, "afile/sub");
+  assert_true(rt_write_file(file, "hi", 2));
+  const char *const outs[2] = {file, under};
+  for (int i = 0; i < 2; ++i) {
+    const char *const argv[] = {"emit", f->config, "--arch", "sm_90", "--out", outs[i], NULL};
+    rt_proc p = run_rdagen(60, argv);
+    if (p.exit_code != 1 || rt_count_lines(p.err) != 1 || strstr(p.err, "emit: --out") == NULL ||
+        p.out[0] != '\0')
+      show("emit onto a file", &p);
+    assert_int_equal(p.exit_code, 1);
+    assert_string_equal(p.out, "");
+    rt_proc_free(&p);
+  }
+  size_t n = 0;
+  char *kept = rt_read_file(file, &n);
+  assert_true(kept != NULL && n == 2 && memcmp(kept, "hi", 2) == 0);
+  free(kept);
+  const char *const help[] = {"emit", "--help", NULL};
+  rt_proc p = run_rdagen(60, help);
+  assert_int_equal(p.exit_code, 0);
+  assert_non_null(strstr(p.out, "sm_100, sm_103, sm_120, sm_121"));
+  rt_proc_free(&p);
+  free(file), free(under);
+}
+
 /* A failed emit into a new nested --out (keep/n1/n2/n3 with only keep there) removes every
  * folder it created, and only those. The failure: the disk is full at the first write. */
 static void test_cli_emit_failure_removes_the_folders_it_created(void **state) {
@@ -1973,6 +2002,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cli_emit_is_all_or_nothing_and_records_cubin_sha, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_cache_warm_into_an_unusable_cache_fails, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cli_emit_refuses_a_bad_out_before_compiling, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_emit_failure_removes_the_folders_it_created, setup,
                                       teardown),

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,8 +28,9 @@
 static const char emit_usage_text[] =
     "usage: rdagen emit CONFIG --arch sm_XX [--arch sm_YY ...] --out DIR [--ptx]\n"
     "\n"
-    "Plans the kernels of CONFIG for each target (built-in profiles: sm_80, sm_86, sm_89,\n"
-    "sm_90), compiles every one with NVRTC and writes, into DIR (created if missing):\n"
+    "Plans the kernels of CONFIG for each target (built-in profiles: sm_80, sm_86, sm_87,\n"
+    "sm_89, sm_90, sm_100, sm_103, sm_120, sm_121), compiles every one with NVRTC and\n"
+    "writes, into DIR (created if missing):\n"
     "  <name>.cu               the generated source (rewritten only when it changed)\n"
     "  <name>.<sm_XX>.cubin    the cubin for each target\n"
     "  <name>.<sm_XX>.ptx      its PTX, with --ptx\n"
@@ -213,6 +215,48 @@ static int emit_mkdirs(const char *path, emit_made *m, char *why, size_t why_len
   return 0;
 }
 
+/* Before any compiling: --out is a folder this process can write, or can be made in the
+ * nearest folder above it that exists (minutes of NVRTC are not spent on a DIR that cannot
+ * take the bundle). 0, or -1 with why. */
+static int emit_check_out(const char *path, char *why, size_t why_len) {
+  char buf[4096];
+  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
+    snprintf(why, why_len, "%s: path too long", path);
+    return -1;
+  }
+  for (;;) {
+    struct stat st;
+    if (stat(buf, &st) == 0) {
+      if (!S_ISDIR(st.st_mode)) {
+        snprintf(why, why_len, "--out %s: %s is not a folder", path, buf);
+        return -1;
+      }
+      if (access(buf, W_OK | X_OK) != 0) {
+        snprintf(why, why_len, "--out %s: folder %s is not writable: %s", path, buf,
+                 strerror(errno));
+        return -1;
+      }
+      return 0;
+    }
+    if (errno != ENOENT) {
+      snprintf(why, why_len, "--out %s: %s: %s", path, buf, strerror(errno));
+      return -1;
+    }
+    char *slash = strrchr(buf, '/');
+    while (slash != NULL && slash > buf && slash[1] == '\0') { /* trailing slashes */
+      *slash = '\0';
+      slash = strrchr(buf, '/');
+    }
+    if (slash == NULL) {
+      snprintf(buf, sizeof buf, ".");
+    } else if (slash == buf) {
+      buf[1] = '\0';
+    } else {
+      *slash = '\0';
+    }
+  }
+}
+
 /* 1 when the file at path (a regular file: rda_out_file_check said so) holds exactly data.
  * Read without blocking (a FIFO swapped in meanwhile is refused by rda_cache_read_file). */
 static int emit_same_content(const char *path, const void *data, size_t len) {
@@ -306,10 +350,10 @@ static int emit_add(const char *dir, const char *name, const void *data, size_t 
  * old files kept as backups until every rename succeeded, put back on any failure), the
  * manifest renamed in last. Unchanged files are left untouched (their time stamps too).
  * Returns the exit status. */
-static int emit_write_all(const emit_opts *o, const emit_job *jobs, int njobs) {
-  char why[4400];
+static int emit_write_all_now(const emit_opts *o, const emit_job *jobs, int njobs, char *why,
+                              size_t why_len) {
   static emit_made made; /* one emit per process; 4 KiB kept off the stack */
-  if (emit_mkdirs(o->out, &made, why, sizeof why) != 0) return rdagen_fail("emit: %s", why);
+  if (emit_mkdirs(o->out, &made, why, why_len) != 0) return rdagen_fail("emit: %s", why);
   rda_json j;
   rda_err err = {0};
   if (emit_manifest(jobs, njobs, &j, &err) != RDA_OK) {
@@ -322,7 +366,7 @@ static int emit_write_all(const emit_opts *o, const emit_job *jobs, int njobs) {
   rda_out_job *out_jobs = calloc((size_t)cap, sizeof *out_jobs);
   int nfiles = 0, rc = 0;
   if (files == NULL || out_jobs == NULL) {
-    snprintf(why, sizeof why, "out of memory");
+    snprintf(why, why_len, "out of memory");
     rc = -1;
   }
   for (int i = 0; rc == 0 && i < njobs; ++i) {
@@ -330,31 +374,31 @@ static int emit_write_all(const emit_opts *o, const emit_job *jobs, int njobs) {
     char fname[192];
     snprintf(fname, sizeof fname, "%s.cu", k->v->name);
     rc = emit_add(o->out, fname, k->v->source, strlen(k->v->source), files, &nfiles, why,
-                  sizeof why);
+                  why_len);
     snprintf(fname, sizeof fname, "%s.sm_%d.cubin", k->v->name, k->arch);
     if (rc == 0)
       rc = emit_add(o->out, fname, k->cubin.image, k->cubin.image_bytes, files, &nfiles, why,
-                    sizeof why);
+                    why_len);
     snprintf(fname, sizeof fname, "%s.sm_%d.ptx", k->v->name, k->arch);
     if (rc == 0 && k->want_ptx)
       rc = emit_add(o->out, fname, k->ptx.image, k->ptx.image_bytes, files, &nfiles, why,
-                    sizeof why);
+                    why_len);
   }
   if (rc == 0)
-    rc = emit_add(o->out, "manifest.json", j.buf, j.len, files, &nfiles, why, sizeof why);
+    rc = emit_add(o->out, "manifest.json", j.buf, j.len, files, &nfiles, why, why_len);
   /* Check every output before anything changes; keep only those whose content changes. */
   int njobs_out = 0;
   for (int i = 0; rc == 0 && i < nfiles; ++i) {
     emit_file *f = &files[i];
     if (rda_out_file_check(f->path, &f->out, &err) != RDA_OK) {
-      snprintf(why, sizeof why, "%s", err.msg);
+      snprintf(why, why_len, "%s", err.msg);
       rc = -1;
       break;
     }
     if (f->out.exists && emit_same_content(f->out.target, f->blob.data, f->blob.len)) continue;
     for (int k = 0; k < njobs_out; ++k) {
       if (!rda_out_file_same(out_jobs[k].file, &f->out)) continue;
-      snprintf(why, sizeof why, "%s and %s are one file (a link?): cannot write both",
+      snprintf(why, why_len, "%s and %s are one file (a link?): cannot write both",
                out_jobs[k].file->path, f->path);
       rc = -1;
       break;
@@ -366,7 +410,7 @@ static int emit_write_all(const emit_opts *o, const emit_job *jobs, int njobs) {
     ++njobs_out;
   }
   if (rc == 0 && rda_out_files_replace(out_jobs, njobs_out, NULL, &err) != RDA_OK) {
-    snprintf(why, sizeof why, "%s", err.msg);
+    snprintf(why, why_len, "%s", err.msg);
     rc = -1;
   }
   free(files);
@@ -377,6 +421,20 @@ static int emit_write_all(const emit_opts *o, const emit_job *jobs, int njobs) {
     return rdagen_fail("emit: %s", why);
   }
   return 0;
+}
+
+static int emit_write_all(const emit_opts *o, const emit_job *jobs, int njobs) {
+  char why[4400];
+  /* Ctrl-C, SIGTERM or SIGHUP wait until the bundle is written or put back: all or nothing
+   * holds for an interrupted emit too (the writing takes a moment; compiling, before it, is
+   * interrupted at once and writes nothing). */
+  sigset_t block, saved;
+  sigemptyset(&block);
+  sigaddset(&block, SIGINT), sigaddset(&block, SIGTERM), sigaddset(&block, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &block, &saved);
+  const int rc = emit_write_all_now(o, jobs, njobs, why, sizeof why);
+  pthread_sigmask(SIG_SETMASK, &saved, NULL);
+  return rc;
 }
 
 static double emit_now(void) {
@@ -401,6 +459,11 @@ int rdagen_cmd_emit(int argc, char **argv) {
   rda_hw hws[EMIT_MAX_ARCHS];
   rda_config cfg;
 
+  char why[4400];
+  if (emit_check_out(o.out, why, sizeof why) != 0) {
+    rc = rdagen_fail("emit: %s", why);
+    goto done;
+  }
   if (rda_gen_open(&g, &err) != RDA_OK) {
     rc = rdagen_fail("%s", err.msg);
     goto done;
@@ -470,8 +533,8 @@ int rdagen_cmd_emit(int argc, char **argv) {
            j->cubin.spill_bytes, j->cubin.smem_bytes + j->v->smem_bytes, j->cubin.compile_s);
     sum += j->cubin.compile_s;
   }
-  printf("%d kernels in %s/manifest.json (compile %.2f s, wall %.2f s)\n", njobs, o.out, sum,
-         emit_now() - t0);
+  printf("%d kernels compiled (compile %.2f s, wall %.2f s); writing %s\n", njobs, sum,
+         emit_now() - t0, o.out);
   errno = 0;
   if (fflush(stdout) != 0 || ferror(stdout)) {
     rc = rdagen_fail("emit: cannot write to standard output (%s): %s left as it was",
