@@ -106,6 +106,8 @@ local function show(v)
   if type(v) == "string" then
     local s = string.format("%q", #v > 40 and v:sub(1, 40) .. "..." or v)
     return (s:gsub("\\\n", "\\n"))
+  elseif type(v) == "number" and v ~= v then
+    return "nan" -- tostring gives "-nan" or "nan" by platform
   elseif type(v) == "number" or type(v) == "boolean" or v == nil then
     return tostring(v)
   end
@@ -179,11 +181,15 @@ local function field_error(field, value, what)
 end
 
 -- A valid calendar-shaped date "YYYY-MM-DD" (month 01..12, day 01..31).
+-- A calendar date: the day within its month (Gregorian leap years).
 local function date_ok(s)
   local y, m, d = s:match("^(%d%d%d%d)%-(%d%d)%-(%d%d)$")
   if not y then return false end
-  m, d = tonumber(m), tonumber(d)
-  return m >= 1 and m <= 12 and d >= 1 and d <= 31
+  y, m, d = tonumber(y), tonumber(m), tonumber(d)
+  if m < 1 or m > 12 or d < 1 then return false end
+  local leap = (y % 4 == 0 and y % 100 ~= 0) or y % 400 == 0
+  local days = { 31, leap and 29 or 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 }
+  return d <= days[m]
 end
 
 local function finite_positive(x)

@@ -230,7 +230,7 @@ T.test("check: each malformed field is one line naming the entry, field and valu
     { { ranking = rk({ tile = 5, us = 1 }) }, "ranking[1].tile = 5" },
     { { ranking = rk({ tile = NAME.A, us = 0 }) }, "ranking[1].us = 0" },
     { { ranking = rk({ tile = NAME.A, us = -1.5 }) }, "ranking[1].us = -1.5" },
-    { { ranking = rk({ tile = NAME.A, us = 0 / 0 }) }, "ranking[1].us" },
+    { { ranking = rk({ tile = NAME.A, us = 0 / 0 }) }, "ranking[1].us = nan:" },
     { { ranking = rk({ tile = NAME.A, us = math.huge }) }, "ranking[1].us = inf" },
     { { ranking = rk({ tile = NAME.A, us = "1" }) }, "ranking[1].us = \"1\"" },
     { { ranking = rk({ tile = NAME.A }) }, "ranking[1].us = nil" },
@@ -246,6 +246,8 @@ T.test("check: each malformed field is one line naming the entry, field and valu
     { { measured = { devcie = "x" } }, "measured: unknown key \"devcie\"" },
     { { measured = { date = "2026-13-01" } }, "measured.date = \"2026-13-01\"" },
     { { measured = { date = "23.11.2026" } }, "measured.date" },
+    { { measured = { date = "2026-02-29" } }, "measured.date = \"2026-02-29\"" }, -- not a leap year
+    { { measured = { date = "2026-04-31" } }, "measured.date = \"2026-04-31\"" },
     { { measured = { n = 0 } }, "measured.n = 0" },
     { { measured = { batch = 1.5 } }, "measured.batch = 1.5" },
     { { measured = { device = 5 } }, "measured.device = 5" },
