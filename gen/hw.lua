@@ -50,6 +50,69 @@ local PROFILES <const> = {
   },
 }
 
+-- Tiles that ptxas (CUDA 13.0) spills on some targets, found by compiling every planned variant
+-- (tests/test_nvrtc.c's matrix, and `rdagen emit` for the targets it leaves out), kept by arch
+-- so that live profiles get them too. Each rule: a kernel kind ("fwd", "bwd_dkdv", "bwd_dq"),
+-- the archs, a head_dim, which variants (dilated, causal; nil: either) and the tiles, by name,
+-- that spill there: the variant or its kv_table twin (a twin shares its branch's tile). The
+-- planners' default rule passes over them when another tile fits (gen/plan.lua); a tuning
+-- database may still rank them, by measurement.
+-- Blackwell runs the mma.sync kernels: ptxas gives the dilated forwards below (mostly the twins,
+-- whose launch bounds ask for one block per SM) all 255 registers and spills 8-248 bytes, up to
+-- 13 loads and stores in the key loop; the tiles taken instead (half the keys per step; at
+-- d = 256 on sm_100 half the rows) take 169-255 registers and spill nothing. sm_86, sm_87 and
+-- sm_89 hold the dense causal d = 128 forward of 4 warps to 168 registers (three blocks per SM,
+-- where its 80 KiB of shared memory let one or two): 28 bytes, four loads in the key loop; so
+-- does sm_87 at d = 256 (255 registers, 60 bytes). sm_103's dense d = 32 dK/dV: 40 bytes, three
+-- loads in its loop.
+local BLACKWELL <const> = { 100, 103, 120, 121 }
+local B100 <const> = { 100, 103 }
+local B120 <const> = { 120, 121 }
+local SPILLS <const> = {
+  { kind = "fwd", archs = BLACKWELL, head_dim = 64, dilated = true,
+    tiles = { "bm64_bn128_w4_s2" } },
+  { kind = "fwd", archs = B100, head_dim = 64, dilated = true, causal = true,
+    tiles = { "bm128_bn128_w8_s2" } },
+  { kind = "fwd", archs = B120, head_dim = 64, dilated = true, causal = false,
+    tiles = { "bm128_bn128_w8_s2" } },
+  { kind = "fwd", archs = BLACKWELL, head_dim = 128, dilated = true,
+    tiles = { "bm64_bn64_w4_s2" } },
+  { kind = "fwd", archs = B100, head_dim = 128, dilated = true, tiles = { "bm128_bn64_w8_s2" } },
+  { kind = "fwd", archs = B120, head_dim = 128, dilated = true, causal = true,
+    tiles = { "bm128_bn64_w8_s2" } },
+  { kind = "fwd", archs = { 100 }, head_dim = 256, dilated = true, causal = true,
+    tiles = { "bm128_bn64_w8_s2" } },
+  { kind = "fwd", archs = { 103 }, head_dim = 256, dilated = true, tiles = { "bm128_bn64_w8_s2" } },
+  { kind = "fwd", archs = { 103 }, head_dim = 256, dilated = true, causal = true,
+    tiles = { "bm64_bn64_w4_s2" } },
+  { kind = "fwd", archs = { 86, 87, 89 }, head_dim = 128, dilated = false, causal = true,
+    tiles = { "bm64_bn64_w4_s2" } },
+  { kind = "fwd", archs = { 87 }, head_dim = 256, dilated = false, causal = true,
+    tiles = { "bm64_bn64_w4_s2" } },
+  { kind = "bwd_dkdv", archs = { 103 }, head_dim = 32, dilated = false, causal = false,
+    tiles = { "bn64_bm64_w4_s2_x1" } },
+}
+
+local function has(list, x)
+  for _, y in ipairs(list) do
+    if y == x then return true end
+  end
+  return false
+end
+
+-- Whether ptxas is known to spill the `kind` variants (head_dim, dilated, causal) of the tile
+-- named `tile` on sm_`arch`: SPILLS above.
+function M.spills(arch, kind, head_dim, dilated, causal, tile)
+  for _, r in ipairs(SPILLS) do
+    if r.kind == kind and r.head_dim == head_dim and (r.dilated == nil or r.dilated == dilated)
+       and (r.causal == nil or r.causal == causal) and has(r.archs, arch)
+       and has(r.tiles, tile) then
+      return true
+    end
+  end
+  return false
+end
+
 -- The known archs, ascending: { 80, 86, 87, 89, 90, 100, 103, 120, 121 }.
 function M.known()
   local archs = {}

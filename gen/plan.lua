@@ -6,6 +6,7 @@
 -- from an entry that tried every such candidate (M.tile_for).
 
 local emit = require "gen.emit"
+local hwinfo = require "gen.hw" -- (`hw` below is a profile)
 local tuning = require "gen.tuning"
 
 local M = {}
@@ -145,28 +146,31 @@ function M.fits(head_dim, c, hw)
 end
 
 -- The tile for a branch of segment length w and dilation r: the first candidate that fits,
--- preferring block_m <= 64 when a segment's grid has at most 64 rows. wgmma candidates count
+-- preferring tiles ptxas does not spill on this target (gen/hw.lua, spills; `causal` of the
+-- branch), then block_m <= 64 when a segment's grid has at most 64 rows. wgmma candidates count
 -- only with `wgmma` on an sm_90 target.
-function M.choose_tile(space, head_dim, w, r, hw, wgmma)
+function M.choose_tile(space, head_dim, w, r, hw, wgmma, causal)
   local list = space[head_dim]
   if not list then
     return nil, string.format("the tile space has no candidates for head_dim = %d", head_dim)
   end
   local small = w // r + (w % r > 0 and 1 or 0) <= SMALL_GRID -- ceil(w / r), no overflow
-  local first, why, least
+  local best, rank, why, least -- rank: 2 when it spills, + 1 when too large for a small grid
   for _, c in ipairs(list) do
     local ok, reason = M.fits(head_dim, c, hw)
     if c.wgmma and not admitted(hw, wgmma) then
       ok, reason = false, nil -- not a candidate here, whatever its size
     end
     if ok then
-      if not small or c.block_m <= SMALL_GRID then return c end
-      first = first or c
+      local k = (hwinfo.spills(hw.arch, "fwd", head_dim, r > 1, causal == true, tile_name(c))
+                 and 2 or 0) + ((small and c.block_m > SMALL_GRID) and 1 or 0)
+      if k == 0 then return c end
+      if not best or k < rank then best, rank = c, k end
     elseif reason and (not least or M.fwd_smem(head_dim, c) < least) then
       least, why = M.fwd_smem(head_dim, c), reason
     end
   end
-  if first then return first end
+  if best then return best end
   return nil, string.format("no forward tile for head_dim = %d fits %s: none of the %d "
                             .. "candidates fits (the smallest: %s)", head_dim, hw.name or "?",
                             #list, why or "the others are wgmma tiles, for sm_90 with wgmma on")
@@ -389,16 +393,26 @@ function M.bwd_smem(kind, head_dim, c)
   return 4 * head_dim * c.block_m + 4 * head_dim * c.stages * c.block_n
 end
 
--- The first tile of the list that fits; wgmma tiles count only with `wgmma` on an sm_90 target.
-local function choose_bwd_tile(space, kind, head_dim, hw, wgmma)
+-- The first tile of the list that fits, passing over those ptxas spills on this target (gen/hw.lua,
+-- spills) for a branch's variants (dilated, causal) where another fits; wgmma tiles count only
+-- with `wgmma` on an sm_90 target.
+local function choose_bwd_tile(space, kind, head_dim, hw, wgmma, dilated, causal)
   local e = space[head_dim]
   if not e then
     return nil, string.format("the backward tile space has no candidates for head_dim = %d",
                               head_dim)
   end
+  local first
   for _, c in ipairs(e[kind]) do
-    if M.usable("bwd_" .. kind, head_dim, c, hw, wgmma) then return c end
+    if M.usable("bwd_" .. kind, head_dim, c, hw, wgmma) then
+      if not hwinfo.spills(hw.arch, "bwd_" .. kind, head_dim, dilated, causal,
+                           bwd_tile_name(kind, c)) then
+        return c
+      end
+      first = first or c
+    end
   end
+  if first then return first end
   return nil, string.format("no backward %s tile for head_dim = %d fits %s (%d bytes of shared "
                             .. "memory per block)", kind, head_dim, hw.name or "?",
                             hw.smem_per_block)
@@ -610,8 +624,9 @@ end
 --      now, of the first database entry of the branch's key (its wgmma state: admitted here
 --      or not) that has one and is not stale: an entry is stale, and skipped, when a fitting,
 --      allowed candidate now is not among its candidates (the space gained it after the tune);
---   3. else the default rule: choose_tile (small grids prefer block_m <= 64) for the forward,
---      the first that fits for the backward.
+--   3. else the default rule, passing over tiles ptxas spills here where another fits:
+--      choose_tile (small grids prefer block_m <= 64) for the forward, the first that fits for
+--      the backward.
 -- Returns tile, tuned (true for 1 and 2, nil for 3), or nil and why.
 function M.tile_for(kind, cfg, b, hw, space, wgmma, tun, ignore_force)
   local d = cfg.head_dim
@@ -647,9 +662,11 @@ function M.tile_for(kind, cfg, b, hw, space, wgmma, tun, ignore_force)
     end
   end
   if kind == "fwd" then
-    return M.choose_tile(space, d, cfg.segments[b + 1], cfg.dilations[b + 1], hw, wgmma)
+    return M.choose_tile(space, d, cfg.segments[b + 1], cfg.dilations[b + 1], hw, wgmma,
+                         cfg.causal)
   end
-  return choose_bwd_tile(space, SPACE_KIND[kind], d, hw, wgmma)
+  return choose_bwd_tile(space, SPACE_KIND[kind], d, hw, wgmma, cfg.dilations[b + 1] > 1,
+                         cfg.causal)
 end
 
 -- What `rdagen tune` measures for cfg on hw (runtime/gen.h, rda_tune_task): one task per

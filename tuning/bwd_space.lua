@@ -1,5 +1,6 @@
 -- bwd_space.lua — backward-kernel tile candidates per head dim, best first. The planner
--- (gen/plan.lua) takes the first of each list that fits the target's shared memory.
+-- (gen/plan.lua) takes the first of each list that fits the target's shared memory and that
+-- ptxas does not spill there (gen/hw.lua).
 -- dkdv: block_n = 16 * warps key rows per block, block_m query rows per step, `stages` Q/dO
 --   tiles in flight, dsplit blocks per key tile (each accumulating head_dim / dsplit columns
 --   of dK and dV, so d = 256 fits the registers); smem 4 d block_n + stages (4 d + 8) block_m,

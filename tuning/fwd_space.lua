@@ -1,6 +1,7 @@
 -- fwd_space.lua — forward-kernel tile candidates per head dim, best first. The planner
 -- (gen/plan.lua) takes the first that fits the target's shared memory (2 * head_dim *
--- (block_m + 2 * stages * block_n) bytes); block_m = 16 * warps (one warp per 16 query rows).
+-- (block_m + 2 * stages * block_n) bytes) and that ptxas does not spill there (gen/hw.lua);
+-- block_m = 16 * warps (one warp per 16 query rows).
 -- wgmma = true marks a tile of the sm_90a warpgroup-MMA path (head_dim and block_n 64 or 128,
 -- whole warpgroups): taken only on sm_90 with the path switched on (RDA_WGMMA=1), else skipped.
 -- overlap = true (wgmma, stages >= 3) marks its pipelined twin: a warpgroup computes tile j's

@@ -53,6 +53,51 @@ T.test("Orin and Blackwell: shared memory and threads per SM", function()
   end
 end)
 
+T.test("spills: the tiles ptxas spills, by target", function()
+  local function fwd(arch, d, dilated, causal, tile)
+    return hw.spills(arch, "fwd", d, dilated, causal, tile)
+  end
+  for _, a in ipairs { 100, 103, 120, 121 } do
+    local b100 = a < 120
+    assert(fwd(a, 128, true, true, "bm128_bn64_w8_s2") and fwd(a, 128, true, false,
+           "bm64_bn64_w4_s2"), "d128 dilated, block_n 64, sm_" .. a)
+    assert(fwd(a, 128, true, false, "bm128_bn64_w8_s2") == b100, "d128 full 128 rows, sm_" .. a)
+    assert(not fwd(a, 128, true, true, "bm64_bn32_w4_s2"), "d128 dilated, block_n 32, sm_" .. a)
+    assert(not fwd(a, 128, false, true, "bm64_bn64_w4_s2"), "d128 dense, sm_" .. a)
+    assert(fwd(a, 64, true, false, "bm64_bn128_w4_s2") and not fwd(a, 64, true, false,
+           "bm64_bn64_w4_s2"), "d64 dilated, sm_" .. a)
+    assert(fwd(a, 64, true, true, "bm128_bn128_w8_s2") == b100
+           and fwd(a, 64, true, false, "bm128_bn128_w8_s2") == not b100, "d64 128 rows, sm_" .. a)
+    assert(fwd(a, 256, true, true, "bm128_bn64_w8_s2") == b100 and not fwd(a, 256, true, true,
+           "bm64_bn32_w4_s2"), "d256 dilated, sm_" .. a)
+  end
+  assert(fwd(103, 256, true, false, "bm128_bn64_w8_s2") and fwd(103, 256, true, true,
+         "bm64_bn64_w4_s2") and not fwd(100, 256, true, false, "bm128_bn64_w8_s2")
+         and not fwd(100, 256, true, true, "bm64_bn64_w4_s2"), "d256: sm_103 spills more")
+  for _, a in ipairs { 86, 87, 89 } do
+    assert(fwd(a, 128, false, true, "bm64_bn64_w4_s2"), "d128 dense causal 64-row, sm_" .. a)
+    assert(not fwd(a, 128, false, true, "bm128_bn64_w8_s2"), "128 rows, sm_" .. a)
+    assert(not fwd(a, 128, false, false, "bm64_bn64_w4_s2")
+           and not fwd(a, 128, true, true, "bm64_bn64_w4_s2"), "full or dilated, sm_" .. a)
+  end
+  assert(fwd(87, 256, false, true, "bm64_bn64_w4_s2") and not fwd(86, 256, false, true,
+         "bm64_bn64_w4_s2"), "d256 dense causal on sm_87 alone")
+  assert(hw.spills(103, "bwd_dkdv", 32, false, false, "bn64_bm64_w4_s2_x1")
+         and not hw.spills(100, "bwd_dkdv", 32, false, false, "bn64_bm64_w4_s2_x1")
+         and not hw.spills(103, "bwd_dkdv", 32, false, true, "bn64_bm64_w4_s2_x1")
+         and not hw.spills(103, "fwd", 32, false, false, "bn64_bm64_w4_s2_x1"),
+         "sm_103's dense d32 dK/dV")
+  for _, a in ipairs { 80, 90 } do
+    for _, d in ipairs { 32, 64, 96, 128, 256 } do
+      for _, dil in ipairs { false, true } do
+        for _, t in ipairs { "bm128_bn128_w8_s2", "bm128_bn64_w8_s2", "bm64_bn64_w4_s2" } do
+          assert(not fwd(a, d, dil, true, t) and not fwd(a, d, dil, false, t), "none on sm_" .. a)
+        end
+      end
+    end
+  end
+end)
+
 T.test("every profile passes check", function()
   for _, a in ipairs(hw.known()) do hw.check(assert(hw.builtin(a))) end
 end)

@@ -218,6 +218,83 @@ T.test("head_dim 256 gets a smaller tile where shared memory is scarce", functio
   assert(on86.smem_bytes <= 101376, "fits sm_86")
 end)
 
+-- gen/hw.lua's spills: tiles ptxas spills on a target are passed over where another fits.
+T.test("tiles ptxas spills on a target are passed over there, and only there", function()
+  local space = assert(plan.load_space(native.home()))
+  local function tiles(arch, over)
+    local c = config(over)
+    local pl = assert(plan.build(c, hw.builtin(arch), space))
+    local out = {}
+    for i, s in ipairs(pl.steps) do
+      local v = pl.variants[s.kernel]
+      out[i] = v.tile
+      if s.ring_kernel then assert(pl.variants[s.ring_kernel].tile == v.tile, "twin's tile") end
+    end
+    return out
+  end
+  -- Branches: large dense, large dilated, small dense (64 rows), small dilated (64 rows).
+  local shape = { segments = { 8192, 8192, 64, 128 }, dilations = { 1, 2, 1, 2 } }
+  local function with(over)
+    local c = {}
+    for k, v in pairs(shape) do c[k] = v end
+    for k, v in pairs(over) do c[k] = v end
+    return c
+  end
+  for _, arch in ipairs { 100, 103, 120, 121 } do
+    local t = tiles(arch, with { head_dim = 128 })
+    assert(t[2] == "bm64_bn32_w4_s2" and t[4] == "bm64_bn32_w4_s2", "d128 dilated, sm_" .. arch)
+    assert(t[1] == "bm128_bn64_w8_s2" and t[3] == "bm64_bn64_w4_s2", "d128 dense, sm_" .. arch)
+    t = tiles(arch, with { head_dim = 128, causal = false })
+    assert(t[2] == (arch < 120 and "bm64_bn32_w4_s2" or "bm128_bn64_w8_s2"),
+           "d128 dilated full, sm_" .. arch)
+    t = tiles(arch, with { head_dim = 64, causal = false })
+    assert(t[2] == (arch < 120 and "bm128_bn128_w8_s2" or "bm64_bn64_w4_s2")
+           and t[4] == "bm64_bn64_w4_s2", "d64 dilated full, sm_" .. arch)
+    t = tiles(arch, with { head_dim = 64 })
+    assert(t[2] == (arch < 120 and "bm64_bn64_w4_s2" or "bm128_bn128_w8_s2")
+           and t[4] == "bm64_bn64_w4_s2", "d64 dilated causal, sm_" .. arch)
+    t = tiles(arch, with { head_dim = 256 })
+    assert(t[2] == (arch == 100 and "bm64_bn64_w4_s2" or "bm64_bn32_w4_s2"),
+           "d256 dilated causal, sm_" .. arch)
+  end
+  for _, arch in ipairs { 86, 87, 89 } do
+    local t = tiles(arch, with { head_dim = 128 })
+    assert(t[1] == "bm128_bn64_w8_s2" and t[2] == "bm128_bn64_w8_s2", "large, sm_" .. arch)
+    assert(t[3] == "bm64_bn32_w4_s2", "small dense causal, sm_" .. arch)
+    assert(t[4] == "bm64_bn64_w4_s2", "small dilated, sm_" .. arch)
+    assert(tiles(arch, with { head_dim = 128, causal = false })[3] == "bm64_bn64_w4_s2",
+           "small dense full, sm_" .. arch)
+  end
+  -- sm_80 and sm_90 have no such tiles: the first that fits, small grids preferring 64 rows.
+  for _, arch in ipairs { 80, 90 } do
+    for _, d in ipairs { 64, 128 } do
+      local t = tiles(arch, with { head_dim = d })
+      assert(t[1] == t[2] and t[3] == t[4] and t[1]:find("^bm128_") and t[3]:find("^bm64_"),
+             "d" .. d .. " on sm_" .. arch)
+    end
+  end
+  local t = tiles(87, with { head_dim = 256 })
+  assert(t[1] == "bm64_bn32_w4_s2" and t[2] == "bm64_bn64_w4_s2", "sm_87 d256")
+  -- The backward: sm_103's dense d = 32 dK/dV, of the branches not causal only.
+  local bspace = assert(plan.load_bwd_space(native.home()))
+  for _, causal in ipairs { false, true } do
+    local c = config(with { head_dim = 32, causal = causal })
+    for _, arch in ipairs { 100, 103 } do
+      local pl = assert(plan.build(c, hw.builtin(arch), space, bspace, true))
+      for i, s in ipairs(pl.bwd_steps) do
+        local want = (arch == 103 and not causal and i % 2 == 1) and "bn32_bm32_w2_s2_x1"
+                     or "bn64_bm64_w4_s2_x1"
+        assert(pl.variants[s.dkdv_kernel].tile == want, "d32 dK/dV, sm_" .. arch)
+        assert(pl.variants[s.dkdv_atomic_kernel].tile == "bn64_bm64_w4_s2_x1", "atomic")
+      end
+    end
+  end
+  -- Where only such tiles fit, the plan still takes one.
+  local only = { [128] = { { block_m = 64, block_n = 64, warps = 4, stages = 2 } } }
+  local pl = assert(plan.build(config(with { head_dim = 128 }), hw.builtin(100), only))
+  assert(pl.variants[pl.steps[2].kernel].tile == "bm64_bn64_w4_s2", "the spilling tile")
+end)
+
 T.test("a plan that cannot fit names why", function()
   local p = assert(hw.builtin(90))
   p.smem_per_block = 16384
