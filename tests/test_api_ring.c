@@ -1169,28 +1169,36 @@ static void test_ring_rank_that_leaves_fails_the_others_at_once(void **state) {
               "rank 1: left the ring");
 }
 
-/* Misuse that must leave a working ring alone: a second call on a ring while its first runs
- * (rank 0's first call waits in the pass's agreement for rank 1), and a second ring for rank 0
- * on the world. Both are refused at once; then rank 1 calls and both first calls succeed. */
+/* Misuse that must leave a working ring alone: two calls on rank 0's ring at once (the first
+ * to claim it waits in the pass's agreement for rank 1, which calls only once the other has
+ * returned, refused), and a second ring for rank 0 on the world meanwhile. Both are refused at
+ * once; then rank 1 calls and the first call succeeds with it. No sleep decides the order. */
 typedef struct ocall {
   rda_ring *ring;
   fcall c;
   rda_status s;
   char msg[1024];
+  int done;
+  pthread_mutex_t *mu;
+  pthread_cond_t *cv;
 } ocall;
 
 static void *ocall_main(void *arg) {
   ocall *o = arg;
-  o->s = fcall_run(&o->c, o->ring, o->msg, sizeof o->msg);
+  const rda_status s = fcall_run(&o->c, o->ring, o->msg, sizeof o->msg);
+  pthread_mutex_lock(o->mu);
+  o->s = s, o->done = 1;
+  pthread_cond_broadcast(o->cv);
+  pthread_mutex_unlock(o->mu);
   return NULL;
 }
 
 static void test_ring_overlapping_call_and_second_ring_leave_it_alone(void **state) {
   (void)state;
   rda_ring_world *world = NULL;
-  assert_int_equal(rda_ring_world_create(&world, g_ctx, 2, kTimeout), RDA_OK);
+  assert_int_equal(rda_ring_world_create(&world, g_ctx, 2, 60.0), RDA_OK);
   cjob cj[2];
-  pthread_t th[2];
+  pthread_t th[3];
   rda_ring *rings[2] = {NULL, NULL};
   for (int p = 0; p < 2; ++p) {
     memset(&cj[p], 0, sizeof cj[p]);
@@ -1201,31 +1209,35 @@ static void test_ring_overlapping_call_and_second_ring_leave_it_alone(void **sta
   for (int p = 0; p < 2; ++p) pthread_join(th[p], NULL);
   for (int p = 0; p < 2; ++p)
     if (cj[p].s != RDA_OK) fail_msg("create rank %d: %s", p, cj[p].msg);
-  ocall oc[2];
-  for (int p = 0; p < 2; ++p) {
-    memset(&oc[p], 0, sizeof oc[p]);
-    oc[p].ring = rings[p];
-    fcall_make(&oc[p].c, rings[p], 1, 0);
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+  ocall oc[3]; /* two calls of rank 0, one of rank 1 */
+  for (int i = 0; i < 3; ++i) {
+    memset(&oc[i], 0, sizeof oc[i]);
+    oc[i].ring = rings[i == 2], oc[i].mu = &mu, oc[i].cv = &cv;
+    fcall_make(&oc[i].c, oc[i].ring, 1, 0);
   }
-  assert_int_equal(pthread_create(&th[0], NULL, ocall_main, &oc[0]), 0);
-  usleep(300 * 1000); /* rank 0's call is waiting for rank 1 */
-  char msg[1024];
-  assert_int_equal(fcall_run(&oc[0].c, rings[0], msg, sizeof msg), RDA_ERR_INVALID_ARGUMENT);
-  assert_one_line_naming(msg, "another call on this ring is running");
+  for (int i = 0; i < 2; ++i)
+    assert_int_equal(pthread_create(&th[i], NULL, ocall_main, &oc[i]), 0);
+  pthread_mutex_lock(&mu);
+  while (!oc[0].done && !oc[1].done) pthread_cond_wait(&cv, &mu);
+  pthread_mutex_unlock(&mu);
+  const int refused = oc[0].done ? 0 : 1;
+  assert_int_equal(oc[refused].s, RDA_ERR_INVALID_ARGUMENT);
+  assert_one_line_naming(oc[refused].msg, "another call on this ring is running");
   rda_ring_desc d = RDA_RING_DESC_INIT;
   d.n = 20, d.ranks = 2, d.rank = 0, d.world = world;
   rda_ring *again = NULL;
   assert_int_equal(rda_ring_create(&again, g_plan_a, &d), RDA_ERR_INVALID_ARGUMENT);
   assert_null(again);
   assert_one_line_naming(rda_last_error(NULL), "joined the ring twice");
-  assert_int_equal(pthread_create(&th[1], NULL, ocall_main, &oc[1]), 0);
-  for (int p = 0; p < 2; ++p) pthread_join(th[p], NULL);
-  for (int p = 0; p < 2; ++p)
-    if (oc[p].s != RDA_OK) fail_msg("rank %d: the ring did not survive the misuse: %s", p, oc[p].msg);
-  for (int p = 0; p < 2; ++p) {
-    fcall_free(&oc[p].c);
-    rda_ring_destroy(rings[p]);
-  }
+  assert_int_equal(pthread_create(&th[2], NULL, ocall_main, &oc[2]), 0);
+  for (int i = 0; i < 3; ++i) pthread_join(th[i], NULL);
+  for (int i = 0; i < 3; ++i)
+    if (i != refused && oc[i].s != RDA_OK)
+      fail_msg("call %d failed after the misuse: %s", i, oc[i].msg);
+  for (int i = 0; i < 3; ++i) fcall_free(&oc[i].c);
+  for (int p = 0; p < 2; ++p) rda_ring_destroy(rings[p]);
   rda_ring_world_destroy(world);
 }
 
