@@ -577,6 +577,10 @@ static void rda_api_lattice_add(rda_api_lattice *l, rda_wide stride, rda_wide lo
       l->lo[i] += lo, l->hi[i] += hi;
       return;
     }
+  if (l->n == kMeetDims) { /* more strides than two tensors have: cannot tell, so "meet" */
+    l->steps = kMeetSearch + 1;
+    return;
+  }
   int i = l->n++;
   for (; i > 0 && l->s[i - 1] < stride; --i)
     l->s[i] = l->s[i - 1], l->lo[i] = l->lo[i - 1], l->hi[i] = l->hi[i - 1];
@@ -626,6 +630,7 @@ int rda_api_tensors_meet(const rda_tensor *a, const rda_tensor *b) {
     const rda_wide hi = k + 1 < l.n ? l.below_hi[k + 1] + l.hi[k + 1] * l.s[k + 1] : 0;
     l.below_lo[k] = lo, l.below_hi[k] = hi;
   }
+  if (l.steps > kMeetSearch) return 1;
   return rda_api_lattice_reach(&l, 0, b0 - a0);
 }
 
