@@ -751,9 +751,13 @@ static void size_mismatch_errors_both_sides(int kind) {
 
 /* connect: ranks 0-1-2 in a line connect to their neighbours (mirrored lists): done, byte
  * counters untouched; then rank 0 lists rank 2, which does not list it back: rank 0 times out
- * (over NCCL that would hang, which is why rda_ring_steps_peers lists are mirrored). */
+ * (over NCCL that would hang, which is why rda_ring_steps_peers lists are mirrored). The
+ * barriers fix the order: rank 0's lopsided connect starts once ranks 1 and 2 have their
+ * results (an abort of the world may fail a wait that has not yet seen its own completion), and
+ * rank 2 leaves only after it, so rank 0 fails by its timeout, not by rank 2's departure. */
 typedef struct connect_ctx {
   tworld *world;
+  pthread_barrier_t *phase;
   int rank, lopsided;
   rda_status status;
   uint64_t sent, received;
@@ -766,14 +770,15 @@ static void *connect_rank(void *arg) {
   rda_transport *t = NULL;
   static const int line[3][2] = {{1, -1}, {0, 2}, {1, -1}};
   static const int count[3] = {1, 2, 1};
-  if (tworld_join(c->world, c->rank, 4, NULL, &t, &err) == RDA_OK &&
-      rda_transport_connect(t, line[c->rank], count[c->rank], &err) == RDA_OK) {
+  const int joined = tworld_join(c->world, c->rank, 4, NULL, &t, &err) == RDA_OK;
+  if (joined && rda_transport_connect(t, line[c->rank], count[c->rank], &err) == RDA_OK)
     rda_transport_bytes(t, &c->sent, &c->received);
-    if (c->lopsided && c->rank == 0) {
-      const int far[1] = {2};
-      rda_transport_connect(t, far, 1, &err);
-    }
+  pthread_barrier_wait(c->phase); /* every rank has its result */
+  if (joined && err.status == RDA_OK && c->lopsided && c->rank == 0) {
+    const int far[1] = {2};
+    rda_transport_connect(t, far, 1, &err);
   }
+  pthread_barrier_wait(c->phase); /* rank 0 is done */
   rda_transport_destroy(t);
   c->status = err.status;
   snprintf(c->msg, sizeof c->msg, "%s", err.msg);
@@ -786,23 +791,24 @@ static void test_transport_connect_mirrored_lists_only(void **state) {
     tworld w;
     rda_err err = {0};
     if (tworld_create(&w, KIND_HOST, 1, 3, 1.0, &err) != RDA_OK) fail_msg("%s", err.msg);
+    pthread_barrier_t phase;
+    assert_int_equal(pthread_barrier_init(&phase, NULL, 3), 0);
     connect_ctx ctx[3];
     pthread_t th[3];
     memset(ctx, 0, sizeof ctx);
     for (int x = 0; x < 3; x++) {
-      ctx[x].world = &w, ctx[x].rank = x, ctx[x].lopsided = lopsided;
+      ctx[x].world = &w, ctx[x].phase = &phase, ctx[x].rank = x, ctx[x].lopsided = lopsided;
       assert_int_equal(pthread_create(&th[x], NULL, connect_rank, &ctx[x]), 0);
     }
     for (int x = 0; x < 3; x++) pthread_join(th[x], NULL);
+    pthread_barrier_destroy(&phase);
     for (int x = 0; x < 3; x++) {
       assert_int_equal(ctx[x].sent, 0);
       assert_int_equal(ctx[x].received, 0);
       if (!lopsided || x != 0) {
         if (ctx[x].status != RDA_OK) fail_msg("rank %d: %s", x, ctx[x].msg);
-      } else if (ctx[x].status != RDA_ERR_NCCL || strstr(ctx[x].msg, "rank 2") == NULL ||
-                 (strstr(ctx[x].msg, "timed out") == NULL &&
-                  strstr(ctx[x].msg, "left the ring") == NULL)) {
-        /* By its timeout, or at once when rank 2 has left meanwhile: naming it either way. */
+      } else if (ctx[x].status != RDA_ERR_NCCL ||
+                 strstr(ctx[x].msg, "timed out after 1.0 s waiting for rank 2") == NULL) {
         fail_msg("rank 0 connecting to a rank that does not connect back: %s", ctx[x].msg);
       }
     }
