@@ -26,14 +26,19 @@ static int tw_wait_until(tw_world *w, const struct timespec *dl) {
   return pthread_cond_timedwait(&w->cv, &w->mu, dl) == ETIMEDOUT;
 }
 
+/* 1 when a message starts with "rank r:" (it already says whose it is). */
+static int tw_names_rank(const char *msg, int rank) {
+  char mine[24];
+  const int n = snprintf(mine, sizeof mine, "rank %d:", rank);
+  return strncmp(msg, mine, (size_t)n) == 0;
+}
+
 /* Lock held: abort the world with "rank r: why" (first wins; a why that names rank r first
  * already keeps its own words) and wake everyone. */
 static void tw_abort_locked(tw_world *w, int rank, const char *why) {
   if (!w->aborted) {
-    char mine[24];
-    snprintf(mine, sizeof mine, "rank %d:", rank);
     w->aborted = 1;
-    if (strncmp(why, mine, strlen(mine)) == 0)
+    if (tw_names_rank(why, rank))
       snprintf(w->reason, sizeof w->reason, "%.500s", why);
     else
       snprintf(w->reason, sizeof w->reason, "rank %d: %.480s", rank, why);
@@ -42,9 +47,7 @@ static void tw_abort_locked(tw_world *w, int rank, const char *why) {
 }
 
 static rda_status tw_aborted_error(const tw_world *w, int rank, rda_err *err) {
-  char mine[24];
-  snprintf(mine, sizeof mine, "rank %d:", rank);
-  if (strncmp(w->reason, mine, strlen(mine)) == 0) /* this rank's own failure */
+  if (tw_names_rank(w->reason, rank)) /* this rank's own failure */
     return rda_err_set(err, RDA_ERR_NCCL, "%s", w->reason);
   return rda_err_set(err, RDA_ERR_NCCL, "rank %d: the ring was aborted: %s", rank, w->reason);
 }
@@ -255,9 +258,10 @@ rda_status tw_wait(rda_transport *t, rda_err *err) {
   return s;
 }
 
-/* A barrier that carries one value per rank. Generation g's values live in half g & 1 of
- * bar_vals: a rank can write generation g + 2's only after g + 1 completed, and every rank
- * copied g's values (under the lock, as it saw g complete) before it arrived at g + 1. */
+/* A barrier that carries one value per rank (all NULL: this rank only gives its own).
+ * Generation g's values live in half g & 1 of bar_vals: a rank can write generation g + 2's
+ * only after g + 1 completed, and every rank copied g's values (under the lock, as it saw g
+ * complete) before it arrived at g + 1. */
 rda_status tw_gather8(rda_transport *t, uint64_t mine, uint64_t *all, rda_err *err) {
   tw_endpoint *ep = (tw_endpoint *)t;
   tw_world *w = ep->world;
@@ -333,6 +337,11 @@ void tw_destroy(rda_transport *t) {
 
 /* --- the world ------------------------------------------------------------------------------- */
 
+static void tw_world_free_arrays(tw_world *w) {
+  free(w->present), free(w->fingerprint), free(w->bar_vals), free(w->bar_at), free(w->left);
+  free(w->ep), free(w->sendq), free(w->recvq);
+}
+
 /* Set up the zeroed w; on failure nothing is left to release. */
 static rda_status tw_world_init(tw_world *w, const char *what, const char *name,
                                 const tw_hooks *hooks, int size, double timeout_s, rda_err *err) {
@@ -376,8 +385,7 @@ static rda_status tw_world_init(tw_world *w, const char *what, const char *name,
     pthread_condattr_destroy(&ca);
   }
   if (!ok) {
-    free(w->present), free(w->fingerprint), free(w->bar_vals), free(w->bar_at), free(w->left);
-    free(w->ep), free(w->sendq), free(w->recvq);
+    tw_world_free_arrays(w);
     return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "%s: out of memory", what);
   }
   return RDA_OK;
@@ -401,8 +409,7 @@ void tw_world_destroy(tw_world *w) {
   if (w == NULL) return;
   pthread_mutex_destroy(&w->mu);
   pthread_cond_destroy(&w->cv);
-  free(w->present), free(w->fingerprint), free(w->bar_vals), free(w->bar_at), free(w->left);
-  free(w->ep), free(w->sendq), free(w->recvq);
+  tw_world_free_arrays(w);
   free(w);
 }
 
