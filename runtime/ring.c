@@ -266,18 +266,20 @@ static rda_status ring_peer_failed(int rank, int q, rda_status why, const char *
                      rank, q, where, rda_status_string(why));
 }
 
-/* Gather mine (a failure word when local failed); local's error, kept in err, comes first. */
+/* Gather mine, or give a failure word when this rank failed (local, its error kept in err):
+ * that error is its result whatever the others say, so it reads nothing. A rank without room
+ * for the words fails too, and still says so. */
 static rda_status ring_gather_word(rda_transport *t, uint64_t mine, rda_status local,
                                    uint64_t **all, rda_err *err) {
-  *all = calloc((size_t)t->size, sizeof **all);
+  *all = NULL;
+  if (local == RDA_OK && (*all = calloc((size_t)t->size, sizeof **all)) == NULL)
+    local = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "rank %d: out of memory for %d ranks' words",
+                        t->rank, t->size);
   if (local != RDA_OK) {
     rda_err ignored = {0};
-    if (*all != NULL) rda_transport_gather8(t, ring_word_failed(local), *all, &ignored);
+    (void)rda_transport_give8(t, ring_word_failed(local), &ignored);
     return local;
   }
-  if (*all == NULL)
-    return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "rank %d: out of memory for %d ranks' words",
-                       t->rank, t->size);
   return rda_transport_gather8(t, mine, *all, err);
 }
 

@@ -91,9 +91,13 @@ rda_status rda_transport_connect(rda_transport *t, const int *peers, int npeers,
   return s;
 }
 
-rda_status rda_transport_barrier(rda_transport *t, rda_err *err) {
+rda_status rda_transport_give8(rda_transport *t, uint64_t mine, rda_err *err) {
   RDA_TRY(tr_check(t, err));
-  return t->vt->gather8(t, 0, NULL, err);
+  return t->vt->gather8(t, mine, NULL, err);
+}
+
+rda_status rda_transport_barrier(rda_transport *t, rda_err *err) {
+  return rda_transport_give8(t, 0, err);
 }
 
 int rda_transport_first_differing(const uint64_t *all, int n) {

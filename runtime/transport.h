@@ -54,7 +54,7 @@ typedef struct rda_transport_vtbl {
   rda_status (*recv)(rda_transport *t, int peer, void *buf, size_t bytes, rda_err *err);
   rda_status (*group_end)(rda_transport *t, rda_err *err);
   rda_status (*wait)(rda_transport *t, rda_err *err);
-  /* all[q] = rank q's `mine` (all may be NULL: a barrier); returns once every rank arrived. */
+  /* all[q] = rank q's `mine` (all NULL: only give mine); returns once every rank arrived. */
   rda_status (*gather8)(rda_transport *t, uint64_t mine, uint64_t *all, rda_err *err);
   /* Set up the links to peers before the first transfer; NULL: there is nothing to set up. */
   rda_status (*connect)(rda_transport *t, const int *peers, int npeers, rda_err *err);
@@ -84,7 +84,10 @@ rda_status rda_transport_allgather(rda_transport *t, const void *send, void *rec
                                    rda_err *err);
 /* Every rank's 8-byte value: all[q] (size values) = rank q's mine, on every rank. */
 rda_status rda_transport_gather8(rda_transport *t, uint64_t mine, uint64_t *all, rda_err *err);
-rda_status rda_transport_barrier(rda_transport *t, rda_err *err); /* gather8 of nothing */
+/* A gather8 in which this rank gives mine and reads nothing (so it needs no room for the
+ * others' words): a rank that failed still tells the others why. */
+rda_status rda_transport_give8(rda_transport *t, uint64_t mine, rda_err *err);
+rda_status rda_transport_barrier(rda_transport *t, rda_err *err); /* give8 of 0 */
 /* Set up the links to `peers` (npeers distinct ranks, not this one; each lists this one in its
  * own call: rda_ring_steps_peers), so that the ring's first steps do not pay for them. NCCL
  * connects point-to-point lazily, on a pair's first transfer: its endpoint makes one grouped

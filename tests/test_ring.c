@@ -181,7 +181,7 @@ static rda_status flaky_wait(rda_transport *t, rda_err *err) {
 static rda_status flaky_gather8(rda_transport *t, uint64_t mine, uint64_t *all, rda_err *err) {
   rda_transport *inner = ((flaky_transport *)t)->inner;
   return all != NULL ? rda_transport_gather8(inner, mine, all, err)
-                     : rda_transport_barrier(inner, err);
+                     : rda_transport_give8(inner, mine, err);
 }
 static void flaky_abort(rda_transport *t, const char *reason) {
   flaky_transport *f = (flaky_transport *)t;
