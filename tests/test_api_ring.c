@@ -974,7 +974,29 @@ static void test_ring_handles_and_world_lifetime(void **state) {
 /* ------------------------------------------------------------------ call failures and abort */
 
 /* A P-rank forward where rank `bad` misbehaves as `how` says; every rank must fail in time. */
-enum { kSmallWorkspace = 1, kWrongRows = 2, kAbortInstead = 3, kOtherBatch = 4, kLeaveInstead = 5 };
+enum {
+  kSmallWorkspace = 1,
+  kWrongRows = 2,
+  kAbortInstead = 3,
+  kOtherBatch = 4,
+  kLeaveInstead = 5,
+  kCastFails = 6 /* after a pass that succeeded on every rank */
+};
+
+/* Nothing on the CPU makes the cast of a rank's output after its pass fail, so the test binary
+ * is linked with -Wl,--wrap=rda_api_cast: the cast fails on a thread that sets this. */
+static _Thread_local int t_fail_cast;
+
+rda_status __real_rda_api_cast(const rda_plan *plan, const float *acc, const long long acc_s[3],
+                               const rda_tensor *o, long long batch, long long n, rda_err *err);
+rda_status __wrap_rda_api_cast(const rda_plan *plan, const float *acc, const long long acc_s[3],
+                               const rda_tensor *o, long long batch, long long n, rda_err *err);
+
+rda_status __wrap_rda_api_cast(const rda_plan *plan, const float *acc, const long long acc_s[3],
+                               const rda_tensor *o, long long batch, long long n, rda_err *err) {
+  if (t_fail_cast) return rda_err_set(err, RDA_ERR_CUDA, "injected: the output cast failed");
+  return __real_rda_api_cast(plan, acc, acc_s, o, batch, n, err);
+}
 
 typedef struct fjob {
   rda_ring_world *world;
@@ -990,7 +1012,7 @@ typedef struct fjob {
 } fjob;
 
 /* One rank's forward call on a ring of config_a's shape: its rows (plus `extra`) of random
- * inputs, fp32 outputs, its workspace. */
+ * inputs, fp32 outputs (bf16 ones with o_bf16: cast from the pass's fp32), its workspace. */
 typedef struct fcall {
   double *x;
   uint16_t *q, *kv;
@@ -1000,7 +1022,7 @@ typedef struct fcall {
   rda_tensor tq, tk, to, tl;
 } fcall;
 
-static void fcall_make(fcall *c, rda_ring *ring, long long B, long long extra) {
+static void fcall_make(fcall *c, rda_ring *ring, long long B, long long extra, int o_bf16) {
   long long R = 0;
   rda_ring_rows(ring, &R, NULL, NULL, NULL);
   R += extra;
@@ -1014,7 +1036,7 @@ static void fcall_make(fcall *c, rda_ring *ring, long long B, long long extra) {
   c->o = aalloc((size_t)(B * R * H * D) * 4), c->lse = aalloc((size_t)(B * H * R) * 4);
   tensor4(&c->tq, c->q, RDA_BF16, B, R, H, D);
   tensor4(&c->tk, c->kv, RDA_BF16, B, R, Hkv, D);
-  tensor4(&c->to, c->o, RDA_FP32, B, R, H, D);
+  tensor4(&c->to, c->o, o_bf16 ? RDA_BF16 : RDA_FP32, B, R, H, D);
   tensor3(&c->tl, c->lse, B, H, R);
   c->wsb = 0;
   rda_ring_workspace_size(ring, B, 0, &c->wsb);
@@ -1059,7 +1081,7 @@ static void *fail_main(void *arg) {
    * batch the others do not use. */
   fcall c;
   fcall_make(&c, ring, j->how == kOtherBatch && j->rank == j->bad ? 2 : 1,
-             j->how == kWrongRows && j->rank == j->bad);
+             j->how == kWrongRows && j->rank == j->bad, j->how == kCastFails);
   if (j->how == kSmallWorkspace && j->rank == j->bad) c.wsb = 64; /* the ring needs more */
   const double t0 = now_s();
   if (j->how == kAbortInstead && j->rank == j->bad) {
@@ -1068,7 +1090,9 @@ static void *fail_main(void *arg) {
     while (*j->created >= 0) pthread_cond_wait(j->cv, j->mu); /* -1: aborted */
     pthread_mutex_unlock(j->mu);
   }
+  t_fail_cast = j->how == kCastFails && j->rank == j->bad;
   j->s = fcall_run(&c, ring, j->msg, sizeof j->msg);
+  t_fail_cast = 0;
   j->seconds = now_s() - t0;
   /* The ring stays failed. */
   c.wsb += 1;
@@ -1150,6 +1174,16 @@ static void test_ring_call_errors_fail_every_rank(void **state) {
               "aborted: rank 1 failed before the ring forward pass (RDA_ERR_INVALID_ARGUMENT");
 }
 
+/* A rank that fails after its pass (the cast of its output) fails the call on every rank: the
+ * closing agreement carries its failure word, so a rank whose part went well does not return
+ * success beside it. */
+static void test_ring_failure_after_the_pass_fails_every_rank(void **state) {
+  (void)state;
+  run_failure("cast fails on rank 1 of 3", 3, 29, 1, kCastFails, RDA_ERR_CUDA,
+              "injected: the output cast failed", RDA_ERR_NCCL,
+              "aborted: rank 1 failed in rda_ring_forward (RDA_ERR_CUDA");
+}
+
 /* Calls that are each right on their own rank but differ between ranks (here the batch) are
  * one clear error on every rank, found before any transfer: over NCCL, sends and receives of
  * different sizes would have no defined outcome. */
@@ -1215,7 +1249,7 @@ static void test_ring_overlapping_call_and_second_ring_leave_it_alone(void **sta
   for (int i = 0; i < 3; ++i) {
     memset(&oc[i], 0, sizeof oc[i]);
     oc[i].ring = rings[i == 2], oc[i].mu = &mu, oc[i].cv = &cv;
-    fcall_make(&oc[i].c, oc[i].ring, 1, 0);
+    fcall_make(&oc[i].c, oc[i].ring, 1, 0, 0);
   }
   for (int i = 0; i < 2; ++i)
     assert_int_equal(pthread_create(&th[i], NULL, ocall_main, &oc[i]), 0);
@@ -1256,6 +1290,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_ring_bad_desc_on_one_rank_fails_every_rank),
       cmocka_unit_test(test_ring_call_errors_fail_every_rank),
       cmocka_unit_test(test_ring_calls_that_differ_fail_every_rank),
+      cmocka_unit_test(test_ring_failure_after_the_pass_fails_every_rank),
       cmocka_unit_test(test_ring_abort_from_another_thread),
       cmocka_unit_test(test_ring_rank_that_leaves_fails_the_others_at_once),
       cmocka_unit_test(test_ring_overlapping_call_and_second_ring_leave_it_alone),
