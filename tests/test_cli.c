@@ -1566,6 +1566,63 @@ static char *folder_state(const char *dir) {
   return all;
 }
 
+/* DIR holds one whole bundle: manifest.json; each kernel it lists with its .cu and its cubin,
+ * whose SHA-256 is the one recorded; and nothing else (no temporary, backup or stray file: any
+ * other entry must be a file the manifest names, a PTX for instance). Returns the number of
+ * cubins. */
+static int check_bundle(const char *dir) {
+  char *manifest = rt_path(dir, "manifest.json");
+  char *text = rt_read_file(manifest, NULL);
+  if (text == NULL) {
+    fprintf(stderr, "%s holds:\n%s", dir, folder_state(dir));
+    fail_msg("%s: no manifest.json", dir);
+  }
+  int cubins = 0;
+  for (const char *at = strstr(text, "\"cubin\": \""); at != NULL;
+       at = strstr(at + 1, "\"cubin\": \"")) {
+    char name[256], want[65], got[65];
+    assert_int_equal(sscanf(at, "\"cubin\": \"%255[^\"]\"", name), 1);
+    const char *sha = strstr(at, "\"cubin_sha256\": \"");
+    assert_non_null(sha);
+    assert_int_equal(sscanf(sha, "\"cubin_sha256\": \"%64[0-9a-f]\"", want), 1);
+    char *cubin = rt_path(dir, name);
+    size_t len = 0;
+    char *bytes = rt_read_file(cubin, &len);
+    if (bytes == NULL) fail_msg("%s: the manifest lists %s, which is not there", dir, name);
+    rda_cache_sha256_hex(bytes, len, got);
+    assert_string_equal(got, want);
+    free(bytes), free(cubin);
+    cubins++;
+  }
+  if (cubins == 0) fail_msg("%s: manifest.json lists no cubin (an old one?)", dir);
+  for (const char *at = strstr(text, "\"name\": \""); at != NULL;
+       at = strstr(at + 1, "\"name\": \"")) {
+    char name[256], cu[300];
+    assert_int_equal(sscanf(at, "\"name\": \"%255[^\"]\"", name), 1);
+    snprintf(cu, sizeof cu, "%s.cu", name);
+    char *path = rt_path(dir, cu);
+    if (!rt_exists(path)) fail_msg("%s: the manifest lists %s, which is not there", dir, cu);
+    free(path);
+  }
+  DIR *d = opendir(dir);
+  assert_non_null(d);
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    const char *n = e->d_name;
+    if (strcmp(n, ".") == 0 || strcmp(n, "..") == 0 || strcmp(n, "manifest.json") == 0) continue;
+    char key[320];
+    const size_t len = strlen(n);
+    if (len > 3 && strcmp(n + len - 3, ".cu") == 0)
+      snprintf(key, sizeof key, "\"name\": \"%.*s\"", (int)(len - 3), n);
+    else
+      snprintf(key, sizeof key, "\": \"%s\"", n); /* "cubin" or "ptx" */
+    if (n[0] == '.' || strstr(text, key) == NULL)
+      fail_msg("%s: %s is not part of the bundle (a leftover?)", dir, n);
+  }
+  closedir(d);
+  free(text), free(manifest);
+  return cubins;
+}
+
 /* A failing `emit --out DIR` leaves DIR exactly as it was (the old manifest and kernels, no
  * partial file); a successful one records each cubin's SHA-256 in the manifest. */
 static void test_cli_emit_is_all_or_nothing_and_records_cubin_sha(void **state) {
@@ -1592,25 +1649,7 @@ static void test_cli_emit_is_all_or_nothing_and_records_cubin_sha(void **state) 
   assert_true(kernels > 0);
   assert_int_equal(logged, kernels);
   rt_proc_free(&p);
-  /* Every cubin's recorded SHA-256 is its file's. */
-  int checked = 0;
-  for (const char *at = strstr(text, "\"cubin\": \""); at != NULL;
-       at = strstr(at + 1, "\"cubin\": \"")) {
-    char name[256], want[65], got[65];
-    assert_int_equal(sscanf(at, "\"cubin\": \"%255[^\"]\"", name), 1);
-    const char *sha = strstr(at, "\"cubin_sha256\": \"");
-    assert_non_null(sha);
-    assert_int_equal(sscanf(sha, "\"cubin_sha256\": \"%64[0-9a-f]\"", want), 1);
-    char *cubin = rt_path(out, name);
-    size_t len = 0;
-    char *bytes = rt_read_file(cubin, &len);
-    assert_non_null(bytes);
-    rda_cache_sha256_hex(bytes, len, got);
-    assert_string_equal(got, want);
-    free(bytes), free(cubin);
-    checked++;
-  }
-  assert_true(checked > 0);
+  const int checked = check_bundle(out); /* every cubin's recorded SHA-256 is its file's */
   /* Block one of the files a second emit (--ptx) writes: it fails, and DIR is as before. */
   char kernel[256];
   assert_int_equal(sscanf(strstr(text, "\"name\": \""), "\"name\": \"%255[^\"]\"", kernel), 1);
@@ -1706,6 +1745,73 @@ static void test_cli_emit_is_all_or_nothing_and_records_cubin_sha(void **state) 
   assert_int_equal(listed, checked); /* one per cubin */
   free(before), free(after), free(text), free(blocker), free(manifest), free(out);
   free(with_ptx), free(probe_manifest), free(probe);
+  rt_env_restore("RDA_CACHE_DIR", saved);
+  free(cache);
+}
+
+/* run_rdagen with the raise_on_rename preload (tests/preload/): signal sig is raised just
+ * before the first rename of a temporary into out, in emit's write phase. */
+static rt_proc run_rdagen_raising(int timeout_s, const char *const *args, const char *out,
+                                  int sig) {
+  char preload[8192], num[16];
+  /* ASan refuses to start unless its runtime is the first library loaded: name it first. */
+  snprintf(preload, sizeof preload, "%s%s%s", RDA_TEST_ASAN_RUNTIME,
+           RDA_TEST_ASAN_RUNTIME[0] != '\0' ? " " : "", RDA_TEST_RAISE_ON_RENAME);
+  snprintf(num, sizeof num, "%d", sig);
+  char *saved = rt_env_save("LD_PRELOAD");
+  assert_int_equal(setenv("LD_PRELOAD", preload, 1), 0);
+  assert_int_equal(setenv("RDA_TEST_RAISE_DIR", out, 1), 0);
+  assert_int_equal(setenv("RDA_TEST_RAISE_SIGNAL", num, 1), 0);
+  rt_proc p = run_rdagen(timeout_s, args);
+  rt_env_restore("LD_PRELOAD", saved);
+  unsetenv("RDA_TEST_RAISE_DIR");
+  unsetenv("RDA_TEST_RAISE_SIGNAL");
+  return p;
+}
+
+/* A signal that arrives while emit renames the bundle into place waits until the bundle is
+ * whole (tools/cmd_emit.c blocks it): rdagen then ends by that signal, and DIR holds the new
+ * manifest, every file it lists, and no temporary or backup. SIGINT into a new DIR; SIGTERM
+ * over an older bundle with a stale manifest and a damaged cubin (renames over existing
+ * files, each with a backup). Unblocked, the signal would stop rdagen at the first rename. */
+static void test_cli_emit_signal_while_writing_leaves_the_bundle_whole(void **state) {
+#ifdef RDA_TEST_SANITIZED
+  if (RDA_TEST_ASAN_RUNTIME[0] == '\0') {
+    /* The shim must be preloaded after ASan's runtime, and this compiler names none. */
+    fprintf(stderr, "skipped: no shared ASan runtime to preload before the signal shim\n");
+    skip();
+  }
+#endif
+  fixture *f = *state;
+  char *saved = NULL;
+  char *cache = private_cache(f, &saved);
+  char *out = rt_path(f->dir, "bundle"), *manifest = rt_path(out, "manifest.json");
+  const char *const emit[] = {"emit", f->config, "--arch", "sm_80", "--out", out, NULL};
+  static const int sigs[2] = {SIGINT, SIGTERM};
+  for (int i = 0; i < 2; ++i) {
+    if (i == 1) { /* the bundle of the first emit, made old */
+      char *text = rt_read_file(manifest, NULL), name[256];
+      assert_non_null(text);
+      assert_int_equal(sscanf(strstr(text, "\"cubin\": \""), "\"cubin\": \"%255[^\"]\"", name),
+                       1);
+      char *cubin = rt_path(out, name);
+      assert_true(rt_write_file(cubin, "old", 3));
+      const char stale[] = "{\"kernels\": []}\n";
+      assert_true(rt_write_file(manifest, stale, strlen(stale)));
+      free(text), free(cubin);
+    }
+    rt_proc p = run_rdagen_raising(600, emit, out, sigs[i]);
+    char said[4400];
+    snprintf(said, sizeof said, "raise_on_rename: signal %d before renaming %s/", sigs[i], out);
+    if (p.exit_code != 128 + sigs[i] || strstr(p.err, said) == NULL ||
+        strstr(p.out, "kernels compiled") == NULL) {
+      show(sigs[i] == SIGINT ? "emit, SIGINT while writing" : "emit, SIGTERM while writing", &p);
+      fail();
+    }
+    rt_proc_free(&p);
+    check_bundle(out);
+  }
+  free(out), free(manifest);
   rt_env_restore("RDA_CACHE_DIR", saved);
   free(cache);
 }
@@ -2001,6 +2107,8 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_emit_is_all_or_nothing_and_records_cubin_sha, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_cli_emit_signal_while_writing_leaves_the_bundle_whole,
+                                      setup, teardown),
       cmocka_unit_test_setup_teardown(test_cli_cache_warm_into_an_unusable_cache_fails, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_emit_refuses_a_bad_out_before_compiling, setup,
