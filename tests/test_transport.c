@@ -185,6 +185,10 @@ typedef struct rank_ctx {
   long silent_us;       /* MODE_SILENT: the longest the rank stays away */
   struct rank_ctx *all; /* every rank's context (run_world), and their count */
   int P;
+  /* Non-NULL: every rank that joins waits here first (its backend open) and times itself from
+   * there, so that a thread the machine starts late is neither the one a timeout names nor
+   * counted in the others' time. */
+  pthread_barrier_t *start;
   atomic_int finished;
   /* results */
   rda_status status;
@@ -196,7 +200,7 @@ typedef struct rank_ctx {
 
 static void *plan_rank(void *arg) {
   rank_ctx *c = arg;
-  const double t0 = now_s();
+  double t0 = now_s();
   rda_err err = {0};
   rda_transport *t = NULL;
   rda_ring_step *steps = NULL;
@@ -208,6 +212,10 @@ static void *plan_rank(void *arg) {
   int own = 0;
   rda_backend *b = rank_backend(c->world, &own);
   if (c->mode == MODE_ABSENT) goto done;
+  if (c->start != NULL) {
+    pthread_barrier_wait(c->start);
+    t0 = now_s();
+  }
   if (tworld_join(c->world, c->rank, c->fingerprint, b, &t, &err) != RDA_OK) goto done;
   if (rda_ring_plan_steps(c->plan, c->rank, &steps, &nsteps, &err) != RDA_OK) goto done;
   for (int64_t s = 0; s < nsteps && err.status == RDA_OK; s++) {
@@ -502,8 +510,10 @@ static void rank_that_aborts_fails_the_others_promptly(int kind) {
   rda_ring_plan *plan = all_to_all_plan(P, &c);
   rank_ctx ctx[P];
   memset(ctx, 0, sizeof ctx);
+  pthread_barrier_t start; /* every rank joins */
+  assert_int_equal(pthread_barrier_init(&start, NULL, P), 0);
   for (int x = 0; x < P; x++) {
-    ctx[x].plan = plan, ctx[x].rank = x, ctx[x].jitter = 1;
+    ctx[x].plan = plan, ctx[x].rank = x, ctx[x].jitter = 1, ctx[x].start = &start;
     ctx[x].fingerprint = rda_ring_fingerprint(&c, 16 * P, P, RDA_RING_CONTIGUOUS);
   }
   /* Before its first step, and mid-ring after two: every other rank still needs it later. */
@@ -520,6 +530,7 @@ static void rank_that_aborts_fails_the_others_promptly(int kind) {
         fail_msg("rank %d took %.1f s to notice the abort", x, ctx[x].elapsed);
     }
   }
+  pthread_barrier_destroy(&start);
   rda_ring_plan_destroy(plan);
 }
 
@@ -540,8 +551,10 @@ static void silent_rank_times_the_others_out_without_a_hang(int kind, double tim
   for (int mode = MODE_SILENT; mode <= MODE_ABSENT; mode++) {
     rank_ctx ctx[P];
     memset(ctx, 0, sizeof ctx);
+    pthread_barrier_t start; /* the ranks that join: an absent one does not */
+    assert_int_equal(pthread_barrier_init(&start, NULL, mode == MODE_ABSENT ? P - 1 : P), 0);
     for (int x = 0; x < P; x++) {
-      ctx[x].plan = plan, ctx[x].rank = x;
+      ctx[x].plan = plan, ctx[x].rank = x, ctx[x].start = &start;
       ctx[x].fingerprint = rda_ring_fingerprint(&c, 16 * P, P, RDA_RING_CONTIGUOUS);
     }
     /* Silent from its first step on: every other rank ends up waiting on it directly, so the
@@ -551,8 +564,10 @@ static void silent_rank_times_the_others_out_without_a_hang(int kind, double tim
     ctx[P - 1].mode = mode, ctx[P - 1].fail_after = 0;
     ctx[P - 1].silent_us = (long)(5e6 * timeout_s);
     /* A timeout generous enough that a live rank slowed by a loaded CI machine is never the
-     * one blamed; the silent rank stays away far longer. */
+     * one blamed; the silent rank stays away far longer. The ranks join together (ctx.start):
+     * one whose thread started late would otherwise be the rank a join timeout names. */
     run_world(kind, ctx, P, timeout_s);
+    pthread_barrier_destroy(&start);
     char expect[64];
     snprintf(expect, sizeof expect, "timed out after %.1f s", timeout_s);
     int named = 0;
