@@ -1080,30 +1080,48 @@ static void test_config_time_limit_stops_loops_of_c_calls(void **state) {
 
 /* The time limit counts the sandbox thread's CPU time: a process stopped or starved while a
  * config runs (here: the thread paused 1 s in a signal handler, as SIGSTOP or a throttled
- * container would) does not fail a config that needs well under the limit of CPU. */
+ * container would) does not fail a config that needs well under the limit of CPU. The pause
+ * is set off by a timer on the thread's own CPU clock, 20 ms of CPU into the config (which
+ * needs 0.1 to 0.4 s): a signal sent by another thread after a nap would come after the config
+ * had ended whenever that thread was late to wake, and pause nothing. */
 typedef struct paused_run {
   rda_gen *g;
   rda_status status;
   rda_err err;
   rda_config c;
-  volatile int started;
+  int armed;
 } paused_run;
+
+static volatile sig_atomic_t g_paused;
 
 static void pause_handler(int sig) {
   (void)sig;
+  g_paused = 1;
   const struct timespec nap = {1, 0};
   nanosleep(&nap, NULL);
 }
 
 static void *paused_run_main(void *arg) {
   paused_run *r = arg;
-  r->started = 1;
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  pthread_sigmask(SIG_UNBLOCK, &usr1, NULL); /* this thread alone: the main thread blocks it */
+  struct sigevent ev;
+  memset(&ev, 0, sizeof ev);
+  ev.sigev_notify = SIGEV_SIGNAL;
+  ev.sigev_signo = SIGUSR1;
+  timer_t timer;
+  const struct itimerspec at = {{0, 0}, {0, 20 * 1000 * 1000}};
+  r->armed = timer_create(CLOCK_THREAD_CPUTIME_ID, &ev, &timer) == 0;
+  if (r->armed && timer_settime(timer, 0, &at, NULL) != 0) r->armed = 0;
   r->status = rda_gen_config_string(r->g,
                                     "local s = ('x'):rep(4 << 20)\n"
                                     "for i = 1, 40 do local u = s:upper() end\n"
                                     "return { heads = 2, head_dim = 32, dtype = 'bf16',"
                                     " segments = { 16 }, dilations = { 1 } }",
                                     "paused.lua", &r->c, &r->err);
+  if (r->armed) timer_delete(timer);
   return NULL;
 }
 
@@ -1113,21 +1131,25 @@ static void test_config_time_limit_is_cpu_time(void **state) {
   sa.sa_handler = pause_handler;
   sigemptyset(&sa.sa_mask);
   assert_int_equal(sigaction(SIGUSR1, &sa, &old), 0);
+  sigset_t usr1, old_mask; /* the timer's signal is the process's: only the run may take it */
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  assert_int_equal(pthread_sigmask(SIG_BLOCK, &usr1, &old_mask), 0);
   rda_gen_set_time_limit(*state, 0.6);
   paused_run r = {.g = *state, .status = RDA_ERR_INTERNAL};
+  g_paused = 0;
   pthread_t t;
   const double t0 = now_s();
   assert_int_equal(pthread_create(&t, NULL, paused_run_main, &r), 0);
-  while (!r.started) sched_yield();
-  const struct timespec nap = {0, 30 * 1000 * 1000};
-  nanosleep(&nap, NULL);
-  assert_int_equal(pthread_kill(t, SIGUSR1), 0);
   assert_int_equal(pthread_join(t, NULL), 0);
   const double took = now_s() - t0;
   rda_gen_set_time_limit(*state, 0);
+  pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
   sigaction(SIGUSR1, &old, NULL);
+  assert_true(r.armed);
   if (r.status != RDA_OK) fail_msg("a paused config failed after %.2f s: %s", took, r.err.msg);
   assert_int_equal(r.c.heads, 2);
+  assert_true(g_paused);
   assert_true(took > 1.0); /* it was paused while it ran: the test tested something */
 }
 
