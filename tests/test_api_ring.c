@@ -662,8 +662,8 @@ typedef struct cjob {
   int P, rank, layout;
   rda_status s;
   char msg[1024];
-  double seconds;
-  rda_ring **keep; /* NULL: the ring is destroyed at once; else it is left here */
+  double t_start, t_end; /* now_s() around its rda_ring_create */
+  rda_ring **keep;       /* NULL: the ring is destroyed at once; else it is left here */
 } cjob;
 
 static void *create_main(void *arg) {
@@ -672,9 +672,9 @@ static void *create_main(void *arg) {
   d.n = j->n, d.ranks = j->P, d.rank = j->rank, d.layout = (rda_ring_layout)j->layout;
   d.world = j->world;
   rda_ring *ring = NULL;
-  const double t0 = now_s();
+  j->t_start = now_s();
   j->s = rda_ring_create(&ring, j->plan, &d);
-  j->seconds = now_s() - t0;
+  j->t_end = now_s();
   snprintf(j->msg, sizeof j->msg, "%s", j->s == RDA_OK ? "" : rda_last_error(NULL));
   if (j->s != RDA_OK && ring != NULL) j->s = RDA_ERR_INTERNAL; /* *out must be NULL */
   if (j->keep != NULL && j->s == RDA_OK)
@@ -684,8 +684,17 @@ static void *create_main(void *arg) {
   return NULL;
 }
 
+/* When the last of n ranks called rda_ring_create. The bounds below time each rank from there:
+ * they time the library, not a thread the machine started late (which delays every rank's
+ * join, as a late process would delay a real ring's). */
+static double cjobs_last_start(const cjob *jobs, int n) {
+  double last = 0.0;
+  for (int p = 0; p < n; ++p) last = jobs[p].t_start > last ? jobs[p].t_start : last;
+  return last;
+}
+
 /* P ranks create a ring; rank `odd` uses plan2 / n2. Every rank must fail with a fingerprint
- * mismatch, well before the timeout. */
+ * mismatch, well before the timeout (once every rank has called: cjobs_last_start). */
 static void expect_mismatch(const char *what, int P, int odd, rda_plan *plan2, long long n2) {
   rda_ring_world *world = NULL;
   assert_int_equal(rda_ring_world_create(&world, g_ctx, P, kTimeout), RDA_OK);
@@ -693,7 +702,7 @@ static void expect_mismatch(const char *what, int P, int odd, rda_plan *plan2, l
   pthread_t th[MAXP];
   memset(jobs, 0, sizeof jobs);
   for (int p = 0; p < P; ++p) {
-    jobs[p] = (cjob){g_plan_a, world, 30, P, p, RDA_LAYOUT_CONTIGUOUS, RDA_OK, "", 0.0, NULL};
+    jobs[p] = (cjob){g_plan_a, world, 30, P, p, RDA_LAYOUT_CONTIGUOUS, RDA_OK, "", 0, 0, NULL};
     if (p == odd) jobs[p].plan = plan2, jobs[p].n = n2;
     assert_int_equal(pthread_create(&th[p], NULL, create_main, &jobs[p]), 0);
   }
@@ -704,8 +713,8 @@ static void expect_mismatch(const char *what, int P, int odd, rda_plan *plan2, l
                jobs[p].msg);
     assert_one_line_naming(jobs[p].msg, "fingerprint mismatch");
     assert_one_line_naming(jobs[p].msg, "rda_ring_create");
-    if (jobs[p].seconds > kTimeout / 2)
-      fail_msg("%s: rank %d took %.1f s", what, p, jobs[p].seconds);
+    const double took = jobs[p].t_end - cjobs_last_start(jobs, P);
+    if (took > kTimeout / 2) fail_msg("%s: rank %d took %.1f s", what, p, took);
   }
   rda_ring_world_destroy(world);
 }
@@ -718,8 +727,8 @@ static void test_ring_fingerprint_mismatch_fails_every_rank(void **state) {
 
 /* P ranks create a ring; rank `bad` alone has n = n_bad (0: no plan instead), which its own
  * checks (or its plan) refuse. It must fail naming `names`, and abort the world: every other
- * rank fails well before the timeout, naming the bad rank and its reason, instead of waiting
- * for it to join. */
+ * rank fails well before the timeout (once every rank has called: cjobs_last_start), naming the
+ * bad rank and its reason, instead of waiting for it to join. */
 static void expect_bad_rank(const char *what, int P, int bad, long long n_bad, const char *names) {
   rda_ring_world *world = NULL;
   assert_int_equal(rda_ring_world_create(&world, g_ctx, P, kTimeout), RDA_OK);
@@ -727,7 +736,7 @@ static void expect_bad_rank(const char *what, int P, int bad, long long n_bad, c
   pthread_t th[MAXP];
   memset(jobs, 0, sizeof jobs);
   for (int p = 0; p < P; ++p) {
-    jobs[p] = (cjob){g_plan_a, world, 30, P, p, RDA_LAYOUT_CONTIGUOUS, RDA_OK, "", 0.0, NULL};
+    jobs[p] = (cjob){g_plan_a, world, 30, P, p, RDA_LAYOUT_CONTIGUOUS, RDA_OK, "", 0, 0, NULL};
     if (p == bad && n_bad == 0) jobs[p].plan = NULL;
     if (p == bad && n_bad != 0) jobs[p].n = n_bad;
     assert_int_equal(pthread_create(&th[p], NULL, create_main, &jobs[p]), 0);
@@ -745,8 +754,9 @@ static void expect_bad_rank(const char *what, int P, int bad, long long n_bad, c
       assert_one_line_naming(jobs[p].msg, "the ring was aborted");
       assert_one_line_naming(jobs[p].msg, culprit);
     }
-    if (jobs[p].seconds > kTimeout / 4)
-      fail_msg("%s: rank %d took %.1f s (timeout %.1f s)", what, p, jobs[p].seconds, kTimeout);
+    const double took = jobs[p].t_end - cjobs_last_start(jobs, P);
+    if (took > kTimeout / 4)
+      fail_msg("%s: rank %d took %.1f s (timeout %.1f s)", what, p, took, kTimeout);
   }
   rda_ring_world_destroy(world);
 }
@@ -1004,7 +1014,7 @@ typedef struct fjob {
   long long N;
   rda_status create_s, s, s_after;
   char msg[1024], msg_after[1024];
-  double seconds;
+  double t_start, t_end; /* now_s() around its first call (0: it made none) */
   pthread_mutex_t *mu;
   pthread_cond_t *cv;
   rda_ring **rings; /* for the abort from the main thread */
@@ -1083,7 +1093,7 @@ static void *fail_main(void *arg) {
   fcall_make(&c, ring, j->how == kOtherBatch && j->rank == j->bad ? 2 : 1,
              j->how == kWrongRows && j->rank == j->bad, j->how == kCastFails);
   if (j->how == kSmallWorkspace && j->rank == j->bad) c.wsb = 64; /* the ring needs more */
-  const double t0 = now_s();
+  j->t_start = now_s();
   if (j->how == kAbortInstead && j->rank == j->bad) {
     /* This rank never calls: the main thread aborts the ring through its handle. */
     pthread_mutex_lock(j->mu);
@@ -1093,7 +1103,7 @@ static void *fail_main(void *arg) {
   t_fail_cast = j->how == kCastFails && j->rank == j->bad;
   j->s = fcall_run(&c, ring, j->msg, sizeof j->msg);
   t_fail_cast = 0;
-  j->seconds = now_s() - t0;
+  j->t_end = now_s();
   /* The ring stays failed. */
   c.wsb += 1;
   j->s_after = fcall_run(&c, ring, j->msg_after, sizeof j->msg_after);
@@ -1138,6 +1148,8 @@ static void run_failure(const char *what, int P, long long N, int bad, int how,
   }
   for (int p = 0; p < P; ++p) pthread_join(th[p], NULL);
   rda_ring_world_destroy(world);
+  double last = 0.0; /* when the last call began: each rank is timed from there (as above) */
+  for (int p = 0; p < P; ++p) last = jobs[p].t_start > last ? jobs[p].t_start : last;
   for (int p = 0; p < P; ++p) {
     fjob *j = &jobs[p];
     if (j->create_s != RDA_OK) {
@@ -1154,8 +1166,8 @@ static void run_failure(const char *what, int P, long long N, int bad, int how,
       fail_msg("%s: rank %d: status %d, expected %d: %s", what, p, j->s, want, j->msg);
     assert_one_line_naming(j->msg, p == bad ? bad_names : others_name);
     assert_one_line_naming(j->msg, "rda_ring_forward");
-    if (j->seconds > kTimeout * 0.8)
-      fail_msg("%s: rank %d failed only after %.1f s (timeout %.1f s)", what, p, j->seconds,
+    if (j->t_end - last > kTimeout * 0.8)
+      fail_msg("%s: rank %d failed only after %.1f s (timeout %.1f s)", what, p, j->t_end - last,
                kTimeout);
     assert_int_equal(j->s_after, RDA_ERR_NCCL);
     assert_one_line_naming(j->msg_after, "aborted");
