@@ -275,6 +275,10 @@ static int blocked_on_flock(pid_t pid, double limit_s) {
  * the lock: a nap instead would let a process the machine starts late find it free. */
 static void test_tuning_db_lock_excludes_another_writer(void **state) {
   fixture *f = *state;
+  if (access("/proc/locks", R_OK) != 0) {
+    print_message("no readable /proc/locks here: cannot see a process blocked on a lock\n");
+    skip();
+  }
   rda_err err = {0};
   char *db = rt_path(f->dir, "locked/tuning.lua");
   char *lock = rt_path(f->dir, "locked/tuning.lua.lock");
