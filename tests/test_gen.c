@@ -780,10 +780,16 @@ static double th_compare_cost(rda_gen *g, rt_rng *r) {
 
 /* ---- several threads at once, one runaway ---- */
 
-/* TH_OVERRUN: a run calibrated to a twentieth of its limit on one quiet thread can still use the
- * whole limit when threads outnumber cores (and, under ASan, spin on the allocator's locks): a
- * valid run stopped with the limit's message after at least the limit of its own thread's CPU
- * was rightly stopped and is not counted; stopped any earlier, the limit read another clock. */
+/* A run calibrated to a twentieth of its limit on one quiet thread can still use the whole
+ * limit when threads outnumber cores (and, under ASan, spin on the allocator's locks): 1 when a
+ * valid run (status s, message msg) was stopped with the limit's message after at least the
+ * limit of its own thread's CPU (cpu), rightly, so that it is not counted. Stopped any earlier,
+ * the limit read another clock, and the caller fails it. */
+static int th_rightly_stopped(rda_status s, const char *msg, const char *name, double limit,
+                              double cpu) {
+  char want[256];
+  return s != RDA_OK && cpu >= limit && th_is_time_message(msg, name, limit, want, sizeof want);
+}
 
 enum { TH_MIXED_THREADS = 4, TH_SLOW_RUNS = 3 };
 
@@ -796,7 +802,7 @@ typedef struct th_mixed_job {
   th_config cases[TH_SLOW_RUNS];
   rda_plan_k plans[TH_SLOW_RUNS]; /* each case's plan on sm_90 */
   int nplans;  /* cases[0 .. nplans) loaded and planned */
-  int overran; /* slow runs that used their whole limit under contention (TH_OVERRUN) */
+  int overran; /* slow runs that used their whole limit under contention */
   double cpu;  /* the runaway: thread CPU seconds its run took */
   char why[1200];
 } th_mixed_job;
@@ -838,10 +844,8 @@ static void *th_mixed_main(void *arg) {
       const double t0 = rt_thread_cpu_s();
       const rda_status s = rda_gen_config_string(g, c->text, c->name, &got, &err);
       const double cpu = rt_thread_cpu_s() - t0;
-      char want[256];
-      if (s != RDA_OK && cpu >= j->limit &&
-          th_is_time_message(err.msg, c->name, j->limit, want, sizeof want)) {
-        j->overran++; /* it did use its limit (see TH_OVERRUN): rightly stopped */
+      if (th_rightly_stopped(s, err.msg, c->name, j->limit, cpu)) {
+        j->overran++;
       } else if (s != RDA_OK) {
         th_fail(j->why, sizeof j->why, "thread %d, within the limit: %s (after %.3f s of its CPU)",
                 j->id, err.msg, cpu);
@@ -1072,9 +1076,7 @@ static void *th_stress_main(void *arg) {
     const rda_status s = rda_gen_config_string(g, c.text, c.name, &got, &err);
     const double cpu = rt_thread_cpu_s() - cpu0;
     if (kind == 0 || kind == 4) {
-      /* A run that really used its 0.2 s (TH_OVERRUN) is rightly stopped, and not counted. */
-      if (s != RDA_OK && cpu >= 0.2 && th_is_time_message(err.msg, name, 0.2, want, sizeof want))
-        continue;
+      if (th_rightly_stopped(s, err.msg, name, 0.2, cpu)) continue;
       j->runs[kind]++;
       if (s != RDA_OK)
         th_fail(j->why, sizeof j->why, "%s, a valid config: %s (after %.3f s of its CPU)", name,
