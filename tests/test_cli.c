@@ -1775,7 +1775,7 @@ static rt_proc run_rdagen_raising(int timeout_s, const char *const *args, const 
  * over an older bundle with a stale manifest and a damaged cubin (renames over existing
  * files, each with a backup). Unblocked, the signal would stop rdagen at the first rename. */
 static void test_cli_emit_signal_while_writing_leaves_the_bundle_whole(void **state) {
-#ifdef RDA_TEST_SANITIZED
+#if defined(__SANITIZE_ADDRESS__)
   if (RDA_TEST_ASAN_RUNTIME[0] == '\0') {
     /* The shim must be preloaded after ASan's runtime, and this compiler names none. */
     fprintf(stderr, "skipped: no shared ASan runtime to preload before the signal shim\n");
