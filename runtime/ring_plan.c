@@ -1055,5 +1055,6 @@ uint64_t rda_ring_fingerprint(const rda_config *cfg, int64_t n, int ranks, int l
   h = rp_fnv(h, (uint64_t)n);
   h = rp_fnv(h, (uint64_t)ranks);
   h = rp_fnv(h, (uint64_t)layout);
-  return h;
+  /* Bit 63 clear: set, it says a rank failed before it joined (RDA_TRANSPORT_JOIN_FAILED). */
+  return h & ~(1ull << 63);
 }

@@ -106,7 +106,17 @@ int rda_transport_first_differing(const uint64_t *all, int n) {
   return 0;
 }
 
+uint64_t rda_transport_join_failed(rda_status why) {
+  return RDA_TRANSPORT_JOIN_FAILED | ((uint64_t)(unsigned)why & 0xff);
+}
+
 rda_status rda_transport_check_fingerprints(const uint64_t *fp, int n, int rank, rda_err *err) {
+  for (int q = 0; q < n; q++)
+    if (fp[q] & RDA_TRANSPORT_JOIN_FAILED)
+      return rda_err_set(err, RDA_ERR_NCCL,
+                         "rank %d: the ring was aborted: rank %d failed in rda_ring_create before "
+                         "it joined (%s; its own error says why)",
+                         rank, q, rda_status_string((rda_status)(fp[q] & 0xff)));
   const int q = rda_transport_first_differing(fp, n);
   if (q == 0) return RDA_OK;
   return rda_err_set(err, RDA_ERR_NCCL,

@@ -96,8 +96,14 @@ rda_status rda_transport_barrier(rda_transport *t, rda_err *err); /* give8 of 0 
 rda_status rda_transport_connect(rda_transport *t, const int *peers, int npeers, rda_err *err);
 /* The first rank q > 0 whose all[q] differs from all[0], or 0 when all n agree. */
 int rda_transport_first_differing(const uint64_t *all, int n);
-/* The creation check of every transport: RDA_ERR_NCCL on `rank` naming the first rank whose
- * fingerprint (of n, all ranks') differs from rank 0's, else RDA_OK. */
+/* A fingerprint never has bit 63 set (rda_ring_fingerprint). A rank whose rda_ring_create failed
+ * before it could join joins with rda_transport_join_failed(its status) in place of its
+ * fingerprint: over NCCL that is the only way the others learn of it before their timeout. */
+#define RDA_TRANSPORT_JOIN_FAILED (1ull << 63)
+uint64_t rda_transport_join_failed(rda_status why);
+/* The creation check of every transport: RDA_ERR_NCCL on `rank` naming the first rank that
+ * failed before it joined, else the first rank whose fingerprint (of n, all ranks') differs
+ * from rank 0's, else RDA_OK. */
 rda_status rda_transport_check_fingerprints(const uint64_t *fp, int n, int rank, rda_err *err);
 /* Make every rank's pending and later operations fail with reason (first abort wins). */
 void rda_transport_abort(rda_transport *t, const char *reason);
@@ -156,5 +162,14 @@ rda_status rda_transport_nccl_unique_id(void *id, rda_err *err);
 rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank, int size,
                                      void *stream, rda_backend *b, uint64_t fingerprint,
                                      double timeout_s, rda_transport **out, rda_err *err);
+/* The same join, by a rank that failed before it could join a ring (rda_ring_create), to tell
+ * the others: it gives rda_transport_join_failed(why) in place of its fingerprint, so that
+ * their creation fails at once naming it and why instead of after their timeout, and leaves.
+ * RDA_OK once told: a caller's communicator is the caller's as before, one it made is gone.
+ * Else the failure to tell (an NCCL or CUDA failure aborts a caller's communicator, as
+ * rda_transport_nccl_create's). */
+rda_status rda_transport_nccl_tell(void *comm, const void *unique_id, int rank, int size,
+                                   void *stream, rda_backend *b, rda_status why, double timeout_s,
+                                   rda_err *err);
 
 #endif

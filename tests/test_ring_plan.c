@@ -624,6 +624,10 @@ static void test_ring_plan_fingerprint_covers_every_input(void **state) {
   assert_true(base != rda_ring_fingerprint(&d, 100, 4, RDA_RING_CONTIGUOUS));
   d = c, d.offsets = RDA_OFFSETS_BLOCK;
   assert_true(base != rda_ring_fingerprint(&d, 100, 4, RDA_RING_CONTIGUOUS));
+  /* Bit 63 is a failed rank's word (RDA_TRANSPORT_JOIN_FAILED): never a fingerprint's. */
+  for (long long n = 1; n <= 4096; n++)
+    if (rda_ring_fingerprint(&c, n, 4, RDA_RING_CONTIGUOUS) >> 63)
+      fail_msg("N %lld: the fingerprint has bit 63 set", n);
 }
 
 /* Planning time is judged by this thread's CPU time against a bound far above the work and
