@@ -360,7 +360,13 @@ RDA_API rda_status rda_ring_nccl_unique_id(void *id);
  * NULL or plan not a plan. With a world, any such failure of one rank aborts the world, so the other
  * ranks fail at once (RDA_ERR_NCCL naming that rank and why) instead of after the timeout; the
  * world cannot be used again (desc NULL or with a wrong struct_size names no world: then the
- * other ranks fail after their timeout). A world serves one ring: a second rda_ring_create for
+ * other ranks fail after their timeout). Over NCCL such a rank still joins, when plan is a plan
+ * and desc's struct_size, communicator or unique id, ranks, rank and timeout are sound, but
+ * only to tell the others: their rda_ring_create fails at once with RDA_ERR_NCCL naming that
+ * rank and its status (its own error says why); it waits for them to join (within the
+ * timeout), then returns its own status, a caller's communicator left to the caller (should
+ * telling fail with an NCCL or CUDA error, which aborts that communicator, the status is that
+ * error's instead). A world serves one ring: a second rda_ring_create for
  * a rank that joined it already (while its ring lives, or after) is RDA_ERR_INVALID_ARGUMENT
  * and leaves the world as it was. *out is NULL on failure. */
 RDA_API rda_status rda_ring_create(rda_ring **out, rda_plan *plan, const rda_ring_desc *desc);

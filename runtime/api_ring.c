@@ -245,8 +245,9 @@ rda_status rda_ring_nccl_unique_id(void *id) {
 
 /* ---- rings ------------------------------------------------------------------------------- */
 
-/* The desc checks that need nothing but the desc and the plan's context (one line each). */
-static rda_status ring_check_desc(const rda_ctx *ctx, const rda_ring_desc *d, double *timeout_s,
+/* The desc's checks of what joining the transport needs (one line each): with these passed, a
+ * rank that fails later can still tell the others (ring_tell_failure). */
+static rda_status ring_check_join(const rda_ctx *ctx, const rda_ring_desc *d, double *timeout_s,
                                   rda_err *err) {
   static const char fn[] = "rda_ring_create";
   if (d->struct_size != sizeof(rda_ring_desc))
@@ -270,23 +271,6 @@ static rda_status ring_check_desc(const rda_ctx *ctx, const rda_ring_desc *d, do
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                        "%s: desc->rank = %d: must be 0 to %d (desc->ranks - 1)", fn, d->rank,
                        d->ranks - 1);
-  if (d->n > RDA_RING_MAX_N)
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                       "%s: desc->n = %lld: must be at most 2^40 = %lld", fn, d->n,
-                       (long long)RDA_RING_MAX_N);
-  if (d->n < 1)
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: desc->n = %lld: must be >= 1", fn,
-                       d->n);
-  if (d->layout != RDA_LAYOUT_CONTIGUOUS && d->layout != RDA_LAYOUT_ZIGZAG)
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                       "%s: desc->layout = %d: must be RDA_LAYOUT_CONTIGUOUS or "
-                       "RDA_LAYOUT_ZIGZAG",
-                       fn, (int)d->layout);
-  if (d->layout == RDA_LAYOUT_ZIGZAG && d->n % (2LL * d->ranks) != 0)
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                       "%s: desc->n = %lld: the zigzag layout needs N to be a multiple of "
-                       "2 * desc->ranks = %lld",
-                       fn, d->n, 2LL * d->ranks);
   RDA_TRY(ring_timeout(fn, "desc->timeout_s", d->timeout_s, timeout_s, err));
   if (d->world != NULL) {
     const rda_ring_world *w = d->world;
@@ -311,42 +295,96 @@ static rda_status ring_check_desc(const rda_ctx *ctx, const rda_ring_desc *d, do
   return RDA_OK;
 }
 
-/* Join the transport: the world's, or an NCCL communicator (on the caller's stream, or one the
- * ring makes, with the context current on this thread). */
-static rda_status ring_join(rda_ring *r, const rda_ring_desc *d, uint64_t fp, double timeout_s,
-                            rda_err *err) {
-  rda_backend *b = r->ctx->b;
-  if (d->world != NULL) {
-    if (d->world->host != NULL) return rda_host_world_join(d->world->host, d->rank, fp, &r->t, err);
-    return rda_device_world_join(d->world->dev, d->rank, fp, b, &r->t, err);
-  }
-  void *stream = d->comm_stream;
-  if (stream == NULL) {
-    RDA_TRY(b->stream_create(b, &r->own_stream, err));
-    stream = r->own_stream;
-  } else {
-    void *ev = NULL; /* any backend call makes the context current on this thread */
-    RDA_TRY(b->event_create(b, &ev, err));
-    b->event_destroy(b, ev);
-  }
-  return rda_transport_nccl_create(d->nccl_comm, d->nccl_unique_id, d->rank, d->ranks, stream, b,
-                                   fp, timeout_s, &r->t, err);
+/* The desc's checks of the ring's shape: N and the layout (one line each). */
+static rda_status ring_check_shape(const rda_ring_desc *d, rda_err *err) {
+  static const char fn[] = "rda_ring_create";
+  if (d->n > RDA_RING_MAX_N)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "%s: desc->n = %lld: must be at most 2^40 = %lld", fn, d->n,
+                       (long long)RDA_RING_MAX_N);
+  if (d->n < 1)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: desc->n = %lld: must be >= 1", fn,
+                       d->n);
+  if (d->layout != RDA_LAYOUT_CONTIGUOUS && d->layout != RDA_LAYOUT_ZIGZAG)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "%s: desc->layout = %d: must be RDA_LAYOUT_CONTIGUOUS or "
+                       "RDA_LAYOUT_ZIGZAG",
+                       fn, (int)d->layout);
+  if (d->layout == RDA_LAYOUT_ZIGZAG && d->n % (2LL * d->ranks) != 0)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "%s: desc->n = %lld: the zigzag layout needs N to be a multiple of "
+                       "2 * desc->ranks = %lld",
+                       fn, d->n, 2LL * d->ranks);
+  return RDA_OK;
 }
 
-/* This rank's rda_ring_create failed before it joined its virtual-rank world (a bad desc, or
- * the plan could not be made): abort the world in this rank's name, so that the other ranks'
- * joins fail at once with the reason instead of waiting out the timeout for a rank that never
- * comes ("a mismatch is an error on every rank, not a hang"). The host and device worlds begin
- * with their tw_world (transport_world.h), which tw_world_abort aborts for a rank without an
- * endpoint (first abort wins, "rank R: why", everyone woken). A desc whose
- * struct_size or world is not valid names no world to abort; an NCCL ring has none yet. */
-static void ring_abort_world(const rda_ring_desc *d, const char *why) {
-  if (d == NULL || d->struct_size != sizeof(rda_ring_desc) || d->world == NULL ||
-      d->world->magic != kWorldMagic)
-    return;
-  tw_world *w = d->world->host != NULL ? (tw_world *)(void *)d->world->host
-                                       : (tw_world *)(void *)d->world->dev;
-  if (w != NULL) tw_world_abort(w, d->rank, why);
+/* The NCCL transfers' stream: the caller's (with the context made current on this thread: any
+ * backend call does that), or one the ring makes (*own_stream, the caller destroys it). */
+static rda_status ring_comm_stream(rda_backend *b, const rda_ring_desc *d, void **stream,
+                                   void **own_stream, rda_err *err) {
+  *stream = d->comm_stream;
+  if (*stream == NULL) {
+    RDA_TRY(b->stream_create(b, own_stream, err));
+    *stream = *own_stream;
+    return RDA_OK;
+  }
+  void *ev = NULL;
+  RDA_TRY(b->event_create(b, &ev, err));
+  b->event_destroy(b, ev);
+  return RDA_OK;
+}
+
+/* Join the transport: the world's, or an NCCL communicator. */
+static rda_status ring_join(rda_backend *b, const rda_ring_desc *d, uint64_t fp, double timeout_s,
+                            rda_transport **t, void **own_stream, rda_err *err) {
+  if (d->world != NULL) {
+    if (d->world->host != NULL) return rda_host_world_join(d->world->host, d->rank, fp, t, err);
+    return rda_device_world_join(d->world->dev, d->rank, fp, b, t, err);
+  }
+  void *stream = NULL;
+  RDA_TRY(ring_comm_stream(b, d, &stream, own_stream, err));
+  return rda_transport_nccl_create(d->nccl_comm, d->nccl_unique_id, d->rank, d->ranks, stream, b,
+                                   fp, timeout_s, t, err);
+}
+
+/* This rank's rda_ring_create failed before it joined (err: why; a bad desc, or the plan could
+ * not be made): tell the other ranks, so that their joins fail at once with the reason instead
+ * of waiting out the timeout for a rank that never comes ("a mismatch is an error on every
+ * rank, not a hang"). A virtual-rank world is aborted in this rank's name: the host and device
+ * worlds begin with their tw_world (transport_world.h), which tw_world_abort aborts for a rank
+ * without an endpoint (first abort wins, "rank R: why", everyone woken). NCCL carries no abort
+ * and no message: the rank joins with its failure word in place of its fingerprint
+ * (rda_transport_nccl_tell), when ctx is known and the desc's join fields are sound
+ * (ring_check_join), and the others' fingerprint check fails naming it and its status. That
+ * waits for them to join, within the timeout. A desc whose struct_size or world is not valid,
+ * or an NCCL desc that cannot join, tells no one: the others fail after their timeout.
+ * Returns err's status, or, when telling failed and so aborted the caller's communicator, an
+ * NCCL or CUDA status (rda.h: the handle is then gone), err's message saying both. */
+static rda_status ring_tell_failure(rda_ctx *ctx, const rda_ring_desc *d, rda_err *err) {
+  if (d == NULL || d->struct_size != sizeof(rda_ring_desc)) return err->status;
+  if (d->world != NULL) {
+    if (d->world->magic != kWorldMagic) return err->status;
+    tw_world *w = d->world->host != NULL ? (tw_world *)(void *)d->world->host
+                                         : (tw_world *)(void *)d->world->dev;
+    if (w != NULL) tw_world_abort(w, d->rank, err->msg[0] != '\0' ? err->msg : "(no detail)");
+    return err->status;
+  }
+  rda_err tell = {0};
+  double timeout_s = 0.0;
+  if (ctx == NULL || ring_check_join(ctx, d, &timeout_s, &tell) != RDA_OK) return err->status;
+  void *stream = NULL, *own_stream = NULL;
+  rda_status s = ring_comm_stream(ctx->b, d, &stream, &own_stream, &tell);
+  if (s == RDA_OK)
+    s = rda_transport_nccl_tell(d->nccl_comm, d->nccl_unique_id, d->rank, d->ranks, stream,
+                                ctx->b, err->status, timeout_s, &tell);
+  if (own_stream != NULL) ctx->b->stream_destroy(ctx->b, own_stream);
+  if (d->nccl_comm != NULL && (s == RDA_ERR_NCCL || s == RDA_ERR_CUDA)) {
+    char mine[sizeof err->msg];
+    snprintf(mine, sizeof mine, "%s", err->msg);
+    rda_err_set(err, s, "%s; then telling the other ranks failed, which aborted desc->nccl_comm: %s",
+                mine, tell.msg);
+  }
+  return err->status;
 }
 
 static void ring_free(rda_ring *r) {
@@ -361,31 +399,35 @@ static void ring_free(rda_ring *r) {
 
 rda_status rda_ring_create(rda_ring **out, rda_plan *plan, const rda_ring_desc *desc) {
   static const char fn[] = "rda_ring_create";
+  rda_err err = {0};
   if (out == NULL) {
-    ring_abort_world(desc, "rda_ring_create: out is NULL");
-    return rda_api_failf(rda_api_plan_ok(plan) ? plan->ctx : NULL, RDA_ERR_INVALID_ARGUMENT,
-                         "%s: out is NULL", fn);
+    rda_ctx *ctx = rda_api_plan_ok(plan) ? plan->ctx : NULL;
+    rda_err_set(&err, RDA_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+    (void)ring_tell_failure(ctx, desc, &err);
+    return rda_api_fail(ctx, &err);
   }
   *out = NULL;
   if (!rda_api_plan_ok(plan)) {
     const rda_status s = rda_api_bad_plan(plan, fn);
-    ring_abort_world(desc, rda_last_error(NULL));
+    rda_err_set(&err, s, "%s", rda_last_error(NULL));
+    (void)ring_tell_failure(NULL, desc, &err); /* no context: over NCCL, no one to tell */
     return s;
   }
   rda_ctx *ctx = plan->ctx;
   if (desc == NULL) return rda_api_failf(ctx, RDA_ERR_INVALID_ARGUMENT, "%s: desc is NULL", fn);
-  rda_err err = {0};
   double timeout_s = 0.0;
-  if (ring_check_desc(ctx, desc, &timeout_s, &err) != RDA_OK) {
-    ring_abort_world(desc, err.msg);
+  if (ring_check_join(ctx, desc, &timeout_s, &err) != RDA_OK ||
+      ring_check_shape(desc, &err) != RDA_OK) {
+    (void)ring_tell_failure(ctx, desc, &err);
     return rda_api_fail(ctx, &err);
   }
   const rda_config *cfg = &plan->core->pk.cfg;
 
   rda_ring *r = calloc(1, sizeof *r);
   if (r == NULL) {
-    ring_abort_world(desc, "rda_ring_create: out of memory");
-    return rda_api_failf(ctx, RDA_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    rda_err_set(&err, RDA_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    (void)ring_tell_failure(ctx, desc, &err);
+    return rda_api_fail(ctx, &err);
   }
   pthread_mutex_init(&r->lock, NULL);
   atomic_init(&r->aborted, 0);
@@ -412,7 +454,7 @@ rda_status rda_ring_create(rda_ring **out, rda_plan *plan, const rda_ring_desc *
     r->block_max = b[0] > b[1] ? b[0] : b[1];
     r->block_max = b[2] > r->block_max ? b[2] : r->block_max;
   }
-  if (s != RDA_OK) ring_abort_world(desc, err.msg[0] != '\0' ? err.msg : "(no detail)");
+  if (s != RDA_OK) s = ring_tell_failure(ctx, desc, &err);
   if (s == RDA_OK) {
     r->rows = (long long)rda_ring_plan_rank(r->rp, r->rank)->rows;
     r->stats.rows = r->rows;
@@ -421,7 +463,7 @@ rda_status rda_ring_create(rda_ring **out, rda_plan *plan, const rda_ring_desc *
       atomic_fetch_add(&r->world->rings, 1);
     }
     const uint64_t fp = rda_ring_fingerprint(cfg, desc->n, desc->ranks, (int)desc->layout);
-    s = ring_join(r, desc, fp, timeout_s, &err);
+    s = ring_join(ctx->b, desc, fp, timeout_s, &r->t, &r->own_stream, &err);
   }
   /* Links set up now (NCCL's point-to-point ones), not during the first pass's steps. */
   if (s == RDA_OK) s = rda_transport_connect(r->t, peers, npeers, &err);

@@ -23,6 +23,14 @@ rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank
   return rda_err_set(err, RDA_ERR_UNSUPPORTED, "nccl transport: rda was built without nccl.h");
 }
 
+rda_status rda_transport_nccl_tell(void *comm, const void *unique_id, int rank, int size,
+                                   void *stream, rda_backend *b, rda_status why, double timeout_s,
+                                   rda_err *err) {
+  (void)comm, (void)unique_id, (void)rank, (void)size, (void)stream, (void)b, (void)why;
+  (void)timeout_s;
+  return rda_err_set(err, RDA_ERR_UNSUPPORTED, "nccl transport: rda was built without nccl.h");
+}
+
 rda_status rda_transport_nccl_unique_id(void *id, rda_err *err) {
   (void)id;
   return rda_err_set(err, RDA_ERR_UNSUPPORTED, "nccl transport: rda was built without nccl.h");
@@ -498,9 +506,14 @@ rda_status rda_transport_nccl_unique_id(void *id, rda_err *err) {
   return RDA_OK;
 }
 
-rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank, int size,
-                                     void *stream, rda_backend *b, uint64_t fingerprint,
-                                     double timeout_s, rda_transport **out, rda_err *err) {
+/* Both entry points: open the endpoint, then the creation's all-gather of `word`. Joining
+ * (telling 0), word is the fingerprint, checked against every rank's. Telling (1), it is this
+ * rank's failure word, only given; once it is, nothing is pending: a caller's communicator is
+ * left to the caller, ours aborted (the others' checks fail and abort theirs; a finalize would
+ * wait for them), and the result is RDA_OK with *out NULL. */
+static rda_status tn_join(void *comm, const void *unique_id, int rank, int size, void *stream,
+                          rda_backend *b, uint64_t word, int telling, double timeout_s,
+                          rda_transport **out, rda_err *err) {
   *out = NULL;
   if ((comm == NULL) == (unique_id == NULL))
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
@@ -563,11 +576,18 @@ rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank
     s = tn_cu(ep, err, "cuEventCreate", tn_.cuEventCreate(&ep->ready, CU_EVENT_DISABLE_TIMING));
   if (s == RDA_OK)
     s = tn_cu(ep, err, "cuMemAlloc", tn_.cuMemAlloc_v2(&ep->scratch, 8u * (size_t)size));
+  if (s == RDA_OK && telling) s = tn_gather8(&ep->base, word, NULL, err);
+  if (s == RDA_OK && telling) {
+    if (!ep->owns_comm) ep->comm = NULL;
+    tn_abort_comm(ep, "this rank told the others that it failed");
+    tn_destroy(&ep->base);
+    return RDA_OK;
+  }
   /* The fingerprint check: every rank compares every rank's. */
-  uint64_t *all = s == RDA_OK ? calloc((size_t)size, sizeof *all) : NULL;
+  uint64_t *all = s == RDA_OK && !telling ? calloc((size_t)size, sizeof *all) : NULL;
   if (s == RDA_OK && all == NULL)
     s = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "nccl transport: out of memory");
-  if (s == RDA_OK) s = tn_gather8(&ep->base, fingerprint, all, err);
+  if (s == RDA_OK) s = tn_gather8(&ep->base, word, all, err);
   if (s == RDA_OK) s = rda_transport_check_fingerprints(all, size, rank, err);
   free(all);
   if (s != RDA_OK) {
@@ -581,6 +601,20 @@ rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank
   }
   *out = &ep->base;
   return RDA_OK;
+}
+
+rda_status rda_transport_nccl_create(void *comm, const void *unique_id, int rank, int size,
+                                     void *stream, rda_backend *b, uint64_t fingerprint,
+                                     double timeout_s, rda_transport **out, rda_err *err) {
+  return tn_join(comm, unique_id, rank, size, stream, b, fingerprint, 0, timeout_s, out, err);
+}
+
+rda_status rda_transport_nccl_tell(void *comm, const void *unique_id, int rank, int size,
+                                   void *stream, rda_backend *b, rda_status why, double timeout_s,
+                                   rda_err *err) {
+  rda_transport *t = NULL;
+  return tn_join(comm, unique_id, rank, size, stream, b, rda_transport_join_failed(why), 1,
+                 timeout_s, &t, err);
 }
 
 #endif

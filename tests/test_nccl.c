@@ -513,6 +513,18 @@ static void test_nccl_caller_comm_initializing_and_other_threads(void **state) {
   ncclResult_t state_now = ncclInProgress;
   assert_int_equal(async_error(comm, &state_now), ncclSuccess);
   assert_int_equal(state_now, ncclSuccess); /* untouched: still the caller's, healthy */
+  /* A rank that failed before it could join tells the others on the caller's communicator and
+   * leaves it healthy: a ring joins it again afterwards. */
+  if (rda_transport_nccl_tell(comm, NULL, 0, 1, cstream, b, RDA_ERR_INVALID_ARGUMENT, 30.0,
+                              &err) != RDA_OK)
+    fail_msg("tell on the caller's communicator: %s", err.msg);
+  state_now = ncclInProgress;
+  assert_int_equal(async_error(comm, &state_now), ncclSuccess);
+  assert_int_equal(state_now, ncclSuccess);
+  t = NULL;
+  if (rda_transport_nccl_create(comm, NULL, 0, 1, cstream, b, 7, 30.0, &t, &err) != RDA_OK)
+    fail_msg("create after a tell: %s", err.msg);
+  rda_transport_destroy(t);
   assert_int_equal(destroy(comm), ncclSuccess);
   b->stream_destroy(b, cstream);
   b->event_destroy(b, ev);
@@ -551,6 +563,18 @@ static void test_ring_over_nccl_one_rank_matches_single_device(void **state) {
   desc.n = R_N, desc.ranks = 1, desc.rank = 0, desc.timeout_s = 30.0;
   desc.nccl_unique_id = id;
   rda_ring *ring = NULL;
+  /* A desc its shape checks refuse: the rank still joins, on its own id, to tell the others
+   * (here none), and returns its own error, at once and in one line. */
+  unsigned char id_bad[NCCL_ID_BYTES];
+  assert_int_equal(rda_ring_nccl_unique_id(id_bad), RDA_OK);
+  rda_ring_desc bad = desc;
+  bad.nccl_unique_id = id_bad, bad.n = 2 * R_N + 1, bad.layout = RDA_LAYOUT_ZIGZAG;
+  const double t_bad = now_s();
+  assert_int_equal(rda_ring_create(&ring, plan, &bad), RDA_ERR_INVALID_ARGUMENT);
+  assert_null(ring);
+  assert_one_line(rda_last_error(ctx));
+  if (strstr(rda_last_error(ctx), "zigzag") == NULL) fail_msg("%s", rda_last_error(ctx));
+  if (now_s() - t_bad > 20.0) fail_msg("a refused desc took %.1f s", now_s() - t_bad);
   if (rda_ring_create(&ring, plan, &desc) != RDA_OK)
     fail_msg("rda_ring_create over NCCL: %s", rda_last_error(ctx));
   long long rows = 0;
