@@ -346,8 +346,9 @@ RDA_API void rda_ring_world_destroy(rda_ring_world *world);
 RDA_API rda_status rda_ring_nccl_unique_id(void *id);
 
 /* Join the ring as desc->rank: checks that every rank agrees on the config, N, P, the layout,
- * the dtype and the rda version (a mismatch is RDA_ERR_NCCL on every rank, never a hang; a rank
- * that never joins makes the others fail after the timeout). plan: the config for all ranks
+ * the dtype and the rda version (a mismatch is RDA_ERR_INVALID_ARGUMENT on every rank, never a
+ * hang, and leaves a caller's communicator to the caller; a rank that never joins makes the
+ * others fail after the timeout, RDA_ERR_NCCL). plan: the config for all ranks
  * (with RDA_PLAN_WITH_BACKWARD for rda_ring_backward); the ring keeps its own reference to the
  * plan's kernels, so the caller may destroy plan first. With a world, the world and the plan
  * must be on the same context; NCCL (nccl_comm or nccl_unique_id) needs a cuda context
@@ -362,8 +363,8 @@ RDA_API rda_status rda_ring_nccl_unique_id(void *id);
  * world cannot be used again (desc NULL or with a wrong struct_size names no world: then the
  * other ranks fail after their timeout). Over NCCL such a rank still joins, when plan is a plan
  * and desc's struct_size, communicator or unique id, ranks, rank and timeout are sound, but
- * only to tell the others: their rda_ring_create fails at once with RDA_ERR_NCCL naming that
- * rank and its status (its own error says why); it waits for them to join (within the
+ * only to tell the others: their rda_ring_create fails at once with RDA_ERR_INVALID_ARGUMENT
+ * naming that rank and its status (its own error says why); it waits for them to join (within the
  * timeout), then returns its own status, a caller's communicator left to the caller (should
  * telling fail with an NCCL or CUDA error, which aborts that communicator, the status is that
  * error's instead). A world serves one ring: a second rda_ring_create for

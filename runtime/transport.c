@@ -113,13 +113,13 @@ uint64_t rda_transport_join_failed(rda_status why) {
 rda_status rda_transport_check_fingerprints(const uint64_t *fp, int n, int rank, rda_err *err) {
   for (int q = 0; q < n; q++)
     if (fp[q] & RDA_TRANSPORT_JOIN_FAILED)
-      return rda_err_set(err, RDA_ERR_NCCL,
-                         "rank %d: the ring was aborted: rank %d failed in rda_ring_create before "
-                         "it joined (%s; its own error says why)",
+      return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                         "rank %d: rank %d failed in rda_ring_create before it joined (%s; its "
+                         "own error says why)",
                          rank, q, rda_status_string((rda_status)(fp[q] & 0xff)));
   const int q = rda_transport_first_differing(fp, n);
   if (q == 0) return RDA_OK;
-  return rda_err_set(err, RDA_ERR_NCCL,
+  return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                      "rank %d: fingerprint mismatch: rank 0 has 0x%016llx, rank %d has 0x%016llx "
                      "(config, N, P, layout, dtype or rda version differ)",
                      rank, (unsigned long long)fp[0], q, (unsigned long long)fp[q]);

@@ -35,7 +35,8 @@
  *    a caller that abandons a posted group calls wait all the same.
  *  - Virtual ranks: a rank that destroys its endpoint is gone for good; a wait or barrier of
  *    another rank that still needs it fails at once, naming it ("rank 2: left the ring ...").
- *  - Creation checks a fingerprint (rda_ring_fingerprint): a mismatch is an error on every rank. */
+ *  - Creation checks a fingerprint (rda_ring_fingerprint): a mismatch is an error on every rank
+ *    (RDA_ERR_INVALID_ARGUMENT: the calls disagree; rda_transport_check_fingerprints). */
 #ifndef RDA_TRANSPORT_H
 #define RDA_TRANSPORT_H
 
@@ -101,9 +102,10 @@ int rda_transport_first_differing(const uint64_t *all, int n);
  * fingerprint: over NCCL that is the only way the others learn of it before their timeout. */
 #define RDA_TRANSPORT_JOIN_FAILED (1ull << 63)
 uint64_t rda_transport_join_failed(rda_status why);
-/* The creation check of every transport: RDA_ERR_NCCL on `rank` naming the first rank that
- * failed before it joined, else the first rank whose fingerprint (of n, all ranks') differs
- * from rank 0's, else RDA_OK. */
+/* The creation check of every transport: RDA_ERR_INVALID_ARGUMENT on `rank` naming the first
+ * rank that failed before it joined, else the first rank whose fingerprint (of n, all ranks')
+ * differs from rank 0's, else RDA_OK. Not an NCCL status: the ranks' calls disagree, and the
+ * transport itself is sound (over NCCL, a caller's communicator stays the caller's). */
 rda_status rda_transport_check_fingerprints(const uint64_t *fp, int n, int rank, rda_err *err);
 /* Make every rank's pending and later operations fail with reason (first abort wins). */
 void rda_transport_abort(rda_transport *t, const char *reason);
@@ -120,9 +122,9 @@ rda_status rda_host_world_create(int size, double timeout_s, rda_host_world **ou
 void rda_host_world_destroy(rda_host_world *w);
 
 /* Called by the thread of rank `rank`: waits (up to the timeout) for all ranks to join, then
- * compares fingerprints. A mismatch is RDA_ERR_NCCL on every rank ("rank 2: fingerprint
- * mismatch: rank 0 has 0x..., rank 2 has 0x..."); a rank that never joins makes the others
- * time out. *out is NULL on failure. */
+ * compares fingerprints. A mismatch is RDA_ERR_INVALID_ARGUMENT on every rank ("rank 2:
+ * fingerprint mismatch: rank 0 has 0x..., rank 2 has 0x..."); a rank that never joins makes
+ * the others time out (RDA_ERR_NCCL). *out is NULL on failure. */
 rda_status rda_host_world_join(rda_host_world *w, int rank, uint64_t fingerprint,
                                rda_transport **out, rda_err *err);
 

@@ -168,14 +168,15 @@ typedef struct tn_endpoint {
   int owns_comm;
   int aborted; /* the owning thread aborted the communicator (comm is NULL then) */
   char reason[256];
-  /* rda_transport_abort may come from any thread, while the owning thread is inside NCCL on
-   * comm: it only files a request, which the owning thread carries out at its next transport
-   * call (or poll iteration, or destroy), so comm is never freed under a running call. */
+  /* Held for the whole of every call that uses comm (the vtable's entry points; creation and
+   * destroy have the endpoint to themselves). rda_transport_abort may come from any thread: it
+   * files a request (under mu), then aborts the communicator at once if it can take `call`;
+   * else the running call carries the request out at its next poll iteration or call, so comm
+   * is never freed under a running call and an idle ring's abort is not left pending. */
+  pthread_mutex_t call;
   pthread_mutex_t mu;
-  int abort_requested; /* read without the lock by the owner: __atomic */
+  int abort_requested; /* read without the lock by the holder of call: __atomic */
   char requested[256];
-  pthread_t user; /* under mu: the thread of the latest transport call (has_user) */
-  int has_user;
   CUcontext ctx;       /* current at creation: made current again to destroy */
   CUstream stream;     /* communication */
   rda_backend *b;      /* whose current stream is the caller's (NULL: see transport.h) */
@@ -200,7 +201,7 @@ static void tn_sleep_us(long us) {
   nanosleep(&ts, NULL);
 }
 
-/* The owning thread only. */
+/* The holder of ep->call (or the creating / destroying thread) only. */
 static void tn_abort_comm(tn_endpoint *ep, const char *why) {
   if (!ep->aborted) {
     ep->aborted = 1;
@@ -210,7 +211,7 @@ static void tn_abort_comm(tn_endpoint *ep, const char *why) {
   }
 }
 
-/* The owning thread: carry out an abort another thread requested. */
+/* The holder of ep->call: carry out an abort another thread requested. */
 static void tn_take_request(tn_endpoint *ep) {
   if (!__atomic_load_n(&ep->abort_requested, __ATOMIC_ACQUIRE) || ep->aborted) return;
   char why[256];
@@ -268,15 +269,20 @@ static rda_status tn_poll(tn_endpoint *ep, int with_event, const char *what, rda
   }
 }
 
-/* Every call's entry: the calling thread is the one using comm now. */
-static void tn_enter(tn_endpoint *ep) {
-  pthread_mutex_lock(&ep->mu);
-  ep->user = pthread_self(), ep->has_user = 1;
-  pthread_mutex_unlock(&ep->mu);
+/* ep's context made current on this thread, which may have another current, or none: *prev,
+ * to restore with tn_ctx_leave when the result is 1. */
+static int tn_ctx_enter(const tn_endpoint *ep, CUcontext *prev) {
+  *prev = NULL;
+  const int restore = ep->ctx != NULL && tn_.cuCtxGetCurrent(prev) == CUDA_SUCCESS;
+  if (ep->ctx != NULL) tn_.cuCtxSetCurrent(ep->ctx);
+  return restore;
+}
+
+static void tn_ctx_leave(int restore, CUcontext prev) {
+  if (restore) tn_.cuCtxSetCurrent(prev);
 }
 
 static rda_status tn_check_live(tn_endpoint *ep, rda_err *err) {
-  tn_enter(ep);
   tn_take_request(ep);
   if (ep->aborted)
     return rda_err_set(err, RDA_ERR_NCCL, "rank %d: the communicator was aborted: %s",
@@ -323,25 +329,26 @@ static rda_status tn_recv(rda_transport *t, int peer, void *buf, size_t bytes, r
   return tn_add((tn_endpoint *)t, 0, peer, buf, bytes, err);
 }
 
-static rda_status tn_group_end(rda_transport *t, rda_err *err) {
-  tn_endpoint *ep = (tn_endpoint *)t;
-  RDA_TRY(tn_check_live(ep, err));
-  if (ep->state != 1)
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rank %d: group_end without group_start",
-                       t->rank);
-  ep->state = 2;
-  /* Device-side order (transport.h): the group starts after the caller's work so far, on the
-   * stream where the thread's kernels on b go. */
-  if (ep->b != NULL) {
-    RDA_TRY(ep->b->event_record(ep->b, ep->ready, err));
-  } else {
-    void *cs = NULL;
-    int cs_set = 0;
-    rda_backend_cuda_thread_stream(&cs, &cs_set);
-    ep->caller = (CUstream)cs;
-    RDA_TRY(tn_cu(ep, err, "cuEventRecord", tn_.cuEventRecord(ep->ready, ep->caller)));
-  }
-  RDA_TRY(tn_cu(ep, err, "cuStreamWaitEvent", tn_.cuStreamWaitEvent(ep->stream, ep->ready, 0)));
+/* Work the caller enqueues from now on runs after the communication stream's `done`. */
+static rda_status tn_order_caller(tn_endpoint *ep, rda_err *err) {
+  if (ep->b != NULL) return ep->b->stream_wait_event(ep->b, ep->done, err);
+  return tn_cu(ep, err, "cuStreamWaitEvent", tn_.cuStreamWaitEvent(ep->caller, ep->done, 0));
+}
+
+/* A group that may have been posted failed (while posting, or in its wait): the communicator
+ * is aborted, which stops the group's kernels, and the caller's stream still waits for the
+ * communication stream, so that nothing the group began lands in a buffer the caller reuses
+ * after the error (transport.h). Best effort: the error in hand is the one reported. */
+static void tn_fence_failed(tn_endpoint *ep) {
+  tn_abort_comm(ep, "a posted send/recv group failed");
+  ep->state = 0;
+  if (tn_.cuEventRecord(ep->done, ep->stream) != CUDA_SUCCESS) return;
+  rda_err ignored = {0};
+  (void)tn_order_caller(ep, &ignored);
+}
+
+/* From ncclGroupStart on, a failure fences the group (tn_fence_failed). */
+static rda_status tn_post(tn_endpoint *ep, rda_err *err) {
   ncclResult_t r = tn_.ncclGroupStart();
   if (r != ncclSuccess) return tn_fail(ep, err, "ncclGroupStart", r);
   for (int q = 0; q < ep->nops; q++) {
@@ -362,20 +369,47 @@ static rda_status tn_group_end(rda_transport *t, rda_err *err) {
   return tn_cu(ep, err, "cuEventRecord", tn_.cuEventRecord(ep->done, ep->stream));
 }
 
-static rda_status tn_wait(rda_transport *t, rda_err *err) {
+static rda_status tn_group_end(rda_transport *t, rda_err *err) {
   tn_endpoint *ep = (tn_endpoint *)t;
   RDA_TRY(tn_check_live(ep, err));
-  if (ep->state != 2)
+  if (ep->state != 1)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rank %d: group_end without group_start",
+                       t->rank);
+  ep->state = 0; /* closed, whatever follows; 2 once posted */
+  /* Device-side order (transport.h): the group starts after the caller's work so far, on the
+   * stream where the thread's kernels on b go. */
+  if (ep->b != NULL) {
+    RDA_TRY(ep->b->event_record(ep->b, ep->ready, err));
+  } else {
+    void *cs = NULL;
+    int cs_set = 0;
+    rda_backend_cuda_thread_stream(&cs, &cs_set);
+    ep->caller = (CUstream)cs;
+    RDA_TRY(tn_cu(ep, err, "cuEventRecord", tn_.cuEventRecord(ep->ready, ep->caller)));
+  }
+  RDA_TRY(tn_cu(ep, err, "cuStreamWaitEvent", tn_.cuStreamWaitEvent(ep->stream, ep->ready, 0)));
+  ep->state = 2;
+  const rda_status s = tn_post(ep, err);
+  if (s != RDA_OK) tn_fence_failed(ep);
+  return s;
+}
+
+static rda_status tn_wait(rda_transport *t, rda_err *err) {
+  tn_endpoint *ep = (tn_endpoint *)t;
+  const int posted = ep->state == 2;
+  rda_status s = tn_check_live(ep, err);
+  if (s == RDA_OK && !posted)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rank %d: wait without a posted group",
                        t->rank);
+  if (s == RDA_OK) s = tn_poll(ep, 1, "a send/recv group", err);
+  if (s != RDA_OK) {
+    if (posted) tn_fence_failed(ep); /* as transport.h promises of a failed wait */
+    return s;
+  }
   ep->state = 0;
-  RDA_TRY(tn_poll(ep, 1, "a send/recv group", err));
   /* Work the caller enqueues from now on runs after the transfers (already complete here, as
    * the poll above is what detects a timeout, but ordered all the same). */
-  if (ep->b != NULL)
-    RDA_TRY(ep->b->stream_wait_event(ep->b, ep->done, err));
-  else
-    RDA_TRY(tn_cu(ep, err, "cuStreamWaitEvent", tn_.cuStreamWaitEvent(ep->caller, ep->done, 0)));
+  RDA_TRY(tn_order_caller(ep, err));
   for (int q = 0; q < ep->nops; q++) {
     if (ep->ops[q].send)
       t->bytes_sent += ep->ops[q].bytes;
@@ -428,10 +462,10 @@ static rda_status tn_connect(rda_transport *t, const int *peers, int npeers, rda
   return tn_wait(t, err);
 }
 
-/* Any thread (see tn_endpoint): files the request; the first reason wins. From the thread that
- * made the latest call (not inside one, then: calls are synchronous) the communicator is
- * aborted at once, so that transfers a failed ring call left posted stop before that call
- * returns its error and the caller reuses the buffers. */
+/* Any thread (see tn_endpoint): files the request, the first reason winning, and carries it
+ * out at once unless a call is running (which then does): so transfers a failed ring call left
+ * posted stop before that call returns its error and the caller reuses the buffers, and an
+ * idle ring's communicator is aborted now, not at its destroy. */
 static void tn_abort(rda_transport *t, const char *reason) {
   tn_endpoint *ep = (tn_endpoint *)t;
   pthread_mutex_lock(&ep->mu);
@@ -439,22 +473,23 @@ static void tn_abort(rda_transport *t, const char *reason) {
     snprintf(ep->requested, sizeof ep->requested, "%s", reason);
     __atomic_store_n(&ep->abort_requested, 1, __ATOMIC_RELEASE);
   }
-  const int mine = ep->has_user && pthread_equal(ep->user, pthread_self());
   pthread_mutex_unlock(&ep->mu);
-  if (mine) tn_take_request(ep);
+  if (pthread_mutex_trylock(&ep->call) != 0) return;
+  CUcontext prev;
+  const int restore = tn_ctx_enter(ep, &prev);
+  tn_take_request(ep);
+  tn_ctx_leave(restore, prev);
+  pthread_mutex_unlock(&ep->call);
 }
 
 /* A communicator rda made, at the end: ncclCommFinalize flushes its operations while every
  * rank is still there, then ncclCommDestroy frees it without blocking; destroyed without a
  * finalize it would wait in a barrier of every rank, for ever when a peer aborted. With work
- * in flight, a failure, or no finalize within the timeout: ncclCommAbort (current NCCL
- * returns from it at once; the 2.18 - 2.20 manuals call it an intra-node collective, so there
- * an aborting rank may wait until its peers on the node abort too). */
+ * in flight (tn_destroy aborted it first), a failure, or no finalize within the timeout:
+ * ncclCommAbort (current NCCL returns from it at once; the 2.18 - 2.20 manuals call it an
+ * intra-node collective, so there an aborting rank may wait until its peers on the node abort
+ * too). */
 static void tn_release_comm(tn_endpoint *ep) {
-  if (ep->state == 2) {
-    tn_abort_comm(ep, "released with operations in flight");
-    return;
-  }
   const ncclResult_t r = tn_.ncclCommFinalize(ep->comm);
   if (r != ncclSuccess && r != ncclInProgress) {
     tn_abort_comm(ep, "ncclCommFinalize failed");
@@ -468,30 +503,54 @@ static void tn_release_comm(tn_endpoint *ep) {
 
 static void tn_destroy(rda_transport *t) {
   tn_endpoint *ep = (tn_endpoint *)t;
-  /* The thread may have another context current, or none: ep's, then the caller's again. */
-  CUcontext prev = NULL;
-  const int restore = ep->ctx != NULL && tn_.cuCtxGetCurrent(&prev) == CUDA_SUCCESS;
-  if (ep->ctx != NULL) tn_.cuCtxSetCurrent(ep->ctx);
+  CUcontext prev;
+  const int restore = tn_ctx_enter(ep, &prev);
   tn_take_request(ep); /* a requested abort: the communicator is aborted, not destroyed */
+  /* Transfers still posted (a group whose wait never came) would land in the scratch freed
+   * below, or in the caller's buffers: abort the communicator, the caller's too (rda.h). */
+  if (ep->state == 2) tn_abort_comm(ep, "destroyed with operations in flight");
   if (ep->comm != NULL && ep->owns_comm) tn_release_comm(ep);
   if (ep->done != NULL) tn_.cuEventDestroy_v2(ep->done);
   if (ep->ready != NULL) tn_.cuEventDestroy_v2(ep->ready);
   if (ep->scratch != 0) tn_.cuMemFree_v2(ep->scratch);
-  if (restore) tn_.cuCtxSetCurrent(prev);
+  tn_ctx_leave(restore, prev);
   free(ep->ops);
   pthread_mutex_destroy(&ep->mu);
+  pthread_mutex_destroy(&ep->call);
   free(ep);
 }
 
+/* The vtable's entry points hold ep->call throughout (see tn_endpoint). */
+#define TN_LOCKED(name, params, args)           \
+  static rda_status name##_locked params {      \
+    tn_endpoint *ep = (tn_endpoint *)t;         \
+    pthread_mutex_lock(&ep->call);              \
+    const rda_status s = name args;             \
+    pthread_mutex_unlock(&ep->call);            \
+    return s;                                   \
+  }
+TN_LOCKED(tn_group_start, (rda_transport * t, rda_err * err), (t, err))
+TN_LOCKED(tn_send, (rda_transport * t, int peer, const void *buf, size_t bytes, rda_err *err),
+          (t, peer, buf, bytes, err))
+TN_LOCKED(tn_recv, (rda_transport * t, int peer, void *buf, size_t bytes, rda_err *err),
+          (t, peer, buf, bytes, err))
+TN_LOCKED(tn_group_end, (rda_transport * t, rda_err * err), (t, err))
+TN_LOCKED(tn_wait, (rda_transport * t, rda_err * err), (t, err))
+TN_LOCKED(tn_gather8, (rda_transport * t, uint64_t mine, uint64_t *all, rda_err *err),
+          (t, mine, all, err))
+TN_LOCKED(tn_connect, (rda_transport * t, const int *peers, int npeers, rda_err *err),
+          (t, peers, npeers, err))
+#undef TN_LOCKED
+
 static const rda_transport_vtbl tn_vtbl = {
     .name = "nccl",
-    .group_start = tn_group_start,
-    .send = tn_send,
-    .recv = tn_recv,
-    .group_end = tn_group_end,
-    .wait = tn_wait,
-    .gather8 = tn_gather8,
-    .connect = tn_connect,
+    .group_start = tn_group_start_locked,
+    .send = tn_send_locked,
+    .recv = tn_recv_locked,
+    .group_end = tn_group_end_locked,
+    .wait = tn_wait_locked,
+    .gather8 = tn_gather8_locked,
+    .connect = tn_connect_locked,
     .abort = tn_abort,
     .destroy = tn_destroy,
 };
@@ -529,6 +588,7 @@ static rda_status tn_join(void *comm, const void *unique_id, int rank, int size,
   ep->stream = (CUstream)stream;
   ep->b = b != NULL && strcmp(b->name, "cuda") == 0 ? b : NULL;
   pthread_mutex_init(&ep->mu, NULL);
+  pthread_mutex_init(&ep->call, NULL);
   if (tn_.cuCtxGetCurrent(&ep->ctx) != CUDA_SUCCESS) ep->ctx = NULL;
   rda_status s = RDA_OK;
   if (comm != NULL) {
@@ -593,7 +653,10 @@ static rda_status tn_join(void *comm, const void *unique_id, int rank, int size,
   if (s != RDA_OK) {
     /* The caller's communicator is aborted after an NCCL or CUDA failure (its peers may have
      * transfers posted to it; rda.h: the handle is then gone), and left to the caller after
-     * any other. Ours: aborted, not finalized (its peers may never get as far as that). */
+     * any other: a failed check (RDA_ERR_INVALID_ARGUMENT) comes after a completed gather,
+     * on every rank alike, so no rank aborts a communicator its peers keep (ncclCommAbort
+     * wants every rank). Ours: aborted, not finalized (its peers may never get as far as
+     * that). */
     if (!ep->owns_comm && s != RDA_ERR_NCCL && s != RDA_ERR_CUDA) ep->comm = NULL;
     if (ep->comm != NULL) tn_abort_comm(ep, "the ring's creation failed");
     tn_destroy(&ep->base);
