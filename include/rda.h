@@ -345,31 +345,30 @@ RDA_API void rda_ring_world_destroy(rda_ring_world *world);
  * when the NCCL library cannot be loaded). */
 RDA_API rda_status rda_ring_nccl_unique_id(void *id);
 
-/* Join the ring as desc->rank: checks that every rank agrees on the config, N, P, the layout,
- * the dtype and the rda version (a mismatch is RDA_ERR_INVALID_ARGUMENT on every rank, never a
- * hang, and leaves a caller's communicator to the caller; a rank that never joins makes the
- * others fail after the timeout, RDA_ERR_NCCL). plan: the config for all ranks
- * (with RDA_PLAN_WITH_BACKWARD for rda_ring_backward); the ring keeps its own reference to the
- * plan's kernels, so the caller may destroy plan first. With a world, the world and the plan
- * must be on the same context; NCCL (nccl_comm or nccl_unique_id) needs a cuda context
- * (RDA_ERR_UNSUPPORTED on the emulator or in a build without NCCL). Blocks until every rank
- * joined (or the timeout). RDA_ERR_INVALID_ARGUMENT, before joining, for: desc NULL or its
- * struct_size wrong, not exactly one of world / nccl_comm / nccl_unique_id, ranks outside
- * 1 .. 4096 or not the world's, rank outside 0 .. P-1, N < 1 or N > 2^40, an unknown layout,
- * zigzag with N % 2P != 0, a timeout negative, not finite or above 1e6 (checked with a world
- * too, whose own timeout then applies), a ring whose byte counts would pass 2^63 - 1; and out
- * NULL or plan not a plan. With a world, any such failure of one rank aborts the world, so the other
- * ranks fail at once (RDA_ERR_NCCL naming that rank and why) instead of after the timeout; the
- * world cannot be used again (desc NULL or with a wrong struct_size names no world: then the
- * other ranks fail after their timeout). Over NCCL such a rank still joins, when plan is a plan
- * and desc's struct_size, communicator or unique id, ranks, rank and timeout are sound, but
- * only to tell the others: their rda_ring_create fails at once with RDA_ERR_INVALID_ARGUMENT
- * naming that rank and its status (its own error says why); it waits for them to join (within the
- * timeout), then returns its own status, a caller's communicator left to the caller (should
- * telling fail with an NCCL or CUDA error, which aborts that communicator, the status is that
- * error's instead). A world serves one ring: a second rda_ring_create for
- * a rank that joined it already (while its ring lives, or after) is RDA_ERR_INVALID_ARGUMENT
- * and leaves the world as it was. *out is NULL on failure. */
+/* Join the ring as desc->rank: checks that every rank agrees on the config, N, P, the layout, the
+ * dtype and the rda version (a mismatch is RDA_ERR_INVALID_ARGUMENT on every rank, never a hang,
+ * and leaves a caller's communicator to the caller; a rank that never joins makes the others fail
+ * after the timeout, RDA_ERR_NCCL). plan: the config for all ranks (with RDA_PLAN_WITH_BACKWARD for
+ * rda_ring_backward); the ring keeps its own reference to the plan's kernels, so the caller may
+ * destroy plan first. With a world, the world and the plan must be on the same context; NCCL
+ * (nccl_comm or nccl_unique_id) needs a cuda context (RDA_ERR_UNSUPPORTED on the emulator or in a
+ * build without NCCL). Blocks until every rank joined (or the timeout). RDA_ERR_INVALID_ARGUMENT,
+ * before joining, for: desc NULL or its struct_size wrong, not exactly one of world / nccl_comm /
+ * nccl_unique_id, ranks outside 1 .. 4096 or not the world's, rank outside 0 .. P-1, N < 1 or
+ * N > 2^40, an unknown layout, zigzag with N % 2P != 0, a timeout negative, not finite or above 1e6
+ * (checked with a world too, whose own timeout then applies), a ring whose byte counts would pass
+ * 2^63 - 1; and out NULL or plan not a plan. With a world, any such failure of one rank aborts the
+ * world, so the other ranks fail at once (RDA_ERR_NCCL naming that rank and why) instead of after
+ * the timeout; the world cannot be used again (desc NULL or with a wrong struct_size names no
+ * world: then the other ranks fail after their timeout). Over NCCL such a rank still joins, when
+ * plan is a plan and desc's struct_size, communicator or unique id, ranks, rank and timeout are
+ * sound, but only to tell the others: their rda_ring_create fails at once with
+ * RDA_ERR_INVALID_ARGUMENT naming that rank and its status (its own error says why); it waits for
+ * them to join (within the timeout), then returns its own status, a caller's communicator left to
+ * the caller (should telling fail with an NCCL or CUDA error, which aborts that communicator, the
+ * status is that error's instead). A world serves one ring: a second rda_ring_create for a rank
+ * that joined it already (while its ring lives, or after) is RDA_ERR_INVALID_ARGUMENT and leaves
+ * the world as it was. *out is NULL on failure. */
 RDA_API rda_status rda_ring_create(rda_ring **out, rda_plan *plan, const rda_ring_desc *desc);
 
 /* The rank's rows: count, and its pieces [lo[i], hi[i]) of global rows (npieces 1 or 2, or 0

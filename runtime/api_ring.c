@@ -303,8 +303,7 @@ static rda_status ring_check_shape(const rda_ring_desc *d, rda_err *err) {
                        "%s: desc->n = %lld: must be at most 2^40 = %lld", fn, d->n,
                        (long long)RDA_RING_MAX_N);
   if (d->n < 1)
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: desc->n = %lld: must be >= 1", fn,
-                       d->n);
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "%s: desc->n = %lld: must be >= 1", fn, d->n);
   if (d->layout != RDA_LAYOUT_CONTIGUOUS && d->layout != RDA_LAYOUT_ZIGZAG)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                        "%s: desc->layout = %d: must be RDA_LAYOUT_CONTIGUOUS or "
@@ -375,14 +374,15 @@ static rda_status ring_tell_failure(rda_ctx *ctx, const rda_ring_desc *d, rda_er
   void *stream = NULL, *own_stream = NULL;
   rda_status s = ring_comm_stream(ctx->b, d, &stream, &own_stream, &tell);
   if (s == RDA_OK)
-    s = rda_transport_nccl_tell(d->nccl_comm, d->nccl_unique_id, d->rank, d->ranks, stream,
-                                ctx->b, err->status, timeout_s, &tell);
+    s = rda_transport_nccl_tell(d->nccl_comm, d->nccl_unique_id, d->rank, d->ranks, stream, ctx->b,
+                                err->status, timeout_s, &tell);
   if (own_stream != NULL) ctx->b->stream_destroy(ctx->b, own_stream);
   if (d->nccl_comm != NULL && (s == RDA_ERR_NCCL || s == RDA_ERR_CUDA)) {
     char mine[sizeof err->msg];
     snprintf(mine, sizeof mine, "%s", err->msg);
-    rda_err_set(err, s, "%s; then telling the other ranks failed, which aborted desc->nccl_comm: %s",
-                mine, tell.msg);
+    rda_err_set(err, s,
+                "%s; then telling the other ranks failed, which aborted desc->nccl_comm: %s", mine,
+                tell.msg);
   }
   return err->status;
 }

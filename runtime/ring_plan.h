@@ -221,8 +221,8 @@ typedef struct rda_ring_sim {
 rda_status rda_ring_plan_simulate(const rda_ring_plan *p, double link_bytes_per_s,
                                   double flops_per_s, rda_ring_sim *out, rda_err *err);
 
-/* A 63-bit FNV-1a hash (bit 63 clear) of everything the ranks of one ring must agree on: the config (every
- * field), N, P, the layout, the dtype, the rda version, RDA_RING_PROTOCOL and the bundle cap
+/* A 63-bit FNV-1a hash (bit 63 clear) of everything the ranks of one ring must agree on: the config
+ * (every field), N, P, the layout, the dtype, the rda version, RDA_RING_PROTOCOL and the bundle cap
  * (rda_ring_plan_create's; rda_ring_plan_create_bundled is for tests whose ranks share one
  * plan). */
 uint64_t rda_ring_fingerprint(const rda_config *cfg, int64_t n, int ranks, int layout);

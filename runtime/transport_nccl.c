@@ -521,21 +521,21 @@ static void tn_destroy(rda_transport *t) {
 }
 
 /* The vtable's entry points hold ep->call throughout (see tn_endpoint). */
-#define TN_LOCKED(name, params, args)           \
-  static rda_status name##_locked params {      \
-    tn_endpoint *ep = (tn_endpoint *)t;         \
-    pthread_mutex_lock(&ep->call);              \
-    const rda_status s = name args;             \
-    pthread_mutex_unlock(&ep->call);            \
-    return s;                                   \
+#define TN_LOCKED(name, params, args)      \
+  static rda_status name##_locked params { \
+    tn_endpoint *ep = (tn_endpoint *)t;    \
+    pthread_mutex_lock(&ep->call);         \
+    const rda_status s = name args;        \
+    pthread_mutex_unlock(&ep->call);       \
+    return s;                              \
   }
-TN_LOCKED(tn_group_start, (rda_transport * t, rda_err * err), (t, err))
+TN_LOCKED(tn_group_start, (rda_transport * t, rda_err *err), (t, err))
 TN_LOCKED(tn_send, (rda_transport * t, int peer, const void *buf, size_t bytes, rda_err *err),
           (t, peer, buf, bytes, err))
 TN_LOCKED(tn_recv, (rda_transport * t, int peer, void *buf, size_t bytes, rda_err *err),
           (t, peer, buf, bytes, err))
-TN_LOCKED(tn_group_end, (rda_transport * t, rda_err * err), (t, err))
-TN_LOCKED(tn_wait, (rda_transport * t, rda_err * err), (t, err))
+TN_LOCKED(tn_group_end, (rda_transport * t, rda_err *err), (t, err))
+TN_LOCKED(tn_wait, (rda_transport * t, rda_err *err), (t, err))
 TN_LOCKED(tn_gather8, (rda_transport * t, uint64_t mine, uint64_t *all, rda_err *err),
           (t, mine, all, err))
 TN_LOCKED(tn_connect, (rda_transport * t, const int *peers, int npeers, rda_err *err),

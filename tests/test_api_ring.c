@@ -711,8 +711,8 @@ static void expect_mismatch(const char *what, int P, int odd, rda_plan *plan2, l
     /* The calls disagree: not a transport failure (over NCCL, the status that says a
      * caller's communicator was aborted). */
     if (jobs[p].s != RDA_ERR_INVALID_ARGUMENT)
-      fail_msg("%s: rank %d: status %d (%s), expected RDA_ERR_INVALID_ARGUMENT", what, p,
-               jobs[p].s, jobs[p].msg);
+      fail_msg("%s: rank %d: status %d (%s), expected RDA_ERR_INVALID_ARGUMENT", what, p, jobs[p].s,
+               jobs[p].msg);
     assert_one_line_naming(jobs[p].msg, "fingerprint mismatch");
     assert_one_line_naming(jobs[p].msg, "rda_ring_create");
     const double took = jobs[p].t_end - cjobs_last_start(jobs, P);

@@ -515,8 +515,8 @@ static void test_nccl_caller_comm_initializing_and_other_threads(void **state) {
   assert_int_equal(state_now, ncclSuccess); /* untouched: still the caller's, healthy */
   /* A rank that failed before it could join tells the others on the caller's communicator and
    * leaves it healthy: a ring joins it again afterwards. */
-  if (rda_transport_nccl_tell(comm, NULL, 0, 1, cstream, b, RDA_ERR_INVALID_ARGUMENT, 30.0,
-                              &err) != RDA_OK)
+  if (rda_transport_nccl_tell(comm, NULL, 0, 1, cstream, b, RDA_ERR_INVALID_ARGUMENT, 30.0, &err) !=
+      RDA_OK)
     fail_msg("tell on the caller's communicator: %s", err.msg);
   state_now = ncclInProgress;
   assert_int_equal(async_error(comm, &state_now), ncclSuccess);

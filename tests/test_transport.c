@@ -494,7 +494,8 @@ static void fingerprint_mismatch_errors_every_rank(int kind) {
       if (ctx[x].elapsed >= 5.0) fail_msg("rank %d took %.1f s", x, ctx[x].elapsed);
       assert_int_equal(ctx[x].status, RDA_ERR_INVALID_ARGUMENT); /* the calls disagree */
       const char *want = round == 0 ? "rank 2 has" : "rank 1 failed in rda_ring_create before";
-      if (strstr(ctx[x].msg, round == 0 ? "fingerprint mismatch" : "RDA_ERR_OUT_OF_MEMORY") == NULL ||
+      if (strstr(ctx[x].msg, round == 0 ? "fingerprint mismatch" : "RDA_ERR_OUT_OF_MEMORY") ==
+              NULL ||
           strstr(ctx[x].msg, want) == NULL)
         fail_msg("round %d: rank %d: %s", round, x, ctx[x].msg);
       assert_int_equal(ctx[x].sent + ctx[x].received, 0);
