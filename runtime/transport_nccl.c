@@ -171,8 +171,9 @@ typedef struct tn_endpoint {
   /* Held for the whole of every call that uses comm (the vtable's entry points; creation and
    * destroy have the endpoint to themselves). rda_transport_abort may come from any thread: it
    * files a request (under mu), then aborts the communicator at once if it can take `call`;
-   * else the running call carries the request out at its next poll iteration or call, so comm
-   * is never freed under a running call and an idle ring's abort is not left pending. */
+   * else the running call carries the request out at its next poll iteration, or as it returns
+   * (tn_unlock_call), so comm is never freed under a running call and an idle ring's abort is
+   * not left pending. */
   pthread_mutex_t call;
   pthread_mutex_t mu;
   int abort_requested; /* read without the lock by the holder of call: __atomic */
@@ -471,9 +472,10 @@ static void tn_abort(rda_transport *t, const char *reason) {
   pthread_mutex_lock(&ep->mu);
   if (!ep->abort_requested) {
     snprintf(ep->requested, sizeof ep->requested, "%s", reason);
-    __atomic_store_n(&ep->abort_requested, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&ep->abort_requested, 1, __ATOMIC_SEQ_CST);
   }
   pthread_mutex_unlock(&ep->mu);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST); /* the request before the trylock: tn_unlock_call */
   if (pthread_mutex_trylock(&ep->call) != 0) return;
   CUcontext prev;
   const int restore = tn_ctx_enter(ep, &prev);
@@ -520,13 +522,30 @@ static void tn_destroy(rda_transport *t) {
   free(ep);
 }
 
+/* The end of a call: an abort requested after the call's last look (tn_take_request) found
+ * `call` taken and left the request to it; carried out now, else it would wait for the next
+ * call or the destroy. Checked after the unlock, so that a request filed just before it is
+ * seen here or its own trylock succeeds. */
+static void tn_unlock_call(tn_endpoint *ep) {
+  pthread_mutex_unlock(&ep->call);
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (!__atomic_load_n(&ep->abort_requested, __ATOMIC_SEQ_CST) ||
+      pthread_mutex_trylock(&ep->call) != 0)
+    return; /* none, or another call holds `call`: it carries the request out */
+  CUcontext prev;
+  const int restore = tn_ctx_enter(ep, &prev);
+  tn_take_request(ep);
+  tn_ctx_leave(restore, prev);
+  pthread_mutex_unlock(&ep->call);
+}
+
 /* The vtable's entry points hold ep->call throughout (see tn_endpoint). */
 #define TN_LOCKED(name, params, args)      \
   static rda_status name##_locked params { \
     tn_endpoint *ep = (tn_endpoint *)t;    \
     pthread_mutex_lock(&ep->call);         \
     const rda_status s = name args;        \
-    pthread_mutex_unlock(&ep->call);       \
+    tn_unlock_call(ep);                    \
     return s;                              \
   }
 TN_LOCKED(tn_group_start, (rda_transport * t, rda_err *err), (t, err))
