@@ -662,11 +662,15 @@ static rda_status tn_join(void *comm, const void *unique_id, int rank, int size,
     tn_destroy(&ep->base);
     return RDA_OK;
   }
-  /* The fingerprint check: every rank compares every rank's. */
-  uint64_t *all = s == RDA_OK && !telling ? calloc((size_t)size, sizeof *all) : NULL;
-  if (s == RDA_OK && all == NULL)
-    s = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "nccl transport: out of memory");
-  if (s == RDA_OK) s = tn_gather8(&ep->base, word, all, err);
+  /* The fingerprint check: every rank compares every rank's. A rank without room for them
+   * still gives its word, saying it failed, so that the others fail at once. */
+  uint64_t *all = s == RDA_OK ? calloc((size_t)size, sizeof *all) : NULL;
+  if (s == RDA_OK && all == NULL) {
+    s = tn_gather8(&ep->base, rda_transport_join_failed(RDA_ERR_OUT_OF_MEMORY), NULL, err);
+    if (s == RDA_OK) s = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "nccl transport: out of memory");
+  } else if (s == RDA_OK) {
+    s = tn_gather8(&ep->base, word, all, err);
+  }
   if (s == RDA_OK) s = rda_transport_check_fingerprints(all, size, rank, err);
   free(all);
   if (s != RDA_OK) {
