@@ -107,12 +107,6 @@ static void *aalloc(size_t bytes) {
   return p;
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* One line, naming what it must. */
 static void assert_one_line_naming(const char *msg, const char *what) {
   if (strstr(msg, what) == NULL || strchr(msg, '\n') != NULL || msg[0] == '\0') {
@@ -662,7 +656,7 @@ typedef struct cjob {
   int P, rank, layout;
   rda_status s;
   char msg[1024];
-  double t_start, t_end; /* now_s() around its rda_ring_create */
+  double t_start, t_end; /* rt_now_s() around its rda_ring_create */
   rda_ring **keep;       /* NULL: the ring is destroyed at once; else it is left here */
 } cjob;
 
@@ -672,9 +666,9 @@ static void *create_main(void *arg) {
   d.n = j->n, d.ranks = j->P, d.rank = j->rank, d.layout = (rda_ring_layout)j->layout;
   d.world = j->world;
   rda_ring *ring = NULL;
-  j->t_start = now_s();
+  j->t_start = rt_now_s();
   j->s = rda_ring_create(&ring, j->plan, &d);
-  j->t_end = now_s();
+  j->t_end = rt_now_s();
   snprintf(j->msg, sizeof j->msg, "%s", j->s == RDA_OK ? "" : rda_last_error(NULL));
   if (j->s != RDA_OK && ring != NULL) j->s = RDA_ERR_INTERNAL; /* *out must be NULL */
   if (j->keep != NULL && j->s == RDA_OK)
@@ -1016,7 +1010,7 @@ typedef struct fjob {
   long long N;
   rda_status create_s, s, s_after;
   char msg[1024], msg_after[1024];
-  double t_start, t_end; /* now_s() around its first call (0: it made none) */
+  double t_start, t_end; /* rt_now_s() around its first call (0: it made none) */
   pthread_mutex_t *mu;
   pthread_cond_t *cv;
   rda_ring **rings; /* for the abort from the main thread */
@@ -1095,7 +1089,7 @@ static void *fail_main(void *arg) {
   fcall_make(&c, ring, j->how == kOtherBatch && j->rank == j->bad ? 2 : 1,
              j->how == kWrongRows && j->rank == j->bad, j->how == kCastFails);
   if (j->how == kSmallWorkspace && j->rank == j->bad) c.wsb = 64; /* the ring needs more */
-  j->t_start = now_s();
+  j->t_start = rt_now_s();
   if (j->how == kAbortInstead && j->rank == j->bad) {
     /* This rank never calls: the main thread aborts the ring through its handle. */
     pthread_mutex_lock(j->mu);
@@ -1105,7 +1099,7 @@ static void *fail_main(void *arg) {
   t_fail_cast = j->how == kCastFails && j->rank == j->bad;
   j->s = fcall_run(&c, ring, j->msg, sizeof j->msg);
   t_fail_cast = 0;
-  j->t_end = now_s();
+  j->t_end = rt_now_s();
   /* The ring stays failed. */
   c.wsb += 1;
   j->s_after = fcall_run(&c, ring, j->msg_after, sizeof j->msg_after);

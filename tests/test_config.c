@@ -246,8 +246,6 @@ static void test_config_missing_file_is_io_error(void **state) {
   assert_non_null(strstr(err.msg, "/tmp: cannot read: not a regular file (a folder)"));
 }
 
-static double now_s(void);
-
 /* A FIFO or pipe named as the config (`<(cat c.lua)`, /dev/stdin of a pipeline) is read to its
  * end. With no writer it fails after the time limit, one line, instead of hanging (a blocking
  * open or read would wait forever); a device is refused at once. */
@@ -260,9 +258,9 @@ static void test_config_file_reads_fifos_and_refuses_devices(void **state) {
   rda_err err = {0};
   rda_gen_set_time_limit(*state, 0.3);
   alarm(20); /* a hang fails the test (SIGALRM) instead of stalling the suite */
-  const double t0 = now_s();
+  const double t0 = rt_now_s();
   rda_status s = rda_gen_config_file(*state, fifo, &c, &err);
-  const double took = now_s() - t0;
+  const double took = rt_now_s() - t0;
   alarm(0);
   assert_int_equal(s, RDA_ERR_IO);
   char want[4200];
@@ -977,17 +975,11 @@ static void test_config_sandbox_cannot_break_the_generator(void **state) {
 
 /* ---- limits ------------------------------------------------------------------------------ */
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static void test_config_stops_runaway_loop(void **state) {
-  const double t0 = now_s();
+  const double t0 = rt_now_s();
   expect_error(state, "local x = 0\nwhile true do x = x + 1 end",
                "configs/x.lua:2: config exceeds the instruction limit", NULL);
-  assert_true(now_s() - t0 < 20.0);
+  assert_true(rt_now_s() - t0 < 20.0);
 }
 
 static void test_config_stops_runaway_recursion(void **state) {
@@ -1021,7 +1013,7 @@ static void test_config_stops_table_bomb(void **state) {
 
 static void test_config_stops_c_loops_that_allocate_nothing(void **state) {
   /* Loops inside C functions escape the instruction count; these would spin for years. */
-  const double t0 = now_s();
+  const double t0 = rt_now_s();
   rda_config c;
   load_ok(state,
           "local e = ('').rep('', 1 << 60) .. string.rep('', 1e18, '')"
@@ -1029,7 +1021,7 @@ static void test_config_stops_c_loops_that_allocate_nothing(void **state) {
           " segments = { 8 }, dilations = { 1 } }",
           &c);
   expect_error(state, "table.move({}, 1, 1 << 60, 2) return {}", "move", NULL);
-  assert_true(now_s() - t0 < 20.0);
+  assert_true(rt_now_s() - t0 < 20.0);
 }
 
 /* One instruction can start a long C call (a sort of a large table, a 16 MiB string upper-
@@ -1072,10 +1064,10 @@ static void test_config_time_limit_stops_loops_of_c_calls(void **state) {
   char path[4096];
   snprintf(path, sizeof path, "%s/configs/default.lua", rda_gen_home());
   rda_err err = {0};
-  const double t1 = now_s();
+  const double t1 = rt_now_s();
   for (int i = 0; i < 100; i++)
     assert_int_equal(rda_gen_config_file(*state, path, &c, &err), RDA_OK);
-  assert_true((now_s() - t1) / 100 < RDA_GEN_SANDBOX_SECONDS / 100);
+  assert_true((rt_now_s() - t1) / 100 < RDA_GEN_SANDBOX_SECONDS / 100);
 }
 
 /* The time limit counts the sandbox thread's CPU time: a process stopped or starved while a
@@ -1139,10 +1131,10 @@ static void test_config_time_limit_is_cpu_time(void **state) {
   paused_run r = {.g = *state, .status = RDA_ERR_INTERNAL};
   g_paused = 0;
   pthread_t t;
-  const double t0 = now_s();
+  const double t0 = rt_now_s();
   assert_int_equal(pthread_create(&t, NULL, paused_run_main, &r), 0);
   assert_int_equal(pthread_join(t, NULL), 0);
-  const double took = now_s() - t0;
+  const double took = rt_now_s() - t0;
   rda_gen_set_time_limit(*state, 0);
   pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
   sigaction(SIGUSR1, &old, NULL);

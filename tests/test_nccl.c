@@ -34,12 +34,6 @@ const char *__lsan_default_suppressions(void) {
 
 enum { NCCL_ID_BYTES = 128 };
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void assert_one_line(const char *msg) {
   assert_true(msg[0] != '\0');
   if (strchr(msg, '\n') != NULL) fail_msg("error message spans lines: %s", msg);
@@ -176,12 +170,12 @@ static void test_nccl_transport_one_rank_moves_every_byte(void **state) {
   rda_backend_cuda_use_stream(compute);
 
   rda_transport *t = NULL;
-  const double t0 = now_s();
+  const double t0 = rt_now_s();
   if (rda_transport_nccl_create(NULL, id, 0, 1, comm, b, 0x0123456789abcdefULL, 30.0, &t, &err) !=
       RDA_OK)
     fail_msg("rda_transport_nccl_create: %s", err.msg);
   print_message("one-rank communicator up in %.2f s (fingerprint all-gather included)\n",
-                now_s() - t0);
+                rt_now_s() - t0);
   assert_non_null(t);
   assert_string_equal(t->vt->name, "nccl");
   assert_int_equal(t->rank, 0);
@@ -270,7 +264,7 @@ static void test_nccl_transport_one_rank_moves_every_byte(void **state) {
 
   /* Abort: every later call fails at once with one line naming the reason. */
   rda_transport_abort(t, "test: abort now");
-  const double ta = now_s();
+  const double ta = rt_now_s();
   assert_int_equal(rda_transport_barrier(t, &err), RDA_ERR_NCCL);
   assert_one_line(err.msg);
   assert_non_null(strstr(err.msg, "test: abort now"));
@@ -279,7 +273,7 @@ static void test_nccl_transport_one_rank_moves_every_byte(void **state) {
   assert_one_line(err.msg);
   rda_err_clear(&err);
   assert_int_equal(rda_transport_allgather(t, stage[0], rbuf[0], GATHER, &err), RDA_ERR_NCCL);
-  assert_true(now_s() - ta < 5.0);
+  assert_true(rt_now_s() - ta < 5.0);
   rda_transport_abort(t, "a second abort"); /* the first reason stays */
   rda_err_clear(&err);
   assert_int_equal(rda_transport_barrier(t, &err), RDA_ERR_NCCL);
@@ -316,13 +310,13 @@ static void *lone_rank_main(void *arg) {
   rda_err err = {0};
   void *ev = NULL;
   rda_transport *t = NULL;
-  const double t0 = now_s();
+  const double t0 = rt_now_s();
   rda_status s = c->b->event_create(c->b, &ev, &err); /* makes the context current here */
   if (s == RDA_OK)
     s = rda_transport_nccl_create(NULL, c->id, 0, 2, NULL, NULL, 42, c->timeout_s, &t, &err);
   c->b->event_destroy(c->b, ev);
   pthread_mutex_lock(&c->lock);
-  c->took_s = now_s() - t0;
+  c->took_s = rt_now_s() - t0;
   c->status = s;
   c->t = t;
   snprintf(c->msg, sizeof c->msg, "%s", err.msg);
@@ -346,9 +340,9 @@ static void test_nccl_transport_missing_peer_times_out(void **state) {
   c.timeout_s = 2.0;
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, lone_rank_main, &c), 0);
-  const double t0 = now_s(), give_up = 90.0;
+  const double t0 = rt_now_s(), give_up = 90.0;
   int done = 0;
-  while (!done && now_s() - t0 < give_up) {
+  while (!done && rt_now_s() - t0 < give_up) {
     struct timespec nap = {0, 20 * 1000 * 1000};
     nanosleep(&nap, NULL);
     pthread_mutex_lock(&c.lock);
@@ -569,12 +563,12 @@ static void test_ring_over_nccl_one_rank_matches_single_device(void **state) {
   assert_int_equal(rda_ring_nccl_unique_id(id_bad), RDA_OK);
   rda_ring_desc bad = desc;
   bad.nccl_unique_id = id_bad, bad.n = 2 * R_N + 1, bad.layout = RDA_LAYOUT_ZIGZAG;
-  const double t_bad = now_s();
+  const double t_bad = rt_now_s();
   assert_int_equal(rda_ring_create(&ring, plan, &bad), RDA_ERR_INVALID_ARGUMENT);
   assert_null(ring);
   assert_one_line(rda_last_error(ctx));
   if (strstr(rda_last_error(ctx), "zigzag") == NULL) fail_msg("%s", rda_last_error(ctx));
-  if (now_s() - t_bad > 20.0) fail_msg("a refused desc took %.1f s", now_s() - t_bad);
+  if (rt_now_s() - t_bad > 20.0) fail_msg("a refused desc took %.1f s", rt_now_s() - t_bad);
   if (rda_ring_create(&ring, plan, &desc) != RDA_OK)
     fail_msg("rda_ring_create over NCCL: %s", rda_last_error(ctx));
   long long rows = 0;

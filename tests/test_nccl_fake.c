@@ -159,12 +159,6 @@ static void fake_load(void) {
 enum { MAXP = 4, ID_BYTES = 128 };
 static const uint64_t FP = 0x0123456789abcdefull;
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void assert_one_line(const char *msg) {
   assert_true(msg[0] != '\0');
   if (strchr(msg, '\n') != NULL) fail_msg("error message spans lines: %s", msg);
@@ -340,7 +334,7 @@ static rda_status rank_create(rank_ctx *r, uint64_t fp, double timeout_s, rda_er
 
 /* Records a call under test: status, one-line message, when it was called and returned. */
 static void rank_record(rank_ctx *r, rda_status s, const rda_err *err, double called) {
-  r->called = called, r->returned = now_s();
+  r->called = called, r->returned = rt_now_s();
   r->status = s;
   snprintf(r->msg, sizeof r->msg, "%s", err->msg);
 }
@@ -509,12 +503,12 @@ static void test_nccl_fake_ring_moves_every_byte(void **state) {
   for (int owned = 0; owned < 2; owned++) {
     world w;
     world_open(&w, 4, !owned);
-    const double t0 = now_s();
+    const double t0 = rt_now_s();
     world_run(&w, body_ring);
     print_message(
         "%s communicators: 4 ranks, %d ring rounds, all-gather, gather8, barrier and "
         "release in %.3f s\n",
-        owned ? "the transport's" : "the caller's", ROUNDS, now_s() - t0);
+        owned ? "the transport's" : "the caller's", ROUNDS, rt_now_s() - t0);
     /* Released: the transport's own finalized and destroyed once; a caller's left alone. */
     for (int q = 0; q < w.P; q++) expect_counts(&w, q, 1, 0, owned ? 1 : 0, owned ? 1 : 0);
     world_destroy_comms(&w, -1);
@@ -551,7 +545,7 @@ static void body_mismatch(rank_ctx *r) {
   world *w = r->w;
   rda_err err = {0};
   if (w->caller_owned && !rank_init_comm(r)) return;
-  const double t = now_s();
+  const double t = rt_now_s();
   const rda_status s = rank_create(r, r->rank == w->odd ? FP ^ 0x5 : FP, 60.0, &err);
   rank_record(r, s, &err, t);
   if (r->t != NULL) {
@@ -600,7 +594,7 @@ static void body_tell(rank_ctx *r) {
   world *w = r->w;
   rda_err err = {0};
   if (w->caller_owned && !rank_init_comm(r)) return;
-  const double t = now_s();
+  const double t = rt_now_s();
   rda_status s;
   if (r->rank == w->odd) {
     void *comm = w->caller_owned ? (void *)w->comm[r->rank] : NULL;
@@ -663,7 +657,7 @@ static void body_absent(rank_ctx *r) {
     if (!rank_init_comm(r)) return;
   pthread_barrier_wait(&w->bar); /* ABSENT_NO_JOIN: every communicator initialized by now */
   if (r->rank == w->odd) return;
-  const double t = now_s();
+  const double t = rt_now_s();
   const rda_status s = rank_create(r, FP, ABSENT_TIMEOUT, &err);
   rank_record(r, s, &err, t);
   if (r->t != NULL) {
@@ -725,7 +719,7 @@ static void body_abort(rank_ctx *r) {
   }
   pthread_barrier_wait(&w->sync); /* [2] posted; the main thread watches rank 0's polls */
   if (me == 0 && posted) {
-    const double t = now_s();
+    const double t = rt_now_s();
     const rda_status s = rda_transport_wait(r->t, &err);
     rank_record(r, s, &err, t);
     rda_err_clear(&err);
@@ -734,7 +728,7 @@ static void body_abort(rank_ctx *r) {
   }
   pthread_barrier_wait(&w->sync); /* [3] the main thread aborted every rank */
   if (me == 2 && posted) {
-    const double t = now_s();
+    const double t = rt_now_s();
     const rda_status s = rda_transport_wait(r->t, &err);
     rank_record(r, s, &err, t);
     r->mark2 = fk.waits(r->caller, r->comm);
@@ -753,12 +747,12 @@ static void test_nccl_fake_abort_from_another_thread(void **state) {
   pthread_barrier_wait(&w.sync); /* [2] */
   /* Rank 0 is inside its wait once its communicator is polled past the mark it read after
    * posting: from then on it holds the call, so the abort is a request the wait carries out. */
-  const double give_up = now_s() + 20.0;
-  while (w.r[0].t != NULL && count(&w, 0, "poll") <= w.r[0].mark && now_s() < give_up) {
+  const double give_up = rt_now_s() + 20.0;
+  while (w.r[0].t != NULL && count(&w, 0, "poll") <= w.r[0].mark && rt_now_s() < give_up) {
     struct timespec nap = {0, 100 * 1000};
     nanosleep(&nap, NULL);
   }
-  w.t_abort = now_s();
+  w.t_abort = rt_now_s();
   if (w.r[0].t != NULL) rda_transport_abort(w.r[0].t, "test: stop rank 0");
   for (int q = 1; q < w.P; q++)
     if (w.r[q].t != NULL) main_abort_idle(&w, q, "test: stop idle ranks");
@@ -818,7 +812,7 @@ static void body_race(rank_ctx *r) {
     w->hooked = pthread_self();
     __atomic_store_n(&w->hook_armed, 1, __ATOMIC_RELEASE);
     fk.on_poll(race_hook, w);
-    const double t = now_s();
+    const double t = rt_now_s();
     const rda_status s = rda_transport_wait(r->t, &err);
     rank_record(r, s, &err, t);
     r->mark = count(w, 0, "abort");
@@ -890,7 +884,7 @@ static void body_failed_wait(rank_ctx *r) {
     r->mark = fk.waits(r->caller, r->comm);
     /* Sizes that differ may fail the later rank's group_end already (the fake matches the
      * pair as it is posted): either call fails, and either fences. */
-    const double t = now_s();
+    const double t = rt_now_s();
     rda_status s = buf == 0                       ? RDA_ERR_OUT_OF_MEMORY
                    : w->variant == FAILED_TIMEOUT ? rank_group1(r, 0, 1, buf, 64, &err)
                    : me == 0                      ? rank_group1(r, 1, 1, buf, 100, &err)
@@ -960,7 +954,7 @@ static void body_destroy_in_flight(rank_ctx *r) {
   if (r->rank == 1 && buf != 0 && r->t != NULL) {
     /* The matching send: it must never land in rank 0's freed buffer. */
     r->t->timeout_s = 0.5;
-    const double t = now_s();
+    const double t = rt_now_s();
     if (rank_post1(r, 1, 0, buf, 64)) {
       const rda_status s = rda_transport_wait(r->t, &err);
       rank_record(r, s, &err, t);

@@ -53,12 +53,6 @@ static const char spill_src[] =
     "  o[threadIdx.x] = s;\n"
     "}\n";
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* The sum of "N bytes spill stores" and "M bytes spill loads" over the whole log, read
  * independently of nvrtc.c's parser. */
 static int log_spill_total(const char *log) {
@@ -465,7 +459,7 @@ static void test_nvrtc_matrix_every_planned_variant_compiles_without_spills(void
   if (kept < njobs) print_message("sanitized build: %d of %d variants compiled\n", kept, njobs);
   njobs = kept;
 
-  const double t0 = now_s();
+  const double t0 = rt_now_s();
   matrix_queue q = {.jobs = jobs, .njobs = njobs, .next = 0};
   pthread_mutex_init(&q.lock, NULL);
   pthread_t threads[MATRIX_THREADS];
@@ -475,7 +469,7 @@ static void test_nvrtc_matrix_every_planned_variant_compiles_without_spills(void
   matrix_worker(&q);
   for (int t = 0; t < started; ++t) pthread_join(threads[t], NULL);
   pthread_mutex_destroy(&q.lock);
-  const double wall = now_s() - t0;
+  const double wall = rt_now_s() - t0;
 
   int failures = 0;
   double sum = 0, worst = 0;

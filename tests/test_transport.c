@@ -26,12 +26,6 @@
 #include "ring_plan.h"
 #include "transport.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void sleep_us(long us) {
   struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
   nanosleep(&ts, NULL);
@@ -200,7 +194,7 @@ typedef struct rank_ctx {
 
 static void *plan_rank(void *arg) {
   rank_ctx *c = arg;
-  double t0 = now_s();
+  double t0 = rt_now_s();
   rda_err err = {0};
   rda_transport *t = NULL;
   rda_ring_step *steps = NULL;
@@ -214,7 +208,7 @@ static void *plan_rank(void *arg) {
   if (c->mode == MODE_ABSENT) goto done;
   if (c->start != NULL) {
     pthread_barrier_wait(c->start);
-    t0 = now_s();
+    t0 = rt_now_s();
   }
   if (tworld_join(c->world, c->rank, c->fingerprint, b, &t, &err) != RDA_OK) goto done;
   if (rda_ring_plan_steps(c->plan, c->rank, &steps, &nsteps, &err) != RDA_OK) goto done;
@@ -229,7 +223,7 @@ static void *plan_rank(void *arg) {
       /* Posts nothing more; leaves only after the others gave up (or silent_us passed). */
       for (int x = 0; x < c->P; x++)
         while (x != c->rank && !atomic_load(&c->all[x].finished) &&
-               now_s() - t0 < 1e-6 * (double)c->silent_us)
+               rt_now_s() - t0 < 1e-6 * (double)c->silent_us)
           sleep_us(5000);
       rda_err_set(&err, RDA_ERR_NCCL, "rank %d: stayed silent on purpose", c->rank);
       break;
@@ -287,7 +281,7 @@ done:
   free(steps);
   c->status = err.status;
   snprintf(c->msg, sizeof c->msg, "%s", err.msg);
-  c->elapsed = now_s() - t0;
+  c->elapsed = rt_now_s() - t0;
   atomic_store(&c->finished, 1);
   return NULL;
 }
@@ -996,13 +990,13 @@ static void test_device_transport_rank_without_a_usable_backend_fails_every_rank
     nob_ctx ctx[P];
     pthread_t th[P];
     memset(ctx, 0, sizeof ctx);
-    const double t0 = now_s();
+    const double t0 = rt_now_s();
     for (int x = 0; x < P; x++) {
       ctx[x].world = w, ctx[x].rank = x, ctx[x].b = x != 1 ? emu : which ? &crippled : NULL;
       assert_int_equal(pthread_create(&th[x], NULL, nob_rank, &ctx[x]), 0);
     }
     for (int x = 0; x < P; x++) pthread_join(th[x], NULL);
-    assert_true(now_s() - t0 < 10.0); /* not the 30 s timeout */
+    assert_true(rt_now_s() - t0 < 10.0); /* not the 30 s timeout */
     const char *why = which ? "rank 1: device transport: the emu backend has no stream-ordered"
                             : "rank 1: device transport: no backend";
     assert_int_equal(ctx[1].status, RDA_ERR_INVALID_ARGUMENT);
@@ -1490,11 +1484,11 @@ static void test_transport_barrier_timeout_and_leaving_name_the_rank(void **stat
 
   host_pair(&w, t);
   rda_transport_destroy(t[1]); /* leaves, nothing pending */
-  const double t0 = now_s();
+  const double t0 = rt_now_s();
   rda_err_clear(&err);
   assert_int_equal(rda_transport_barrier(t[0], &err), RDA_ERR_NCCL);
   if (strstr(err.msg, "rank 1: left the ring") == NULL) fail_msg("%s", err.msg);
-  assert_true(now_s() - t0 < 5.0);
+  assert_true(rt_now_s() - t0 < 5.0);
   rda_transport_destroy(t[0]);
   rda_host_world_destroy(w);
 }

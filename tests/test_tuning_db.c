@@ -45,12 +45,6 @@ static int teardown(void **state) {
   return 0;
 }
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* Reading: a missing file is no database; a FIFO, a folder, a NUL byte or more than 16 MiB are
  * one RDA_ERR_IO line naming the path, and the FIFO fails at once instead of blocking. */
 static void test_tuning_db_read_file_refuses_what_is_not_a_database(void **state) {
@@ -70,10 +64,10 @@ static void test_tuning_db_read_file_refuses_what_is_not_a_database(void **state
 
   char *fifo = rt_path(f->dir, "fifo.lua");
   assert_int_equal(mkfifo(fifo, 0600), 0);
-  const double t0 = now_s();
+  const double t0 = rt_now_s();
   err = (rda_err){0};
   assert_int_equal(rda_tuning_db_read_file(fifo, &text, &err), RDA_ERR_IO);
-  assert_true(now_s() - t0 < 5.0);
+  assert_true(rt_now_s() - t0 < 5.0);
   assert_non_null(strstr(err.msg, "not a regular file"));
   assert_non_null(strstr(err.msg, fifo));
   assert_null(text);
@@ -254,7 +248,7 @@ static void test_tuning_db_write_replaces_atomically_and_keeps_links_and_modes(v
 
 /* 1 once /proc/locks lists process pid as blocked on a flock ("->"), within limit_s seconds. */
 static int blocked_on_flock(pid_t pid, double limit_s) {
-  for (const double t0 = now_s(); now_s() - t0 < limit_s; usleep(5 * 1000)) {
+  for (const double t0 = rt_now_s(); rt_now_s() - t0 < limit_s; usleep(5 * 1000)) {
     FILE *f = fopen("/proc/locks", "r");
     if (f == NULL) return 0;
     char line[256];

@@ -712,7 +712,7 @@ double rt_thread_cpu_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static double rt_now(void) {
+double rt_now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -756,10 +756,10 @@ bool rt_run(char *const argv[], int timeout_s, rt_proc *p) {
   rt_buf_add(&err, "", 0);
   struct pollfd fds[2] = {{po[0], POLLIN, 0}, {pe[0], POLLIN, 0}};
   int open_fds = 2;
-  const double deadline = rt_now() + (timeout_s > 0 ? timeout_s : 600);
+  const double deadline = rt_now_s() + (timeout_s > 0 ? timeout_s : 600);
   bool killed = false;
   while (open_fds > 0) {
-    const double left = deadline - rt_now();
+    const double left = deadline - rt_now_s();
     if (left <= 0) {
       kill(pid, SIGKILL);
       killed = true;

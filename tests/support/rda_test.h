@@ -163,6 +163,8 @@ void rt_reference_bwd(const rda_config *c, long long batch, long long n, const d
 /* The calling thread's CPU seconds: what the config sandbox's time limit counts, so a test that
  * bounds a run by it is not failed by a loaded machine stretching the wall time. */
 double rt_thread_cpu_s(void);
+/* Monotonic wall-clock seconds (an arbitrary origin): for bounds on how long a call took. */
+double rt_now_s(void);
 
 /* --- files and subprocesses ------------------------------------------------------------------- */
 

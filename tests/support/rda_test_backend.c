@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cmocka.h> /* after setjmp.h, stdarg.h, stddef.h */
 // clang-format on
@@ -69,12 +68,6 @@ int rt_gen_setup(void **state) {
 int rt_gen_teardown(void **state) {
   rda_gen_close(*state);
   return 0;
-}
-
-double rt_now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 int rt_wgmma_runs_on(const rt_backend *be, const char *what) {

@@ -33,9 +33,6 @@ void rt_backends_close(rt_backends *s);
 int rt_gen_setup(void **state);
 int rt_gen_teardown(void **state);
 
-/* Monotonic seconds. */
-double rt_now_s(void);
-
 /* Whether be can run a case on the wgmma path (RDA_PLAN_WGMMA), which sm_90 alone has; when it
  * cannot, one line on stderr says the case `what` is skipped on it. */
 int rt_wgmma_runs_on(const rt_backend *be, const char *what);
