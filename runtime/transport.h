@@ -10,7 +10,8 @@
  *  - device virtual ranks (runtime/transport_device.c): the same world with device-to-device
  *    copies on each receiver's communication stream, ordered by events, so P virtual ranks run
  *    natively on one GPU (and, through the emulator backend, in CI).
- *  - NCCL (runtime/transport_nccl.c; run on a one-rank communicator only): ncclSend/ncclRecv
+ *  - NCCL (runtime/transport_nccl.c; run on a GPU with a one-rank communicator only, and on 3-4
+ *    ranks over fake libraries in tests/test_nccl_fake.c): ncclSend/ncclRecv
  *    between ncclGroupStart/End on a communication stream ordered against the caller's stream
  *    by events; wait polls an event and ncclCommGetAsyncError until done or the timeout, then
  *    ncclCommAbort. Buffers are device pointers.

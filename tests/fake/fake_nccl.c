@@ -471,16 +471,17 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   return r;
 }
 
-ncclResult_t ncclCommDestroy(ncclComm_t comm) {
-  if (comm == NULL) return ncclInvalidArgument;
+/* Destroy and abort: the handle is gone, its work dropped (counted as `what`); a second end,
+ * or a destroy with work still pending, is misuse. */
+static ncclResult_t fn_end(ncclComm_t comm, int what) {
   fake_cu_lock();
   ncclResult_t r = ncclSuccess;
   if (comm->dead) {
     fn_count(comm, FN_MISUSE);
     r = ncclInvalidUsage;
   } else {
-    fn_count(comm, FN_DESTROY);
-    if (fn_pending_of(comm) > 0) fn_count(comm, FN_MISUSE);
+    fn_count(comm, what);
+    if (what == FN_DESTROY && fn_pending_of(comm) > 0) fn_count(comm, FN_MISUSE);
     fn_drop_ops(comm);
     comm->dead = 1;
     fake_cu_progress();
@@ -489,21 +490,12 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   return r;
 }
 
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  return comm == NULL ? ncclInvalidArgument : fn_end(comm, FN_DESTROY);
+}
+
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
-  if (comm == NULL) return ncclSuccess;
-  fake_cu_lock();
-  ncclResult_t r = ncclSuccess;
-  if (comm->dead) {
-    fn_count(comm, FN_MISUSE);
-    r = ncclInvalidUsage;
-  } else {
-    fn_count(comm, FN_ABORT);
-    fn_drop_ops(comm);
-    comm->dead = 1;
-    fake_cu_progress();
-  }
-  fake_cu_unlock();
-  return r;
+  return comm == NULL ? ncclSuccess : fn_end(comm, FN_ABORT);
 }
 
 /* --- test helpers ---------------------------------------------------------------------------- */
