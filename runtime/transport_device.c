@@ -70,12 +70,18 @@ static rda_status td_before_post(tw_endpoint *t, rda_err *err) {
   return b->event_record(b, ep->ev_ready, err);
 }
 
-/* The owner's thread once every op is matched: its stream waits for the copies. */
+/* The owner's thread once every op is matched: its stream waits for the copies, for every one
+ * even after a wait failed to enqueue (the first failure is the result): a copy left unordered
+ * could land after the caller, told of the error, reuses the buffer (transport.h). */
 static rda_status td_after_wait(tw_endpoint *t, rda_err *err) {
   td_endpoint *ep = (td_endpoint *)t;
-  for (int q = 0; q < t->nops; q++)
-    RDA_TRY(ep->b->stream_wait_event(ep->b, t->ops[q]->ev_copied, err));
-  return RDA_OK;
+  rda_status first = RDA_OK;
+  for (int q = 0; q < t->nops; q++) {
+    rda_err e = {0};
+    const rda_status s = ep->b->stream_wait_event(ep->b, t->ops[q]->ev_copied, &e);
+    if (s != RDA_OK && first == RDA_OK) first = s, *err = e;
+  }
+  return first;
 }
 
 /* The owner's thread, a posted group failed: its caller's stream waits for the copies that

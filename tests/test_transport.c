@@ -1045,6 +1045,7 @@ static struct {
   pthread_mutex_t mu;
   ab_stream streams[AB_MAX_STREAMS];
   ab_stream *paused; /* runs nothing while set */
+  rda_backend *fail_wait; /* its next stream_wait_event fails (an injected CUDA error) */
   int nstreams, stop;
   ab_event *events;
   pthread_t th;
@@ -1175,7 +1176,11 @@ static rda_status ab_event_record(rda_backend *b, void *ev, rda_err *err) {
 }
 
 static rda_status ab_stream_wait_event(rda_backend *b, void *ev, rda_err *err) {
-  (void)err;
+  pthread_mutex_lock(&abd.mu);
+  const int fail = abd.fail_wait == b;
+  if (fail) abd.fail_wait = NULL;
+  pthread_mutex_unlock(&abd.mu);
+  if (fail) return rda_err_set(err, RDA_ERR_CUDA, "cuStreamWaitEvent: injected failure");
   return ab_enqueue(b, AB_WAIT, NULL, NULL, 0, 0, ev);
 }
 
@@ -1365,6 +1370,36 @@ static void *join_main(void *arg) {
   return NULL;
 }
 
+/* Ranks 0 and 1 of w join with backends b (joining is a barrier of both: one thread each). */
+static void ab_join_pair(rda_device_world *w, rda_backend *b[2], rda_transport *t[2]) {
+  join_ctx jc[2];
+  pthread_t th[2];
+  for (int x = 0; x < 2; x++) {
+    jc[x] = (join_ctx){.world = w, .rank = x, .b = b[x]};
+    assert_int_equal(pthread_create(&th[x], NULL, join_main, &jc[x]), 0);
+  }
+  for (int x = 0; x < 2; x++) {
+    pthread_join(th[x], NULL);
+    assert_int_equal(jc[x].status, RDA_OK);
+    t[x] = jc[x].t;
+  }
+}
+
+/* Holds the fake device's `paused` stream for up to 0.1 s or until ev (on b's stream) ran,
+ * then releases it and waits for ev: a write that ev follows, ordered after the paused
+ * stream's copies, cannot run before them. */
+static void ab_release_after(rda_backend *b, void *ev) {
+  int done = 0;
+  for (int i = 0; i < 2000 && !done; i++) {
+    b->event_query(b, ev, &done, NULL);
+    sleep_us(50);
+  }
+  pthread_mutex_lock(&abd.mu);
+  abd.paused = NULL;
+  pthread_mutex_unlock(&abd.mu);
+  while (b->event_query(b, ev, &done, NULL) == RDA_OK && !done) sleep_us(20);
+}
+
 /* A group that fails after its copy was matched (the world aborted while the sender's data was
  * not yet ready): the failed wait must still order the receiver's stream after that copy, or
  * it lands later in a buffer the caller has reused since. The sender's stream is paused so
@@ -1380,18 +1415,7 @@ static void test_device_transport_failed_wait_orders_the_copies_it_began(void **
   rda_transport *t[2] = {NULL, NULL};
   void *ev = NULL;
   ab_event_create(b[0], &ev, NULL);
-  /* Joining is a barrier of both ranks: one thread each. */
-  join_ctx jc[2];
-  pthread_t th[2];
-  for (int x = 0; x < 2; x++) {
-    jc[x] = (join_ctx){.world = w, .rank = x, .b = b[x]};
-    assert_int_equal(pthread_create(&th[x], NULL, join_main, &jc[x]), 0);
-  }
-  for (int x = 0; x < 2; x++) {
-    pthread_join(th[x], NULL);
-    assert_int_equal(jc[x].status, RDA_OK);
-    t[x] = jc[x].t;
-  }
+  ab_join_pair(w, b, t);
   unsigned char *src = xmalloc(ORD_BYTES), *dst = xmalloc(ORD_BYTES);
   memset(src, 0x5A, ORD_BYTES), memset(dst, 0, ORD_BYTES);
   pthread_mutex_lock(&abd.mu);
@@ -1408,15 +1432,7 @@ static void test_device_transport_failed_wait_orders_the_copies_it_began(void **
   b[0]->memset_async(b[0], dst, 0x33, ORD_BYTES, NULL); /* the caller reuses the buffer */
   b[0]->event_record(b[0], ev, NULL);
   /* Unordered, the write runs now, while the copy cannot; ordered, it waits for the copy. */
-  int done = 0;
-  for (int i = 0; i < 2000 && !done; i++) {
-    b[0]->event_query(b[0], ev, &done, NULL);
-    sleep_us(50);
-  }
-  pthread_mutex_lock(&abd.mu);
-  abd.paused = NULL;
-  pthread_mutex_unlock(&abd.mu);
-  while (b[0]->event_query(b[0], ev, &done, NULL) == RDA_OK && !done) sleep_us(20);
+  ab_release_after(b[0], ev);
   rda_err_clear(&err);
   assert_int_equal(rda_transport_wait(t[1], &err), RDA_ERR_NCCL);
   rda_transport_destroy(t[0]);
@@ -1429,6 +1445,57 @@ static void test_device_transport_failed_wait_orders_the_copies_it_began(void **
   b[0]->destroy(b[0]), b[1]->destroy(b[1]);
   if (kept != ORD_BYTES)
     fail_msg("%zu of %d bytes of the reused buffer were overwritten by the late copy",
+             (size_t)ORD_BYTES - kept, ORD_BYTES);
+}
+
+/* A wait whose ordering of the caller's stream fails part way (the first stream_wait_event of
+ * its ops fails): the caller's stream must still wait for the other ops' copies, or one lands
+ * later in a buffer the caller, told of the error, has reused. Two receives of rank 0 from
+ * rank 1, matched, their copies held back by pausing rank 1's stream (its ready event). */
+static void test_device_transport_failed_ordering_still_orders_the_other_copies(void **state) {
+  (void)state;
+  const pthread_t dev = ab_device_start(11);
+  rda_device_world *w = NULL;
+  rda_err err = {0};
+  assert_int_equal(rda_device_world_create(2, 20.0, &w, &err), RDA_OK);
+  rda_backend *b[2] = {ab_open(), ab_open()};
+  rda_transport *t[2] = {NULL, NULL};
+  void *ev = NULL;
+  ab_event_create(b[0], &ev, NULL);
+  ab_join_pair(w, b, t);
+  unsigned char *src = xmalloc(2 * ORD_BYTES), *dst = xmalloc(2 * ORD_BYTES);
+  memset(src, 0x5A, 2 * ORD_BYTES), memset(dst, 0, 2 * ORD_BYTES);
+  pthread_mutex_lock(&abd.mu);
+  abd.paused = (ab_stream *)b[1]->impl;
+  pthread_mutex_unlock(&abd.mu);
+  assert_int_equal(rda_transport_group_start(t[1], &err), RDA_OK);
+  for (int q = 0; q < 2; q++)
+    assert_int_equal(rda_transport_send(t[1], 0, src + q * ORD_BYTES, ORD_BYTES, &err), RDA_OK);
+  assert_int_equal(rda_transport_group_end(t[1], &err), RDA_OK);
+  assert_int_equal(rda_transport_group_start(t[0], &err), RDA_OK);
+  for (int q = 0; q < 2; q++)
+    assert_int_equal(rda_transport_recv(t[0], 1, dst + q * ORD_BYTES, ORD_BYTES, &err), RDA_OK);
+  assert_int_equal(rda_transport_group_end(t[0], &err), RDA_OK); /* matched: copies enqueued */
+  pthread_mutex_lock(&abd.mu);
+  abd.fail_wait = b[0]; /* the wait's first stream_wait_event */
+  pthread_mutex_unlock(&abd.mu);
+  assert_int_not_equal(rda_transport_wait(t[0], &err), RDA_OK);
+  if (strstr(err.msg, "injected failure") == NULL) fail_msg("rank 0: %s", err.msg);
+  b[0]->memset_async(b[0], dst, 0x33, 2 * ORD_BYTES, NULL); /* the caller reuses both */
+  b[0]->event_record(b[0], ev, NULL);
+  ab_release_after(b[0], ev);
+  rda_err_clear(&err);
+  (void)rda_transport_wait(t[1], &err);
+  rda_transport_destroy(t[0]);
+  rda_transport_destroy(t[1]);
+  ab_device_drain_and_stop(dev);
+  rda_device_world_destroy(w);
+  size_t kept = 0;
+  for (int i = ORD_BYTES; i < 2 * ORD_BYTES; i++) kept += dst[i] == 0x33;
+  free(src), free(dst);
+  b[0]->destroy(b[0]), b[1]->destroy(b[1]);
+  if (kept != ORD_BYTES)
+    fail_msg("%zu of %d bytes of the second reused buffer were overwritten by its late copy",
              (size_t)ORD_BYTES - kept, ORD_BYTES);
 }
 
@@ -1538,6 +1605,7 @@ int main(void) {
       cmocka_unit_test(test_device_transport_rank_without_a_usable_backend_fails_every_rank),
       cmocka_unit_test(test_device_transport_orders_copies_with_events),
       cmocka_unit_test(test_device_transport_failed_wait_orders_the_copies_it_began),
+      cmocka_unit_test(test_device_transport_failed_ordering_still_orders_the_other_copies),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
