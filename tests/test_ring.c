@@ -142,6 +142,7 @@ typedef struct rank_watch {
   long launches0;                  /* the rank's launch count when the current pass began */
   long fwd_launches, bwd_launches; /* kernel launches of each pass */
   size_t ring_alloc_hw; /* device bytes the ring passes allocated themselves, at most at once */
+  rda_ring_trace trace; /* the forward pass's host timeline (no steps kept) */
 } rank_watch;
 
 /* A transport that passes everything to an inner endpoint, except that its `fail_at`-th wait
@@ -224,8 +225,10 @@ static void rank_hook(rt_ring_job *j, rt_ring_stage stage, rda_transport **t) {
       w->launches0 = g_launches[r];
       g_ring_hw[r] = g_ring_live[r] = 0;
       g_in_ring[r] = 1;
+      rda_ring_trace_thread(&w->trace);
       break;
     case RT_RING_FWD_DONE:
+      rda_ring_trace_thread(NULL);
       w->fwd_launches = g_launches[r] - w->launches0;
       w->launches0 = g_launches[r];
       break;
@@ -259,6 +262,7 @@ typedef struct ring_result {
   long fwd_launches[MAXP], bwd_launches[MAXP];
   rt_ring_out out; /* the gathered outputs; gradients only in backward cases (ring_result_free) */
   uint64_t plan_sent[MAXP], plan_received[MAXP];
+  rda_ring_trace fwd_trace[MAXP]; /* each rank's forward timeline (host times, no steps) */
 } ring_result;
 
 static void ring_result_free(ring_result *r) { rt_ring_out_free(&r->out); }
@@ -359,6 +363,7 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
       res->stats[p] = j->stats;
       res->fwd_launches[p] = watch[p].fwd_launches;
       res->bwd_launches[p] = watch[p].bwd_launches;
+      res->fwd_trace[p] = watch[p].trace;
       res->plan_sent[p] = rk->bytes_sent;
       res->plan_received[p] = rk->bytes_received;
     }
@@ -584,7 +589,14 @@ static void test_ring_more_ranks_than_rows(void **state) {
       for (int p = 0; p < rc.ranks; ++p) {
         const int empty = p >= rc.n;
         assert_int_equal(res.stats[p].rows, empty ? 0 : 1);
+        /* Every rank's pass has a timeline (bench_ring --trace / --timeline of all ranks), an
+         * empty one where there are no rows. */
+        const rda_ring_trace *tr = &res.fwd_trace[p];
+        if (!(tr->begin > 0.0 && tr->own >= tr->begin && tr->end >= tr->own))
+          fail_msg("%s: rank %d: no forward timeline (begin %g, own %g, end %g)", cases[c].what, p,
+                   tr->begin, tr->own, tr->end);
         if (!empty) continue;
+        assert_int_equal(tr->count, 0);
         assert_int_equal(res.stats[p].bytes_sent + res.stats[p].bytes_received, 0);
         assert_int_equal(res.stats[p].peak_bytes, 0);
         assert_int_equal(res.fwd_launches[p] + res.bwd_launches[p], 0);
