@@ -20,6 +20,9 @@ struct rda_backend {
   const char *name; /* "cuda" or "emu" */
   int arch;         /* target sm_XX as 80, 90, ...; the emulator reports the arch it plans for */
   void *impl;
+  /* free, upload and download are synchronous, and order themselves only against the backend's
+   * own stream, not a thread's current stream (set_stream, rda_backend_cuda_use_stream): work
+   * queued there on these buffers must be synchronized first. */
   rda_status (*alloc)(rda_backend *b, size_t bytes, void **dptr, rda_err *err);
   void (*free)(rda_backend *b, void *dptr);
   rda_status (*upload)(rda_backend *b, void *dst, const void *src, size_t bytes, rda_err *err);

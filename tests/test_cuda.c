@@ -538,6 +538,12 @@ done:
   if (t != NULL && err.status != RDA_OK) rda_transport_abort(t, err.msg); /* peers fail fast */
   if (t != NULL) rda_transport_bytes(t, &c->sent, &c->received);
   rda_transport_destroy(t);
+  /* After a failure the compute stream may still run a copy or memset on these buffers (free
+   * synchronizes only the backend's own stream): drain it before they are freed. */
+  if (compute != NULL && ev != NULL) {
+    rda_err ignored = {0};
+    (void)sync_current(b, ev, &ignored);
+  }
   rda_backend_cuda_own_stream();
   b->event_destroy(b, ev);
   b->stream_destroy(b, compute);
