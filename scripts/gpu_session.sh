@@ -47,7 +47,7 @@ CARRY_ROOT=$REPO/carry/root
 MULTI=usr/lib/x86_64-linux-gnu
 RESULTS=$OUT/results.jsonl
 ENVTXT=$OUT/env.txt
-DEFAULT_TESTS="test_cuda test_fwd test_bwd test_nccl test_api test_api_ring test_cli test_ring_rows test_random"
+DEFAULT_TESTS="test_cuda test_fwd test_bwd test_nccl test_api test_api_ring test_api_ring_streams test_cli test_ring_rows test_random"
 TESTS=${GPU_SESSION_TESTS:-$DEFAULT_TESTS}
 T0=$SECONDS
 : >"$RESULTS"
