@@ -290,23 +290,6 @@ static void o_to_double(const void *o, rda_dtype dt, size_t n, double *out) {
                             : rda_from_dtype_bits(((const uint16_t *)o)[i], (int)dt);
 }
 
-/* ring vs single-device LSE: the same rows uncovered (-inf), the rest within tol. */
-static void check_lse_close(const char *what, const float *got, const float *want, size_t n,
-                            double tol) {
-  double worst = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    if (isinf(want[i]) && want[i] < 0) {
-      if (!(isinf(got[i]) && got[i] < 0))
-        fail_msg("%s: lse[%zu] = %g, expected -inf", what, i, got[i]);
-      continue;
-    }
-    if (!isfinite(got[i])) fail_msg("%s: lse[%zu] = %g is not finite", what, i, got[i]);
-    const double e = fabs((double)got[i] - (double)want[i]);
-    if (e > worst) worst = e;
-  }
-  if (worst > tol) fail_msg("%s: max |lse - lse_single| = %g > %g", what, worst, tol);
-}
-
 /* Run one case on P threads and check every rank against the single device and the reference. */
 static void run_case(const rcase *rc) {
   rda_attn_config pc;
@@ -483,7 +466,7 @@ static void run_case(const rcase *rc) {
   snprintf(what, sizeof what, "%s: ring vs reference", rc->what);
   if (rc->with_lse || rc->backward) {
     snprintf(what, sizeof what, "%s: ring LSE vs single-device LSE", rc->what);
-    check_lse_close(what, lg, l1, nl, tol.lse_abs);
+    assert_true(rt_check_lse_close(what, lg, l1, nl, tol.lse_abs));
     snprintf(what, sizeof what, "%s: ring vs reference", rc->what);
     assert_true(rt_check_fwd(what, &c, B, N, of, os, lg, ls, o_ref, lse_ref, NULL));
   } else {

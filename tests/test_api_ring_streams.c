@@ -677,23 +677,6 @@ static void rings_run(env *e, const problem *pr, int mode, double abort_after_s,
   }
 }
 
-/* ring vs single-device LSE: the same rows uncovered (-inf), the rest within tol. */
-static void check_lse_close(const char *what, const float *got, const float *want, size_t n,
-                            double tol) {
-  double worst = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    if (isinf(want[i]) && want[i] < 0) {
-      if (!(isinf(got[i]) && got[i] < 0))
-        fail_msg("%s: lse[%zu] = %g, expected -inf", what, i, got[i]);
-      continue;
-    }
-    if (!isfinite(got[i])) fail_msg("%s: lse[%zu] = %g is not finite", what, i, got[i]);
-    const double d = fabs((double)got[i] - (double)want[i]);
-    if (d > worst) worst = d;
-  }
-  if (worst > tol) fail_msg("%s: max |lse - lse_single| = %g > %g", what, worst, tol);
-}
-
 static void check_rel_l2_f32(const char *what, const float *got, const float *want, size_t n,
                              double tol) {
   double *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
@@ -725,7 +708,7 @@ static void check_gathered(env *e, const problem *pr, const rjob *jobs, int grad
   snprintf(what, sizeof what, "%s: ring O vs single-device O", e->name);
   check_rel_l2_f32(what, og, pr->o1, pr->nq, tol.o_rel_l2);
   snprintf(what, sizeof what, "%s: ring LSE vs single-device LSE", e->name);
-  check_lse_close(what, lg, pr->l1, pr->nl, tol.lse_abs);
+  assert_true(rt_check_lse_close(what, lg, pr->l1, pr->nl, tol.lse_abs));
   snprintf(what, sizeof what, "%s: ring forward vs reference", e->name);
   assert_true(
       rt_check_fwd(what, &pr->c, kB, kN, og, pr->qs, lg, pr->ls, pr->o_ref, pr->lse_ref, NULL));

@@ -1400,14 +1400,16 @@ static void ab_release_after(rda_backend *b, void *ev) {
   while (b->event_query(b, ev, &done, NULL) == RDA_OK && !done) sleep_us(20);
 }
 
-/* A group that fails after its copy was matched (the world aborted while the sender's data was
- * not yet ready): the failed wait must still order the receiver's stream after that copy, or
- * it lands later in a buffer the caller has reused since. The sender's stream is paused so
- * that the copy is surely late; the receiver then writes its receive buffer, and once the
- * device is released that write must be what stays. Both ranks on this thread, in turn. */
-static void test_device_transport_failed_wait_orders_the_copies_it_began(void **state) {
-  (void)state;
-  const pthread_t dev = ab_device_start(7);
+/* Rank 1 sends rank 0 nops blocks whose copies are held back (rank 1's stream paused, so its
+ * ready event waits), and rank 0's wait fails: by an abort (the world aborted while the
+ * sender's data was not yet ready; inject 0), or by the first stream_wait_event with which it
+ * orders its stream after the copies (an injected CUDA error; inject 1). Rank 0 then rewrites
+ * its receive buffers on its stream, as a caller told of the error may. The failed wait must
+ * still have ordered that stream after every copy it began (but the one whose ordering failed),
+ * or a copy lands later in the reused buffer: once the device is released, the rewrite must be
+ * what stays. Both ranks on this thread, in turn. */
+static void late_copies_after_a_failed_wait(int nops, int inject, uint64_t salt) {
+  const pthread_t dev = ab_device_start(salt);
   rda_device_world *w = NULL;
   rda_err err = {0};
   assert_int_equal(rda_device_world_create(2, 20.0, &w, &err), RDA_OK);
@@ -1416,87 +1418,56 @@ static void test_device_transport_failed_wait_orders_the_copies_it_began(void **
   void *ev = NULL;
   ab_event_create(b[0], &ev, NULL);
   ab_join_pair(w, b, t);
-  unsigned char *src = xmalloc(ORD_BYTES), *dst = xmalloc(ORD_BYTES);
-  memset(src, 0x5A, ORD_BYTES), memset(dst, 0, ORD_BYTES);
-  pthread_mutex_lock(&abd.mu);
-  abd.paused = (ab_stream *)b[1]->impl; /* rank 1's stream: its ready event waits */
-  pthread_mutex_unlock(&abd.mu);
-  assert_int_equal(rda_transport_group_start(t[1], &err), RDA_OK);
-  assert_int_equal(rda_transport_send(t[1], 0, src, ORD_BYTES, &err), RDA_OK);
-  assert_int_equal(rda_transport_group_end(t[1], &err), RDA_OK);
-  assert_int_equal(rda_transport_group_start(t[0], &err), RDA_OK);
-  assert_int_equal(rda_transport_recv(t[0], 1, dst, ORD_BYTES, &err), RDA_OK);
-  assert_int_equal(rda_transport_group_end(t[0], &err), RDA_OK); /* matched: copy enqueued */
-  rda_transport_abort(t[0], "a launch failed");
-  assert_int_equal(rda_transport_wait(t[0], &err), RDA_ERR_NCCL);
-  b[0]->memset_async(b[0], dst, 0x33, ORD_BYTES, NULL); /* the caller reuses the buffer */
-  b[0]->event_record(b[0], ev, NULL);
-  /* Unordered, the write runs now, while the copy cannot; ordered, it waits for the copy. */
-  ab_release_after(b[0], ev);
-  rda_err_clear(&err);
-  assert_int_equal(rda_transport_wait(t[1], &err), RDA_ERR_NCCL);
-  rda_transport_destroy(t[0]);
-  rda_transport_destroy(t[1]);
-  ab_device_drain_and_stop(dev);
-  rda_device_world_destroy(w);
-  size_t kept = 0;
-  for (int i = 0; i < ORD_BYTES; i++) kept += dst[i] == 0x33;
-  free(src), free(dst);
-  b[0]->destroy(b[0]), b[1]->destroy(b[1]);
-  if (kept != ORD_BYTES)
-    fail_msg("%zu of %d bytes of the reused buffer were overwritten by the late copy",
-             (size_t)ORD_BYTES - kept, ORD_BYTES);
-}
-
-/* A wait whose ordering of the caller's stream fails part way (the first stream_wait_event of
- * its ops fails): the caller's stream must still wait for the other ops' copies, or one lands
- * later in a buffer the caller, told of the error, has reused. Two receives of rank 0 from
- * rank 1, matched, their copies held back by pausing rank 1's stream (its ready event). */
-static void test_device_transport_failed_ordering_still_orders_the_other_copies(void **state) {
-  (void)state;
-  const pthread_t dev = ab_device_start(11);
-  rda_device_world *w = NULL;
-  rda_err err = {0};
-  assert_int_equal(rda_device_world_create(2, 20.0, &w, &err), RDA_OK);
-  rda_backend *b[2] = {ab_open(), ab_open()};
-  rda_transport *t[2] = {NULL, NULL};
-  void *ev = NULL;
-  ab_event_create(b[0], &ev, NULL);
-  ab_join_pair(w, b, t);
-  unsigned char *src = xmalloc(2 * ORD_BYTES), *dst = xmalloc(2 * ORD_BYTES);
-  memset(src, 0x5A, 2 * ORD_BYTES), memset(dst, 0, 2 * ORD_BYTES);
+  const size_t bytes = (size_t)nops * ORD_BYTES;
+  unsigned char *src = xmalloc(bytes), *dst = xmalloc(bytes);
+  memset(src, 0x5A, bytes), memset(dst, 0, bytes);
   pthread_mutex_lock(&abd.mu);
   abd.paused = (ab_stream *)b[1]->impl;
   pthread_mutex_unlock(&abd.mu);
   assert_int_equal(rda_transport_group_start(t[1], &err), RDA_OK);
-  for (int q = 0; q < 2; q++)
+  for (int q = 0; q < nops; q++)
     assert_int_equal(rda_transport_send(t[1], 0, src + q * ORD_BYTES, ORD_BYTES, &err), RDA_OK);
   assert_int_equal(rda_transport_group_end(t[1], &err), RDA_OK);
   assert_int_equal(rda_transport_group_start(t[0], &err), RDA_OK);
-  for (int q = 0; q < 2; q++)
+  for (int q = 0; q < nops; q++)
     assert_int_equal(rda_transport_recv(t[0], 1, dst + q * ORD_BYTES, ORD_BYTES, &err), RDA_OK);
   assert_int_equal(rda_transport_group_end(t[0], &err), RDA_OK); /* matched: copies enqueued */
   pthread_mutex_lock(&abd.mu);
-  abd.fail_wait = b[0]; /* the wait's first stream_wait_event */
+  if (inject) abd.fail_wait = b[0];
   pthread_mutex_unlock(&abd.mu);
+  if (!inject) rda_transport_abort(t[0], "a launch failed");
   assert_int_not_equal(rda_transport_wait(t[0], &err), RDA_OK);
-  if (strstr(err.msg, "injected failure") == NULL) fail_msg("rank 0: %s", err.msg);
-  b[0]->memset_async(b[0], dst, 0x33, 2 * ORD_BYTES, NULL); /* the caller reuses both */
+  if (strstr(err.msg, inject ? "injected failure" : "a launch failed") == NULL)
+    fail_msg("rank 0: %s", err.msg);
+  b[0]->memset_async(b[0], dst, 0x33, bytes, NULL); /* the caller reuses the buffers */
   b[0]->event_record(b[0], ev, NULL);
+  /* Unordered, the write runs now, while the copies cannot; ordered, it waits for them. */
   ab_release_after(b[0], ev);
   rda_err_clear(&err);
-  (void)rda_transport_wait(t[1], &err);
+  assert_int_not_equal(rda_transport_wait(t[1], &err), RDA_OK);
   rda_transport_destroy(t[0]);
   rda_transport_destroy(t[1]);
   ab_device_drain_and_stop(dev);
   rda_device_world_destroy(w);
+  const size_t from = inject ? ORD_BYTES : 0; /* op 0's ordering is the one that failed */
   size_t kept = 0;
-  for (int i = ORD_BYTES; i < 2 * ORD_BYTES; i++) kept += dst[i] == 0x33;
+  for (size_t i = from; i < bytes; i++) kept += dst[i] == 0x33;
   free(src), free(dst);
   b[0]->destroy(b[0]), b[1]->destroy(b[1]);
-  if (kept != ORD_BYTES)
-    fail_msg("%zu of %d bytes of the second reused buffer were overwritten by its late copy",
-             (size_t)ORD_BYTES - kept, ORD_BYTES);
+  if (kept != bytes - from)
+    fail_msg("%zu of %zu bytes of the reused buffers were overwritten by late copies",
+             bytes - from - kept, bytes - from);
+}
+
+static void test_device_transport_failed_wait_orders_the_copies_it_began(void **state) {
+  (void)state;
+  late_copies_after_a_failed_wait(1, 0, 7);
+}
+
+/* A wait whose ordering of the caller's stream fails part way must order the rest. */
+static void test_device_transport_failed_ordering_still_orders_the_other_copies(void **state) {
+  (void)state;
+  late_copies_after_a_failed_wait(2, 1, 11);
 }
 
 /* Without a GPU (CI here) the NCCL transport must fail with one clear line, not crash. */

@@ -355,6 +355,23 @@ bool rt_check_fwd(const char *what, const rda_config *c, long long batch, long l
   return ok;
 }
 
+bool rt_check_lse_close(const char *what, const float *got, const float *want, size_t n,
+                        double tol) {
+  double worst = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const int uncovered = isinf(want[i]) && want[i] < 0;
+    if (uncovered != (isinf(got[i]) && got[i] < 0) || (!uncovered && !isfinite(got[i]))) {
+      fprintf(stderr, "%s: lse[%zu] = %g, expected %g\n", what, i, got[i], want[i]);
+      return false;
+    }
+    const double e = uncovered ? 0.0 : fabs((double)got[i] - (double)want[i]);
+    if (e > worst) worst = e;
+  }
+  if (worst <= tol) return true;
+  fprintf(stderr, "%s: max |lse - lse_single| = %g > %g\n", what, worst, tol);
+  return false;
+}
+
 bool rt_check_rel_l2(const char *what, const double *got, const double *expected, size_t n,
                      double tol) {
   double num = 0.0, den = 0.0;

@@ -102,6 +102,10 @@ bool rt_check_fwd(const char *what, const rda_config *c, long long batch, long l
                   const long long lse_s[2], const double *o_ref, const double *lse_ref,
                   rt_report *rep);
 
+/* An LSE against another run's (ring vs single device): the same rows uncovered (-inf), the
+ * rest finite and within tol absolute; prints the first difference and returns false. */
+bool rt_check_lse_close(const char *what, const float *got, const float *want, size_t n,
+                        double tol);
 /* Relative L2 of got vs expected (n values) within tol, no NaN/Inf; prints on failure. */
 bool rt_check_rel_l2(const char *what, const double *got, const double *expected, size_t n,
                      double tol);
