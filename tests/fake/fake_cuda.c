@@ -1,11 +1,13 @@
 /* fake_cuda.c — a fake libcuda.so.1 for tests on machines without a GPU: the driver entry points
- * the NCCL transport (runtime/transport_nccl.c) loads, over host memory and in-order stream
- * queues shared by the threads of one process (fake_cuda.h says the model), plus helpers a test
- * reads with dlsym. Built only for tests, into a folder of its own that LD_LIBRARY_PATH names. */
+ * the NCCL transport (runtime/transport_nccl.c) and the cuda backend (runtime/cuda.c: one sm_90
+ * device; modules load but no kernel runs) load, over host memory and in-order stream queues
+ * shared by the threads of one process (fake_cuda.h says the model), plus helpers a test reads
+ * with dlsym. Built only for tests, into a folder of its own that LD_LIBRARY_PATH names. */
 #include "fake_cuda.h"
 
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -169,6 +171,9 @@ CUresult CUDAAPI cuGetErrorString(CUresult e, const char **s) {
       {CUDA_ERROR_INVALID_CONTEXT, "invalid device context"},
       {CUDA_ERROR_INVALID_HANDLE, "invalid resource handle"},
       {CUDA_ERROR_NOT_READY, "device not ready"},
+      {CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal"},
+      {CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid"},
+      {CUDA_ERROR_NOT_SUPPORTED, "operation not supported"},
   };
   if (s == NULL) return CUDA_ERROR_INVALID_VALUE;
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
@@ -351,6 +356,266 @@ CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t b
 /* Device to host, in stream order. */
 CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t bytes, CUstream s) {
   return fk_copy(FK_COPY_OUT, src, dst, bytes, s);
+}
+
+/* --- one device, its primary context, streams, modules (what rda_ctx_create_cuda and
+ * rda_plan_create need): device 0 reports an sm_90 GPU with H100-like limits; modules are
+ * accepted and never run, so a launch fails. ---------------------------------------------- */
+
+enum { FK_SMEM_OPTIN = 227 * 1024, FK_FN_REGS = 128 };
+
+static int fk_retains_; /* cuDevicePrimaryCtxRetain minus releases */
+
+CUresult CUDAAPI cuGetErrorName(CUresult e, const char **s) {
+  static const struct {
+    CUresult e;
+    const char *s;
+  } names[] = {
+      {CUDA_SUCCESS, "CUDA_SUCCESS"},
+      {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE"},
+      {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY"},
+      {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT"},
+      {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE"},
+      {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY"},
+      {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE"},
+      {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE"},
+      {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED"},
+  };
+  if (s == NULL) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (names[i].e == e) {
+      *s = names[i].s;
+      return CUDA_SUCCESS;
+    }
+  *s = NULL;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult CUDAAPI cuInit(unsigned int flags) {
+  return flags == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The toolkit the fake was built with, so NVRTC's cubins are never newer than "the driver". */
+CUresult CUDAAPI cuDriverGetVersion(int *version) {
+  if (version == NULL) return CUDA_ERROR_INVALID_VALUE;
+  *version = CUDA_VERSION;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetCount(int *count) {
+  if (count == NULL) return CUDA_ERROR_INVALID_VALUE;
+  *count = 1;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGet(CUdevice *dev, int ordinal) {
+  if (dev == NULL) return CUDA_ERROR_INVALID_VALUE;
+  if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
+  *dev = 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetAttribute(int *value, CUdevice_attribute attrib, CUdevice dev) {
+  if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
+  if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+  switch (attrib) {
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *value = 9; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *value = 0; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *value = 132; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: *value = 48 * 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: *value = FK_SMEM_OPTIN; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: *value = 228 * 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: *value = 64 * 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: *value = 64 * 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *value = 2048; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *value = 32; break;
+    default: return CUDA_ERROR_INVALID_VALUE; /* not modelled: say so rather than invent it */
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice dev) {
+  if (name == NULL || len < 1) return CUDA_ERROR_INVALID_VALUE;
+  if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+  snprintf(name, (size_t)len, "%s", "fake sm_90 GPU (tests/fake/fake_cuda.c)");
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
+  if (ctx == NULL) return CUDA_ERROR_INVALID_VALUE;
+  if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+  fake_cu_lock();
+  fk_retains_++;
+  fake_cu_unlock();
+  *ctx = &fk_ctx_[0];
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+  if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+  fake_cu_lock();
+  const int ok = fk_retains_ > 0;
+  if (ok) fk_retains_--;
+  fake_cu_unlock();
+  return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+CUresult CUDAAPI cuStreamCreate(CUstream *stream, unsigned int flags) {
+  (void)flags;
+  if (stream == NULL) return CUDA_ERROR_INVALID_VALUE;
+  fake_cu_lock();
+  const int ok = fk_has_context();
+  fake_cu_unlock();
+  if (!ok) return CUDA_ERROR_INVALID_CONTEXT;
+  *stream = fake_cu_stream_create();
+  return *stream != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* Waits until everything queued on the stream so far has completed. */
+CUresult CUDAAPI cuStreamSynchronize(CUstream stream) {
+  fake_cu_lock();
+  if (!fk_has_context()) {
+    fake_cu_unlock();
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  CUstream s = fk_stream(stream);
+  const unsigned long long want = s->enqueued;
+  fake_cu_progress();
+  while (s->completed < want) fake_cu_wait();
+  fake_cu_unlock();
+  return CUDA_SUCCESS;
+}
+
+/* Unlike a driver, which lets queued work finish first, work still queued is dropped
+ * (fake_cu_stream_destroy): a test never leaves work behind on a stream it destroys. */
+CUresult CUDAAPI cuStreamDestroy_v2(CUstream stream) {
+  if ((uintptr_t)stream <= 2) return CUDA_ERROR_INVALID_HANDLE;
+  fake_cu_lock();
+  const int ok = fk_has_context();
+  fake_cu_unlock();
+  if (!ok) return CUDA_ERROR_INVALID_CONTEXT;
+  fake_cu_stream_destroy(stream);
+  return CUDA_SUCCESS;
+}
+
+typedef struct fk_devop {
+  CUdeviceptr dst, src; /* src 0: a memset of `value` */
+  unsigned char value;
+  size_t bytes;
+} fk_devop;
+
+static int fk_devop_run(void *arg) {
+  const fk_devop *op = arg;
+  if (!fake_cu_live(op->dst, op->bytes)) return 1;
+  if (op->src == 0)
+    memset((void *)(uintptr_t)op->dst, op->value, op->bytes);
+  else if (fake_cu_live(op->src, op->bytes))
+    memmove((void *)(uintptr_t)op->dst, (const void *)(uintptr_t)op->src, op->bytes);
+  return 1;
+}
+
+static CUresult fk_devop_push(CUdeviceptr dst, CUdeviceptr src, unsigned char value, size_t bytes,
+                              CUstream s) {
+  fake_cu_lock();
+  CUresult r = CUDA_ERROR_INVALID_CONTEXT;
+  if (fk_has_context()) {
+    fk_devop *op = calloc(1, sizeof *op);
+    r = op != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    if (op != NULL) {
+      op->dst = dst, op->src = src, op->value = value, op->bytes = bytes;
+      fake_cu_enqueue(s, fk_devop_run, free, op);
+      fake_cu_progress();
+    }
+  }
+  fake_cu_unlock();
+  return r;
+}
+
+CUresult CUDAAPI cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes,
+                                      CUstream s) {
+  if (src == 0) return CUDA_ERROR_INVALID_VALUE;
+  return fk_devop_push(dst, src, 0, bytes, s);
+}
+
+CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t bytes, CUstream s) {
+  return fk_devop_push(dst, 0, value, bytes, s);
+}
+
+struct CUfunc_st {
+  struct CUfunc_st *next;
+  int max_dynamic_smem;
+};
+
+struct CUmod_st {
+  struct CUfunc_st *fns; /* handed out by cuModuleGetFunction, freed with the module */
+};
+
+/* Any ELF image (a cubin) loads; nothing in it is looked at further. */
+CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image) {
+  if (module == NULL || image == NULL) return CUDA_ERROR_INVALID_VALUE;
+  fake_cu_lock();
+  const int ok = fk_has_context();
+  fake_cu_unlock();
+  if (!ok) return CUDA_ERROR_INVALID_CONTEXT;
+  if (memcmp(image, "\177ELF", 4) != 0) return CUDA_ERROR_INVALID_IMAGE;
+  *module = calloc(1, sizeof **module);
+  return *module != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult CUDAAPI cuModuleUnload(CUmodule module) {
+  if (module == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  while (module->fns != NULL) {
+    struct CUfunc_st *f = module->fns;
+    module->fns = f->next;
+    free(f);
+  }
+  free(module);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuModuleGetFunction(CUfunction *fn, CUmodule module, const char *name) {
+  if (fn == NULL || name == NULL || name[0] == '\0') return CUDA_ERROR_INVALID_VALUE;
+  if (module == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  struct CUfunc_st *f = calloc(1, sizeof *f);
+  if (f == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+  f->max_dynamic_smem = 48 * 1024;
+  f->next = module->fns, module->fns = f;
+  *fn = f;
+  return CUDA_SUCCESS;
+}
+
+/* Plausible ptxas results: FK_FN_REGS registers, no static shared memory, no spills. */
+CUresult CUDAAPI cuFuncGetAttribute(int *value, CUfunction_attribute attrib, CUfunction fn) {
+  if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
+  if (fn == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  switch (attrib) {
+    case CU_FUNC_ATTRIBUTE_NUM_REGS: *value = FK_FN_REGS; break;
+    case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: *value = 0; break;
+    case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: *value = 0; break;
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = 64 * 1024 / FK_FN_REGS; break;
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *value = fn->max_dynamic_smem; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuFuncSetAttribute(CUfunction fn, CUfunction_attribute attrib, int value) {
+  if (fn == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  if (attrib != CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES || value < 0 ||
+      value > FK_SMEM_OPTIN)
+    return CUDA_ERROR_INVALID_VALUE;
+  fn->max_dynamic_smem = value;
+  return CUDA_SUCCESS;
+}
+
+/* Nothing runs here: a launch fails, so a test that reached one cannot pass by accident. */
+CUresult CUDAAPI cuLaunchKernel(CUfunction fn, unsigned int gx, unsigned int gy, unsigned int gz,
+                                unsigned int bx, unsigned int by, unsigned int bz,
+                                unsigned int smem, CUstream stream, void **params, void **extra) {
+  (void)fn, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)smem, (void)stream;
+  (void)params, (void)extra;
+  return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 /* --- test helpers ---------------------------------------------------------------------------- */

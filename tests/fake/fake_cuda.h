@@ -5,7 +5,10 @@
  * The model: device memory is host memory (a CUdeviceptr is its address), a stream is a queue
  * run in order as far as it can go after every call that changes anything (there is no device,
  * so nothing happens between calls): a copy runs when it reaches the head, a cuStreamWaitEvent
- * waits for the event's stream to get past the event, and an NCCL group waits for its peers. */
+ * waits for the event's stream to get past the event, and an NCCL group waits for its peers.
+ * Device 0 is the one device the device queries see (sm_90, H100-like limits); contexts 0..7
+ * exist for tests that give each rank its own. Modules are accepted, never run: a launch fails
+ * with CUDA_ERROR_NOT_SUPPORTED. */
 #ifndef RDA_FAKE_CUDA_H
 #define RDA_FAKE_CUDA_H
 
