@@ -24,6 +24,8 @@
 #include <unistd.h>
 
 #include <cmocka.h> /* after the standard headers it needs */
+
+#include "rda_test_tensor.h" /* needs cmocka.h */
 /* clang-format on */
 
 #define MAXP 5
@@ -212,17 +214,6 @@ typedef struct rjob {
   rda_ring_stats fwd_stats, bwd_stats;
 } rjob;
 
-static void tensor4(rda_tensor *t, void *data, rda_dtype dt, long long b, long long n, long long h,
-                    long long d) {
-  const long long shape[4] = {b, n, h, d};
-  assert_int_equal(rda_tensor_contiguous(t, data, dt, 4, shape), RDA_OK);
-}
-
-static void tensor3(rda_tensor *t, void *data, long long b, long long h, long long n) {
-  const long long shape[3] = {b, h, n};
-  assert_int_equal(rda_tensor_contiguous(t, data, RDA_FP32, 3, shape), RDA_OK);
-}
-
 static void *rank_main(void *arg) {
   rjob *j = arg;
   const rcase *rc = j->rc;
@@ -242,16 +233,16 @@ static void *rank_main(void *arg) {
   rda_ring_rows(ring, &j->got_rows, &j->got_npieces, j->got_lo, j->got_hi);
   rda_ring_workspace_size(ring, B, 0, &j->ws_fwd);
   rda_tensor tq, tk, tv, to, tl;
-  tensor4(&tq, j->q, pc.dtype, B, R, H, D);
-  tensor4(&tk, j->k, pc.dtype, B, R, Hkv, D);
-  tensor4(&tv, j->v, pc.dtype, B, R, Hkv, D);
+  rt_tensor4(&tq, j->q, pc.dtype, B, R, H, D);
+  rt_tensor4(&tk, j->k, pc.dtype, B, R, Hkv, D);
+  rt_tensor4(&tv, j->v, pc.dtype, B, R, Hkv, D);
   if (j->qkv != NULL) { /* views of one fused buffer: rows of H + 2 Hkv heads */
     const long long row = (H + 2 * Hkv) * D;
     rda_tensor *const t3[3] = {&tq, &tk, &tv};
     for (int i = 0; i < 3; ++i) t3[i]->stride[0] = R * row, t3[i]->stride[1] = row;
   }
-  tensor4(&to, j->o, rc->backward ? RDA_FP32 : rc->o_dtype, B, R, H, D);
-  tensor3(&tl, j->lse, B, H, R);
+  rt_tensor4(&to, j->o, rc->backward ? RDA_FP32 : rc->o_dtype, B, R, H, D);
+  rt_tensor3(&tl, j->lse, B, H, R);
   /* Exactly the parts this call uses: no accumulator for an fp32 o, no LSE when lse is given. */
   const int o32 = rc->backward || rc->o_dtype == RDA_FP32, lse_given = rc->with_lse || rc->backward;
   const size_t o_part = ((size_t)(B * R * H * D) * 4 + 255) / 256 * 256;
@@ -265,11 +256,11 @@ static void *rank_main(void *arg) {
   free(ws);
   if (j->fwd_s == RDA_OK && rc->backward) {
     rda_tensor tdo, tdl, tdq, tdk, tdv;
-    tensor4(&tdo, j->dout, pc.dtype, B, R, H, D);
-    tensor3(&tdl, j->dlse, B, H, R);
-    tensor4(&tdq, j->dq, RDA_FP32, B, R, H, D);
-    tensor4(&tdk, j->dk, RDA_FP32, B, R, Hkv, D);
-    tensor4(&tdv, j->dv, RDA_FP32, B, R, Hkv, D);
+    rt_tensor4(&tdo, j->dout, pc.dtype, B, R, H, D);
+    rt_tensor3(&tdl, j->dlse, B, H, R);
+    rt_tensor4(&tdq, j->dq, RDA_FP32, B, R, H, D);
+    rt_tensor4(&tdk, j->dk, RDA_FP32, B, R, Hkv, D);
+    rt_tensor4(&tdv, j->dv, RDA_FP32, B, R, Hkv, D);
     rda_ring_workspace_size(ring, B, 1, &j->ws_bwd);
     ws = j->ws_bwd > 0 ? aalloc(j->ws_bwd) : NULL;
     if (ws != NULL) rt_poison_f32(ws, j->ws_bwd / 4);
@@ -323,11 +314,11 @@ static void run_case(const rcase *rc) {
   rt_poison_f32(o1, nq), rt_poison_f32(l1, nl);
   {
     rda_tensor tq, tk, tv, to, tl;
-    tensor4(&tq, qb, pc.dtype, B, N, H, D);
-    tensor4(&tk, kb, pc.dtype, B, N, Hkv, D);
-    tensor4(&tv, vb, pc.dtype, B, N, Hkv, D);
-    tensor4(&to, o1, odt, B, N, H, D);
-    tensor3(&tl, l1, B, H, N);
+    rt_tensor4(&tq, qb, pc.dtype, B, N, H, D);
+    rt_tensor4(&tk, kb, pc.dtype, B, N, Hkv, D);
+    rt_tensor4(&tv, vb, pc.dtype, B, N, Hkv, D);
+    rt_tensor4(&to, o1, odt, B, N, H, D);
+    rt_tensor3(&tl, l1, B, H, N);
     size_t wsb = 0;
     assert_int_equal(rda_plan_workspace_size(rc->plan, B, N, &wsb), RDA_OK);
     void *ws = aalloc(wsb);
@@ -479,16 +470,16 @@ static void run_case(const rcase *rc) {
     float *dq1 = aalloc(nq * 4), *dk1 = aalloc(nk * 4), *dv1 = aalloc(nk * 4);
     rt_poison_f32(dq1, nq), rt_poison_f32(dk1, nk), rt_poison_f32(dv1, nk);
     rda_tensor tq, tk, tv, to, tl, tdo, tdl, tdq, tdk, tdv;
-    tensor4(&tq, qb, pc.dtype, B, N, H, D);
-    tensor4(&tk, kb, pc.dtype, B, N, Hkv, D);
-    tensor4(&tv, vb, pc.dtype, B, N, Hkv, D);
-    tensor4(&to, o1, RDA_FP32, B, N, H, D);
-    tensor3(&tl, l1, B, H, N);
-    tensor4(&tdo, dob, pc.dtype, B, N, H, D);
-    tensor3(&tdl, dlsef, B, H, N);
-    tensor4(&tdq, dq1, RDA_FP32, B, N, H, D);
-    tensor4(&tdk, dk1, RDA_FP32, B, N, Hkv, D);
-    tensor4(&tdv, dv1, RDA_FP32, B, N, Hkv, D);
+    rt_tensor4(&tq, qb, pc.dtype, B, N, H, D);
+    rt_tensor4(&tk, kb, pc.dtype, B, N, Hkv, D);
+    rt_tensor4(&tv, vb, pc.dtype, B, N, Hkv, D);
+    rt_tensor4(&to, o1, RDA_FP32, B, N, H, D);
+    rt_tensor3(&tl, l1, B, H, N);
+    rt_tensor4(&tdo, dob, pc.dtype, B, N, H, D);
+    rt_tensor3(&tdl, dlsef, B, H, N);
+    rt_tensor4(&tdq, dq1, RDA_FP32, B, N, H, D);
+    rt_tensor4(&tdk, dk1, RDA_FP32, B, N, Hkv, D);
+    rt_tensor4(&tdv, dv1, RDA_FP32, B, N, Hkv, D);
     size_t wsb = 0;
     assert_int_equal(rda_plan_backward_workspace_size(rc->plan, B, N, &wsb), RDA_OK);
     void *ws = aalloc(wsb);
@@ -895,11 +886,11 @@ static void test_ring_handles_and_world_lifetime(void **state) {
     float *o = aalloc((size_t)(N * H * D) * 4), *l = aalloc((size_t)(H * N) * 4);
     rt_poison_f32(o, (size_t)(N * H * D)), rt_poison_f32(l, (size_t)(H * N));
     rda_tensor tq, tk, tv, to, tl;
-    tensor4(&tq, qb, RDA_BF16, 1, N, H, D);
-    tensor4(&tk, kb, RDA_BF16, 1, N, Hkv, D);
-    tensor4(&tv, vb, RDA_BF16, 1, N, Hkv, D);
-    tensor4(&to, o, RDA_FP32, 1, N, H, D);
-    tensor3(&tl, l, 1, H, N);
+    rt_tensor4(&tq, qb, RDA_BF16, 1, N, H, D);
+    rt_tensor4(&tk, kb, RDA_BF16, 1, N, Hkv, D);
+    rt_tensor4(&tv, vb, RDA_BF16, 1, N, Hkv, D);
+    rt_tensor4(&to, o, RDA_FP32, 1, N, H, D);
+    rt_tensor3(&tl, l, 1, H, N);
     if (rda_ring_forward(ring, &tq, &tk, &tv, &to, &tl, NULL, 0, NULL) != RDA_OK)
       fail_msg("P=1 forward: %s", rda_last_error(g_ctx));
     double *o_ref, *lse_ref;
@@ -1023,10 +1014,10 @@ static void fcall_make(fcall *c, rda_ring *ring, long long B, long long extra, i
   rt_strides_contig(R, Hkv, D, s3);
   c->kv = rt_make_bits(c->x, B, R, Hkv, D, s3, RDA_DTYPE_BF16, NULL);
   c->o = aalloc((size_t)(B * R * H * D) * 4), c->lse = aalloc((size_t)(B * H * R) * 4);
-  tensor4(&c->tq, c->q, RDA_BF16, B, R, H, D);
-  tensor4(&c->tk, c->kv, RDA_BF16, B, R, Hkv, D);
-  tensor4(&c->to, c->o, o_bf16 ? RDA_BF16 : RDA_FP32, B, R, H, D);
-  tensor3(&c->tl, c->lse, B, H, R);
+  rt_tensor4(&c->tq, c->q, RDA_BF16, B, R, H, D);
+  rt_tensor4(&c->tk, c->kv, RDA_BF16, B, R, Hkv, D);
+  rt_tensor4(&c->to, c->o, o_bf16 ? RDA_BF16 : RDA_FP32, B, R, H, D);
+  rt_tensor3(&c->tl, c->lse, B, H, R);
   c->wsb = 0;
   rda_ring_workspace_size(ring, B, 0, &c->wsb);
   c->ws = aalloc(c->wsb + 256);

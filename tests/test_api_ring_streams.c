@@ -29,6 +29,8 @@
 #include <time.h>
 
 #include <cmocka.h> /* after the standard headers it needs */
+
+#include "rda_test_tensor.h" /* needs cmocka.h */
 /* clang-format on */
 
 /* P ranks over an uneven N (rows 51, 51, 51, 50), batch 2, the config below. */
@@ -310,17 +312,6 @@ static float *host_f32(size_t n) {
   return p;
 }
 
-static void tensor4(rda_tensor *t, void *data, rda_dtype dt, long long b, long long n, long long h,
-                    long long d) {
-  const long long shape[4] = {b, n, h, d};
-  assert_int_equal(rda_tensor_contiguous(t, data, dt, 4, shape), RDA_OK);
-}
-
-static void tensor3(rda_tensor *t, void *data, long long b, long long h, long long n) {
-  const long long shape[3] = {b, h, n};
-  assert_int_equal(rda_tensor_contiguous(t, data, RDA_FP32, 3, shape), RDA_OK);
-}
-
 /* Inputs, then rda_forward (fp32 O, LSE) and rda_backward (with dLSE) on e's context: device
  * memory, rank 0's stream, poisoned outputs and workspaces. */
 static void problem_make(problem *pr, env *e) {
@@ -361,16 +352,16 @@ static void problem_make(problem *pr, env *e) {
   mm_poison(e, dk, nk * 4), mm_poison(e, dv, nk * 4);
   mm_poison(e, wsf, wf / 4 * 4), mm_poison(e, wsb, wb / 4 * 4);
   rda_tensor tq, tk, tv, to, tl, tdo, tdl, tdq, tdk, tdv;
-  tensor4(&tq, q, pc.dtype, kB, kN, kH, kD);
-  tensor4(&tk, k, pc.dtype, kB, kN, kHkv, kD);
-  tensor4(&tv, v, pc.dtype, kB, kN, kHkv, kD);
-  tensor4(&to, o, RDA_FP32, kB, kN, kH, kD);
-  tensor3(&tl, lse, kB, kH, kN);
-  tensor4(&tdo, dout, pc.dtype, kB, kN, kH, kD);
-  tensor3(&tdl, dlse, kB, kH, kN);
-  tensor4(&tdq, dq, RDA_FP32, kB, kN, kH, kD);
-  tensor4(&tdk, dk, RDA_FP32, kB, kN, kHkv, kD);
-  tensor4(&tdv, dv, RDA_FP32, kB, kN, kHkv, kD);
+  rt_tensor4(&tq, q, pc.dtype, kB, kN, kH, kD);
+  rt_tensor4(&tk, k, pc.dtype, kB, kN, kHkv, kD);
+  rt_tensor4(&tv, v, pc.dtype, kB, kN, kHkv, kD);
+  rt_tensor4(&to, o, RDA_FP32, kB, kN, kH, kD);
+  rt_tensor3(&tl, lse, kB, kH, kN);
+  rt_tensor4(&tdo, dout, pc.dtype, kB, kN, kH, kD);
+  rt_tensor3(&tdl, dlse, kB, kH, kN);
+  rt_tensor4(&tdq, dq, RDA_FP32, kB, kN, kH, kD);
+  rt_tensor4(&tdk, dk, RDA_FP32, kB, kN, kHkv, kD);
+  rt_tensor4(&tdv, dv, RDA_FP32, kB, kN, kHkv, kD);
   if (rda_forward(e->plan, &tq, &tk, &tv, &to, &tl, wsf, wf, e->stream[0]) != RDA_OK)
     fail_msg("%s: rda_forward: %s", e->name, rda_last_error(e->ctx));
   if (rda_backward(e->plan, &tq, &tk, &tv, &to, &tl, &tdo, &tdl, &tdq, &tdk, &tdv, wsb, wb,

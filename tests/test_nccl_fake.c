@@ -51,108 +51,9 @@ int main(void) {
 
 #else
 
-#include <cuda.h>
-/* nccl.h (and the fp16/bf16 headers it pulls in) test undefined macros and declare f(). */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wundef"
-#pragma GCC diagnostic ignored "-Wstrict-prototypes"
-#include <nccl.h>
-#pragma GCC diagnostic pop
-
+#include "fake_api.h" /* cuda.h, nccl.h */
 #include "fake_cuda.h"
 #include "fake_nccl.h"
-
-/* --- the fakes, through the libraries the transport loads ---------------------------------- */
-
-#define FAKE_NCCL_SYMBOLS(X)       \
-  X(init, ncclCommInitRankConfig)  \
-  X(comm_destroy, ncclCommDestroy) \
-  X(count, fake_nccl_count)        \
-  X(pending, fake_nccl_pending)    \
-  X(on_poll, fake_nccl_on_poll)
-#define FAKE_CUDA_SYMBOLS(X)                \
-  X(ctx_set, cuCtxSetCurrent)               \
-  X(mem_alloc, cuMemAlloc_v2)               \
-  X(mem_free, cuMemFree_v2)                 \
-  X(htod, cuMemcpyHtoDAsync_v2)             \
-  X(dtoh, cuMemcpyDtoHAsync_v2)             \
-  X(ev_create, cuEventCreate)               \
-  X(ev_record, cuEventRecord)               \
-  X(ev_query, cuEventQuery)                 \
-  X(ev_destroy, cuEventDestroy_v2)          \
-  X(stream_create, fake_cu_stream_create)   \
-  X(stream_destroy, fake_cu_stream_destroy) \
-  X(context, fake_cu_context)               \
-  X(hold, fake_cu_stream_hold)              \
-  X(waits, fake_cu_stream_waits)            \
-  X(bad_accesses, fake_cu_bad_accesses)     \
-  X(no_context_calls, fake_cu_no_context_calls)
-
-typedef struct fake_api {
-  ncclResult_t (*init)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *);
-  ncclResult_t (*comm_destroy)(ncclComm_t);
-  long (*count)(const void *, int, const char *);
-  long (*pending)(const void *, int);
-  void (*on_poll)(void (*)(void *), void *);
-  CUresult (*ctx_set)(CUcontext);
-  CUresult (*mem_alloc)(CUdeviceptr *, size_t);
-  CUresult (*mem_free)(CUdeviceptr);
-  CUresult (*htod)(CUdeviceptr, const void *, size_t, CUstream);
-  CUresult (*dtoh)(void *, CUdeviceptr, size_t, CUstream);
-  CUresult (*ev_create)(CUevent *, unsigned int);
-  CUresult (*ev_record)(CUevent, CUstream);
-  CUresult (*ev_query)(CUevent);
-  CUresult (*ev_destroy)(CUevent);
-  CUstream (*stream_create)(void);
-  void (*stream_destroy)(CUstream);
-  CUcontext (*context)(int);
-  void (*hold)(CUstream, int);
-  long (*waits)(CUstream, CUstream);
-  long (*bad_accesses)(void);
-  long (*no_context_calls)(void);
-} fake_api;
-
-static fake_api fk;
-
-/* The pointer types must be exactly the headers' (unevaluated: nothing gets linked). */
-static void fake_check_signatures(void) {
-#define FAKE_SIG(field, sym) (void)sizeof(fk.field = sym);
-  FAKE_NCCL_SYMBOLS(FAKE_SIG)
-  FAKE_CUDA_SYMBOLS(FAKE_SIG)
-#undef FAKE_SIG
-}
-
-/* The libraries as the transport will find them; fails the test, saying why, when they are not
- * the fakes (run through ctest, which sets LD_LIBRARY_PATH). */
-static void fake_load(void) {
-  static int loaded;
-  if (loaded) return;
-  fake_check_signatures();
-  void *nccl = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-  void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (nccl == NULL || cuda == NULL || dlsym(nccl, "fake_nccl_count") == NULL ||
-      dlsym(cuda, "fake_cu_stream_create") == NULL) {
-    const char *why = dlerror(), *path = getenv("LD_LIBRARY_PATH");
-    fail_msg("libnccl.so.2 and libcuda.so.1 are not the fakes of %s (LD_LIBRARY_PATH=%s): %s",
-             RDA_TEST_FAKE_LIBS, path ? path : "", why ? why : "a real library came first");
-  }
-  void *sym;
-#define FAKE_RESOLVE(lib, field, name)                   \
-  sym = dlsym(lib, #name);                               \
-  if (sym == NULL) fail_msg("the fake lacks %s", #name); \
-  memcpy(&fk.field, &sym, sizeof sym);
-#define FAKE_RES_N(field, name) FAKE_RESOLVE(nccl, field, name)
-#define FAKE_RES_C(field, name) FAKE_RESOLVE(cuda, field, name)
-  FAKE_NCCL_SYMBOLS(FAKE_RES_N)
-  FAKE_CUDA_SYMBOLS(FAKE_RES_C)
-#undef FAKE_RES_N
-#undef FAKE_RES_C
-#undef FAKE_RESOLVE
-  /* The main thread aborts transports and destroys comms: it has a context, as a host thread
-   * of a real program would. */
-  fk.ctx_set(fk.context(0));
-  loaded = 1;
-}
 
 /* --- helpers ------------------------------------------------------------------------------- */
 
@@ -227,6 +128,9 @@ static void *rank_thread(void *arg) {
 
 static void world_open(world *w, int P, int caller_owned) {
   fake_load();
+  /* The main thread aborts transports and destroys comms: it has a context, as a host thread
+   * of a real program would. */
+  fk.ctx_set(fk.context(0));
   memset(w, 0, sizeof *w);
   w->P = P, w->caller_owned = caller_owned;
   rda_err err = {0};

@@ -47,65 +47,9 @@ int main(void) {
 
 #else
 
-#include <cuda.h>
-/* nccl.h (and the fp16/bf16 headers it pulls in) test undefined macros and declare f(). */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wundef"
-#pragma GCC diagnostic ignored "-Wstrict-prototypes"
-#include <nccl.h>
-#pragma GCC diagnostic pop
-
+#include "fake_api.h" /* cuda.h, nccl.h */
 #include "fake_cuda.h"
 #include "fake_nccl.h"
-
-/* --- the fakes, through the libraries rda loads --------------------------------------------- */
-
-typedef struct fake_api {
-  ncclResult_t (*init)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *);
-  ncclResult_t (*comm_destroy)(ncclComm_t);
-  long (*count)(const void *, int, const char *);
-  long (*pending)(const void *, int);
-  CUresult (*ctx_set)(CUcontext);
-  CUcontext (*context)(int);
-} fake_api;
-
-static fake_api fk;
-
-/* The pointer types must be exactly the headers' (unevaluated: nothing gets linked). */
-static void fake_check_signatures(void) {
-  (void)sizeof(fk.init = ncclCommInitRankConfig);
-  (void)sizeof(fk.comm_destroy = ncclCommDestroy);
-  (void)sizeof(fk.count = fake_nccl_count);
-  (void)sizeof(fk.pending = fake_nccl_pending);
-  (void)sizeof(fk.ctx_set = cuCtxSetCurrent);
-  (void)sizeof(fk.context = fake_cu_context);
-}
-
-static void *fake_sym(void *lib, const char *name) {
-  void *p = dlsym(lib, name);
-  if (p == NULL) fail_msg("the fake lacks %s", name);
-  return p;
-}
-
-/* The libraries as rda will find them; fails, saying why, when they are not the fakes. */
-static void fake_load(void) {
-  fake_check_signatures();
-  void *nccl = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-  void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (nccl == NULL || cuda == NULL || dlsym(nccl, "fake_nccl_count") == NULL ||
-      dlsym(cuda, "fake_cu_stream_create") == NULL) {
-    const char *why = dlerror(), *path = getenv("LD_LIBRARY_PATH");
-    fail_msg("libnccl.so.2 and libcuda.so.1 are not the fakes of %s (LD_LIBRARY_PATH=%s): %s",
-             RDA_TEST_FAKE_LIBS, path ? path : "", why ? why : "a real library came first");
-  }
-  void *p;
-  p = fake_sym(nccl, "ncclCommInitRankConfig"), memcpy(&fk.init, &p, sizeof p);
-  p = fake_sym(nccl, "ncclCommDestroy"), memcpy(&fk.comm_destroy, &p, sizeof p);
-  p = fake_sym(nccl, "fake_nccl_count"), memcpy(&fk.count, &p, sizeof p);
-  p = fake_sym(nccl, "fake_nccl_pending"), memcpy(&fk.pending, &p, sizeof p);
-  p = fake_sym(cuda, "cuCtxSetCurrent"), memcpy(&fk.ctx_set, &p, sizeof p);
-  p = fake_sym(cuda, "fake_cu_context"), memcpy(&fk.context, &p, sizeof p);
-}
 
 /* --- ranks ---------------------------------------------------------------------------------- */
 
