@@ -463,6 +463,21 @@ static rda_status tn_connect(rda_transport *t, const int *peers, int npeers, rda
   return tn_wait(t, err);
 }
 
+/* A filed abort request carried out now, on this thread, unless a call holds `call` (that call
+ * carries it out, at its next poll or as it returns: tn_unlock_call). The fence orders the
+ * request (or the end of a call) before the look and the trylock, on both sides. */
+static void tn_carry_out_if_free(tn_endpoint *ep) {
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (!__atomic_load_n(&ep->abort_requested, __ATOMIC_SEQ_CST) ||
+      pthread_mutex_trylock(&ep->call) != 0)
+    return;
+  CUcontext prev;
+  const int restore = tn_ctx_enter(ep, &prev);
+  tn_take_request(ep);
+  tn_ctx_leave(restore, prev);
+  pthread_mutex_unlock(&ep->call);
+}
+
 /* Any thread (see tn_endpoint): files the request, the first reason winning, and carries it
  * out at once unless a call is running (which then does): so transfers a failed ring call left
  * posted stop before that call returns its error and the caller reuses the buffers, and an
@@ -475,13 +490,7 @@ static void tn_abort(rda_transport *t, const char *reason) {
     __atomic_store_n(&ep->abort_requested, 1, __ATOMIC_SEQ_CST);
   }
   pthread_mutex_unlock(&ep->mu);
-  __atomic_thread_fence(__ATOMIC_SEQ_CST); /* the request before the trylock: tn_unlock_call */
-  if (pthread_mutex_trylock(&ep->call) != 0) return;
-  CUcontext prev;
-  const int restore = tn_ctx_enter(ep, &prev);
-  tn_take_request(ep);
-  tn_ctx_leave(restore, prev);
-  pthread_mutex_unlock(&ep->call);
+  tn_carry_out_if_free(ep);
 }
 
 /* A communicator rda made, at the end: ncclCommFinalize flushes its operations while every
@@ -528,15 +537,7 @@ static void tn_destroy(rda_transport *t) {
  * seen here or its own trylock succeeds. */
 static void tn_unlock_call(tn_endpoint *ep) {
   pthread_mutex_unlock(&ep->call);
-  __atomic_thread_fence(__ATOMIC_SEQ_CST);
-  if (!__atomic_load_n(&ep->abort_requested, __ATOMIC_SEQ_CST) ||
-      pthread_mutex_trylock(&ep->call) != 0)
-    return; /* none, or another call holds `call`: it carries the request out */
-  CUcontext prev;
-  const int restore = tn_ctx_enter(ep, &prev);
-  tn_take_request(ep);
-  tn_ctx_leave(restore, prev);
-  pthread_mutex_unlock(&ep->call);
+  tn_carry_out_if_free(ep);
 }
 
 /* The vtable's entry points hold ep->call throughout (see tn_endpoint). */
