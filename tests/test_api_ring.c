@@ -204,7 +204,7 @@ typedef struct rjob {
   long long R;
   int npieces;
   long long lo[2], hi[2];
-  void *q, *k, *v, *o, *lse, *dout, *dlse, *dq, *dk, *dv;
+  rt_attn_bufs b; /* q, k, v, o, lse, dout, dlse, dq, dk, dv */
   void *qkv; /* the fused buffer, or NULL */
   rda_status create_s, fwd_s, bwd_s;
   char msg[1024];
@@ -232,17 +232,18 @@ static void *rank_main(void *arg) {
   }
   rda_ring_rows(ring, &j->got_rows, &j->got_npieces, j->got_lo, j->got_hi);
   rda_ring_workspace_size(ring, B, 0, &j->ws_fwd);
-  rda_tensor tq, tk, tv, to, tl;
-  rt_tensor4(&tq, j->q, pc.dtype, B, R, H, D);
-  rt_tensor4(&tk, j->k, pc.dtype, B, R, Hkv, D);
-  rt_tensor4(&tv, j->v, pc.dtype, B, R, Hkv, D);
+  rt_attn_tensors t;
+  if (rt_attn(&t, &j->b, pc.dtype, rc->backward ? RDA_FP32 : rc->o_dtype, B, R, H, Hkv, D) !=
+      RDA_OK) { /* fwd_s stays RDA_ERR_INTERNAL: the main thread fails the test */
+    snprintf(j->msg, sizeof j->msg, "rda_tensor_contiguous: %s", rda_last_error(NULL));
+    rda_ring_destroy(ring);
+    return NULL;
+  }
   if (j->qkv != NULL) { /* views of one fused buffer: rows of H + 2 Hkv heads */
     const long long row = (H + 2 * Hkv) * D;
-    rda_tensor *const t3[3] = {&tq, &tk, &tv};
+    rda_tensor *const t3[3] = {&t.q, &t.k, &t.v};
     for (int i = 0; i < 3; ++i) t3[i]->stride[0] = R * row, t3[i]->stride[1] = row;
   }
-  rt_tensor4(&to, j->o, rc->backward ? RDA_FP32 : rc->o_dtype, B, R, H, D);
-  rt_tensor3(&tl, j->lse, B, H, R);
   /* Exactly the parts this call uses: no accumulator for an fp32 o, no LSE when lse is given. */
   const int o32 = rc->backward || rc->o_dtype == RDA_FP32, lse_given = rc->with_lse || rc->backward;
   const size_t o_part = ((size_t)(B * R * H * D) * 4 + 255) / 256 * 256;
@@ -250,22 +251,18 @@ static void *rank_main(void *arg) {
   const size_t need = j->ws_fwd - (o32 ? o_part : 0) - (lse_given ? l_part : 0);
   void *ws = need > 0 ? aalloc(need) : NULL;
   if (ws != NULL) rt_poison_f32(ws, need / 4);
-  j->fwd_s = rda_ring_forward(ring, &tq, &tk, &tv, &to, lse_given ? &tl : NULL, ws, need, NULL);
+  j->fwd_s =
+      rda_ring_forward(ring, &t.q, &t.k, &t.v, &t.o, lse_given ? &t.lse : NULL, ws, need, NULL);
   if (j->fwd_s != RDA_OK) snprintf(j->msg, sizeof j->msg, "%s", rda_last_error(NULL));
   rda_ring_get_stats(ring, &j->fwd_stats);
   free(ws);
   if (j->fwd_s == RDA_OK && rc->backward) {
-    rda_tensor tdo, tdl, tdq, tdk, tdv;
-    rt_tensor4(&tdo, j->dout, pc.dtype, B, R, H, D);
-    rt_tensor3(&tdl, j->dlse, B, H, R);
-    rt_tensor4(&tdq, j->dq, RDA_FP32, B, R, H, D);
-    rt_tensor4(&tdk, j->dk, RDA_FP32, B, R, Hkv, D);
-    rt_tensor4(&tdv, j->dv, RDA_FP32, B, R, Hkv, D);
     rda_ring_workspace_size(ring, B, 1, &j->ws_bwd);
     ws = j->ws_bwd > 0 ? aalloc(j->ws_bwd) : NULL;
     if (ws != NULL) rt_poison_f32(ws, j->ws_bwd / 4);
-    j->bwd_s = rda_ring_backward(ring, &tq, &tk, &tv, &to, &tl, &tdo, rc->with_dlse ? &tdl : NULL,
-                                 &tdq, &tdk, &tdv, ws, j->ws_bwd, NULL);
+    j->bwd_s =
+        rda_ring_backward(ring, &t.q, &t.k, &t.v, &t.o, &t.lse, &t.dout,
+                          rc->with_dlse ? &t.dlse : NULL, &t.dq, &t.dk, &t.dv, ws, j->ws_bwd, NULL);
     if (j->bwd_s != RDA_OK) snprintf(j->msg, sizeof j->msg, "%s", rda_last_error(NULL));
     rda_ring_get_stats(ring, &j->bwd_stats);
     free(ws);
@@ -313,17 +310,15 @@ static void run_case(const rcase *rc) {
   float *l1 = aalloc(nl * 4);
   rt_poison_f32(o1, nq), rt_poison_f32(l1, nl);
   {
-    rda_tensor tq, tk, tv, to, tl;
-    rt_tensor4(&tq, qb, pc.dtype, B, N, H, D);
-    rt_tensor4(&tk, kb, pc.dtype, B, N, Hkv, D);
-    rt_tensor4(&tv, vb, pc.dtype, B, N, Hkv, D);
-    rt_tensor4(&to, o1, odt, B, N, H, D);
-    rt_tensor3(&tl, l1, B, H, N);
+    rt_attn_tensors t;
+    const rt_attn_bufs one = {.q = qb, .k = kb, .v = vb, .o = o1, .lse = l1};
+    assert_int_equal(rt_attn(&t, &one, pc.dtype, odt, B, N, H, Hkv, D), RDA_OK);
     size_t wsb = 0;
     assert_int_equal(rda_plan_workspace_size(rc->plan, B, N, &wsb), RDA_OK);
     void *ws = aalloc(wsb);
     const int lse_out = rc->with_lse || rc->backward;
-    if (rda_forward(rc->plan, &tq, &tk, &tv, &to, lse_out ? &tl : NULL, ws, wsb, NULL) != RDA_OK)
+    if (rda_forward(rc->plan, &t.q, &t.k, &t.v, &t.o, lse_out ? &t.lse : NULL, ws, wsb, NULL) !=
+        RDA_OK)
       fail_msg("%s: rda_forward: %s", rc->what, rda_last_error(g_ctx));
     /* Without lse, rda_forward leaves it in its workspace, after the O accumulator's part
      * (none when O is fp32). */
@@ -351,26 +346,26 @@ static void run_case(const rcase *rc) {
     if (rc->fused) {
       const long long row = (H + 2 * Hkv) * D;
       j->qkv = aalloc((size_t)(B * R * row) * 2);
-      j->q = j->qkv;
-      j->k = (uint16_t *)j->qkv + H * D;
-      j->v = (uint16_t *)j->qkv + (H + Hkv) * D;
+      j->b.q = j->qkv;
+      j->b.k = (uint16_t *)j->qkv + H * D;
+      j->b.v = (uint16_t *)j->qkv + (H + Hkv) * D;
     } else {
-      j->q = aalloc(lq * 2), j->k = aalloc(lk * 2), j->v = aalloc(lk * 2);
+      j->b.q = aalloc(lq * 2), j->b.k = aalloc(lk * 2), j->b.v = aalloc(lk * 2);
     }
-    j->dout = aalloc(lq * 2);
-    j->o = aalloc(lq * 4), j->lse = aalloc(ll * 4), j->dlse = aalloc(ll * 4);
-    j->dq = aalloc(lq * 4), j->dk = aalloc(lk * 4), j->dv = aalloc(lk * 4);
-    rt_poison_f32(j->o, lq), rt_poison_f32(j->lse, ll);
-    rt_poison_f32(j->dq, lq), rt_poison_f32(j->dk, lk), rt_poison_f32(j->dv, lk);
+    j->b.dout = aalloc(lq * 2);
+    j->b.o = aalloc(lq * 4), j->b.lse = aalloc(ll * 4), j->b.dlse = aalloc(ll * 4);
+    j->b.dq = aalloc(lq * 4), j->b.dk = aalloc(lk * 4), j->b.dv = aalloc(lk * 4);
+    rt_poison_f32(j->b.o, lq), rt_poison_f32(j->b.lse, ll);
+    rt_poison_f32(j->b.dq, lq), rt_poison_f32(j->b.dk, lk), rt_poison_f32(j->b.dv, lk);
     long long at = 0;
     for (int i = 0; i < j->npieces; at += j->hi[i] - j->lo[i], ++i) {
       const long long pq = rc->fused ? (H + 2 * Hkv) * D : H * D;
       const long long pk = rc->fused ? (H + 2 * Hkv) * D : Hkv * D;
-      copy_rows_p(qb, j->q, B, N, R, H * D, pq, 2, j->lo[i], j->hi[i], at, 0);
-      copy_rows_p(kb, j->k, B, N, R, Hkv * D, pk, 2, j->lo[i], j->hi[i], at, 0);
-      copy_rows_p(vb, j->v, B, N, R, Hkv * D, pk, 2, j->lo[i], j->hi[i], at, 0);
-      copy_rows(dob, j->dout, B, N, R, H * D, 2, j->lo[i], j->hi[i], at, 0);
-      copy_lse_rows(dlsef, j->dlse, B, H, N, R, j->lo[i], j->hi[i], at, 0);
+      copy_rows_p(qb, j->b.q, B, N, R, H * D, pq, 2, j->lo[i], j->hi[i], at, 0);
+      copy_rows_p(kb, j->b.k, B, N, R, Hkv * D, pk, 2, j->lo[i], j->hi[i], at, 0);
+      copy_rows_p(vb, j->b.v, B, N, R, Hkv * D, pk, 2, j->lo[i], j->hi[i], at, 0);
+      copy_rows(dob, j->b.dout, B, N, R, H * D, 2, j->lo[i], j->hi[i], at, 0);
+      copy_lse_rows(dlsef, j->b.dlse, B, H, N, R, j->lo[i], j->hi[i], at, 0);
     }
   }
   for (int p = 0; p < P; ++p)
@@ -424,13 +419,13 @@ static void run_case(const rcase *rc) {
     const long long R = j->R;
     long long at = 0;
     for (int i = 0; i < j->npieces; at += j->hi[i] - j->lo[i], ++i) {
-      copy_rows(og, j->o, B, N, R, H * D, oel, j->lo[i], j->hi[i], at, 1);
+      copy_rows(og, j->b.o, B, N, R, H * D, oel, j->lo[i], j->hi[i], at, 1);
       if (rc->with_lse || rc->backward)
-        copy_lse_rows(lg, j->lse, B, H, N, R, j->lo[i], j->hi[i], at, 1);
+        copy_lse_rows(lg, j->b.lse, B, H, N, R, j->lo[i], j->hi[i], at, 1);
       if (rc->backward) {
-        copy_rows(dqg, j->dq, B, N, R, H * D, 4, j->lo[i], j->hi[i], at, 1);
-        copy_rows(dkg, j->dk, B, N, R, Hkv * D, 4, j->lo[i], j->hi[i], at, 1);
-        copy_rows(dvg, j->dv, B, N, R, Hkv * D, 4, j->lo[i], j->hi[i], at, 1);
+        copy_rows(dqg, j->b.dq, B, N, R, H * D, 4, j->lo[i], j->hi[i], at, 1);
+        copy_rows(dkg, j->b.dk, B, N, R, Hkv * D, 4, j->lo[i], j->hi[i], at, 1);
+        copy_rows(dvg, j->b.dv, B, N, R, Hkv * D, 4, j->lo[i], j->hi[i], at, 1);
       }
     }
   }
@@ -469,22 +464,14 @@ static void run_case(const rcase *rc) {
     /* The single-device backward on the same inputs. */
     float *dq1 = aalloc(nq * 4), *dk1 = aalloc(nk * 4), *dv1 = aalloc(nk * 4);
     rt_poison_f32(dq1, nq), rt_poison_f32(dk1, nk), rt_poison_f32(dv1, nk);
-    rda_tensor tq, tk, tv, to, tl, tdo, tdl, tdq, tdk, tdv;
-    rt_tensor4(&tq, qb, pc.dtype, B, N, H, D);
-    rt_tensor4(&tk, kb, pc.dtype, B, N, Hkv, D);
-    rt_tensor4(&tv, vb, pc.dtype, B, N, Hkv, D);
-    rt_tensor4(&to, o1, RDA_FP32, B, N, H, D);
-    rt_tensor3(&tl, l1, B, H, N);
-    rt_tensor4(&tdo, dob, pc.dtype, B, N, H, D);
-    rt_tensor3(&tdl, dlsef, B, H, N);
-    rt_tensor4(&tdq, dq1, RDA_FP32, B, N, H, D);
-    rt_tensor4(&tdk, dk1, RDA_FP32, B, N, Hkv, D);
-    rt_tensor4(&tdv, dv1, RDA_FP32, B, N, Hkv, D);
+    const rt_attn_bufs one = {qb, kb, vb, o1, l1, dob, dlsef, dq1, dk1, dv1};
+    rt_attn_tensors t;
+    assert_int_equal(rt_attn(&t, &one, pc.dtype, RDA_FP32, B, N, H, Hkv, D), RDA_OK);
     size_t wsb = 0;
     assert_int_equal(rda_plan_backward_workspace_size(rc->plan, B, N, &wsb), RDA_OK);
     void *ws = aalloc(wsb);
-    if (rda_backward(rc->plan, &tq, &tk, &tv, &to, &tl, &tdo, rc->with_dlse ? &tdl : NULL, &tdq,
-                     &tdk, &tdv, ws, wsb, NULL) != RDA_OK)
+    if (rda_backward(rc->plan, &t.q, &t.k, &t.v, &t.o, &t.lse, &t.dout,
+                     rc->with_dlse ? &t.dlse : NULL, &t.dq, &t.dk, &t.dv, ws, wsb, NULL) != RDA_OK)
       fail_msg("%s: rda_backward: %s", rc->what, rda_last_error(g_ctx));
     free(ws);
     double *a = malloc(nq * sizeof *a), *e = malloc(nq * sizeof *e);
@@ -513,9 +500,9 @@ static void run_case(const rcase *rc) {
     if (j->qkv != NULL)
       free(j->qkv);
     else
-      free(j->q), free(j->k), free(j->v);
-    free(j->o), free(j->lse), free(j->dout), free(j->dlse);
-    free(j->dq), free(j->dk), free(j->dv);
+      free(j->b.q), free(j->b.k), free(j->b.v);
+    free(j->b.o), free(j->b.lse), free(j->b.dout), free(j->b.dlse);
+    free(j->b.dq), free(j->b.dk), free(j->b.dv);
   }
   rda_ring_plan_destroy(rp);
   free(od), free(o1d), free(o_ref), free(lse_ref), free(of), free(og), free(lg);
@@ -885,21 +872,18 @@ static void test_ring_handles_and_world_lifetime(void **state) {
     uint16_t *vb = rt_make_bits(v, 1, N, Hkv, D, ks, RDA_DTYPE_BF16, NULL);
     float *o = aalloc((size_t)(N * H * D) * 4), *l = aalloc((size_t)(H * N) * 4);
     rt_poison_f32(o, (size_t)(N * H * D)), rt_poison_f32(l, (size_t)(H * N));
-    rda_tensor tq, tk, tv, to, tl;
-    rt_tensor4(&tq, qb, RDA_BF16, 1, N, H, D);
-    rt_tensor4(&tk, kb, RDA_BF16, 1, N, Hkv, D);
-    rt_tensor4(&tv, vb, RDA_BF16, 1, N, Hkv, D);
-    rt_tensor4(&to, o, RDA_FP32, 1, N, H, D);
-    rt_tensor3(&tl, l, 1, H, N);
-    if (rda_ring_forward(ring, &tq, &tk, &tv, &to, &tl, NULL, 0, NULL) != RDA_OK)
+    rt_attn_tensors t;
+    const rt_attn_bufs one = {.q = qb, .k = kb, .v = vb, .o = o, .lse = l};
+    assert_int_equal(rt_attn(&t, &one, RDA_BF16, RDA_FP32, 1, N, H, Hkv, D), RDA_OK);
+    if (rda_ring_forward(ring, &t.q, &t.k, &t.v, &t.o, &t.lse, NULL, 0, NULL) != RDA_OK)
       fail_msg("P=1 forward: %s", rda_last_error(g_ctx));
     double *o_ref, *lse_ref;
     rt_reference(&c, 1, N, q, k, v, &o_ref, &lse_ref);
     assert_true(
         rt_check_fwd("P=1 ring, no workspace", &c, 1, N, o, qs, l, ls, o_ref, lse_ref, NULL));
     /* A storage-dtype o needs the accumulator. */
-    to.dtype = RDA_BF16;
-    assert_int_equal(rda_ring_forward(ring, &tq, &tk, &tv, &to, &tl, NULL, 0, NULL),
+    t.o.dtype = RDA_BF16;
+    assert_int_equal(rda_ring_forward(ring, &t.q, &t.k, &t.v, &t.o, &t.lse, NULL, 0, NULL),
                      RDA_ERR_INVALID_ARGUMENT);
     assert_one_line_naming(rda_last_error(g_ctx), "rda_ring_forward: workspace is NULL");
     free(q), free(k), free(v), free(qb), free(kb), free(vb), free(o), free(l);

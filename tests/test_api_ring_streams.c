@@ -351,21 +351,13 @@ static void problem_make(problem *pr, env *e) {
   mm_poison(e, o, nq * 4), mm_poison(e, lse, nl * 4), mm_poison(e, dq, nq * 4);
   mm_poison(e, dk, nk * 4), mm_poison(e, dv, nk * 4);
   mm_poison(e, wsf, wf / 4 * 4), mm_poison(e, wsb, wb / 4 * 4);
-  rda_tensor tq, tk, tv, to, tl, tdo, tdl, tdq, tdk, tdv;
-  rt_tensor4(&tq, q, pc.dtype, kB, kN, kH, kD);
-  rt_tensor4(&tk, k, pc.dtype, kB, kN, kHkv, kD);
-  rt_tensor4(&tv, v, pc.dtype, kB, kN, kHkv, kD);
-  rt_tensor4(&to, o, RDA_FP32, kB, kN, kH, kD);
-  rt_tensor3(&tl, lse, kB, kH, kN);
-  rt_tensor4(&tdo, dout, pc.dtype, kB, kN, kH, kD);
-  rt_tensor3(&tdl, dlse, kB, kH, kN);
-  rt_tensor4(&tdq, dq, RDA_FP32, kB, kN, kH, kD);
-  rt_tensor4(&tdk, dk, RDA_FP32, kB, kN, kHkv, kD);
-  rt_tensor4(&tdv, dv, RDA_FP32, kB, kN, kHkv, kD);
-  if (rda_forward(e->plan, &tq, &tk, &tv, &to, &tl, wsf, wf, e->stream[0]) != RDA_OK)
+  const rt_attn_bufs one = {q, k, v, o, lse, dout, dlse, dq, dk, dv};
+  rt_attn_tensors t;
+  assert_int_equal(rt_attn(&t, &one, pc.dtype, RDA_FP32, kB, kN, kH, kHkv, kD), RDA_OK);
+  if (rda_forward(e->plan, &t.q, &t.k, &t.v, &t.o, &t.lse, wsf, wf, e->stream[0]) != RDA_OK)
     fail_msg("%s: rda_forward: %s", e->name, rda_last_error(e->ctx));
-  if (rda_backward(e->plan, &tq, &tk, &tv, &to, &tl, &tdo, &tdl, &tdq, &tdk, &tdv, wsb, wb,
-                   e->stream[0]) != RDA_OK)
+  if (rda_backward(e->plan, &t.q, &t.k, &t.v, &t.o, &t.lse, &t.dout, &t.dlse, &t.dq, &t.dk, &t.dv,
+                   wsb, wb, e->stream[0]) != RDA_OK)
     fail_msg("%s: rda_backward: %s", e->name, rda_last_error(e->ctx));
   mm_sync(e, 0);
   pr->o1 = host_f32(nq), pr->l1 = host_f32(nl);
@@ -430,9 +422,10 @@ typedef struct rjob {
   long long R, lo[2], hi[2];
   int npieces;
   /* On the context: inputs, outputs, workspaces (forward: only the ring's buffers part). */
-  void *q, *k, *v, *dout, *dlse, *o, *lse, *dq, *dk, *dv, *wsf, *wsb;
+  rt_attn_bufs b; /* q, k, v, o, lse, dout, dlse, dq, dk, dv */
+  void *wsf, *wsb;
   size_t lq, lk, ll, wsf_bytes, wsb_bytes;
-  rda_tensor tq, tk, tv, to, tl, tdo, tdl, tdq, tdk, tdv;
+  rt_attn_tensors t;
   /* Host copies of its results. */
   float *h_o, *h_lse, *h_dq, *h_dk, *h_dv;
   rda_status create_s, fwd_s, bwd_s, after_s;
@@ -478,23 +471,24 @@ static void *rank_main(void *arg) {
 
   if (j->rank == 1 && m_delay(e, 1, io, cap) != 0) io_fail(j, "hold-up before the forward");
   const double t0 = rt_now_s();
-  j->fwd_s = rda_ring_forward(j->ring, &j->tq, &j->tk, &j->tv, &j->to, &j->tl, j->wsf, j->wsf_bytes,
-                              stream);
+  j->fwd_s = rda_ring_forward(j->ring, &j->t.q, &j->t.k, &j->t.v, &j->t.o, &j->t.lse, j->wsf,
+                              j->wsf_bytes, stream);
   j->fwd_wall_s = rt_now_s() - t0;
   if (j->fwd_s != RDA_OK) snprintf(j->msg, sizeof j->msg, "%s", rda_last_error(NULL));
   rda_ring_get_stats(j->ring, &j->stats);
   if (j->mode == kRun && j->fwd_s == RDA_OK) {
     /* Held up again: the backward reads the forward's O and LSE in stream order. */
     if (j->rank == 1 && m_delay(e, 1, io, cap) != 0) io_fail(j, "hold-up before the backward");
-    j->bwd_s = rda_ring_backward(j->ring, &j->tq, &j->tk, &j->tv, &j->to, &j->tl, &j->tdo, &j->tdl,
-                                 &j->tdq, &j->tdk, &j->tdv, j->wsb, j->wsb_bytes, stream);
+    j->bwd_s =
+        rda_ring_backward(j->ring, &j->t.q, &j->t.k, &j->t.v, &j->t.o, &j->t.lse, &j->t.dout,
+                          &j->t.dlse, &j->t.dq, &j->t.dk, &j->t.dv, j->wsb, j->wsb_bytes, stream);
     if (j->bwd_s != RDA_OK) snprintf(j->msg, sizeof j->msg, "%s", rda_last_error(NULL));
   }
   if (j->mode == kAbort) {
     /* Once the abort was made (the first call may have finished before it), the ring stays
      * failed: a second call fails at once. */
     pthread_barrier_wait(&sh->aborted);
-    j->after_s = rda_ring_forward(j->ring, &j->tq, &j->tk, &j->tv, &j->to, &j->tl, j->wsf,
+    j->after_s = rda_ring_forward(j->ring, &j->t.q, &j->t.k, &j->t.v, &j->t.o, &j->t.lse, j->wsf,
                                   j->wsf_bytes, stream);
     snprintf(j->after_msg, sizeof j->after_msg, "%s",
              j->after_s == RDA_OK ? "" : rda_last_error(NULL));
@@ -502,25 +496,19 @@ static void *rank_main(void *arg) {
   /* This rank's stream alone, then its rows at once, while the others may still be running. */
   if (m_sync(e, j->rank, io, cap) != 0) return io_fail(j, "after the calls"), NULL;
   const int fwd_ok = j->fwd_s == RDA_OK, bwd_ok = j->mode == kRun && j->bwd_s == RDA_OK;
-  if ((fwd_ok && (m_download(e, j->h_o, j->o, j->lq * 4, io, cap) != 0 ||
-                  m_download(e, j->h_lse, j->lse, j->ll * 4, io, cap) != 0)) ||
-      (bwd_ok && (m_download(e, j->h_dq, j->dq, j->lq * 4, io, cap) != 0 ||
-                  m_download(e, j->h_dk, j->dk, j->lk * 4, io, cap) != 0 ||
-                  m_download(e, j->h_dv, j->dv, j->lk * 4, io, cap) != 0)))
+  if ((fwd_ok && (m_download(e, j->h_o, j->b.o, j->lq * 4, io, cap) != 0 ||
+                  m_download(e, j->h_lse, j->b.lse, j->ll * 4, io, cap) != 0)) ||
+      (bwd_ok && (m_download(e, j->h_dq, j->b.dq, j->lq * 4, io, cap) != 0 ||
+                  m_download(e, j->h_dk, j->b.dk, j->lk * 4, io, cap) != 0 ||
+                  m_download(e, j->h_dv, j->b.dv, j->lk * 4, io, cap) != 0)))
     return io_fail(j, "results"), NULL;
   /* After an abort: the workspace (the ring's receive buffers) and outputs poisoned again, for
    * the main thread to find untouched once every stream has drained. */
-  if (j->mode == kAbort &&
-      (m_poison(e, j->wsf, j->wsf_bytes, io, cap) != 0 ||
-       m_poison(e, j->o, j->lq * 4, io, cap) != 0 || m_poison(e, j->lse, j->ll * 4, io, cap) != 0))
+  if (j->mode == kAbort && (m_poison(e, j->wsf, j->wsf_bytes, io, cap) != 0 ||
+                            m_poison(e, j->b.o, j->lq * 4, io, cap) != 0 ||
+                            m_poison(e, j->b.lse, j->ll * 4, io, cap) != 0))
     io_fail(j, "poison after the call");
   return NULL;
-}
-
-static int tensor_ok(rda_tensor *t, void *data, rda_dtype dt, int ndim, long long a, long long b,
-                     long long c, long long d) {
-  const long long shape[4] = {a, b, c, d};
-  return rda_tensor_contiguous(t, data, dt, ndim, shape) == RDA_OK;
 }
 
 /* Main thread, between the barriers (so no cmocka failure here, which would leave the threads
@@ -556,9 +544,10 @@ static int job_setup(rjob *j, const problem *pr) {
     void **p;
     size_t bytes;
   } const mem[12] = {
-      {&j->q, j->lq * 2},    {&j->k, j->lk * 2},  {&j->v, j->lk * 2},      {&j->dout, j->lq * 2},
-      {&j->dlse, j->ll * 4}, {&j->o, j->lq * 4},  {&j->lse, j->ll * 4},    {&j->dq, j->lq * 4},
-      {&j->dk, j->lk * 4},   {&j->dv, j->lk * 4}, {&j->wsf, j->wsf_bytes}, {&j->wsb, j->wsb_bytes},
+      {&j->b.q, j->lq * 2},    {&j->b.k, j->lk * 2},    {&j->b.v, j->lk * 2},
+      {&j->b.dout, j->lq * 2}, {&j->b.dlse, j->ll * 4}, {&j->b.o, j->lq * 4},
+      {&j->b.lse, j->ll * 4},  {&j->b.dq, j->lq * 4},   {&j->b.dk, j->lk * 4},
+      {&j->b.dv, j->lk * 4},   {&j->wsf, j->wsf_bytes}, {&j->wsb, j->wsb_bytes},
   };
   for (int i = 0; i < 12; ++i)
     if (m_alloc(e, mem[i].bytes, mem[i].p, io, cap) != 0) return -1;
@@ -569,9 +558,9 @@ static int job_setup(rjob *j, const problem *pr) {
     long long batch, W;
     size_t elem;
   } const in[5] = {
-      {pr->qb, j->q, kB, kH * kD, 2},      {pr->kb, j->k, kB, kHkv * kD, 2},
-      {pr->vb, j->v, kB, kHkv * kD, 2},    {pr->dob, j->dout, kB, kH * kD, 2},
-      {pr->dlsef, j->dlse, kB * kH, 1, 4},
+      {pr->qb, j->b.q, kB, kH * kD, 2},      {pr->kb, j->b.k, kB, kHkv * kD, 2},
+      {pr->vb, j->b.v, kB, kHkv * kD, 2},    {pr->dob, j->b.dout, kB, kH * kD, 2},
+      {pr->dlsef, j->b.dlse, kB * kH, 1, 4},
   };
   void *stage = malloc(j->lq * 2 > j->ll * 4 ? j->lq * 2 : j->ll * 4);
   if (stage == NULL) return snprintf(io, cap, "out of host memory"), -1;
@@ -584,17 +573,7 @@ static int job_setup(rjob *j, const problem *pr) {
   free(stage);
   for (int i = 5; i < 12 && rc == 0; ++i) rc = m_poison(e, *mem[i].p, mem[i].bytes, io, cap);
   if (rc != 0) return -1;
-  const rda_dtype dt = RDA_BF16;
-  if (!tensor_ok(&j->tq, j->q, dt, 4, kB, R, kH, kD) ||
-      !tensor_ok(&j->tk, j->k, dt, 4, kB, R, kHkv, kD) ||
-      !tensor_ok(&j->tv, j->v, dt, 4, kB, R, kHkv, kD) ||
-      !tensor_ok(&j->to, j->o, RDA_FP32, 4, kB, R, kH, kD) ||
-      !tensor_ok(&j->tl, j->lse, RDA_FP32, 3, kB, kH, R, 0) ||
-      !tensor_ok(&j->tdo, j->dout, dt, 4, kB, R, kH, kD) ||
-      !tensor_ok(&j->tdl, j->dlse, RDA_FP32, 3, kB, kH, R, 0) ||
-      !tensor_ok(&j->tdq, j->dq, RDA_FP32, 4, kB, R, kH, kD) ||
-      !tensor_ok(&j->tdk, j->dk, RDA_FP32, 4, kB, R, kHkv, kD) ||
-      !tensor_ok(&j->tdv, j->dv, RDA_FP32, 4, kB, R, kHkv, kD))
+  if (rt_attn(&j->t, &j->b, RDA_BF16, RDA_FP32, kB, R, kH, kHkv, kD) != RDA_OK)
     return snprintf(io, cap, "rda_tensor_contiguous: %s", rda_last_error(NULL)), -1;
   float **const host[5] = {&j->h_o, &j->h_lse, &j->h_dq, &j->h_dk, &j->h_dv};
   const size_t count[5] = {j->lq, j->ll, j->lq, j->lk, j->lk};
@@ -608,8 +587,8 @@ static int job_setup(rjob *j, const problem *pr) {
 
 static void job_free(rjob *j) {
   env *e = j->e;
-  void *const bufs[] = {j->q,   j->k,  j->v,  j->dout, j->dlse, j->o,
-                        j->lse, j->dq, j->dk, j->dv,   j->wsf,  j->wsb};
+  void *const bufs[] = {j->b.q,   j->b.k,  j->b.v,  j->b.dout, j->b.dlse, j->b.o,
+                        j->b.lse, j->b.dq, j->b.dk, j->b.dv,   j->wsf,    j->wsb};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; ++i) mm_free(e, bufs[i]);
   free(j->h_o), free(j->h_lse), free(j->h_dq), free(j->h_dk), free(j->h_dv);
 }
@@ -799,7 +778,7 @@ static void ring_abort_mid_forward(env *e) {
     if (m_sync_all(e, why, sizeof why) != 0) fail_msg("%s: %s", e->name, why);
     for (int p = 0; p < kP; ++p) {
       const rjob *j = &jobs[p];
-      void *const dev[3] = {j->wsf, j->o, j->lse};
+      void *const dev[3] = {j->wsf, j->b.o, j->b.lse};
       const size_t bytes[3] = {j->wsf_bytes, j->lq * 4, j->ll * 4};
       static const char *const name[3] = {"workspace", "O", "LSE"};
       for (int i = 0; i < 3; ++i) {
