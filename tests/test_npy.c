@@ -510,6 +510,140 @@ static void test_npy_rejects_missing_file_and_folder(void **state) {
   free(path);
 }
 
+/* Mutated files from valid ones of each version, dtype and shape kind: up to three changes to
+ * the header (a token inserted, a range cut, a byte replaced), written with its true length,
+ * padded or not, and its data, sometimes a value more or less; and in one round of three, raw
+ * damage: any byte, the length field, the file cut short. Each either reads, with count the
+ * product of its shape and the data the file holds, or fails with one line naming the file;
+ * never a crash or an ASan report. Seeded (RDA_TEST_SEED), so a failure reruns exactly. */
+static void test_npy_survives_mutated_files(void **state) {
+  fixture *f = *state;
+  static const struct {
+    int major;
+    const char *dict;
+    size_t data_len, count;
+  } seeds[] = {
+      {1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 24, 6},
+      {2, "{'descr': '<f2', 'fortran_order': False, 'shape': (4,), }", 8, 4},
+      {3, "{'shape': (1, 2, 2), 'descr': '<f8', 'fortran_order': False}", 32, 4},
+      {1, "{'descr': '<f4', 'fortran_order': False, 'shape': (), }", 4, 1},
+      {1, "{'descr': '<f2', 'fortran_order': False, 'shape': (0, 3), }", 0, 0},
+  };
+  static const char *const tokens[] = {"(",         ")",
+                                       ",",         "'",
+                                       "\"",        "-",
+                                       "0",         "00",
+                                       "7",         "99999999999999999999",
+                                       "{",         "}",
+                                       ":",         " ",
+                                       "\n",        "\t",
+                                       "\\",        "True",
+                                       "False",     "None",
+                                       "<",         ">f4",
+                                       "<f2",       "<f8",
+                                       "<i4",       "'shape'",
+                                       "'descr'",   "'fortran_order'",
+                                       "[",         "]",
+                                       "1e3",       "2.5",
+                                       "\x93NUMPY", "#",
+                                       "\xc3\xa9",  "\x01"};
+  const long long ntok = (long long)(sizeof tokens / sizeof tokens[0]);
+  enum { kRounds = 3000, kCap = 1024 };
+  rt_rng rng;
+  rt_rng_seed(&rng, rt_seed_value() ^ 0x6e70796d75746174ull);
+  char *path = rt_path(f->dir, "m.npy");
+  unsigned char *b = malloc(kCap);
+  assert_non_null(b);
+  int read_ok = 0, rejected = 0;
+  for (int round = 0; round < kRounds; round++) {
+    const int k = round % (int)(sizeof seeds / sizeof seeds[0]);
+    const size_t pre = seeds[k].major == 1 ? 10 : 12;
+    /* The header, mutated. */
+    char h[512];
+    size_t hl = strlen(seeds[k].dict);
+    memcpy(h, seeds[k].dict, hl);
+    const int nmut = (int)rt_rng_range(&rng, 0, 3); /* 0: the damage below alone */
+    for (int m = 0; m < nmut; m++) {
+      const size_t at = hl > 0 ? (size_t)rt_rng_range(&rng, 0, (long long)hl - 1) : 0;
+      const long long op = rt_rng_range(&rng, 0, 3);
+      if (op == 0 || hl == 0) { /* a token inserted */
+        const char *t = tokens[rt_rng_range(&rng, 0, ntok - 1)];
+        const size_t tl = strlen(t);
+        if (hl + tl > 400) continue;
+        memmove(h + at + tl, h + at, hl - at);
+        memcpy(h + at, t, tl);
+        hl += tl;
+      } else if (op == 1) { /* a range cut out */
+        const size_t n = (size_t)rt_rng_range(&rng, 1, 6), end = at + n < hl ? at + n : hl;
+        memmove(h + at, h + end, hl - end);
+        hl -= end - at;
+      } else if (op == 2) { /* a byte replaced by a token's first */
+        h[at] = tokens[rt_rng_range(&rng, 0, ntok - 1)][0];
+      } else { /* any byte */
+        h[at] = (char)rt_rng_next(&rng);
+      }
+    }
+    /* The file: its true header length, padded to 64 (or not), the data (maybe a value more
+     * or less: 2 bytes, the smallest item). */
+    const int pad = rt_rng_range(&rng, 0, 3) != 0;
+    size_t hlen = hl + (pad ? 1 : 0);
+    if (pad) hlen = (pre + hlen + 63) / 64 * 64 - pre;
+    const long long dd = rt_rng_range(&rng, 0, 5) == 0 ? rt_rng_range(&rng, -1, 1) * 2 : 0;
+    const size_t dlen =
+        (size_t)((long long)seeds[k].data_len + dd < 0 ? 0 : (long long)seeds[k].data_len + dd);
+    size_t len = pre + hlen + dlen;
+    assert_true(len <= kCap);
+    memcpy(b, "\x93NUMPY", 6);
+    b[6] = (unsigned char)seeds[k].major, b[7] = 0;
+    for (size_t i = 0; i < pre - 8; i++) b[8 + i] = (unsigned char)((hlen >> (8 * i)) & 0xff);
+    memcpy(b + pre, h, hl);
+    if (pad) memset(b + pre + hl, ' ', hlen - hl), b[pre + hlen - 1] = '\n';
+    for (size_t i = 0; i < dlen; i++) b[pre + hlen + i] = (unsigned char)(0x3c + i % 3);
+    /* Raw damage, one round in three. */
+    const int raw = rt_rng_range(&rng, 0, 2) == 0;
+    if (raw) {
+      const size_t at = (size_t)rt_rng_range(&rng, 0, (long long)len - 1);
+      switch (rt_rng_range(&rng, 0, 2)) {
+        case 0: b[at] = (unsigned char)rt_rng_next(&rng); break;
+        case 1: b[8 + at % (pre - 8)] = (unsigned char)rt_rng_next(&rng); break;
+        default: len = at; break;
+      }
+    }
+    assert_true(rt_write_file(path, b, len));
+    rda_npy a;
+    rda_err err = {0};
+    const rda_status s = rda_npy_read(path, &a, &err);
+    /* Undamaged: read exactly when its data is whole. */
+    if (nmut == 0 && !raw && (s == RDA_OK) != (dlen == seeds[k].data_len))
+      fail_msg("round %d (seed %llu): %zu data bytes, the header says %zu: %s: '%s'", round,
+               (unsigned long long)rt_seed_value(), dlen, seeds[k].data_len, rda_status_string(s),
+               err.msg);
+    if (nmut == 0 && !raw && s == RDA_OK && a.count != seeds[k].count)
+      fail_msg("round %d: %zu values read, %zu written", round, a.count, seeds[k].count);
+    if (s == RDA_OK) {
+      read_ok++;
+      size_t count = 1;
+      for (int d = 0; d < a.ndim; d++) count *= (size_t)a.shape[d];
+      if (a.ndim < 0 || a.ndim > RDA_NPY_MAX_DIMS || count != a.count ||
+          (a.count > 0 && a.data == NULL) || a.count * 2 > len)
+        fail_msg("round %d (seed %llu): read as %d dims, count %zu, from %zu bytes", round,
+                 (unsigned long long)rt_seed_value(), a.ndim, a.count, len);
+      rda_npy_free(&a);
+    } else {
+      rejected++;
+      if (err.msg[0] == '\0' || strchr(err.msg, '\n') != NULL || strstr(err.msg, path) == NULL ||
+          a.data != NULL)
+        fail_msg("round %d (seed %llu): %s: '%s'", round, (unsigned long long)rt_seed_value(),
+                 rda_status_string(s), err.msg);
+    }
+  }
+  /* Both outcomes were reached, or the mutations tested nothing. */
+  print_message("%d mutated files read, %d rejected\n", read_ok, rejected);
+  assert_true(read_ok > kRounds / 50 && rejected > kRounds / 2);
+  free(b);
+  free(path);
+}
+
 /* --- writing ---------------------------------------------------------------------------------- */
 
 static void test_npy_write_then_read_round_trips(void **state) {
@@ -740,6 +874,7 @@ static void test_out_files_failure_restores_every_target(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_npy_reads_versions_1_2_3, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_npy_survives_mutated_files, setup, teardown),
       cmocka_unit_test_setup_teardown(test_npy_decodes_float16_exactly, setup, teardown),
       cmocka_unit_test_setup_teardown(test_npy_reads_float64_exactly, setup, teardown),
       cmocka_unit_test_setup_teardown(test_npy_header_parsing_tolerates_spacing_order_and_quotes,
