@@ -10,6 +10,7 @@
 #include "reference.h"
 #include "rda_test.h"
 #include "rda_test_backend.h"
+#include "rda_test_cases.h"
 
 #include <math.h>
 #include <setjmp.h>
@@ -550,27 +551,10 @@ static void test_bwd_wgmma_matches_reference_gqa_bf16_d128_multi_tile_dilated(vo
   run_case(__func__, &c);
 }
 
-/* The dQ wgmma path, causal: warpgroups whose rows see every, some and none of a key tile (skip
- * and mask per warpgroup of 64 rows, the mask per row), fp16 with a custom scale, d = 64,
- * dilated block offsets beside a dense branch, batch 2. */
-static bwd_case wgmma_causal_fp16_d64_block_case(void) {
-  const bwd_case c = {.heads = 4,
-                      .kv_heads = 2,
-                      .head_dim = 64,
-                      .dtype = RDA_DTYPE_FP16,
-                      .causal = 1,
-                      .offsets = RDA_OFFSETS_BLOCK,
-                      BR2(320, 1, 128, 2),
-                      .batch = 2,
-                      .n = 320,
-                      .scale = 0.3,
-                      .wgmma = 1};
-  return c;
-}
-
+/* RT_CASE_WGMMA_CAUSAL_FP16_D64_BLOCK (rda_test_cases.h) on the dQ wgmma path. */
 static void test_bwd_wgmma_matches_reference_causal_fp16_d64_block_offsets(void **state) {
   (void)state;
-  const bwd_case c = wgmma_causal_fp16_d64_block_case();
+  const bwd_case c = {RT_CASE_WGMMA_CAUSAL_FP16_D64_BLOCK};
   run_case(__func__, &c);
 }
 
@@ -595,7 +579,7 @@ static void test_bwd_wgmma_overlap_dq_matches_reference(void **state) {
   c.causal = 1;
   c.dq_tile = "bm64_bn64_w4_s3_wgo";
   run_case("wgmma_overlap_dq_bm64_causal_gqa_bf16_d128", &c);
-  bwd_case d = wgmma_causal_fp16_d64_block_case();
+  bwd_case d = {RT_CASE_WGMMA_CAUSAL_FP16_D64_BLOCK};
   d.with_dlse = 1;
   d.dq_tile = "bm128_bn128_w8_s3_wgo";
   run_case("wgmma_overlap_dq_causal_fp16_d64_block", &d);
@@ -1252,59 +1236,18 @@ static void run_split(const char *what, const split_case *sc) {
   for (int i = 0; i < g_rt.n; ++i) run_split_on(&g_rt.be[i], what, sc);
 }
 
-/* Queries in three uneven pieces, keys in two: causal GQA with "mod" offsets (the heads of a
- * kv group on different grids), a dense, a dilated and a clamped (w > N) branch, batch 2,
- * dLSE; pieces that cut segments and grids mid-tile, keys wholly in the future of a piece. */
+/* The range cases of rda_test_cases.h (test_fwd.c runs them too); the first with a dLSE. */
 static void test_bwd_ranges_split_causal_gqa_bf16_d64(void **state) {
   (void)state;
-  const split_case sc = {.c = {.heads = 4,
-                               .kv_heads = 2,
-                               .head_dim = 64,
-                               .dtype = RDA_DTYPE_BF16,
-                               .causal = 1,
-                               .offsets = RDA_OFFSETS_MOD,
-                               BR3(64, 1, 96, 2, 512, 3),
-                               .batch = 2,
-                               .n = 150,
-                               .with_dlse = 1},
-                         .nq = 3,
-                         .qcut = {0, 37, 101, 150},
-                         .nk = 2,
-                         .kcut = {0, 70, 150}};
+  const split_case sc = {RT_RANGES_SPLIT_CAUSAL_GQA_BF16_D64, .c.with_dlse = 1};
   run_split(__func__, &sc);
 }
 
-/* Non-causal MQA with "block" offsets and r not dividing w (fp16 d32), then causal "group"
- * offsets (each head one branch) with three key pieces. */
 static void test_bwd_ranges_split_block_mqa_and_group(void **state) {
   (void)state;
-  const split_case a = {.c = {.heads = 4,
-                              .kv_heads = 1,
-                              .head_dim = 32,
-                              .dtype = RDA_DTYPE_FP16,
-                              .causal = 0,
-                              .offsets = RDA_OFFSETS_BLOCK,
-                              BR2(48, 3, 130, 2),
-                              .batch = 1,
-                              .n = 130},
-                        .nq = 2,
-                        .qcut = {0, 50, 130},
-                        .nk = 3,
-                        .kcut = {0, 23, 89, 130}};
+  const split_case a = {RT_RANGES_BLOCK_MQA_FP16_D32};
   run_split("ranges_block_mqa_fp16_d32", &a);
-  const split_case b = {.c = {.heads = 3,
-                              .kv_heads = 3,
-                              .head_dim = 32,
-                              .dtype = RDA_DTYPE_BF16,
-                              .causal = 1,
-                              .offsets = RDA_OFFSETS_GROUP,
-                              BR2(40, 1, 90, 2),
-                              .batch = 2,
-                              .n = 128},
-                        .nq = 2,
-                        .qcut = {0, 81, 128},
-                        .nk = 3,
-                        .kcut = {0, 19, 64, 128}};
+  const split_case b = {RT_RANGES_GROUP_CAUSAL_BF16_D32};
   run_split("ranges_group_causal_bf16_d32", &b);
 }
 
@@ -1346,40 +1289,13 @@ static void test_bwd_ranges_key_cut_sweep(void **state) {
   }
 }
 
-/* Compact received keys: every (query head, segment, key piece) from its own gathered block,
- * gradients scattered back; causal GQA bf16 d64 with dilated branches, then non-causal "block"
- * MQA fp16 d32 with one key piece (whole segments, as a ring transfer of a segment). */
+/* The compact cases of rda_test_cases.h; here the gradients are scattered back from the
+ * blocks. */
 static void test_bwd_ranges_compact_key_blocks(void **state) {
   (void)state;
-  const split_case a = {.c = {.heads = 4,
-                              .kv_heads = 2,
-                              .head_dim = 64,
-                              .dtype = RDA_DTYPE_BF16,
-                              .causal = 1,
-                              .offsets = RDA_OFFSETS_MOD,
-                              BR2(64, 2, 150, 3),
-                              .batch = 2,
-                              .n = 150},
-                        .nq = 2,
-                        .qcut = {0, 61, 150},
-                        .nk = 2,
-                        .kcut = {0, 97, 150},
-                        .compact = 1};
+  const split_case a = {RT_RANGES_COMPACT_CAUSAL_GQA_BF16_D64};
   run_split("ranges_compact_causal_gqa_bf16_d64", &a);
-  const split_case b = {.c = {.heads = 4,
-                              .kv_heads = 1,
-                              .head_dim = 32,
-                              .dtype = RDA_DTYPE_FP16,
-                              .causal = 0,
-                              .offsets = RDA_OFFSETS_BLOCK,
-                              BR2(40, 1, 100, 3),
-                              .batch = 1,
-                              .n = 100},
-                        .nq = 3,
-                        .qcut = {0, 33, 34, 100},
-                        .nk = 1,
-                        .kcut = {0, 100},
-                        .compact = 1};
+  const split_case b = {RT_RANGES_COMPACT_BLOCK_MQA_FP16_D32};
   run_split("ranges_compact_block_mqa_fp16_d32", &b);
 }
 

@@ -7,6 +7,7 @@
 #include "reference.h"
 #include "rda_test.h"
 #include "rda_test_backend.h"
+#include "rda_test_cases.h"
 
 #include <math.h>
 #include <setjmp.h>
@@ -507,28 +508,11 @@ static void test_fwd_matches_reference_causal_bf16_d128_multi_tile_diagonal(void
   run_case(__func__, &c);
 }
 
-/* The wgmma path, causal: warpgroups whose rows need every, some and none of a key tile (the
- * skip and the mask are decided per warpgroup of 64 rows, the mask applied per row), fp16 with
- * a custom scale, d = 64, dilated block offsets beside a dense branch (the 64-row wgmma tile
- * for its 64-row grids, the 128-row one for the dense grid), batch 2. */
-static fwd_case wgmma_causal_fp16_d64_block_case(void) {
-  const fwd_case c = {.heads = 4,
-                      .kv_heads = 2,
-                      .head_dim = 64,
-                      .dtype = RDA_DTYPE_FP16,
-                      .causal = 1,
-                      .offsets = RDA_OFFSETS_BLOCK,
-                      BR2(320, 1, 128, 2),
-                      .batch = 2,
-                      .n = 320,
-                      .scale = 0.3,
-                      .wgmma = 1};
-  return c;
-}
-
+/* RT_CASE_WGMMA_CAUSAL_FP16_D64_BLOCK (rda_test_cases.h): the 64-row wgmma tile for its 64-row
+ * grids, the 128-row one for the dense grid. */
 static void test_fwd_wgmma_matches_reference_causal_fp16_d64_block_offsets(void **state) {
   (void)state;
-  const fwd_case c = wgmma_causal_fp16_d64_block_case();
+  const fwd_case c = {RT_CASE_WGMMA_CAUSAL_FP16_D64_BLOCK};
   run_case(__func__, &c);
 }
 
@@ -560,7 +544,7 @@ static void test_fwd_wgmma_overlap_matches_reference_gqa_bf16_d128(void **state)
  * flight. */
 static void test_fwd_wgmma_overlap_matches_reference_causal_fp16_d64(void **state) {
   (void)state;
-  fwd_case c = wgmma_causal_fp16_d64_block_case();
+  fwd_case c = {RT_CASE_WGMMA_CAUSAL_FP16_D64_BLOCK};
   c.scale = -0.3;
   c.tile = "bm128_bn128_w8_s3_wgo";
   run_case(__func__, &c);
@@ -1064,58 +1048,18 @@ static void run_ranges(const char *what, const range_case *rc) {
   for (int i = 0; i < g_rt.n; ++i) run_ranges_on(&g_rt.be[i], what, rc);
 }
 
-/* Queries in three uneven pieces, keys in two: causal GQA with "mod" offsets (the heads of a kv
- * group on different grids), a dense, a dilated and a clamped (w > N) branch, batch 2; pieces
- * that cut segments and grids mid-tile, keys wholly in the future of a piece. */
+/* The range cases of rda_test_cases.h (test_bwd.c runs them too). */
 static void test_fwd_ranges_split_causal_gqa_bf16_d64(void **state) {
   (void)state;
-  const range_case rc = {.c = {.heads = 4,
-                               .kv_heads = 2,
-                               .head_dim = 64,
-                               .dtype = RDA_DTYPE_BF16,
-                               .causal = 1,
-                               .offsets = RDA_OFFSETS_MOD,
-                               BR3(64, 1, 96, 2, 512, 3),
-                               .batch = 2,
-                               .n = 150},
-                         .nq = 3,
-                         .qcut = {0, 37, 101, 150},
-                         .nk = 2,
-                         .kcut = {0, 70, 150}};
+  const range_case rc = {RT_RANGES_SPLIT_CAUSAL_GQA_BF16_D64};
   run_ranges(__func__, &rc);
 }
 
-/* Non-causal MQA with "block" offsets and r not dividing w (fp16 d32), then causal "group"
- * offsets (each head one branch) with three key pieces (bf16 d32, batch 2). */
 static void test_fwd_ranges_split_block_mqa_and_group(void **state) {
   (void)state;
-  const range_case a = {.c = {.heads = 4,
-                              .kv_heads = 1,
-                              .head_dim = 32,
-                              .dtype = RDA_DTYPE_FP16,
-                              .causal = 0,
-                              .offsets = RDA_OFFSETS_BLOCK,
-                              BR2(48, 3, 130, 2),
-                              .batch = 1,
-                              .n = 130},
-                        .nq = 2,
-                        .qcut = {0, 50, 130},
-                        .nk = 3,
-                        .kcut = {0, 23, 89, 130}};
+  const range_case a = {RT_RANGES_BLOCK_MQA_FP16_D32};
   run_ranges("ranges_block_mqa_fp16_d32", &a);
-  const range_case b = {.c = {.heads = 3,
-                              .kv_heads = 3,
-                              .head_dim = 32,
-                              .dtype = RDA_DTYPE_BF16,
-                              .causal = 1,
-                              .offsets = RDA_OFFSETS_GROUP,
-                              BR2(40, 1, 90, 2),
-                              .batch = 2,
-                              .n = 128},
-                        .nq = 2,
-                        .qcut = {0, 81, 128},
-                        .nk = 3,
-                        .kcut = {0, 19, 64, 128}};
+  const range_case b = {RT_RANGES_GROUP_CAUSAL_BF16_D32};
   run_ranges("ranges_group_causal_bf16_d32", &b);
 }
 
@@ -1177,41 +1121,13 @@ static void test_fwd_wgmma_ranges_causal_fp16_d64_key_starts_mod64(void **state)
   run_ranges("wgmma_ranges_compact_causal_fp16_d64_negative_scale", &rc);
 }
 
-/* Compact received keys (k_sn = 0, the block's row pitch k_rs): every (query head, segment, key
- * piece) from its own gathered block with NaN guard rows and a NaN neighbour slot; causal GQA
- * bf16 d64 with dilated "mod" branches, then non-causal "block" MQA fp16 d32 with one key piece
- * (whole segments, as a ring transfer of a segment) and a one-row query piece. */
+/* The compact cases of rda_test_cases.h; here every block has NaN guard rows besides the NaN
+ * neighbour slot. */
 static void test_fwd_ranges_compact_key_blocks(void **state) {
   (void)state;
-  const range_case a = {.c = {.heads = 4,
-                              .kv_heads = 2,
-                              .head_dim = 64,
-                              .dtype = RDA_DTYPE_BF16,
-                              .causal = 1,
-                              .offsets = RDA_OFFSETS_MOD,
-                              BR2(64, 2, 150, 3),
-                              .batch = 2,
-                              .n = 150},
-                        .nq = 2,
-                        .qcut = {0, 61, 150},
-                        .nk = 2,
-                        .kcut = {0, 97, 150},
-                        .compact = 1};
+  const range_case a = {RT_RANGES_COMPACT_CAUSAL_GQA_BF16_D64};
   run_ranges("ranges_compact_causal_gqa_bf16_d64", &a);
-  const range_case b = {.c = {.heads = 4,
-                              .kv_heads = 1,
-                              .head_dim = 32,
-                              .dtype = RDA_DTYPE_FP16,
-                              .causal = 0,
-                              .offsets = RDA_OFFSETS_BLOCK,
-                              BR2(40, 1, 100, 3),
-                              .batch = 1,
-                              .n = 100},
-                        .nq = 3,
-                        .qcut = {0, 33, 34, 100},
-                        .nk = 1,
-                        .kcut = {0, 100},
-                        .compact = 1};
+  const range_case b = {RT_RANGES_COMPACT_BLOCK_MQA_FP16_D32};
   run_ranges("ranges_compact_block_mqa_fp16_d32", &b);
 }
 

@@ -1,0 +1,59 @@
+/* rda_test_cases.h — the cases test_fwd.c and test_bwd.c both run, each described once: a case
+ * added or changed here runs in both passes. Each is a list of designated initializers, so it
+ * fills the forward's and the backward's own case structs by field name and a pass adds its own
+ * fields after it (the backward's dLSE), in sight at the call. */
+#ifndef RDA_TEST_CASES_H
+#define RDA_TEST_CASES_H
+
+#include "rda_test_backend.h" /* BR1, BR2, BR3 */
+
+/* ------------------------------------------------------------------ whole problems */
+/* For fwd_case and bwd_case (their fields heads ... scale, wgmma): `{RT_CASE_...}`. */
+
+/* The wgmma path, causal: warpgroups whose rows need every, some and none of a key tile (the
+ * skip and the mask are decided per warpgroup of 64 rows, the mask applied per row), fp16 with
+ * a custom scale, d = 64, dilated block offsets beside a dense branch, batch 2. */
+#define RT_CASE_WGMMA_CAUSAL_FP16_D64_BLOCK                                              \
+  .heads = 4, .kv_heads = 2, .head_dim = 64, .dtype = RDA_DTYPE_FP16, .causal = 1,       \
+  .offsets = RDA_OFFSETS_BLOCK, BR2(320, 1, 128, 2), .batch = 2, .n = 320, .scale = 0.3, \
+  .wgmma = 1
+
+/* ------------------------------------------------------------------ row ranges (the ring) */
+/* For the range cases (range_case, split_case: the problem in .c, contiguous; nq query and nk
+ * key pieces cut at qcut and kcut; compact: keys from compact blocks): `{RT_RANGES_...}`. */
+
+/* Queries in three uneven pieces, keys in two: causal GQA with "mod" offsets (the heads of a kv
+ * group on different grids), a dense, a dilated and a clamped (w > N) branch, batch 2; pieces
+ * that cut segments and grids mid-tile, keys wholly in the future of a piece. */
+#define RT_RANGES_SPLIT_CAUSAL_GQA_BF16_D64                                                   \
+  .c.heads = 4, .c.kv_heads = 2, .c.head_dim = 64, .c.dtype = RDA_DTYPE_BF16, .c.causal = 1,  \
+  .c.offsets = RDA_OFFSETS_MOD, BR3(64, 1, 96, 2, 512, 3), .c.batch = 2, .c.n = 150, .nq = 3, \
+  .qcut = {0, 37, 101, 150}, .nk = 2, .kcut = {0, 70, 150}
+
+/* Non-causal MQA with "block" offsets and r not dividing w. */
+#define RT_RANGES_BLOCK_MQA_FP16_D32                                                         \
+  .c.heads = 4, .c.kv_heads = 1, .c.head_dim = 32, .c.dtype = RDA_DTYPE_FP16, .c.causal = 0, \
+  .c.offsets = RDA_OFFSETS_BLOCK, BR2(48, 3, 130, 2), .c.batch = 1, .c.n = 130, .nq = 2,     \
+  .qcut = {0, 50, 130}, .nk = 3, .kcut = {0, 23, 89, 130}
+
+/* Causal "group" offsets (each head one branch) with three key pieces, batch 2. */
+#define RT_RANGES_GROUP_CAUSAL_BF16_D32                                                      \
+  .c.heads = 3, .c.kv_heads = 3, .c.head_dim = 32, .c.dtype = RDA_DTYPE_BF16, .c.causal = 1, \
+  .c.offsets = RDA_OFFSETS_GROUP, BR2(40, 1, 90, 2), .c.batch = 2, .c.n = 128, .nq = 2,      \
+  .qcut = {0, 81, 128}, .nk = 3, .kcut = {0, 19, 64, 128}
+
+/* Compact received keys (k_sn = 0, the block's row pitch k_rs): every (query head, segment, key
+ * piece) from its own gathered block; causal GQA with dilated "mod" branches. */
+#define RT_RANGES_COMPACT_CAUSAL_GQA_BF16_D64                                                \
+  .c.heads = 4, .c.kv_heads = 2, .c.head_dim = 64, .c.dtype = RDA_DTYPE_BF16, .c.causal = 1, \
+  .c.offsets = RDA_OFFSETS_MOD, BR2(64, 2, 150, 3), .c.batch = 2, .c.n = 150, .nq = 2,       \
+  .qcut = {0, 61, 150}, .nk = 2, .kcut = {0, 97, 150}, .compact = 1
+
+/* Compact keys, non-causal "block" MQA with one key piece (whole segments, as a ring transfer
+ * of a segment) and a one-row query piece. */
+#define RT_RANGES_COMPACT_BLOCK_MQA_FP16_D32                                                 \
+  .c.heads = 4, .c.kv_heads = 1, .c.head_dim = 32, .c.dtype = RDA_DTYPE_FP16, .c.causal = 0, \
+  .c.offsets = RDA_OFFSETS_BLOCK, BR2(40, 1, 100, 3), .c.batch = 1, .c.n = 100, .nq = 3,     \
+  .qcut = {0, 33, 34, 100}, .nk = 1, .kcut = {0, 100}, .compact = 1
+
+#endif
