@@ -846,12 +846,11 @@ static void test_bwd_rejects_forward_only_plan_and_bad_arguments(void **state) {
  * the rank's local tensors (row_lo) and K/V either local (kv_row_lo) or a compact received
  * block (k_sn = 0, k_rs = the block's row pitch) whose gradients go to a compact fp32 block.
  * These cases split one problem that way, sum the pieces' gradients and compare them with
- * rda_bwd_run on the whole problem and with the float64 reference. Every piece is its own
- * allocation with kGuard rows of NaN before and after each batch's rows (and NaN in the other
- * kv slot of a compact block): a read outside the ranges turns a gradient into NaN, a write
- * outside them shows in the guards. */
+ * rda_bwd_run on the whole problem and with the float64 reference. Every piece is guarded
+ * (rt_guarded; gradients start at zero, the launches add to them), and a compact block has NaN
+ * in its other kv slot: a read there turns a gradient into NaN, a write shows. */
 
-enum { kGuard = 4, kSlots = 2 /* kv head slots of a compact block */ };
+enum { kSlots = 2 /* kv head slots of a compact block */ };
 
 typedef struct split_case {
   bwd_case c;                 /* the problem; contiguous layouts */
@@ -860,110 +859,31 @@ typedef struct split_case {
   int compact;                /* keys from compact blocks: one per (query head, segment, piece) */
 } split_case;
 
-/* A device copy of rows [lo, lo + len) of a contiguous [B, N, X] tensor of `esize`-byte
- * elements (host NULL: zeros) as [B, kGuard + len + kGuard, X], guards all 0xff bytes (NaN in
- * every dtype). view is row lo of batch 0; sb, sn are its element strides. */
-typedef struct piece {
-  unsigned char *base;
-  unsigned char *view;
-  size_t bytes, esize;
-  long long batch, len, x, sb, sn;
-} piece;
-
-static void piece_make(rda_backend *b, piece *pc, const void *host, size_t esize, long long B,
-                       long long N, long long X, long long lo, long long len) {
-  const long long rows = len + 2 * kGuard;
-  pc->esize = esize;
-  pc->batch = B;
-  pc->len = len;
-  pc->x = X;
-  pc->sb = rows * X;
-  pc->sn = X;
-  pc->bytes = (size_t)(B * rows * X) * esize;
-  unsigned char *h = malloc(pc->bytes);
-  assert_non_null(h);
-  memset(h, 0xff, pc->bytes);
-  const size_t row_bytes = (size_t)X * esize;
-  for (long long ib = 0; ib < B; ++ib)
-    for (long long t = 0; t < len; ++t) {
-      unsigned char *dst = h + (size_t)(ib * rows + kGuard + t) * row_bytes;
-      if (host == NULL)
-        memset(dst, 0, row_bytes);
-      else
-        memcpy(dst, (const unsigned char *)host + (size_t)(ib * N + lo + t) * row_bytes, row_bytes);
-    }
-  pc->base = rt_dev_alloc(b, pc->bytes);
-  rt_dev_upload(b, pc->base, h, pc->bytes);
-  free(h);
-  pc->view = pc->base + (size_t)kGuard * row_bytes;
-}
-
-/* Download a piece: guard bytes that are not 0xff are counted into *bad; the rows go to
- * full[B, N, X] (fp32) at rows lo ... (full NULL: only the guards are checked). */
-static void piece_take(rda_backend *b, const piece *pc, float *full, long long N, long long lo,
-                       long long *bad) {
-  unsigned char *h = malloc(pc->bytes);
-  assert_non_null(h);
-  rt_dev_download(b, h, pc->base, pc->bytes);
-  const long long rows = pc->len + 2 * kGuard;
-  const size_t row_bytes = (size_t)pc->x * pc->esize;
-  for (long long ib = 0; ib < pc->batch; ++ib)
-    for (long long t = 0; t < rows; ++t) {
-      const unsigned char *src = h + (size_t)(ib * rows + t) * row_bytes;
-      if (t < kGuard || t >= kGuard + pc->len) {
-        for (size_t i = 0; i < row_bytes; ++i) *bad += src[i] != 0xff;
-      } else if (full != NULL) {
-        memcpy(full + (ib * N + lo + t - kGuard) * pc->x, src, row_bytes);
-      }
-    }
-  free(h);
-  b->free(b, pc->base);
-}
-
-/* [B, H, N] fp32 rows [lo, lo + len) as [B, H, kGuard + len + kGuard] with NaN guards. */
-static float *stat_piece(rda_backend *b, const float *full, long long B, long long H, long long N,
-                         long long lo, long long len, long long s[2]) {
-  const long long rows = len + 2 * kGuard;
-  const size_t count = (size_t)(B * H * rows);
-  float *h = malloc(count * sizeof *h);
-  assert_non_null(h);
-  rt_poison_f32(h, count);
-  for (long long i = 0; i < B * H; ++i)
-    memcpy(h + i * rows + kGuard, full + i * N + lo, (size_t)len * sizeof *h);
-  float *dev = rt_dev_alloc(b, count * sizeof *dev);
-  rt_dev_upload(b, dev, h, count * sizeof *h);
-  free(h);
-  s[0] = H * rows;
-  s[1] = rows;
-  return dev;
-}
-
 /* The query-side tensors of one query piece. */
 typedef struct qpiece {
   long long lo, hi;
-  piece q, dout, dq;
-  float *lse_base, *dp_base;
-  long long stat_s[2];
+  rt_guarded q, dout, dq;
+  rt_guarded lse, dp; /* [B * H] rows of N */
 } qpiece;
 
 /* The key-side tensors of one key piece (or one compact block). */
 typedef struct kpiece {
   long long lo, hi;
-  piece k, v, dk, dv;
+  rt_guarded k, v, dk, dv;
 } kpiece;
 
 /* Point bp's query side at qp (row_lo = its first row). */
-static void bind_queries(rda_bwd_params *bp, const qpiece *qp, long long D) {
+static void bind_queries(rda_bwd_params *bp, const qpiece *qp, long long H, long long D) {
   bp->q = qp->q.view;
   bp->dout = qp->dout.view;
   bp->dq = (float *)(void *)qp->dq.view;
-  bp->lse = qp->lse_base + kGuard;
-  bp->dp = qp->dp_base + kGuard;
-  bp->q_sb = qp->q.sb, bp->q_sn = qp->q.sn, bp->q_sh = D;
-  bp->do_sb = qp->dout.sb, bp->do_sn = qp->dout.sn, bp->do_sh = D;
-  bp->dq_sb = qp->dq.sb, bp->dq_sn = qp->dq.sn, bp->dq_sh = D;
-  bp->lse_sb = bp->dp_sb = qp->stat_s[0];
-  bp->lse_sh = bp->dp_sh = qp->stat_s[1];
+  bp->lse = (float *)(void *)qp->lse.view;
+  bp->dp = (float *)(void *)qp->dp.view;
+  bp->q_sb = qp->q.sb, bp->q_sn = qp->q.x, bp->q_sh = D;
+  bp->do_sb = qp->dout.sb, bp->do_sn = qp->dout.x, bp->do_sh = D;
+  bp->dq_sb = qp->dq.sb, bp->dq_sn = qp->dq.x, bp->dq_sh = D;
+  bp->lse_sb = bp->dp_sb = H * qp->lse.sb;
+  bp->lse_sh = bp->dp_sh = qp->lse.sb;
   bp->q_lo = qp->lo, bp->q_hi = qp->hi, bp->row_lo = qp->lo;
 }
 
@@ -1027,11 +947,11 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
     x->lo = sc->qcut[i];
     x->hi = sc->qcut[i + 1];
     const long long len = x->hi - x->lo;
-    piece_make(b, &x->q, p.q_bits, 2, B, N, H * D, x->lo, len);
-    piece_make(b, &x->dout, p.do_bits, 2, B, N, H * D, x->lo, len);
-    piece_make(b, &x->dq, NULL, 4, B, N, H * D, x->lo, len);
-    x->lse_base = stat_piece(b, lse_host, B, H, N, x->lo, len, x->stat_s);
-    x->dp_base = stat_piece(b, dp_host, B, H, N, x->lo, len, x->stat_s);
+    rt_guarded_copy(b, &x->q, p.q_bits, 2, B, N, H * D, x->lo, len);
+    rt_guarded_copy(b, &x->dout, p.do_bits, 2, B, N, H * D, x->lo, len);
+    rt_guarded_fill(b, &x->dq, 0, 4, B, N, H * D, x->lo, len);
+    rt_guarded_copy(b, &x->lse, lse_host, 4, B * H, N, 1, x->lo, len);
+    rt_guarded_copy(b, &x->dp, dp_host, 4, B * H, N, 1, x->lo, len);
   }
 
   float *dq_got = calloc(nq_el, sizeof *dq_got), *dk_got = calloc(nk_el, sizeof *dk_got);
@@ -1048,10 +968,10 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
       x->lo = sc->kcut[i];
       x->hi = sc->kcut[i + 1];
       const long long len = x->hi - x->lo;
-      piece_make(b, &x->k, p.k_bits, 2, B, N, Hkv * D, x->lo, len);
-      piece_make(b, &x->v, p.v_bits, 2, B, N, Hkv * D, x->lo, len);
-      piece_make(b, &x->dk, NULL, 4, B, N, Hkv * D, x->lo, len);
-      piece_make(b, &x->dv, NULL, 4, B, N, Hkv * D, x->lo, len);
+      rt_guarded_copy(b, &x->k, p.k_bits, 2, B, N, Hkv * D, x->lo, len);
+      rt_guarded_copy(b, &x->v, p.v_bits, 2, B, N, Hkv * D, x->lo, len);
+      rt_guarded_fill(b, &x->dk, 0, 4, B, N, Hkv * D, x->lo, len);
+      rt_guarded_fill(b, &x->dv, 0, 4, B, N, Hkv * D, x->lo, len);
     }
     for (int st = 0; st < plan->nsteps; ++st) {
       const rda_bwd_step *s = &plan->bwd_steps[st];
@@ -1070,13 +990,13 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
             const long long nseg = m0 == ma ? 1 : mb - ma;
             rda_bwd_params bp;
             rda_bwd_params_for_step(plan, s, &p.ba, &bp);
-            bind_queries(&bp, x, D);
+            bind_queries(&bp, x, H, D);
             bp.k = y->k.view, bp.v = y->v.view;
             bp.dk = (float *)(void *)y->dk.view, bp.dv = (float *)(void *)y->dv.view;
             bp.k_sb = bp.v_sb = bp.dk_sb = bp.dv_sb = y->k.sb;
-            bp.k_sn = bp.v_sn = bp.dk_sn = bp.dv_sn = y->k.sn;
+            bp.k_sn = bp.v_sn = bp.dk_sn = bp.dv_sn = y->k.x;
             bp.k_sh = bp.v_sh = bp.dk_sh = bp.dv_sh = D;
-            bp.k_rs = bp.v_rs = bp.dk_rs = bp.dv_rs = r * y->k.sn;
+            bp.k_rs = bp.v_rs = bp.dk_rs = bp.dv_rs = r * y->k.x;
             bp.kv_lo = y->lo, bp.kv_hi = y->hi, bp.kv_row_lo = y->lo;
             bp.seg0 = m0;
             launch_pair(be, plan, &p.kern, s, &bp, nseg, B, atomic, what);
@@ -1086,10 +1006,10 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
     }
     if (b->synchronize(b, &err) != RDA_OK) fail_msg("%s: synchronize: %s", what, err.msg);
     for (int i = 0; i < sc->nk; ++i) {
-      piece_take(b, &kp[i].k, NULL, N, kp[i].lo, &bad_guard);
-      piece_take(b, &kp[i].v, NULL, N, kp[i].lo, &bad_guard);
-      piece_take(b, &kp[i].dk, dk_got, N, kp[i].lo, &bad_guard);
-      piece_take(b, &kp[i].dv, dv_got, N, kp[i].lo, &bad_guard);
+      rt_guarded_take(b, &kp[i].k, NULL, N, kp[i].lo, &bad_guard);
+      rt_guarded_take(b, &kp[i].v, NULL, N, kp[i].lo, &bad_guard);
+      rt_guarded_take(b, &kp[i].dk, dk_got, N, kp[i].lo, &bad_guard);
+      rt_guarded_take(b, &kp[i].dv, dv_got, N, kp[i].lo, &bad_guard);
     }
   } else {
     /* Compact keys: per query head h (the ring's launches for one offset class), segment and
@@ -1143,7 +1063,7 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
             for (int iq = 0; iq < sc->nq; ++iq) {
               rda_bwd_params bp;
               rda_bwd_params_for_step(plan, s, &p.ba, &bp);
-              bind_queries(&bp, &qp[iq], D);
+              bind_queries(&bp, &qp[iq], H, D);
               bp.head0 = h;
               bp.nheads = 1;
               bp.k = kb_dev + slot * D, bp.v = vb_dev + slot * D;
@@ -1186,20 +1106,11 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
   }
   if (b->synchronize(b, &err) != RDA_OK) fail_msg("%s: synchronize: %s", what, err.msg);
   for (int i = 0; i < sc->nq; ++i) {
-    piece_take(b, &qp[i].q, NULL, N, qp[i].lo, &bad_guard);
-    piece_take(b, &qp[i].dout, NULL, N, qp[i].lo, &bad_guard);
-    piece_take(b, &qp[i].dq, dq_got, N, qp[i].lo, &bad_guard);
-    float *lse_p = rt_download_f32(b, qp[i].lse_base, (size_t)(B * qp[i].stat_s[0]));
-    float *dp_p = rt_download_f32(b, qp[i].dp_base, (size_t)(B * qp[i].stat_s[0]));
-    for (long long e = 0; e < B * H; ++e)
-      for (long long t = 0; t < qp[i].stat_s[1]; ++t)
-        if (t < kGuard || t >= qp[i].stat_s[1] - kGuard)
-          bad_guard +=
-              !isnan(lse_p[e * qp[i].stat_s[1] + t]) + !isnan(dp_p[e * qp[i].stat_s[1] + t]);
-    free(lse_p);
-    free(dp_p);
-    b->free(b, qp[i].lse_base);
-    b->free(b, qp[i].dp_base);
+    rt_guarded_take(b, &qp[i].q, NULL, N, qp[i].lo, &bad_guard);
+    rt_guarded_take(b, &qp[i].dout, NULL, N, qp[i].lo, &bad_guard);
+    rt_guarded_take(b, &qp[i].dq, dq_got, N, qp[i].lo, &bad_guard);
+    rt_guarded_take(b, &qp[i].lse, NULL, N, qp[i].lo, &bad_guard);
+    rt_guarded_take(b, &qp[i].dp, NULL, N, qp[i].lo, &bad_guard);
   }
 
   /* The pieces sum to the one-call result up to fp32 summation order, and to the reference. */

@@ -624,11 +624,10 @@ static void test_fwd_rejects_misaligned_tensors(void **state) {
  * launch then merges by log-sum-exp (merge = 1). These cases split one problem that way (cuts
  * given per case, no causal skip in the harness: the kernel must find nothing to do for keys
  * wholly in the future) and compare the merged O and LSE with rda_fwd_run on the whole problem
- * and with the float64 reference. Every piece is its own allocation with kGuard rows of NaN
- * before and after each batch's rows (o and lse start all NaN, so init must write them): a read
- * outside the ranges turns an output into NaN, a write outside them shows in the guards. */
+ * and with the float64 reference. Every piece is guarded (rt_guarded; o and lse start all NaN,
+ * so init must write them). */
 
-enum { kGuard = 4, kMaxPieces = 17 };
+enum { kMaxPieces = 17 };
 
 typedef struct range_case {
   fwd_case c;                                           /* the problem; contiguous layouts */
@@ -637,72 +636,16 @@ typedef struct range_case {
   int compact; /* keys from compact blocks: one per (query head, segment, key piece) */
 } range_case;
 
-/* Rows [lo, lo + len) of a [B, N, X] tensor of esize-byte elements as a device tensor
- * [B, kGuard + len + kGuard, X] whose guard rows (and, with host NULL, every row) are 0xff
- * bytes: NaN in bf16, fp16 and fp32. view points at row lo of batch 0. */
-typedef struct guarded {
-  unsigned char *base, *view;
-  size_t bytes, esize;
-  long long batch, len, x, sb; /* sb: elements per batch entry; the row stride is x */
-} guarded;
-
-static void guarded_make(rda_backend *b, guarded *g, const void *host, size_t esize, long long B,
-                         long long N, long long X, long long lo, long long len) {
-  const long long rows = len + 2 * kGuard;
-  const size_t row_bytes = (size_t)X * esize;
-  g->esize = esize;
-  g->batch = B;
-  g->len = len;
-  g->x = X;
-  g->sb = rows * X;
-  g->bytes = (size_t)(B * rows) * row_bytes;
-  unsigned char *h = malloc(g->bytes);
-  assert_non_null(h);
-  memset(h, 0xff, g->bytes);
-  if (host != NULL)
-    for (long long ib = 0; ib < B; ++ib)
-      memcpy(h + (size_t)(ib * rows + kGuard) * row_bytes,
-             (const unsigned char *)host + (size_t)(ib * N + lo) * row_bytes,
-             (size_t)len * row_bytes);
-  g->base = rt_dev_alloc(b, g->bytes);
-  rt_dev_upload(b, g->base, h, g->bytes);
-  free(h);
-  g->view = g->base + (size_t)kGuard * row_bytes;
-}
-
-/* Download and free g: guard bytes that are not 0xff count into *bad; the rows (fp32) go to
- * full [B, N, X] at row lo (full NULL: only the guards are checked). */
-static void guarded_take(rda_backend *b, guarded *g, float *full, long long N, long long lo,
-                         long long *bad) {
-  unsigned char *h = malloc(g->bytes);
-  assert_non_null(h);
-  rt_dev_download(b, h, g->base, g->bytes);
-  const long long rows = g->len + 2 * kGuard;
-  const size_t row_bytes = (size_t)g->x * g->esize;
-  for (long long ib = 0; ib < g->batch; ++ib)
-    for (long long t = 0; t < rows; ++t) {
-      const unsigned char *src = h + (size_t)(ib * rows + t) * row_bytes;
-      if (t < kGuard || t >= kGuard + g->len) {
-        for (size_t i = 0; i < row_bytes; ++i) *bad += src[i] != 0xff;
-      } else if (full != NULL) {
-        memcpy(full + (ib * N + lo + t - kGuard) * g->x, src, row_bytes);
-      }
-    }
-  free(h);
-  b->free(b, g->base);
-  g->base = g->view = NULL;
-}
-
 /* One query piece's tensors, all guarded: q (storage) and o (fp32) [B, rows, H, D], lse fp32
  * [B * H][rows] (the guards between heads too). */
 typedef struct range_qpiece {
   long long lo, hi;
-  guarded q, o, lse;
+  rt_guarded q, o, lse;
 } range_qpiece;
 
 typedef struct range_kpiece {
   long long lo, hi;
-  guarded k, v;
+  rt_guarded k, v;
 } range_kpiece;
 
 static long long ceil_div_ll(long long a, long long b) {
@@ -781,8 +724,8 @@ static void launch_range(rt_backend *be, const rda_plan_k *plan, const rda_fwd_k
 
 /* Compact received keys, as the ring's transfers hold them: per query head h (one launch per
  * head), segment and key piece, the grid rows of h's kv head gathered into slot 1 of a block of
- * kSlots kv heads ([B][kGuard + rows + kGuard][kSlots][D], k_sn = k_sh = 0, k_rs = the pitch),
- * slot 0 and the guard rows NaN; the queries of each piece inside the segment. */
+ * kSlots kv heads ([B][G + rows + G][kSlots][D], G = RT_GUARD_ROWS, k_sn = k_sh = 0, k_rs =
+ * the pitch), slot 0 and the guard rows NaN; the queries of each piece inside the segment. */
 enum { kSlots = 2 };
 
 static long long launch_compact(rt_backend *be, const rda_plan_k *plan, const rda_fwd_kernels *kern,
@@ -811,7 +754,8 @@ static long long launch_compact(rt_backend *be, const rda_plan_k *plan, const rd
           const long long t0 = lo - a - j <= 0 ? 0 : ceil_div_ll(lo - a - j, r);
           const long long t1 = hi - a - j <= 0 ? 0 : ceil_div_ll(hi - a - j, r);
           if (t1 <= t0) continue;
-          const long long rows = t1 - t0, brows = rows + 2 * kGuard;
+          const long long rows = t1 - t0, brows = rows + 2 * RT_GUARD_ROWS;
+          const long long row0 = RT_GUARD_ROWS * pitch + slot * D; /* the first row's slot */
           const size_t count = (size_t)(B * brows * pitch);
           uint16_t *kb = malloc(count * 2), *vb = malloc(count * 2);
           assert_true(kb != NULL && vb != NULL);
@@ -820,7 +764,7 @@ static long long launch_compact(rt_backend *be, const rda_plan_k *plan, const rd
           for (long long ib = 0; ib < B; ++ib)
             for (long long t = 0; t < rows; ++t) {
               const size_t src = (size_t)(((ib * N + a + j + (t0 + t) * r) * Hkv + kvh) * D);
-              const size_t dst = (size_t)((ib * brows + kGuard + t) * pitch + slot * D);
+              const size_t dst = (size_t)((ib * brows + RT_GUARD_ROWS + t) * pitch + slot * D);
               memcpy(kb + dst, k_bits + src, (size_t)D * 2);
               memcpy(vb + dst, v_bits + src, (size_t)D * 2);
             }
@@ -836,7 +780,7 @@ static long long launch_compact(rt_backend *be, const rda_plan_k *plan, const rd
             bind_query_piece(&fp, &qp[iq], H, D);
             fp.q_lo = qlo, fp.q_hi = qhi;
             fp.head0 = h;
-            fp.k = kd + kGuard * pitch + slot * D, fp.v = vd + kGuard * pitch + slot * D;
+            fp.k = kd + row0, fp.v = vd + row0;
             fp.k_sb = fp.v_sb = brows * pitch;
             fp.k_sn = fp.v_sn = fp.k_sh = fp.v_sh = 0;
             fp.k_rs = fp.v_rs = pitch;
@@ -915,9 +859,9 @@ static void run_ranges_on(rt_backend *be, const char *what, const range_case *rc
     x->hi = rc->qcut[i + 1];
     const long long len = x->hi - x->lo;
     assert_true(len >= 1);
-    guarded_make(b, &x->q, q_bits, 2, B, N, H * D, x->lo, len);
-    guarded_make(b, &x->o, NULL, 4, B, N, H * D, x->lo, len);
-    guarded_make(b, &x->lse, NULL, 4, B * H, N, 1, x->lo, len); /* [B * H] rows of N */
+    rt_guarded_copy(b, &x->q, q_bits, 2, B, N, H * D, x->lo, len);
+    rt_guarded_fill(b, &x->o, 0xff, 4, B, N, H * D, x->lo, len);
+    rt_guarded_fill(b, &x->lse, 0xff, 4, B * H, N, 1, x->lo, len); /* [B * H] rows of N */
     rda_fwd_args ia;
     memset(&ia, 0, sizeof ia);
     ia.batch = B;
@@ -939,8 +883,8 @@ static void run_ranges_on(rt_backend *be, const char *what, const range_case *rc
     y->lo = rc->kcut[i];
     y->hi = rc->kcut[i + 1];
     assert_true(y->hi > y->lo);
-    guarded_make(b, &y->k, k_bits, 2, B, N, Hkv * D, y->lo, y->hi - y->lo);
-    guarded_make(b, &y->v, v_bits, 2, B, N, Hkv * D, y->lo, y->hi - y->lo);
+    rt_guarded_copy(b, &y->k, k_bits, 2, B, N, Hkv * D, y->lo, y->hi - y->lo);
+    rt_guarded_copy(b, &y->v, v_bits, 2, B, N, Hkv * D, y->lo, y->hi - y->lo);
   }
 
   /* Local keys: one launch per (branch step, query piece, key piece, segment range), the first
@@ -982,13 +926,13 @@ static void run_ranges_on(rt_backend *be, const char *what, const range_case *rc
   rt_poison_f32(lse_got, nstat);
   long long bad_guard = 0;
   for (int i = 0; i < rc->nq; ++i) {
-    guarded_take(b, &qp[i].o, o_got, N, qp[i].lo, &bad_guard);
-    guarded_take(b, &qp[i].lse, lse_got, N, qp[i].lo, &bad_guard); /* [B * H] rows of N */
-    guarded_take(b, &qp[i].q, NULL, N, qp[i].lo, &bad_guard);
+    rt_guarded_take(b, &qp[i].o, o_got, N, qp[i].lo, &bad_guard);
+    rt_guarded_take(b, &qp[i].lse, lse_got, N, qp[i].lo, &bad_guard); /* [B * H] rows of N */
+    rt_guarded_take(b, &qp[i].q, NULL, N, qp[i].lo, &bad_guard);
   }
   for (int i = 0; i < nkp; ++i) {
-    guarded_take(b, &kp[i].k, NULL, N, kp[i].lo, &bad_guard);
-    guarded_take(b, &kp[i].v, NULL, N, kp[i].lo, &bad_guard);
+    rt_guarded_take(b, &kp[i].k, NULL, N, kp[i].lo, &bad_guard);
+    rt_guarded_take(b, &kp[i].v, NULL, N, kp[i].lo, &bad_guard);
   }
 
   /* The reference on V rows replaced by (|V row|, 0, ...): column 0 of O is then M per row. */

@@ -1,7 +1,8 @@
 /* rda_test_cases.h — the cases test_fwd.c and test_bwd.c both run, each described once: a case
  * added or changed here runs in both passes. Each is a list of designated initializers, so it
  * fills the forward's and the backward's own case structs by field name and a pass adds its own
- * fields after it (the backward's dLSE), in sight at the call. */
+ * fields after it (the backward's dLSE), in sight at the call. Also the guarded pieces both
+ * passes cut their range cases into (rda_test_cases.c). */
 #ifndef RDA_TEST_CASES_H
 #define RDA_TEST_CASES_H
 
@@ -55,5 +56,31 @@
   .c.heads = 4, .c.kv_heads = 1, .c.head_dim = 32, .c.dtype = RDA_DTYPE_FP16, .c.causal = 0, \
   .c.offsets = RDA_OFFSETS_BLOCK, BR2(40, 1, 100, 3), .c.batch = 1, .c.n = 100, .nq = 3,     \
   .qcut = {0, 33, 34, 100}, .nk = 1, .kcut = {0, 100}, .compact = 1
+
+/* Each piece of a range case is its own allocation with RT_GUARD_ROWS rows of 0xff bytes (NaN
+ * in bf16, fp16 and fp32) before and after each batch entry's rows: a read outside the ranges
+ * turns an output into NaN, a write outside them shows in the guards. */
+enum { RT_GUARD_ROWS = 4 };
+
+/* Rows [lo, lo + len) of a contiguous [B, N, X] tensor of esize-byte elements as a device tensor
+ * [B, RT_GUARD_ROWS + len + RT_GUARD_ROWS, X]. view points at row lo of batch 0; the row stride
+ * is x elements, sb the elements per batch entry. */
+typedef struct rt_guarded {
+  unsigned char *base, *view;
+  size_t bytes, esize;
+  long long batch, len, x, sb;
+} rt_guarded;
+
+/* The rows copied from host, a [B, N, X] tensor. */
+void rt_guarded_copy(rda_backend *b, rt_guarded *g, const void *host, size_t esize, long long B,
+                     long long N, long long X, long long lo, long long len);
+/* Every byte of the rows `fill`: 0xff (NaN) for an output the kernels must write, 0 for one they
+ * add to. */
+void rt_guarded_fill(rda_backend *b, rt_guarded *g, unsigned char fill, size_t esize, long long B,
+                     long long N, long long X, long long lo, long long len);
+/* Download and free g: guard bytes that are not 0xff count into *bad; the rows (fp32) go to
+ * full [B, N, X] at row lo (full NULL: only the guards are checked). */
+void rt_guarded_take(rda_backend *b, rt_guarded *g, float *full, long long N, long long lo,
+                     long long *bad);
 
 #endif
