@@ -850,8 +850,6 @@ static void test_bwd_rejects_forward_only_plan_and_bad_arguments(void **state) {
  * (rt_guarded; gradients start at zero, the launches add to them), and a compact block has NaN
  * in its other kv slot: a read there turns a gradient into NaN, a write shows. */
 
-enum { kSlots = 2 /* kv head slots of a compact block */ };
-
 typedef struct split_case {
   bwd_case c;                 /* the problem; contiguous layouts */
   int nq, nk;                 /* query and key pieces */
@@ -915,7 +913,6 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
   rda_backend *b = be->b;
   const bwd_case *bc = &sc->c;
   const long long B = bc->batch, N = bc->n, H = bc->heads, Hkv = bc->kv_heads, D = bc->head_dim;
-  const int group = (int)(H / Hkv);
   if (bc->wgmma && !rt_wgmma_runs_on(be, what)) return;
   assert_true(sc->qcut[0] == 0 && sc->qcut[sc->nq] == N && sc->kcut[0] == 0 &&
               sc->kcut[sc->nk] == N);
@@ -1012,96 +1009,67 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
       rt_guarded_take(b, &kp[i].dv, dv_got, N, kp[i].lo, &bad_guard);
     }
   } else {
-    /* Compact keys: per query head h (the ring's launches for one offset class), segment and
-     * key piece, the grid rows of h's kv head gathered into block slot 1 of kSlots
-     * ([B][rows][kSlots][D], pitch kSlots D, k_sn = k_sh = 0), slot 0 NaN; the gradients go
-     * to a zeroed compact fp32 block and are scattered back here. */
-    const long long pitch = kSlots * D, slot = 1;
+    /* Compact keys (rt_kv_span, the ring's launches for one offset class): the gradients of
+     * each block go to a compact fp32 block, zero in its slot, and are scattered back here. */
+    const long long pitch = RT_KV_SLOTS * D, slot = RT_KV_SLOT;
     for (int st = 0; st < plan->nsteps; ++st) {
       const rda_bwd_step *s = &plan->bwd_steps[st];
-      const long long w = cfg->segments[s->branch] < N ? cfg->segments[s->branch] : N;
-      const long long r = cfg->dilations[s->branch];
-      for (int h = s->head0; h < s->head0 + s->nheads; ++h) {
-        const long long j = rda_config_offset(cfg, s->branch, h);
-        const long long kvh = h / group;
-        for (long long m = 0; m * w < N; ++m) {
-          const long long a = m * w, e = a + w < N ? a + w : N;
-          for (int ik = 0; ik < sc->nk; ++ik) {
-            const long long lo = sc->kcut[ik] > a ? sc->kcut[ik] : a;
-            const long long hi = sc->kcut[ik + 1] < e ? sc->kcut[ik + 1] : e;
-            /* Grid rows t with a + j + t r in [lo, hi). */
-            long long t0 = lo - a - j <= 0 ? 0 : (lo - a - j + r - 1) / r;
-            long long t1 = hi - a - j <= 0 ? 0 : (hi - a - j + r - 1) / r;
-            if (t1 <= t0) continue;
-            const long long rows = t1 - t0;
-            const size_t kb_count = (size_t)(B * rows * pitch);
-            uint16_t *kb = malloc(kb_count * 2), *vb = malloc(kb_count * 2);
-            assert_true(kb != NULL && vb != NULL);
-            memset(kb, 0xff, kb_count * 2);
-            memset(vb, 0xff, kb_count * 2);
-            for (long long ib = 0; ib < B; ++ib)
-              for (long long t = 0; t < rows; ++t) {
-                const long long pos = a + j + (t0 + t) * r;
-                const size_t src = (size_t)(((ib * N + pos) * Hkv + kvh) * D);
-                const size_t dst = (size_t)((ib * rows + t) * pitch + slot * D);
-                memcpy(kb + dst, p.k_bits + src, (size_t)D * 2);
-                memcpy(vb + dst, p.v_bits + src, (size_t)D * 2);
-              }
-            uint16_t *kb_dev = rt_dev_alloc(b, kb_count * 2),
-                     *vb_dev = rt_dev_alloc(b, kb_count * 2);
-            rt_dev_upload(b, kb_dev, kb, kb_count * 2);
-            rt_dev_upload(b, vb_dev, vb, kb_count * 2);
-            float *gb = malloc(kb_count * sizeof *gb);
-            assert_non_null(gb);
-            rt_poison_f32(gb, kb_count);
-            for (long long i = 0; i < B * rows; ++i)
-              memset(gb + i * pitch + slot * D, 0, (size_t)D * 4);
-            float *dkb_dev = rt_dev_alloc(b, kb_count * 4),
-                  *dvb_dev = rt_dev_alloc(b, kb_count * 4);
-            rt_dev_upload(b, dkb_dev, gb, kb_count * 4);
-            rt_dev_upload(b, dvb_dev, gb, kb_count * 4);
-            for (int iq = 0; iq < sc->nq; ++iq) {
-              rda_bwd_params bp;
-              rda_bwd_params_for_step(plan, s, &p.ba, &bp);
-              bind_queries(&bp, &qp[iq], H, D);
-              bp.head0 = h;
-              bp.nheads = 1;
-              bp.k = kb_dev + slot * D, bp.v = vb_dev + slot * D;
-              bp.dk = dkb_dev + slot * D, bp.dv = dvb_dev + slot * D;
-              bp.k_sb = bp.v_sb = bp.dk_sb = bp.dv_sb = rows * pitch;
-              bp.k_sn = bp.v_sn = bp.dk_sn = bp.dv_sn = 0;
-              bp.k_sh = bp.v_sh = bp.dk_sh = bp.dv_sh = 0;
-              bp.k_rs = bp.v_rs = bp.dk_rs = bp.dv_rs = pitch;
-              bp.kv_lo = lo, bp.kv_hi = hi;
-              bp.kv_row_lo = 0; /* unused with k_sn = 0 */
-              bp.seg0 = m;
-              launch_pair(be, plan, &p.kern, s, &bp, 1, B, atomic, what);
-              ++launches;
-            }
-            if (b->synchronize(b, &err) != RDA_OK) fail_msg("%s: synchronize: %s", what, err.msg);
-            for (int g = 0; g < 2; ++g) {
-              rt_dev_download(b, gb, g == 0 ? dkb_dev : dvb_dev, kb_count * 4);
-              float *full = g == 0 ? dk_got : dv_got;
-              for (long long ib = 0; ib < B; ++ib)
-                for (long long t = 0; t < rows; ++t) {
-                  const long long pos = a + j + (t0 + t) * r;
-                  const float *src = gb + (ib * rows + t) * pitch;
-                  for (long long c = 0; c < D; ++c) {
-                    bad_guard += !isnan(src[c]); /* the other slot */
-                    full[((ib * N + pos) * Hkv + kvh) * D + c] += src[slot * D + c];
-                  }
-                }
-            }
-            free(kb);
-            free(vb);
-            free(gb);
-            b->free(b, kb_dev);
-            b->free(b, vb_dev);
-            b->free(b, dkb_dev);
-            b->free(b, dvb_dev);
-          }
+      rt_kv_span *spans;
+      const int nspans =
+          rt_kv_spans(cfg, s->branch, s->head0, s->nheads, N, sc->nk, sc->kcut, &spans);
+      for (int i = 0; i < nspans; ++i) {
+        const rt_kv_span *y = &spans[i];
+        const long long rows = y->rows;
+        const size_t kb_count = (size_t)(B * rows * pitch);
+        uint16_t *kb_dev = rt_kv_block(b, p.k_bits, B, N, Hkv, D, y, 0);
+        uint16_t *vb_dev = rt_kv_block(b, p.v_bits, B, N, Hkv, D, y, 0);
+        float *gb = malloc(kb_count * sizeof *gb);
+        assert_non_null(gb);
+        rt_poison_f32(gb, kb_count);
+        for (long long t = 0; t < B * rows; ++t)
+          memset(gb + t * pitch + slot * D, 0, (size_t)D * 4);
+        float *dkb_dev = rt_dev_alloc(b, kb_count * 4), *dvb_dev = rt_dev_alloc(b, kb_count * 4);
+        rt_dev_upload(b, dkb_dev, gb, kb_count * 4);
+        rt_dev_upload(b, dvb_dev, gb, kb_count * 4);
+        for (int iq = 0; iq < sc->nq; ++iq) {
+          rda_bwd_params bp;
+          rda_bwd_params_for_step(plan, s, &p.ba, &bp);
+          bind_queries(&bp, &qp[iq], H, D);
+          bp.head0 = y->head;
+          bp.nheads = 1;
+          bp.k = kb_dev + slot * D, bp.v = vb_dev + slot * D;
+          bp.dk = dkb_dev + slot * D, bp.dv = dvb_dev + slot * D;
+          bp.k_sb = bp.v_sb = bp.dk_sb = bp.dv_sb = rows * pitch;
+          bp.k_sn = bp.v_sn = bp.dk_sn = bp.dv_sn = 0;
+          bp.k_sh = bp.v_sh = bp.dk_sh = bp.dv_sh = 0;
+          bp.k_rs = bp.v_rs = bp.dk_rs = bp.dv_rs = pitch;
+          bp.kv_lo = y->lo, bp.kv_hi = y->hi;
+          bp.kv_row_lo = 0; /* unused with k_sn = 0 */
+          bp.seg0 = y->seg;
+          launch_pair(be, plan, &p.kern, s, &bp, 1, B, atomic, what);
+          ++launches;
         }
+        if (b->synchronize(b, &err) != RDA_OK) fail_msg("%s: synchronize: %s", what, err.msg);
+        for (int g = 0; g < 2; ++g) {
+          rt_dev_download(b, gb, g == 0 ? dkb_dev : dvb_dev, kb_count * 4);
+          float *full = g == 0 ? dk_got : dv_got;
+          for (long long ib = 0; ib < B; ++ib)
+            for (long long t = 0; t < rows; ++t) {
+              const long long pos = y->pos0 + t * y->r;
+              const float *src = gb + (ib * rows + t) * pitch;
+              for (long long c = 0; c < D; ++c) {
+                bad_guard += !isnan(src[c]); /* the other slot */
+                full[((ib * N + pos) * Hkv + y->kv_head) * D + c] += src[slot * D + c];
+              }
+            }
+        }
+        free(gb);
+        b->free(b, kb_dev);
+        b->free(b, vb_dev);
+        b->free(b, dkb_dev);
+        b->free(b, dvb_dev);
       }
+      free(spans);
     }
   }
   if (b->synchronize(b, &err) != RDA_OK) fail_msg("%s: synchronize: %s", what, err.msg);

@@ -722,82 +722,53 @@ static void launch_range(rt_backend *be, const rda_plan_k *plan, const rda_fwd_k
     fail_msg("%s: launch: %s", what, err.msg);
 }
 
-/* Compact received keys, as the ring's transfers hold them: per query head h (one launch per
- * head), segment and key piece, the grid rows of h's kv head gathered into slot 1 of a block of
- * kSlots kv heads ([B][G + rows + G][kSlots][D], G = RT_GUARD_ROWS, k_sn = k_sh = 0, k_rs =
- * the pitch), slot 0 and the guard rows NaN; the queries of each piece inside the segment. */
-enum { kSlots = 2 };
-
+/* Compact received keys (rt_kv_span): one launch per block, for its query head, with the
+ * queries of each piece inside its segment; every block has RT_GUARD_ROWS NaN rows before and
+ * after each batch entry's rows besides the NaN neighbour slot. */
 static long long launch_compact(rt_backend *be, const rda_plan_k *plan, const rda_fwd_kernels *kern,
                                 const rda_fwd_args *whole, const range_case *rc,
                                 const range_qpiece *qp, const uint16_t *k_bits,
                                 const uint16_t *v_bits, const char *what) {
   rda_backend *b = be->b;
-  const rda_config *cfg = &plan->cfg;
   const long long B = rc->c.batch, N = rc->c.n, Hkv = rc->c.kv_heads, D = rc->c.head_dim;
-  const long long H = rc->c.heads, group = H / Hkv;
-  const long long pitch = kSlots * D, slot = 1;
+  const long long H = rc->c.heads, pitch = RT_KV_SLOTS * D;
+  const long long row0 = RT_GUARD_ROWS * pitch + RT_KV_SLOT * D; /* the first row's slot */
   long long launches = 0;
   rda_err err = {0};
   for (int st = 0; st < plan->nsteps; ++st) {
     const rda_step *s = &plan->steps[st];
-    const long long w = cfg->segments[s->branch] < N ? cfg->segments[s->branch] : N;
-    const long long r = cfg->dilations[s->branch];
-    for (int h = s->head0; h < s->head0 + s->nheads; ++h) {
-      const long long j = rda_config_offset(cfg, s->branch, h), kvh = h / group;
-      for (long long m = 0; m * w < N; ++m) {
-        const long long a = m * w, e = a + w < N ? a + w : N;
-        for (int ik = 0; ik < rc->nk; ++ik) {
-          const long long lo = rc->kcut[ik] > a ? rc->kcut[ik] : a;
-          const long long hi = rc->kcut[ik + 1] < e ? rc->kcut[ik + 1] : e;
-          /* Grid rows t with a + j + t r in [lo, hi). */
-          const long long t0 = lo - a - j <= 0 ? 0 : ceil_div_ll(lo - a - j, r);
-          const long long t1 = hi - a - j <= 0 ? 0 : ceil_div_ll(hi - a - j, r);
-          if (t1 <= t0) continue;
-          const long long rows = t1 - t0, brows = rows + 2 * RT_GUARD_ROWS;
-          const long long row0 = RT_GUARD_ROWS * pitch + slot * D; /* the first row's slot */
-          const size_t count = (size_t)(B * brows * pitch);
-          uint16_t *kb = malloc(count * 2), *vb = malloc(count * 2);
-          assert_true(kb != NULL && vb != NULL);
-          memset(kb, 0xff, count * 2);
-          memset(vb, 0xff, count * 2);
-          for (long long ib = 0; ib < B; ++ib)
-            for (long long t = 0; t < rows; ++t) {
-              const size_t src = (size_t)(((ib * N + a + j + (t0 + t) * r) * Hkv + kvh) * D);
-              const size_t dst = (size_t)((ib * brows + RT_GUARD_ROWS + t) * pitch + slot * D);
-              memcpy(kb + dst, k_bits + src, (size_t)D * 2);
-              memcpy(vb + dst, v_bits + src, (size_t)D * 2);
-            }
-          uint16_t *kd = rt_dev_alloc(b, count * 2), *vd = rt_dev_alloc(b, count * 2);
-          rt_dev_upload(b, kd, kb, count * 2);
-          rt_dev_upload(b, vd, vb, count * 2);
-          for (int iq = 0; iq < rc->nq; ++iq) {
-            const long long qlo = qp[iq].lo > a ? qp[iq].lo : a;
-            const long long qhi = qp[iq].hi < e ? qp[iq].hi : e;
-            if (qlo >= qhi) continue;
-            rda_fwd_params fp;
-            rda_fwd_params_for_step(plan, s, whole, &fp);
-            bind_query_piece(&fp, &qp[iq], H, D);
-            fp.q_lo = qlo, fp.q_hi = qhi;
-            fp.head0 = h;
-            fp.k = kd + row0, fp.v = vd + row0;
-            fp.k_sb = fp.v_sb = brows * pitch;
-            fp.k_sn = fp.v_sn = fp.k_sh = fp.v_sh = 0;
-            fp.k_rs = fp.v_rs = pitch;
-            fp.kv_lo = lo, fp.kv_hi = hi, fp.kv_row_lo = 0; /* unused with k_sn = 0 */
-            fp.seg0 = m;
-            launch_range(be, plan, kern, s, &fp, 1, B, 1, what);
-            ++launches;
-          }
-          /* The kernels read the blocks asynchronously (cuda): wait before freeing them. */
-          if (b->synchronize(b, &err) != RDA_OK) fail_msg("%s: synchronize: %s", what, err.msg);
-          free(kb);
-          free(vb);
-          b->free(b, kd);
-          b->free(b, vd);
-        }
+    rt_kv_span *spans;
+    const int nspans =
+        rt_kv_spans(&plan->cfg, s->branch, s->head0, s->nheads, N, rc->nk, rc->kcut, &spans);
+    for (int i = 0; i < nspans; ++i) {
+      const rt_kv_span *y = &spans[i];
+      const long long brows = y->rows + 2 * RT_GUARD_ROWS;
+      uint16_t *kd = rt_kv_block(b, k_bits, B, N, Hkv, D, y, RT_GUARD_ROWS);
+      uint16_t *vd = rt_kv_block(b, v_bits, B, N, Hkv, D, y, RT_GUARD_ROWS);
+      for (int iq = 0; iq < rc->nq; ++iq) {
+        const long long qlo = qp[iq].lo > y->a ? qp[iq].lo : y->a;
+        const long long qhi = qp[iq].hi < y->e ? qp[iq].hi : y->e;
+        if (qlo >= qhi) continue;
+        rda_fwd_params fp;
+        rda_fwd_params_for_step(plan, s, whole, &fp);
+        bind_query_piece(&fp, &qp[iq], H, D);
+        fp.q_lo = qlo, fp.q_hi = qhi;
+        fp.head0 = y->head;
+        fp.k = kd + row0, fp.v = vd + row0;
+        fp.k_sb = fp.v_sb = brows * pitch;
+        fp.k_sn = fp.v_sn = fp.k_sh = fp.v_sh = 0;
+        fp.k_rs = fp.v_rs = pitch;
+        fp.kv_lo = y->lo, fp.kv_hi = y->hi, fp.kv_row_lo = 0; /* unused with k_sn = 0 */
+        fp.seg0 = y->seg;
+        launch_range(be, plan, kern, s, &fp, 1, B, 1, what);
+        ++launches;
       }
+      /* The kernels read the blocks asynchronously (cuda): wait before freeing them. */
+      if (b->synchronize(b, &err) != RDA_OK) fail_msg("%s: synchronize: %s", what, err.msg);
+      b->free(b, kd);
+      b->free(b, vd);
     }
+    free(spans);
   }
   return launches;
 }

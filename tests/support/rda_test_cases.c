@@ -3,6 +3,7 @@
 // clang-format off
 #include "rda_test_cases.h"
 
+#include "config.h"
 #include "rda_test_backend.h"
 
 #include <setjmp.h>
@@ -74,4 +75,63 @@ void rt_guarded_take(rda_backend *b, rt_guarded *g, float *full, long long N, lo
   free(h);
   b->free(b, g->base);
   g->base = g->view = NULL;
+}
+
+static long long ceil_div(long long a, long long b) {
+  return (a + b - 1) / b;
+}
+
+int rt_kv_spans(const rda_config *cfg, int branch, int head0, int nheads, long long N, int nk,
+                const long long *kcut, rt_kv_span **out) {
+  const long long w = cfg->segments[branch] < N ? cfg->segments[branch] : N;
+  const long long r = cfg->dilations[branch], group = cfg->heads / cfg->kv_heads;
+  const long long nseg = ceil_div(N, w);
+  rt_kv_span *sp = malloc((size_t)(nheads * nseg * nk + 1) * sizeof *sp); /* + 1: never 0 */
+  assert_non_null(sp);
+  int n = 0;
+  for (int h = head0; h < head0 + nheads; ++h) {
+    const long long j = rda_config_offset(cfg, branch, h);
+    for (long long m = 0; m < nseg; ++m) {
+      const long long a = m * w, e = a + w < N ? a + w : N;
+      for (int ik = 0; ik < nk; ++ik) {
+        const long long lo = kcut[ik] > a ? kcut[ik] : a;
+        const long long hi = kcut[ik + 1] < e ? kcut[ik + 1] : e;
+        /* Grid rows t with a + j + t r in [lo, hi). */
+        const long long t0 = lo - a - j <= 0 ? 0 : ceil_div(lo - a - j, r);
+        const long long t1 = hi - a - j <= 0 ? 0 : ceil_div(hi - a - j, r);
+        if (t1 <= t0) continue;
+        sp[n++] = (rt_kv_span){.head = h,
+                               .kv_head = h / group,
+                               .seg = m,
+                               .a = a,
+                               .e = e,
+                               .lo = lo,
+                               .hi = hi,
+                               .pos0 = a + j + t0 * r,
+                               .r = r,
+                               .rows = t1 - t0};
+      }
+    }
+  }
+  *out = sp;
+  return n;
+}
+
+uint16_t *rt_kv_block(rda_backend *b, const uint16_t *bits, long long B, long long N, long long Hkv,
+                      long long D, const rt_kv_span *sp, long long guard) {
+  const long long pitch = RT_KV_SLOTS * D, brows = sp->rows + 2 * guard;
+  const size_t count = (size_t)(B * brows * pitch);
+  uint16_t *h = malloc(count * sizeof *h);
+  assert_non_null(h);
+  memset(h, 0xff, count * sizeof *h);
+  for (long long ib = 0; ib < B; ++ib)
+    for (long long t = 0; t < sp->rows; ++t) {
+      const size_t src = (size_t)(((ib * N + sp->pos0 + t * sp->r) * Hkv + sp->kv_head) * D);
+      const size_t dst = (size_t)((ib * brows + guard + t) * pitch + RT_KV_SLOT * D);
+      memcpy(h + dst, bits + src, (size_t)D * sizeof *h);
+    }
+  uint16_t *dev = rt_dev_alloc(b, count * sizeof *dev);
+  rt_dev_upload(b, dev, h, count * sizeof *h);
+  free(h);
+  return dev;
 }

@@ -1,10 +1,13 @@
 /* rda_test_cases.h — the cases test_fwd.c and test_bwd.c both run, each described once: a case
  * added or changed here runs in both passes. Each is a list of designated initializers, so it
  * fills the forward's and the backward's own case structs by field name and a pass adds its own
- * fields after it (the backward's dLSE), in sight at the call. Also the guarded pieces both
- * passes cut their range cases into (rda_test_cases.c). */
+ * fields after it (the backward's dLSE), in sight at the call. Also the guarded pieces and the
+ * compact key blocks both passes cut their range cases into (rda_test_cases.c). */
 #ifndef RDA_TEST_CASES_H
 #define RDA_TEST_CASES_H
+
+#include <stddef.h>
+#include <stdint.h>
 
 #include "rda_test_backend.h" /* BR1, BR2, BR3 */
 
@@ -82,5 +85,29 @@ void rt_guarded_fill(rda_backend *b, rt_guarded *g, unsigned char fill, size_t e
  * full [B, N, X] at row lo (full NULL: only the guards are checked). */
 void rt_guarded_take(rda_backend *b, rt_guarded *g, float *full, long long N, long long lo,
                      long long *bad);
+
+/* Compact received keys, as the ring's transfers hold them: per query head h, segment and key
+ * piece, the grid rows of h's kv head that lie in the piece, gathered into slot RT_KV_SLOT of a
+ * block of RT_KV_SLOTS kv heads (row pitch RT_KV_SLOTS D; k_sn = k_sh = 0), the other slot NaN
+ * so that a read of it shows. */
+enum { RT_KV_SLOTS = 2, RT_KV_SLOT = 1 };
+
+/* One such block: rows grid rows at positions pos0, pos0 + r, ... of query head `head`'s grid
+ * in segment seg (positions [a, e)), those in the key piece [lo, hi). */
+typedef struct rt_kv_span {
+  int head;
+  long long kv_head, seg, a, e, lo, hi, pos0, r, rows;
+} rt_kv_span;
+
+/* The blocks of heads [head0, head0 + nheads) on cfg's branch `branch` over N rows, keys cut at
+ * kcut[0] < ... < kcut[nk]: head by head, segment by segment, piece by piece, none without grid
+ * rows. *out is malloc'd; returns how many. */
+int rt_kv_spans(const rda_config *cfg, int branch, int head0, int nheads, long long N, int nk,
+                const long long *kcut, rt_kv_span **out);
+
+/* A device block [B][guard + rows + guard][RT_KV_SLOTS][D] of sp's rows of a contiguous
+ * [B, N, Hkv, D] storage tensor (bits), every byte but theirs 0xff (NaN in bf16 and fp16). */
+uint16_t *rt_kv_block(rda_backend *b, const uint16_t *bits, long long B, long long N, long long Hkv,
+                      long long D, const rt_kv_span *sp, long long guard);
 
 #endif
