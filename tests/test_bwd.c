@@ -980,11 +980,9 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
           const kpiece *y = &kp[ik];
           /* The segments both pieces meet (no causal skip: the kernels must find nothing to
            * do for keys wholly in the future), as two launches when there are several. */
-          const long long ma = x->lo / w > y->lo / w ? x->lo / w : y->lo / w;
-          const long long mb =
-              (x->hi - 1) / w < (y->hi - 1) / w ? (x->hi - 1) / w : (y->hi - 1) / w;
-          for (long long m0 = ma; m0 <= mb; m0 = m0 == ma ? ma + 1 : mb + 1) {
-            const long long nseg = m0 == ma ? 1 : mb - ma;
+          long long seg0[2], nseg[2];
+          const int nl = rt_segment_launches(x->lo, x->hi, y->lo, y->hi, w, seg0, nseg);
+          for (int l = 0; l < nl; ++l) {
             rda_bwd_params bp;
             rda_bwd_params_for_step(plan, s, &p.ba, &bp);
             bind_queries(&bp, x, H, D);
@@ -995,8 +993,8 @@ static void run_split_on(rt_backend *be, const char *what, const split_case *sc)
             bp.k_sh = bp.v_sh = bp.dk_sh = bp.dv_sh = D;
             bp.k_rs = bp.v_rs = bp.dk_rs = bp.dv_rs = r * y->k.x;
             bp.kv_lo = y->lo, bp.kv_hi = y->hi, bp.kv_row_lo = y->lo;
-            bp.seg0 = m0;
-            launch_pair(be, plan, &p.kern, s, &bp, nseg, B, atomic, what);
+            bp.seg0 = seg0[l];
+            launch_pair(be, plan, &p.kern, s, &bp, nseg[l], B, atomic, what);
             ++launches;
           }
         }

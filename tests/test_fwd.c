@@ -858,8 +858,8 @@ static void run_ranges_on(rt_backend *be, const char *what, const range_case *rc
     rt_guarded_copy(b, &y->v, v_bits, 2, B, N, Hkv * D, y->lo, y->hi - y->lo);
   }
 
-  /* Local keys: one launch per (branch step, query piece, key piece, segment range), the first
-   * segment both pieces meet alone, then the rest in one launch (seg0 > 0, several segments). */
+  /* Local keys: one launch per (branch step, query piece, key piece, segment range), the ranges
+   * of rt_segment_launches. */
   long long launches = 0;
   if (rc->compact)
     launches = launch_compact(be, &plan, &kern, &whole, rc, qp, k_bits, v_bits, what);
@@ -871,9 +871,9 @@ static void run_ranges_on(rt_backend *be, const char *what, const range_case *rc
       for (int ik = 0; ik < rc->nk; ++ik) {
         const range_qpiece *x = &qp[iq];
         const range_kpiece *y = &kp[ik];
-        const long long ma = x->lo / w > y->lo / w ? x->lo / w : y->lo / w;
-        const long long mb = (x->hi - 1) / w < (y->hi - 1) / w ? (x->hi - 1) / w : (y->hi - 1) / w;
-        for (long long m0 = ma; m0 <= mb; m0 = m0 == ma ? ma + 1 : mb + 1) {
+        long long seg0[2], nseg[2];
+        const int nl = rt_segment_launches(x->lo, x->hi, y->lo, y->hi, w, seg0, nseg);
+        for (int l = 0; l < nl; ++l) {
           rda_fwd_params fp;
           rda_fwd_params_for_step(&plan, s, &whole, &fp);
           bind_query_piece(&fp, x, H, D);
@@ -883,8 +883,8 @@ static void run_ranges_on(rt_backend *be, const char *what, const range_case *rc
           fp.k_sh = fp.v_sh = D;
           fp.k_rs = fp.v_rs = (r < w ? r : w) * Hkv * D;
           fp.kv_lo = y->lo, fp.kv_hi = y->hi, fp.kv_row_lo = y->lo;
-          fp.seg0 = m0;
-          launch_range(be, &plan, &kern, s, &fp, m0 == ma ? 1 : mb - ma, B, s->nheads, what);
+          fp.seg0 = seg0[l];
+          launch_range(be, &plan, &kern, s, &fp, nseg[l], B, s->nheads, what);
           ++launches;
         }
       }

@@ -81,6 +81,18 @@ static long long ceil_div(long long a, long long b) {
   return (a + b - 1) / b;
 }
 
+int rt_segment_launches(long long qlo, long long qhi, long long klo, long long khi, long long w,
+                        long long seg0[2], long long nseg[2]) {
+  const long long ma = qlo / w > klo / w ? qlo / w : klo / w;
+  const long long mb = (qhi - 1) / w < (khi - 1) / w ? (qhi - 1) / w : (khi - 1) / w;
+  int n = 0;
+  for (long long m0 = ma; m0 <= mb; m0 = m0 == ma ? ma + 1 : mb + 1) {
+    seg0[n] = m0;
+    nseg[n++] = m0 == ma ? 1 : mb - ma;
+  }
+  return n;
+}
+
 int rt_kv_spans(const rda_config *cfg, int branch, int head0, int nheads, long long N, int nk,
                 const long long *kcut, rt_kv_span **out) {
   const long long w = cfg->segments[branch] < N ? cfg->segments[branch] : N;

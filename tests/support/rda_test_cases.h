@@ -1,8 +1,8 @@
 /* rda_test_cases.h — the cases test_fwd.c and test_bwd.c both run, each described once: a case
  * added or changed here runs in both passes. Each is a list of designated initializers, so it
  * fills the forward's and the backward's own case structs by field name and a pass adds its own
- * fields after it (the backward's dLSE), in sight at the call. Also the guarded pieces and the
- * compact key blocks both passes cut their range cases into (rda_test_cases.c). */
+ * fields after it (the backward's dLSE), in sight at the call. Also how both passes cut their
+ * range cases: guarded pieces, launches over segments, compact key blocks (rda_test_cases.c). */
 #ifndef RDA_TEST_CASES_H
 #define RDA_TEST_CASES_H
 
@@ -85,6 +85,12 @@ void rt_guarded_fill(rda_backend *b, rt_guarded *g, unsigned char fill, size_t e
  * full [B, N, X] at row lo (full NULL: only the guards are checked). */
 void rt_guarded_take(rda_backend *b, rt_guarded *g, float *full, long long N, long long lo,
                      long long *bad);
+
+/* The segments of w rows that query rows [qlo, qhi) and key rows [klo, khi) both meet, in at
+ * most two launches: the first segment alone, then the rest in one (seg0 > 0, several segments).
+ * Writes each launch's first segment and count; returns how many launches (0 when none). */
+int rt_segment_launches(long long qlo, long long qhi, long long klo, long long khi, long long w,
+                        long long seg0[2], long long nseg[2]);
 
 /* Compact received keys, as the ring's transfers hold them: per query head h, segment and key
  * piece, the grid rows of h's kv head that lie in the piece, gathered into slot RT_KV_SLOT of a
