@@ -58,6 +58,7 @@ typedef struct rda_emu_impl {
   char version[256];   /* first line of `cxx --version`, "" until known */
   char extra[1024];    /* RDA_EMU_EXTRA_FLAGS + $RDA_EMU_CXXFLAGS */
   unsigned os_threads; /* $RDA_EMU_THREADS, 0: all hardware threads */
+  unsigned order;      /* $RDA_EMU_ORDER: 0 forward, 1 reverse */
 } rda_emu_impl;
 
 /* A kernel module's dlopen handle, shared process-wide by every load of the same cache key
@@ -741,6 +742,7 @@ static rda_status rda_emu_run(rda_backend *b, rda_module *m, const unsigned grid
   }
   l->smem_bytes = smem_bytes;
   l->os_threads = im->os_threads;
+  l->order = im->order;
   l->params_bytes = params_bytes;
   const int rc = m->entry(l, params);
   rda_status st = RDA_OK;
@@ -906,6 +908,16 @@ rda_status rda_backend_emu_open(rda_backend **out, int arch, rda_err *err) {
                          threads);
     }
     im->os_threads = (unsigned)n;
+  }
+  const char *order = getenv("RDA_EMU_ORDER");
+  if (order != NULL && order[0] != '\0' && strcmp(order, "forward") != 0) {
+    if (strcmp(order, "reverse") != 0) {
+      b->impl = im;
+      rda_emu_destroy(b);
+      return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                         "RDA_EMU_ORDER='%s': must be forward (the default) or reverse", order);
+    }
+    im->order = 1;
   }
   b->name = "emu";
   b->arch = arch;

@@ -1275,6 +1275,61 @@ static void test_emu_open_rejects_bad_thread_count(void **state) {
   assert_non_null(strstr(err.msg, "RDA_EMU_THREADS='lots'"));
 }
 
+/* RDA_EMU_ORDER=reverse runs a block's threads last to first: a read of shared memory that no
+ * barrier separates from the store it needs sees that store in index order and misses it (the
+ * poison) in reverse; with the barrier both orders agree. Any other value is refused. */
+static void test_emu_reverse_order_exposes_a_missing_barrier(void **state) {
+  (void)state;
+  enum { T = 96 }; /* three warps: the race crosses lanes and warps */
+  const char *old = getenv("RDA_EMU_ORDER");
+  char *saved = old ? strdup(old) : NULL;
+  rda_backend *order[2] = {NULL, NULL};
+  rda_err err = {0};
+  for (int rev = 0; rev < 2; ++rev) {
+    setenv("RDA_EMU_ORDER", rev ? "reverse" : "forward", 1);
+    assert_int_equal(rda_backend_emu_open(&order[rev], 90, &err), RDA_OK);
+  }
+  setenv("RDA_EMU_ORDER", "backwards", 1);
+  rda_backend *bad = NULL;
+  const rda_status st = rda_backend_emu_open(&bad, 90, &err);
+  if (saved != NULL)
+    setenv("RDA_EMU_ORDER", saved, 1);
+  else
+    unsetenv("RDA_EMU_ORDER");
+  free(saved);
+  assert_int_equal(st, RDA_ERR_INVALID_ARGUMENT);
+  assert_null(bad);
+  assert_non_null(strstr(err.msg, "RDA_EMU_ORDER='backwards'"));
+  rda_module *m[2] = {NULL, NULL};
+  rda_variant v;
+  memset(&v, 0, sizeof v);
+  snprintf(v.name, sizeof v.name, "emu_neighbour_read");
+  snprintf(v.kind, sizeof v.kind, "test");
+  v.source = g_src_model;
+  for (int rev = 0; rev < 2; ++rev)
+    if (order[rev]->load(order[rev], &v, &m[rev], &err) != RDA_OK)
+      fail_msg("emu_neighbour_read: %s", err.msg);
+  uint32_t out[T];
+  for (int barrier = 0; barrier < 2; ++barrier)
+    for (int rev = 0; rev < 2; ++rev) {
+      memset(out, 0xa5, sizeof out);
+      emu_test_params p = {.out0 = out, .op = barrier};
+      const unsigned grid[3] = {1, 1, 1};
+      if (order[rev]->launch(order[rev], m[rev], grid, T, 4 * T, &p, sizeof p, &err) != RDA_OK)
+        fail_msg("emu_neighbour_read: %s", err.msg);
+      for (int t = 1; t < T; ++t) {
+        const uint32_t want = barrier || !rev ? (uint32_t)t : 0xffffffffu;
+        if (out[t] != want)
+          fail_msg("%s order, %s barrier: thread %d read 0x%x, expected 0x%x",
+                   rev ? "reverse" : "index", barrier ? "with a" : "without a", t, out[t], want);
+      }
+    }
+  for (int rev = 0; rev < 2; ++rev) {
+    order[rev]->unload(order[rev], m[rev]);
+    order[rev]->destroy(order[rev]);
+  }
+}
+
 static void test_emu_shared_memory_poisoned_at_every_block_start(void **state) {
   (void)state;
   enum { T = 64, B = 8 };
@@ -1802,6 +1857,7 @@ int main(void) {
       cmocka_unit_test(test_emu_every_block_and_thread_runs_once_3d),
       cmocka_unit_test(test_emu_many_os_threads_run_every_block_once),
       cmocka_unit_test(test_emu_open_rejects_bad_thread_count),
+      cmocka_unit_test(test_emu_reverse_order_exposes_a_missing_barrier),
       cmocka_unit_test(test_emu_shared_memory_poisoned_at_every_block_start),
       cmocka_unit_test(test_emu_skipped_barrier_is_a_deadlock_error),
       cmocka_unit_test(test_emu_partial_warp_collective_is_a_deadlock_error),

@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 
-#define RDA_EMU_ABI 1
+#define RDA_EMU_ABI 2
 
 /* Filled by the host, passed to `<entry>__emu(rda_emu_launch *l, const void *params)`, which
  * returns 0 on success; on failure it returns nonzero with a one-line message in err. */
@@ -16,6 +16,7 @@ typedef struct rda_emu_launch {
   unsigned block[3];   /* blockDim.x, .y, .z (product 1..1024) */
   unsigned smem_bytes; /* dynamic shared memory per block */
   unsigned os_threads; /* OS threads to spread blocks over; 0: one per hardware thread */
+  unsigned order;      /* a block's threads run in index order (0) or in reverse (1) */
   size_t params_bytes; /* sizeof the kernel's parameter struct (checked by the entry) */
   char err[512];       /* the failure, NUL-terminated */
 } rda_emu_launch;

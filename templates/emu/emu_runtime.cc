@@ -365,24 +365,39 @@ static unsigned lane_mask(int size) {
   return size >= 32 ? 0xffffffffu : (1u << size) - 1u;
 }
 
-/* The next fiber to run after f blocks or exits: a ready lane of f's own warp first (in lane
- * order after f), else the first ready lane of the following warps. nullptr: none is ready. */
+/* The next fiber to run after f blocks or exits. In index order (the default): a ready lane of
+ * f's own warp first (in lane order after f), else the first ready lane of the following warps.
+ * In reverse (RDA_EMU_ORDER=reverse) the mirror image: the lanes before f, downwards, else the
+ * last ready lane of the preceding warps. Either is a schedule a GPU may take. A fiber runs
+ * alone between two blocking points, so threads that share data without a barrier between
+ * the write and the read see it in one order and miss it in the other: a kernel that gives
+ * the same result both ways has no such race between two of its threads. nullptr: none is
+ * ready. */
 static Fiber *pick_next(Worker *w, const Fiber *f) {
+  const bool reverse = w->launch->l->order != 0;
   Warp *wp = &w->warps[f->warp];
   unsigned m = wp->runnable;
   if (m != 0) {
-    const int s = (f->lane + 1) & 31;
-    const unsigned rot = s != 0 ? (m >> s) | (m << (32 - s)) : m;
-    const int lane = (s + __builtin_ctz(rot)) & 31;
+    int lane;
+    if (!reverse) {
+      const int s = (f->lane + 1) & 31;
+      const unsigned rot = s != 0 ? (m >> s) | (m << (32 - s)) : m;
+      lane = (s + __builtin_ctz(rot)) & 31;
+    } else { /* from lane s = f->lane - 1 downwards: s rotated to bit 31, the highest set bit */
+      const int s = (f->lane + 31) & 31, k = 31 - s;
+      const unsigned rot = k != 0 ? (m << k) | (m >> (32 - k)) : m;
+      lane = ((31 - __builtin_clz(rot)) + s + 1) & 31;
+    }
     wp->runnable &= ~(1u << lane);
     return &w->fibers[static_cast<size_t>(f->warp) * 32 + static_cast<size_t>(lane)];
   }
   for (int i = 1; i < w->nwarps; ++i) {
-    int j = f->warp + i;
+    int j = reverse ? f->warp - i : f->warp + i;
     if (j >= w->nwarps) j -= w->nwarps;
+    if (j < 0) j += w->nwarps;
     m = w->warps[j].runnable;
     if (m != 0) {
-      const int lane = __builtin_ctz(m);
+      const int lane = reverse ? 31 - __builtin_clz(m) : __builtin_ctz(m);
       w->warps[j].runnable &= ~(1u << lane);
       return &w->fibers[static_cast<size_t>(j) * 32 + static_cast<size_t>(lane)];
     }
@@ -581,8 +596,9 @@ static void run_block(Worker *w, long long b) {
     f.model.reset();
     fiber_init(&f);
   }
-  Fiber *first = &w->fibers[0];
-  w->warps[0].runnable &= ~1u;
+  const int i0 = w->launch->l->order != 0 ? w->nthreads - 1 : 0; /* pick_next's first */
+  Fiber *first = &w->fibers[static_cast<size_t>(i0)];
+  w->warps[i0 >> 5].runnable &= ~(1u << (i0 & 31));
   w->cur = first;
   jump(&w->main, &first->ctx, false);
   w->cur = nullptr;

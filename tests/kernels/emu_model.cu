@@ -111,7 +111,19 @@ extern "C" __global__ void emu_builtins(const emu_test_params p) {
   atomicAdd(static_cast<float *>(p.out1), 1.0f);
 }
 
+// Thread t stores t + 1 in word t of shared memory, then reads word t - 1 into out0[t] (thread 0
+// its own). With p.op = 1 a barrier separates the store and the read; without it the read races
+// with the store of thread t - 1, which threads run in index order (the default) always win.
+extern "C" __global__ void emu_neighbour_read(const emu_test_params p) {
+  uint32_t *smem = reinterpret_cast<uint32_t *>(rda::dynamic_smem());
+  const int t = threadIdx.x;
+  smem[t] = static_cast<uint32_t>(t) + 1u;
+  if (p.op == 1) rda::sync_threads();
+  static_cast<uint32_t *>(p.out0)[t] = smem[t > 0 ? t - 1 : 0];
+}
+
 RDA_EMU_EXPORT(emu_grid_ids, emu_test_params)
+RDA_EMU_EXPORT(emu_neighbour_read, emu_test_params)
 RDA_EMU_EXPORT(emu_builtins, emu_test_params)
 RDA_EMU_EXPORT(emu_smem_poison, emu_test_params)
 RDA_EMU_EXPORT(emu_faults, emu_test_params)
