@@ -1257,20 +1257,27 @@ static void test_emu_many_os_threads_run_every_block_once(void **state) {
   b->destroy(b);
 }
 
+/* An emulator backend opened with the environment variable `name` set to `value` (as it was
+ * afterwards). */
+static rda_status open_with_env(const char *name, const char *value, rda_backend **b,
+                                rda_err *err) {
+  const char *old = getenv(name);
+  char *saved = old ? strdup(old) : NULL;
+  setenv(name, value, 1);
+  const rda_status st = rda_backend_emu_open(b, 90, err);
+  if (saved != NULL)
+    setenv(name, saved, 1);
+  else
+    unsetenv(name);
+  free(saved);
+  return st;
+}
+
 static void test_emu_open_rejects_bad_thread_count(void **state) {
   (void)state;
-  const char *old = getenv("RDA_EMU_THREADS");
-  char *saved = old ? strdup(old) : NULL;
-  setenv("RDA_EMU_THREADS", "lots", 1);
   rda_backend *b = NULL;
   rda_err err = {0};
-  const rda_status st = rda_backend_emu_open(&b, 90, &err);
-  if (saved != NULL)
-    setenv("RDA_EMU_THREADS", saved, 1);
-  else
-    unsetenv("RDA_EMU_THREADS");
-  free(saved);
-  assert_int_equal(st, RDA_ERR_INVALID_ARGUMENT);
+  assert_int_equal(open_with_env("RDA_EMU_THREADS", "lots", &b, &err), RDA_ERR_INVALID_ARGUMENT);
   assert_null(b);
   assert_non_null(strstr(err.msg, "RDA_EMU_THREADS='lots'"));
 }
@@ -1281,23 +1288,13 @@ static void test_emu_open_rejects_bad_thread_count(void **state) {
 static void test_emu_reverse_order_exposes_a_missing_barrier(void **state) {
   (void)state;
   enum { T = 96 }; /* three warps: the race crosses lanes and warps */
-  const char *old = getenv("RDA_EMU_ORDER");
-  char *saved = old ? strdup(old) : NULL;
-  rda_backend *order[2] = {NULL, NULL};
+  rda_backend *order[2] = {NULL, NULL}, *bad = NULL;
   rda_err err = {0};
-  for (int rev = 0; rev < 2; ++rev) {
-    setenv("RDA_EMU_ORDER", rev ? "reverse" : "forward", 1);
-    assert_int_equal(rda_backend_emu_open(&order[rev], 90, &err), RDA_OK);
-  }
-  setenv("RDA_EMU_ORDER", "backwards", 1);
-  rda_backend *bad = NULL;
-  const rda_status st = rda_backend_emu_open(&bad, 90, &err);
-  if (saved != NULL)
-    setenv("RDA_EMU_ORDER", saved, 1);
-  else
-    unsetenv("RDA_EMU_ORDER");
-  free(saved);
-  assert_int_equal(st, RDA_ERR_INVALID_ARGUMENT);
+  for (int rev = 0; rev < 2; ++rev)
+    assert_int_equal(open_with_env("RDA_EMU_ORDER", rev ? "reverse" : "forward", &order[rev], &err),
+                     RDA_OK);
+  assert_int_equal(open_with_env("RDA_EMU_ORDER", "backwards", &bad, &err),
+                   RDA_ERR_INVALID_ARGUMENT);
   assert_null(bad);
   assert_non_null(strstr(err.msg, "RDA_EMU_ORDER='backwards'"));
   rda_module *m[2] = {NULL, NULL};
