@@ -907,6 +907,20 @@ rda_status rda_plan_workspace_size(const rda_plan *plan, long long batch, long l
 /* ---- forward ----------------------------------------------------------------------------- */
 
 /* Enqueue the fp32 -> storage dtype cast of the accumulator into the caller's o. */
+void rda_api_stream_enter(const rda_ctx *ctx, void *stream) {
+  if (ctx->is_cuda) rda_backend_cuda_use_stream(stream);
+}
+
+rda_status rda_api_stream_leave(const rda_ctx *ctx, rda_status s, rda_err *err) {
+  if (ctx->is_cuda) {
+    rda_backend_cuda_own_stream();
+    return s;
+  }
+  rda_err ignored = {0}; /* after a failure too: the caller may reuse the buffers at once */
+  const rda_status w = ctx->b->synchronize(ctx->b, s == RDA_OK ? err : &ignored);
+  return s != RDA_OK ? s : w;
+}
+
 rda_status rda_api_cast(const rda_plan *plan, const float *acc, const long long acc_s[3],
                         const rda_tensor *o, long long batch, long long n, rda_err *err) {
   const rda_plan_k *pk = &plan->core->pk;
@@ -1034,10 +1048,10 @@ rda_status rda_forward(const rda_plan *plan, const rda_tensor *q, const rda_tens
   rda_api_fwd_args(c, batch, n, all, workspace, lse == NULL ? (char *)workspace + o_part : NULL,
                    &a);
 
-  if (ctx->is_cuda) rda_backend_cuda_use_stream(stream);
+  rda_api_stream_enter(ctx, stream);
   rda_status s = rda_fwd_run(ctx->b, &plan->core->pk, &plan->core->kernels, &a, &err);
   if (s == RDA_OK && !o_direct) s = rda_api_cast(plan, a.o, a.o_s, o, batch, n, &err);
-  if (ctx->is_cuda) rda_backend_cuda_own_stream();
+  s = rda_api_stream_leave(ctx, s, &err);
   return s == RDA_OK ? RDA_OK : rda_api_failf(ctx, err.status, "%s: %s", "rda_forward", err.msg);
 }
 
@@ -1112,8 +1126,8 @@ rda_status rda_backward(const rda_plan *plan, const rda_tensor *q, const rda_ten
   rda_bwd_args a;
   rda_api_bwd_args(t, batch, n, &a);
   a.workspace = workspace;
-  if (ctx->is_cuda) rda_backend_cuda_use_stream(stream);
-  const rda_status s = rda_bwd_run(ctx->b, pk, &plan->core->kernels, &a, &err);
-  if (ctx->is_cuda) rda_backend_cuda_own_stream();
+  rda_api_stream_enter(ctx, stream);
+  rda_status s = rda_bwd_run(ctx->b, pk, &plan->core->kernels, &a, &err);
+  s = rda_api_stream_leave(ctx, s, &err);
   return s == RDA_OK ? RDA_OK : rda_api_failf(ctx, err.status, "%s: %s", "rda_backward", err.msg);
 }

@@ -159,5 +159,11 @@ void rda_api_bwd_args(const rda_tensor *const t[10], long long batch, long long 
 /* Enqueue the fp32 -> storage dtype cast of acc (strides acc_s) into o, batch x n rows. */
 rda_status rda_api_cast(const rda_plan *plan, const float *acc, const long long acc_s[3],
                         const rda_tensor *o, long long batch, long long n, rda_err *err);
+/* Around a pass's launches: on a cuda context they go to the caller's stream (enter) until
+ * leave; on the emulator context leave waits for them, as the call must return with its work
+ * done (rda.h; it matters with asynchronous emulator streams, runtime/emu_streams.h), after a
+ * failure too. leave returns s, or the wait's failure when s is RDA_OK. */
+void rda_api_stream_enter(const rda_ctx *ctx, void *stream);
+rda_status rda_api_stream_leave(const rda_ctx *ctx, rda_status s, rda_err *err);
 
 #endif

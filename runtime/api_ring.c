@@ -11,6 +11,7 @@
 
 #include "api_internal.h"
 #include "bwd.h"
+#include "emu.h"
 #include "ring.h"
 #include "ring_plan.h"
 #include "transport.h"
@@ -192,8 +193,9 @@ rda_status rda_ring_world_create(rda_ring_world **out, rda_ctx *ctx, int ranks, 
   if (ring_timeout(fn, "timeout_s", timeout_s, &to, &err) != RDA_OK) return rda_api_fail(ctx, &err);
   rda_ring_world *w = calloc(1, sizeof *w);
   if (w == NULL) return rda_api_failf(ctx, RDA_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-  const rda_status s = ctx->is_cuda ? rda_device_world_create(ranks, to, &w->dev, &err)
-                                    : rda_host_world_create(ranks, to, &w->host, &err);
+  const rda_status s = ctx->is_cuda || rda_backend_emu_async(ctx->b)
+                           ? rda_device_world_create(ranks, to, &w->dev, &err)
+                           : rda_host_world_create(ranks, to, &w->host, &err);
   if (s != RDA_OK) {
     free(w);
     return rda_api_failf(ctx, s, "%s: %s", fn, err.msg);
@@ -568,13 +570,13 @@ static rda_status ring_forward(rda_ring *r, const rda_tensor *q, const rda_tenso
 
   rda_ring_run_stats st;
   memset(&st, 0, sizeof st);
-  if (ctx->is_cuda) rda_backend_cuda_use_stream(stream);
+  rda_api_stream_enter(ctx, stream);
   *told = 1; /* from here on, by the pass's agreements or by the one below */
   rda_status s = rda_ring_fwd_run(ctx->b, pk, &plan->core->kernels, r->rp, r->rank, r->t, &a,
                                   ring_ws_ptr, ws.ring_bytes, &st, err);
   const int ran = s == RDA_OK;
   if (s == RDA_OK && !o_direct && n > 0) s = rda_api_cast(plan, a.o, a.o_s, o, batch, n, err);
-  if (ctx->is_cuda) rda_backend_cuda_own_stream();
+  s = rda_api_stream_leave(ctx, s, err);
   ring_save_stats(r, &st);
   /* Every rank returns success only if every rank got here: a rank whose plan has no steps
    * would otherwise never notice that another one failed (a failed pass aborted already). */
@@ -629,11 +631,11 @@ static rda_status ring_backward(rda_ring *r, const rda_tensor *const t[10], void
 
   rda_ring_run_stats st;
   memset(&st, 0, sizeof st);
-  if (ctx->is_cuda) rda_backend_cuda_use_stream(stream);
+  rda_api_stream_enter(ctx, stream);
   *told = 1;
   rda_status s = rda_ring_bwd_run(ctx->b, pk, &plan->core->kernels, r->rp, r->rank, r->t, &a,
                                   ring_ws_ptr, ws.ring_bytes, &st, err);
-  if (ctx->is_cuda) rda_backend_cuda_own_stream();
+  s = rda_api_stream_leave(ctx, s, err);
   ring_save_stats(r, &st);
   if (s == RDA_OK) s = rda_ring_settle(r->t, s, "in rda_ring_backward", err);
   return s;

@@ -37,12 +37,13 @@ struct rda_backend {
   rda_status (*synchronize)(rda_backend *b, rda_err *err);
   /* Stream-ordered device work on the calling thread's current stream of b: the stream
    * set_stream gave for this thread, else the thread's stream of rda_backend_cuda_use_stream,
-   * else the backend's own (the emulator runs everything at once). */
+   * else the backend's own. The emulator runs everything at once, or with RDA_EMU_STREAMS=async
+   * queues it on streams of its own, a default one per thread (runtime/emu_streams.h). */
   rda_status (*memset_async)(rda_backend *b, void *dptr, int value, size_t bytes, rda_err *err);
   rda_status (*copy_async)(rda_backend *b, void *dst, const void *src, size_t bytes,
                            rda_err *err); /* device to device; the ranges must not overlap */
-  /* Events order work across streams without host synchronization (emulator: no-ops that
-   * still hand out distinct non-NULL handles). record: on the current stream; wait: the
+  /* Events order work across streams without host synchronization (the synchronous emulator:
+   * no-ops that still hand out distinct non-NULL handles). record: on the current stream; wait: the
    * current stream waits for the event's last record; query: 1 when done, 0 when not yet. */
   rda_status (*event_create)(rda_backend *b, void **ev, rda_err *err);
   void (*event_destroy)(rda_backend *b, void *ev); /* accepts NULL */
@@ -51,18 +52,18 @@ struct rda_backend {
   rda_status (*event_query)(rda_backend *b, void *ev, int *done, rda_err *err);
   /* Timing (ring timelines, bench/bench_ring.c --timeline): an event that also takes the time
    * when the stream reaches its record (cuda: timing enabled, a little costlier to record than
-   * event_create's; emulator: the host CLOCK_MONOTONIC at event_record, which is when the work
-   * before it finished, since the emulator runs work at once). Destroy with event_destroy;
+   * event_create's; emulator: the host CLOCK_MONOTONIC when the record ran, which the
+   * synchronous emulator does inside event_record). Destroy with event_destroy;
    * record, wait and query as any event. elapsed_ms: *ms = end's time minus start's (may be
    * negative), both recorded and completed; an error for a NULL, untimed or unrecorded event
    * (cuda: or a driver without cuEventElapsedTime). */
   rda_status (*event_create_timed)(rda_backend *b, void **ev, rda_err *err);
   rda_status (*event_elapsed_ms)(rda_backend *b, void *start, void *end, float *ms,
                                  rda_err *err);
-  /* A stream of the backend's own for communication (cuda: non-blocking; emulator: a
-   * distinct handle), and running work on it: set_stream(b, s) makes s the calling thread's
-   * current stream of b (over rda_backend_cuda_use_stream's) until set_stream(b, NULL). The
-   * device transport uses it for its communication stream and leaves it at NULL, so callers
+  /* A stream of the backend's own for communication (cuda: non-blocking; the synchronous
+   * emulator: a distinct handle), and running work on it: set_stream(b, s) makes s the calling
+   * thread's current stream of b (over rda_backend_cuda_use_stream's) until set_stream(b, NULL).
+   * The device transport uses it for its communication stream and leaves it at NULL, so callers
    * that share a backend with a transport pick their own stream with use_stream. */
   rda_status (*stream_create)(rda_backend *b, void **s, rda_err *err);
   void (*stream_destroy)(rda_backend *b, void *s); /* accepts NULL; queued work completes */

@@ -1,6 +1,8 @@
 /* emu.c — the CPU emulator backend: compiles a variant's generated CUDA source with the host C++
  * compiler into a shared object kept in the kernel cache (runtime/cache.h, target emu-<machine>)
- * that links at load time against the emulator runtime (cached alike); launches are synchronous. */
+ * that links at load time against the emulator runtime (cached alike); launches run inside the
+ * call, or with RDA_EMU_STREAMS=async on streams an emulated device runs (runtime/emu_streams.h).
+ */
 #include "emu.h"
 
 #include <dirent.h>
@@ -24,6 +26,7 @@
 
 #include "../templates/emu/emu_launch.h"
 #include "cache.h"
+#include "emu_streams.h"
 #include "log.h"
 #include "sources.h"
 
@@ -59,6 +62,7 @@ typedef struct rda_emu_impl {
   char extra[1024];    /* RDA_EMU_EXTRA_FLAGS + $RDA_EMU_CXXFLAGS */
   unsigned os_threads; /* $RDA_EMU_THREADS, 0: all hardware threads */
   unsigned order;      /* $RDA_EMU_ORDER: 0 forward, 1 reverse */
+  rda_es *async;       /* $RDA_EMU_STREAMS=async: the backend's streams; NULL: synchronous */
 } rda_emu_impl;
 
 /* A kernel module's dlopen handle, shared process-wide by every load of the same cache key
@@ -350,20 +354,41 @@ static rda_status rda_emu_alloc(rda_backend *b, size_t bytes, void **dptr, rda_e
   return RDA_OK;
 }
 
+/* Asynchronous streams: free, upload and download wait for the calling thread's default
+ * stream first (backend.h: they order against the backend's own stream alone). */
+static rda_status rda_emu_settle(rda_backend *b, rda_err *err) {
+  rda_emu_impl *im = b->impl;
+  return im->async != NULL ? rda_es_sync(im->async, err) : RDA_OK;
+}
+
 static void rda_emu_free(rda_backend *b, void *dptr) {
-  (void)b;
+  rda_err ignored = {0};
+  (void)rda_emu_settle(b, &ignored);
   free(dptr);
 }
 
-static rda_status rda_emu_copy(rda_backend *b, void *dst, const void *src, size_t bytes,
-                               rda_err *err) {
-  (void)b;
+static rda_status rda_emu_copy_now(void *dst, const void *src, size_t bytes, rda_err *err) {
   if (bytes == 0) return RDA_OK;
   if (dst == NULL || src == NULL)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "emu: copy of %zu bytes with a NULL pointer",
                        bytes);
   memcpy(dst, src, bytes);
   return RDA_OK;
+}
+
+/* upload and download. */
+static rda_status rda_emu_copy(rda_backend *b, void *dst, const void *src, size_t bytes,
+                               rda_err *err) {
+  RDA_TRY(rda_emu_settle(b, err));
+  return rda_emu_copy_now(dst, src, bytes, err);
+}
+
+static rda_status rda_emu_copy_async(rda_backend *b, void *dst, const void *src, size_t bytes,
+                                     rda_err *err) {
+  rda_emu_impl *im = b->impl;
+  if (im->async == NULL || bytes == 0 || dst == NULL || src == NULL)
+    return rda_emu_copy_now(dst, src, bytes, err);
+  return rda_es_copy(im->async, dst, src, bytes, err);
 }
 
 /* dlopen a module given as bytes: written to a temporary file in `dir`, opened, unlinked. */
@@ -754,11 +779,25 @@ static rda_status rda_emu_run(rda_backend *b, rda_module *m, const unsigned grid
   return st;
 }
 
+/* A launch: run now, or queued on the calling thread's current stream. */
+static rda_status rda_emu_start(rda_backend *b, rda_module *m, const unsigned grid[3],
+                                const unsigned block[3], unsigned smem_bytes, const void *params,
+                                size_t params_bytes, rda_err *err) {
+  rda_emu_impl *im = b->impl;
+  if (im->async == NULL || m == NULL || params == NULL)
+    return rda_emu_run(b, m, grid, block, smem_bytes, params, params_bytes, err);
+  return rda_es_launch(im->async, m, grid, block, smem_bytes, params, params_bytes, err);
+}
+
 static rda_status rda_emu_launch1(rda_backend *b, rda_module *m, const unsigned grid[3],
                                   unsigned threads, unsigned smem_bytes, const void *params,
                                   size_t params_bytes, rda_err *err) {
   const unsigned block[3] = {threads, 1, 1};
-  return rda_emu_run(b, m, grid, block, smem_bytes, params, params_bytes, err);
+  return rda_emu_start(b, m, grid, block, smem_bytes, params, params_bytes, err);
+}
+
+int rda_backend_emu_async(const rda_backend *b) {
+  return b != NULL && strcmp(b->name, "emu") == 0 && ((const rda_emu_impl *)b->impl)->async != NULL;
 }
 
 rda_status rda_emu_launch3(rda_backend *b, rda_module *m, const unsigned grid[3],
@@ -766,23 +805,23 @@ rda_status rda_emu_launch3(rda_backend *b, rda_module *m, const unsigned grid[3]
                            size_t params_bytes, rda_err *err) {
   if (b == NULL || strcmp(b->name, "emu") != 0)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "rda_emu_launch3: not an emu backend");
-  return rda_emu_run(b, m, grid, block, smem_bytes, params, params_bytes, err);
+  return rda_emu_start(b, m, grid, block, smem_bytes, params, params_bytes, err);
 }
 
 static rda_status rda_emu_synchronize(rda_backend *b, rda_err *err) {
-  (void)b;
-  (void)err;
-  return RDA_OK; /* launches run to completion */
+  return rda_emu_settle(b, err); /* synchronous: launches ran to completion */
 }
 
-/* Stream-ordered work runs at once; events and streams are distinct tokens that order nothing
- * (every operation has completed by the time its call returns). */
+/* Synchronous streams: stream-ordered work runs at once; events and streams are distinct
+ * tokens that order nothing (every operation has completed by the time its call returns).
+ * Asynchronous ones: runtime/emu_streams.h. */
 static rda_status rda_emu_memset_async(rda_backend *b, void *dptr, int value, size_t bytes,
                                        rda_err *err) {
-  (void)b;
+  rda_emu_impl *im = b->impl;
   if (bytes == 0) return RDA_OK;
   if (dptr == NULL)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "emu: memset of %zu bytes at NULL", bytes);
+  if (im->async != NULL) return rda_es_memset(im->async, dptr, value, bytes, err);
   memset(dptr, value, bytes);
   return RDA_OK;
 }
@@ -809,40 +848,60 @@ static rda_status rda_emu_event_new(void **ev, int timed, rda_err *err) {
 }
 
 static rda_status rda_emu_event_create(rda_backend *b, void **ev, rda_err *err) {
-  (void)b;
+  rda_emu_impl *im = b->impl;
+  if (im->async != NULL) return rda_es_event_create(ev, 0, err);
   return rda_emu_event_new(ev, 0, err);
 }
 
 static rda_status rda_emu_event_create_timed(rda_backend *b, void **ev, rda_err *err) {
-  (void)b;
+  rda_emu_impl *im = b->impl;
+  if (im->async != NULL) return rda_es_event_create(ev, 1, err);
   return rda_emu_event_new(ev, 1, err);
 }
 
+static void rda_emu_event_destroy(rda_backend *b, void *ev) {
+  rda_emu_impl *im = b->impl;
+  if (im->async != NULL)
+    rda_es_event_destroy(ev);
+  else
+    free(ev);
+}
+
 static rda_status rda_emu_stream_create(rda_backend *b, void **s, rda_err *err) {
-  (void)b;
+  rda_emu_impl *im = b->impl;
+  if (im->async != NULL) return rda_es_stream_create(im->async, s, err);
   return rda_emu_token(s, "a stream", err);
 }
 
-static void rda_emu_token_free(rda_backend *b, void *token) {
-  (void)b;
-  free(token);
+static void rda_emu_stream_destroy(rda_backend *b, void *s) {
+  rda_emu_impl *im = b->impl;
+  if (im->async != NULL)
+    rda_es_stream_destroy(im->async, s);
+  else
+    free(s);
 }
 
-static rda_status rda_emu_event_op(rda_backend *b, void *ev, rda_err *err) {
-  (void)b;
+static rda_status rda_emu_stream_wait_event(rda_backend *b, void *ev, rda_err *err) {
+  rda_emu_impl *im = b->impl;
   if (ev == NULL) return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "emu: NULL event");
+  if (im->async != NULL) return rda_es_stream_wait_event(im->async, ev, err);
   return RDA_OK;
 }
 
 static rda_status rda_emu_event_query(rda_backend *b, void *ev, int *done, rda_err *err) {
+  rda_emu_impl *im = b->impl;
   *done = 1;
-  return rda_emu_event_op(b, ev, err);
+  if (ev == NULL) return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "emu: NULL event");
+  if (im->async != NULL) return rda_es_event_query(ev, done, err);
+  return RDA_OK;
 }
 
-/* Everything enqueued before the record has run by now: the host clock is the stream's. */
+/* Synchronous: everything enqueued before the record has run by now, so the host clock is the
+ * stream's. */
 static rda_status rda_emu_event_record(rda_backend *b, void *ev, rda_err *err) {
-  (void)b;
+  rda_emu_impl *im = b->impl;
   if (ev == NULL) return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "emu: NULL event");
+  if (im->async != NULL) return rda_es_event_record(im->async, ev, err);
   rda_emu_event *e = ev;
   if (e->timed) {
     struct timespec ts;
@@ -855,7 +914,8 @@ static rda_status rda_emu_event_record(rda_backend *b, void *ev, rda_err *err) {
 
 static rda_status rda_emu_event_elapsed_ms(rda_backend *b, void *start, void *end, float *ms,
                                            rda_err *err) {
-  (void)b;
+  rda_emu_impl *im = b->impl;
+  if (im->async != NULL) return rda_es_event_elapsed_ms(start, end, ms, err);
   if (ms == NULL || start == NULL || end == NULL)
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "emu: elapsed time of a NULL event");
   *ms = 0.0f;
@@ -871,12 +931,14 @@ static rda_status rda_emu_event_elapsed_ms(rda_backend *b, void *start, void *en
 }
 
 static void rda_emu_set_stream(rda_backend *b, void *s) {
-  (void)b, (void)s;
+  rda_emu_impl *im = b->impl;
+  if (im->async != NULL) rda_es_set_stream(im->async, s);
 }
 
 static void rda_emu_destroy(rda_backend *b) {
   if (b == NULL) return;
   rda_emu_impl *im = b->impl;
+  if (im != NULL) rda_es_close(im->async); /* its streams drain first */
   if (im != NULL) pthread_mutex_destroy(&im->mu);
   free(im);
   free(b);
@@ -919,6 +981,19 @@ rda_status rda_backend_emu_open(rda_backend **out, int arch, rda_err *err) {
     }
     im->order = 1;
   }
+  const char *streams = getenv("RDA_EMU_STREAMS");
+  if (streams != NULL && streams[0] != '\0' && strcmp(streams, "sync") != 0) {
+    rda_status st = RDA_ERR_INVALID_ARGUMENT;
+    if (strcmp(streams, "async") == 0)
+      st = rda_es_open(&im->async, b, rda_emu_run, err);
+    else
+      rda_err_set(err, st, "RDA_EMU_STREAMS='%s': must be sync (the default) or async", streams);
+    if (st != RDA_OK) {
+      b->impl = im;
+      rda_emu_destroy(b);
+      return st;
+    }
+  }
   b->name = "emu";
   b->arch = arch;
   b->impl = im;
@@ -931,16 +1006,16 @@ rda_status rda_backend_emu_open(rda_backend **out, int arch, rda_err *err) {
   b->launch = rda_emu_launch1;
   b->synchronize = rda_emu_synchronize;
   b->memset_async = rda_emu_memset_async;
-  b->copy_async = rda_emu_copy;
+  b->copy_async = rda_emu_copy_async;
   b->event_create = rda_emu_event_create;
-  b->event_destroy = rda_emu_token_free;
+  b->event_destroy = rda_emu_event_destroy;
   b->event_record = rda_emu_event_record;
-  b->stream_wait_event = rda_emu_event_op;
+  b->stream_wait_event = rda_emu_stream_wait_event;
   b->event_query = rda_emu_event_query;
   b->event_create_timed = rda_emu_event_create_timed;
   b->event_elapsed_ms = rda_emu_event_elapsed_ms;
   b->stream_create = rda_emu_stream_create;
-  b->stream_destroy = rda_emu_token_free;
+  b->stream_destroy = rda_emu_stream_destroy;
   b->set_stream = rda_emu_set_stream;
   b->destroy = rda_emu_destroy;
   *out = b;

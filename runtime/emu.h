@@ -11,11 +11,22 @@
  *                     thread)
  *   RDA_EMU_CXX       the C++ compiler (default: the one rda was built with)
  *   RDA_EMU_CXXFLAGS  extra compiler flags, e.g. "-O0 -g" to debug a kernel (part of the key)
+ *   RDA_EMU_ORDER     forward (default): a block's threads run in index order, each until it
+ *                     waits; reverse: last to first (a read that no barrier separates from
+ *                     another thread's store sees it in one order and misses it in the other)
+ *   RDA_EMU_STREAMS   sync (default): stream-ordered work runs inside the call; async: on
+ *                     streams that an emulated device runs in a random interleaving, so that
+ *                     a missing event wait shows (runtime/emu_streams.h)
  * Modules live in the kernel cache (runtime/cache.h) under the target emu-<machine>, keyed by
  * their source, the templates, rda's version, the compiler and its flags; the templates the
  * compiler includes are written to emu-<machine>/inc-<digest>/. A module loaded by several
  * backends (the virtual ranks of a ring) is loaded once per process and shared, reference
  * counted: the generated kernels keep no mutable global state. */
+
+/* 1 when b is an emulator backend with asynchronous streams (RDA_EMU_STREAMS=async): it then
+ * orders its work the way a GPU's streams must be ordered, so the ring runs it over device
+ * memory (the device transport's stream-ordered copies), not the host transport. */
+int rda_backend_emu_async(const rda_backend *b);
 
 /* Like b->launch, with blockDim = (block[0], block[1], block[2]). b must be an emu backend. */
 rda_status rda_emu_launch3(rda_backend *b, rda_module *m, const unsigned grid[3],

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "emu.h"
 #include "ring_compute.h"
 #include "ring_rows.h"
 #include "ring_schedule.h"
@@ -229,9 +230,11 @@ static rda_status ring_check(const rda_backend *b, const rda_ring_plan *rp, int 
     return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                        "ring %s: rank %d owns %lld rows, but the tensors have n = %lld", what,
                        rank, (long long)rk->rows, n);
-  if (strcmp(t->vt->name, "host") == 0 && strcmp(b->name, "emu") != 0)
+  if (strcmp(t->vt->name, "host") == 0 && (strcmp(b->name, "emu") != 0 || rda_backend_emu_async(b)))
     return rda_err_set(err, RDA_ERR_UNSUPPORTED,
-                       "ring %s: the host transport runs only with the emulator backend", what);
+                       "ring %s: the host transport runs only with the emulator backend, and not "
+                       "with its asynchronous streams",
+                       what);
   return RDA_OK;
 }
 

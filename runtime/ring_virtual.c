@@ -7,11 +7,12 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend.h"
 #include "bwd.h"
+#include "emu.h"
 #include "fwd.h"
 #include "ring_plan.h"
 #include "transport.h"
@@ -296,8 +297,9 @@ rda_status rda_ring_virtual_run(rda_ring_virtual *j, rda_err *err) {
       (s = rda_gen_plan_ex(j->g, j->cfg, &hw, flags, &plan, err)) != RDA_OK)
     goto done;
   have_plan = 1;
-  s = strcmp(kind, "emu") != 0 ? rda_device_world_create(P, 3600.0, &dev_world, err)
-                               : rda_host_world_create(P, 3600.0, &hw_world, err);
+  s = strcmp(kind, "emu") != 0 || rda_backend_emu_async(ranks[0].b)
+          ? rda_device_world_create(P, 3600.0, &dev_world, err)
+          : rda_host_world_create(P, 3600.0, &hw_world, err);
   if (s != RDA_OK) goto done;
   const uint64_t fp = rda_ring_fingerprint(j->cfg, j->n, P, j->layout);
   for (int p = 0; p < P; ++p) {

@@ -1327,6 +1327,182 @@ static void test_emu_reverse_order_exposes_a_missing_barrier(void **state) {
   }
 }
 
+/* ---- asynchronous streams (RDA_EMU_STREAMS=async, runtime/emu_streams.h) ---------------- */
+
+/* An async backend and its emu_hold kernel: a launch of it holds its stream until *flag != 0. */
+typedef struct async_env {
+  rda_backend *b;
+  rda_module *hold;
+  int flag; /* read by the kernel as it spins, written with __atomic_store_n */
+} async_env;
+
+static void async_open(async_env *a) {
+  memset(a, 0, sizeof *a);
+  rda_err err = {0};
+  if (open_with_env("RDA_EMU_STREAMS", "async", &a->b, &err) != RDA_OK)
+    fail_msg("RDA_EMU_STREAMS=async: %s", err.msg);
+  rda_variant v;
+  memset(&v, 0, sizeof v);
+  snprintf(v.name, sizeof v.name, "emu_hold");
+  snprintf(v.kind, sizeof v.kind, "test");
+  v.source = g_src_model;
+  if (a->b->load(a->b, &v, &a->hold, &err) != RDA_OK) fail_msg("emu_hold: %s", err.msg);
+}
+
+static void async_close(async_env *a) {
+  a->b->unload(a->b, a->hold);
+  a->b->destroy(a->b);
+}
+
+/* Queue emu_hold on the calling thread's current stream of a->b (released by a->flag = 1). */
+static void async_hold(async_env *a) {
+  __atomic_store_n(&a->flag, 0, __ATOMIC_SEQ_CST);
+  emu_test_params p = {.in0 = &a->flag};
+  const unsigned grid[3] = {1, 1, 1};
+  rda_err err = {0};
+  if (a->b->launch(a->b, a->hold, grid, 1, 0, &p, sizeof p, &err) != RDA_OK)
+    fail_msg("emu_hold: %s", err.msg);
+}
+
+/* Streams run in an order of the device's choosing: two streams released together by one event
+ * run their work either way round, so work on one that reads what the other writes needs an
+ * event between them, and with it always sees the write. */
+static void test_emu_async_streams_overtake_unless_an_event_orders_them(void **state) {
+  (void)state;
+  enum { kTrials = 48, kBytes = 4096 };
+  async_env a;
+  async_open(&a);
+  rda_backend *b = a.b;
+  rda_err err = {0};
+  void *s[3], *gate = NULL, *written = NULL, *x = NULL, *y = NULL;
+  for (int i = 0; i < 3; ++i) assert_int_equal(b->stream_create(b, &s[i], &err), RDA_OK);
+  assert_int_equal(b->event_create(b, &gate, &err), RDA_OK);
+  assert_int_equal(b->event_create(b, &written, &err), RDA_OK);
+  assert_int_equal(b->alloc(b, kBytes, &x, &err), RDA_OK);
+  assert_int_equal(b->alloc(b, kBytes, &y, &err), RDA_OK);
+  unsigned char host[kBytes];
+  for (int ordered = 0; ordered < 2; ++ordered) {
+    int saw_old = 0, saw_new = 0;
+    for (int trial = 0; trial < kTrials; ++trial) {
+      memset(host, 0, sizeof host);
+      assert_int_equal(b->upload(b, x, host, kBytes, &err), RDA_OK);
+      /* s0 holds until released, then records the gate; s1 and s2 wait for it. */
+      b->set_stream(b, s[0]);
+      async_hold(&a);
+      assert_int_equal(b->event_record(b, gate, &err), RDA_OK);
+      b->set_stream(b, s[1]);
+      assert_int_equal(b->stream_wait_event(b, gate, &err), RDA_OK);
+      assert_int_equal(b->memset_async(b, x, 7, kBytes, &err), RDA_OK);
+      assert_int_equal(b->event_record(b, written, &err), RDA_OK);
+      b->set_stream(b, s[2]);
+      assert_int_equal(b->stream_wait_event(b, gate, &err), RDA_OK);
+      if (ordered) assert_int_equal(b->stream_wait_event(b, written, &err), RDA_OK);
+      assert_int_equal(b->copy_async(b, y, x, kBytes, &err), RDA_OK);
+      /* Queued behind the hold: nothing has run, and the gate's record has not. */
+      int done = 1;
+      assert_int_equal(b->event_query(b, gate, &done, &err), RDA_OK);
+      assert_int_equal(done, 0);
+      __atomic_store_n(&a.flag, 1, __ATOMIC_SEQ_CST);
+      b->set_stream(b, NULL);
+      /* s2's work is its own: the default stream's synchronize does not wait for it. */
+      for (int i = 0; i < 3; ++i) {
+        void *e = NULL;
+        assert_int_equal(b->event_create(b, &e, &err), RDA_OK);
+        b->set_stream(b, s[i]);
+        assert_int_equal(b->event_record(b, e, &err), RDA_OK);
+        b->set_stream(b, NULL);
+        for (done = 0; !done;) assert_int_equal(b->event_query(b, e, &done, &err), RDA_OK);
+        b->event_destroy(b, e);
+      }
+      assert_int_equal(b->download(b, host, y, kBytes, &err), RDA_OK);
+      const int all7 = host[0] == 7 && memcmp(host, host + 1, kBytes - 1) == 0;
+      const int all0 = host[0] == 0 && memcmp(host, host + 1, kBytes - 1) == 0;
+      if (!all7 && !all0) fail_msg("trial %d: the copy saw part of the memset", trial);
+      saw_new += all7, saw_old += all0;
+    }
+    print_message("%s: the copy saw the memset in %d of %d trials\n",
+                  ordered ? "with the event" : "without it", saw_new, kTrials);
+    if (ordered && saw_old > 0) fail_msg("the event did not order the copy after the memset");
+    if (!ordered && (saw_old == 0 || saw_new == 0))
+      fail_msg("without an event, the streams ran in one order only (%d new, %d old)", saw_new,
+               saw_old);
+  }
+  b->free(b, x), b->free(b, y);
+  b->event_destroy(b, gate), b->event_destroy(b, written);
+  for (int i = 0; i < 3; ++i) b->stream_destroy(b, s[i]);
+  async_close(&a);
+}
+
+/* Events: a wait names the last record queued before it (a record queued later does not hold
+ * it); query and elapsed time see a record only once it ran; an event destroyed with work
+ * still naming it lives until that work ran; a stream destroyed with work queued waits for it;
+ * synchronize waits for the calling thread's own stream. Any other RDA_EMU_STREAMS is refused. */
+typedef struct release_later {
+  int *flag;
+  int ms;
+} release_later;
+
+static void *release_after(void *arg) {
+  const release_later *r = arg;
+  nanosleep(&(struct timespec){0, r->ms * 1000000L}, NULL);
+  __atomic_store_n(r->flag, 1, __ATOMIC_SEQ_CST);
+  return NULL;
+}
+
+static void test_emu_async_events_and_stream_lifetimes(void **state) {
+  (void)state;
+  async_env a;
+  async_open(&a);
+  rda_backend *b = a.b, *bad = NULL;
+  rda_err err = {0};
+  assert_int_equal(open_with_env("RDA_EMU_STREAMS", "later", &bad, &err), RDA_ERR_INVALID_ARGUMENT);
+  assert_null(bad);
+  assert_non_null(strstr(err.msg, "RDA_EMU_STREAMS='later'"));
+  void *s = NULL, *t0 = NULL, *t1 = NULL, *ev = NULL;
+  assert_int_equal(b->stream_create(b, &s, &err), RDA_OK);
+  assert_int_equal(b->event_create_timed(b, &t0, &err), RDA_OK);
+  assert_int_equal(b->event_create_timed(b, &t1, &err), RDA_OK);
+  assert_int_equal(b->event_create(b, &ev, &err), RDA_OK);
+  /* A wait for an event never recorded waits for nothing. */
+  b->set_stream(b, s);
+  assert_int_equal(b->stream_wait_event(b, ev, &err), RDA_OK);
+  b->set_stream(b, NULL);
+  /* The default stream: t0, hold, t1. Until released, t1 is not done and has no time. */
+  assert_int_equal(b->event_record(b, t0, &err), RDA_OK);
+  async_hold(&a);
+  assert_int_equal(b->event_record(b, t1, &err), RDA_OK);
+  int done = 1;
+  assert_int_equal(b->event_query(b, t1, &done, &err), RDA_OK);
+  assert_int_equal(done, 0);
+  float ms = -1.0f;
+  rda_err_clear(&err);
+  assert_int_equal(b->event_elapsed_ms(b, t0, t1, &ms, &err), RDA_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(err.msg, "has not run yet"));
+  /* s waits for t1's record queued so far; a record of t1 queued after the wait (on s itself,
+   * behind it) is not what it waits for, or s would never run. */
+  b->set_stream(b, s);
+  assert_int_equal(b->stream_wait_event(b, t1, &err), RDA_OK);
+  assert_int_equal(b->event_record(b, ev, &err), RDA_OK);
+  b->set_stream(b, NULL);
+  b->event_destroy(b, ev); /* still named by s's queued record: lives until it ran */
+  /* Released from another thread after 50 ms: stream_destroy(s) waits for its queue. */
+  release_later r = {&a.flag, 50};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, release_after, &r), 0);
+  const double t = rt_now_s();
+  b->stream_destroy(b, s);
+  const double waited = rt_now_s() - t;
+  assert_int_equal(pthread_join(th, NULL), 0);
+  if (waited < 0.04) fail_msg("stream_destroy returned after %.3f s, before its work ran", waited);
+  assert_int_equal(b->synchronize(b, &err), RDA_OK);
+  assert_int_equal(b->event_query(b, t1, &done, &err), RDA_OK);
+  assert_int_equal(done, 1);
+  assert_int_equal(b->event_elapsed_ms(b, t0, t1, &ms, &err), RDA_OK);
+  if (ms < 30.0f) fail_msg("t0 to t1 took %.3f ms around a 50 ms hold", (double)ms);
+  b->event_destroy(b, t0), b->event_destroy(b, t1);
+  async_close(&a);
+}
+
 static void test_emu_shared_memory_poisoned_at_every_block_start(void **state) {
   (void)state;
   enum { T = 64, B = 8 };
@@ -1825,6 +2001,38 @@ static void test_emu_alloc_is_aligned_and_copies_round_trip(void **state) {
   g_backend->free(g_backend, d);
 }
 
+/* A launch that fails on the device is reported by the next call that waits (synchronize
+ * here), and every later call of every asynchronous backend fails with it, as a faulted CUDA
+ * context's calls do. It poisons the process's emulated device: this test runs last. */
+static void test_emu_async_failure_is_sticky(void **state) {
+  (void)state;
+  async_env a;
+  async_open(&a);
+  rda_backend *b = a.b;
+  rda_err err = {0};
+  rda_module *m = NULL;
+  rda_variant v;
+  memset(&v, 0, sizeof v);
+  snprintf(v.name, sizeof v.name, "emu_faults");
+  snprintf(v.kind, sizeof v.kind, "test");
+  v.source = g_src_model;
+  assert_int_equal(b->load(b, &v, &m, &err), RDA_OK);
+  int out[64 * 4];
+  emu_test_params p = {.out0 = out, .n = 0, .op = 2}; /* thread 3 of block 2 traps */
+  const unsigned grid[3] = {4, 1, 1};
+  assert_int_equal(b->launch(b, m, grid, 64, 256, &p, sizeof p, &err), RDA_OK); /* queued */
+  assert_int_equal(b->synchronize(b, &err), RDA_ERR_EMULATOR);
+  assert_non_null(strstr(err.msg, "custom trap message 42"));
+  void *x = NULL;
+  assert_int_equal(b->alloc(b, 64, &x, &err), RDA_OK);
+  rda_err_clear(&err);
+  assert_int_equal(b->memset_async(b, x, 0, 64, &err), RDA_ERR_EMULATOR);
+  assert_non_null(strstr(err.msg, "an earlier operation failed"));
+  b->free(b, x);
+  b->unload(b, m);
+  async_close(&a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_emu_mma_bf16_matches_ptx_fragment_model),
@@ -1855,6 +2063,8 @@ int main(void) {
       cmocka_unit_test(test_emu_many_os_threads_run_every_block_once),
       cmocka_unit_test(test_emu_open_rejects_bad_thread_count),
       cmocka_unit_test(test_emu_reverse_order_exposes_a_missing_barrier),
+      cmocka_unit_test(test_emu_async_streams_overtake_unless_an_event_orders_them),
+      cmocka_unit_test(test_emu_async_events_and_stream_lifetimes),
       cmocka_unit_test(test_emu_shared_memory_poisoned_at_every_block_start),
       cmocka_unit_test(test_emu_skipped_barrier_is_a_deadlock_error),
       cmocka_unit_test(test_emu_partial_warp_collective_is_a_deadlock_error),
@@ -1870,6 +2080,8 @@ int main(void) {
       cmocka_unit_test(test_emu_cache_reuses_module_and_leaves_no_temp_files),
       cmocka_unit_test(test_emu_backends_share_loaded_modules),
       cmocka_unit_test(test_emu_alloc_is_aligned_and_copies_round_trip),
+      /* Last: it leaves the emulated device of asynchronous streams failed. */
+      cmocka_unit_test(test_emu_async_failure_is_sticky),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

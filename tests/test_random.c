@@ -408,15 +408,15 @@ static void run_ring(const rcase *c, const rda_config *cfg, const rdata *d, cons
   const uint64_t bundle = c->one_class ? 1u : RDA_RING_BUNDLE_BYTES;
   if (rda_ring_plan_create_bundled(cfg, N, P, layout, bundle, &rp, &err) != RDA_OK)
     fail_msg("%s: ring plan: %s", what, err.msg);
-  rda_host_world *world = NULL;
-  if (rda_host_world_create(P, 60.0, &world, &err) != RDA_OK)
+  rt_ring_world world;
+  if (rt_ring_world_create(&world, g_rank[0], P, 60.0, &err) != RDA_OK)
     fail_msg("%s: world: %s", what, err.msg);
 
   rt_ring_job jobs[MAXP];
   const uint64_t fp = rda_ring_fingerprint(cfg, N, P, layout);
   for (int p = 0; p < P; ++p) {
     jobs[p] = (rt_ring_job){
-        .b = g_rank[p], .pk = &plan, .rp = rp, .world = world, .fp = fp, .rank = p, .backward = 1};
+        .b = g_rank[p], .pk = &plan, .rp = rp, .world = &world, .fp = fp, .rank = p, .backward = 1};
     rt_ring_job_setup(&jobs[p], B, N, d->q, d->k, d->v, d->dout, d->dlse, what);
   }
   rt_ring_run(jobs, P);
@@ -473,7 +473,7 @@ static void run_ring(const rcase *c, const rda_config *cfg, const rdata *d, cons
       fprintf(stderr, "\n");
     }
   rt_ring_out_free(&out);
-  rda_host_world_destroy(world);
+  rt_ring_world_destroy(&world);
   rda_ring_plan_destroy(rp);
   rda_plan_k_free(&plan);
   if (!ok || bytes_bad) fail_msg("%s: the ranks' rows differ from the reference", what);

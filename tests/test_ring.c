@@ -153,6 +153,7 @@ typedef struct flaky_transport {
   rda_transport base;
   rda_transport *inner;
   int waits, fail_at, local_abort;
+  rda_transport_vtbl vt; /* flaky_vtbl under the inner transport's name */
 } flaky_transport;
 
 static void flaky_sync(flaky_transport *f) {
@@ -192,7 +193,7 @@ static void flaky_destroy(rda_transport *t) {
   rda_transport_destroy(((flaky_transport *)t)->inner);
   free(t);
 }
-static const rda_transport_vtbl flaky_vtbl = {.name = "host",
+static const rda_transport_vtbl flaky_vtbl = {.name = "flaky",
                                               .group_start = flaky_group_start,
                                               .send = flaky_send,
                                               .recv = flaky_recv,
@@ -206,7 +207,9 @@ static rda_transport *flaky_wrap(rda_transport *inner, int fail_at, int local_ab
   flaky_transport *f = calloc(1, sizeof *f);
   assert_non_null(f);
   f->base = *inner;
-  f->base.vt = &flaky_vtbl;
+  f->vt = flaky_vtbl;
+  f->vt.name = inner->vt->name; /* the ring checks which transport it runs over */
+  f->base.vt = &f->vt;
   f->inner = inner;
   f->fail_at = fail_at;
   f->local_abort = local_abort;
@@ -299,8 +302,9 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
   const uint64_t bundle = rc->bundle_bytes > 0 ? (uint64_t)rc->bundle_bytes : RDA_RING_BUNDLE_BYTES;
   if (rda_ring_plan_create_bundled(&cfg, N, P, rc->layout, bundle, &rp, &err) != RDA_OK)
     fail_msg("%s: ring plan: %s", what, err.msg);
-  rda_host_world *world = NULL;
-  assert_int_equal(rda_host_world_create(P, rc->local_abort ? 10.0 : 60.0, &world, &err), RDA_OK);
+  rt_ring_world world;
+  assert_int_equal(rt_ring_world_create(&world, g_b[0], P, rc->local_abort ? 10.0 : 60.0, &err),
+                   RDA_OK);
 
   const size_t nq = (size_t)(B * N * H * D), nkv = (size_t)(B * N * Hkv * D);
   double *q = rt_normal(nq, RDA_DTYPE_BF16);
@@ -316,8 +320,14 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
   memset(watch, 0, sizeof watch);
   const uint64_t fp = rda_ring_fingerprint(&cfg, N, P, rc->layout);
   for (int p = 0; p < P; ++p) {
-    jobs[p] = (rt_ring_job){.b = g_b[p], .pk = &plan, .rp = rp, .world = world, .fp = fp,
-                            .rank = p, .backward = rc->backward, .hook = rank_hook,
+    jobs[p] = (rt_ring_job){.b = g_b[p],
+                            .pk = &plan,
+                            .rp = rp,
+                            .world = &world,
+                            .fp = fp,
+                            .rank = p,
+                            .backward = rc->backward,
+                            .hook = rank_hook,
                             .user = &watch[p]};
     rt_ring_job_setup(&jobs[p], B, N, q, k, v, dout, dlse, what);
     g_pk[p] = &plan;
@@ -423,7 +433,7 @@ static void run_ring(const char *what, const ring_case *rc, ring_result *res) {
     res->out = out; /* the caller's now */
   else
     rt_ring_out_free(&out);
-  rda_host_world_destroy(world);
+  rt_ring_world_destroy(&world);
   rda_ring_plan_destroy(rp);
   rda_plan_k_free(&plan);
   if (!ok) fail_msg("%s: ranks' rows differ from the single-device reference", label);
@@ -979,11 +989,12 @@ static void test_ring_refuses_segments_of_2_31_grid_rows(void **state) {
   assert_int_equal(rda_gen_plan(g_gen, &cfg, &g_hw, &pk, &err), RDA_OK);
   rda_fwd_kernels kern = {0, NULL};
   assert_int_equal(rda_fwd_load(g_b[0], &pk, &kern, &err), RDA_OK);
-  rda_host_world *world = NULL;
-  assert_int_equal(rda_host_world_create(1, 5.0, &world, &err), RDA_OK);
+  rt_ring_world world;
+  assert_int_equal(rt_ring_world_create(&world, g_b[0], 1, 5.0, &err), RDA_OK);
   rda_transport *t = NULL;
   assert_int_equal(
-      rda_host_world_join(world, 0, rda_ring_fingerprint(&cfg, N, 1, RDA_RING_CONTIGUOUS), &t, &err),
+      rt_ring_world_join(&world, 0, rda_ring_fingerprint(&cfg, N, 1, RDA_RING_CONTIGUOUS), g_b[0],
+                         &t, &err),
       RDA_OK);
   static uint16_t in[64] __attribute__((aligned(16)));
   static float out[64] __attribute__((aligned(16)));
@@ -995,7 +1006,7 @@ static void test_ring_refuses_segments_of_2_31_grid_rows(void **state) {
   if (strstr(err.msg, "ring forward: branch 0: 2147483648 grid rows per segment") == NULL)
     fail_msg("unexpected error: %s", err.msg);
   rda_transport_destroy(t);
-  rda_host_world_destroy(world);
+  rt_ring_world_destroy(&world);
   rda_fwd_unload(g_b[0], &kern);
   rda_plan_k_free(&pk);
   rda_ring_plan_destroy(rp);

@@ -122,7 +122,16 @@ extern "C" __global__ void emu_neighbour_read(const emu_test_params p) {
   static_cast<uint32_t *>(p.out0)[t] = smem[t > 0 ? t - 1 : 0];
 }
 
+// Spins until the host sets the int at p.in0 (emulator only: the kernel is host code, so it can
+// watch host memory): holds its stream for as long as a test wants.
+extern "C" __global__ void emu_hold(const emu_test_params p) {
+  const volatile int *flag = static_cast<const volatile int *>(p.in0);
+  while (*flag == 0) {
+  }
+}
+
 RDA_EMU_EXPORT(emu_grid_ids, emu_test_params)
+RDA_EMU_EXPORT(emu_hold, emu_test_params)
 RDA_EMU_EXPORT(emu_neighbour_read, emu_test_params)
 RDA_EMU_EXPORT(emu_builtins, emu_test_params)
 RDA_EMU_EXPORT(emu_smem_poison, emu_test_params)

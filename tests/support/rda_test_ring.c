@@ -4,6 +4,8 @@
 // clang-format off
 #include "rda_test_ring.h"
 
+#include "emu.h"
+
 #include "rda_test.h"
 #include "rda_test_backend.h"
 
@@ -156,10 +158,29 @@ void rt_ring_job_free(rt_ring_job *j) {
   rda_fwd_unload(j->b, &j->kern);
 }
 
+rda_status rt_ring_world_create(rt_ring_world *w, const rda_backend *b, int ranks, double timeout_s,
+                                rda_err *err) {
+  memset(w, 0, sizeof *w);
+  if (rda_backend_emu_async(b)) return rda_device_world_create(ranks, timeout_s, &w->dev, err);
+  return rda_host_world_create(ranks, timeout_s, &w->host, err);
+}
+
+void rt_ring_world_destroy(rt_ring_world *w) {
+  rda_host_world_destroy(w->host);
+  if (w->dev != NULL) rda_device_world_destroy(w->dev);
+  memset(w, 0, sizeof *w);
+}
+
+rda_status rt_ring_world_join(rt_ring_world *w, int rank, uint64_t fingerprint, rda_backend *b,
+                              rda_transport **t, rda_err *err) {
+  if (w->dev != NULL) return rda_device_world_join(w->dev, rank, fingerprint, b, t, err);
+  return rda_host_world_join(w->host, rank, fingerprint, t, err);
+}
+
 static void *rank_thread(void *arg) {
   rt_ring_job *j = arg;
   rda_transport *t = NULL;
-  j->status = rda_host_world_join(j->world, j->rank, j->fp, &t, &j->err);
+  j->status = rt_ring_world_join(j->world, j->rank, j->fp, j->b, &t, &j->err);
   if (j->hook != NULL) j->hook(j, RT_RING_JOINED, &t);
   if (j->status == RDA_OK)
     j->status = rda_ring_fwd_run(j->b, j->pk, &j->kern, j->rp, j->rank, t, &j->a, j->ws,
@@ -168,6 +189,11 @@ static void *rank_thread(void *arg) {
   if (j->status == RDA_OK && j->backward)
     j->status = rda_ring_bwd_run(j->b, j->pk, &j->kern, j->rp, j->rank, t, &j->ba, j->ws,
                                  j->ws_bytes, &j->bstats, &j->err);
+  /* The passes' work is queued on this thread's stream (asynchronous streams): done before the
+   * caller reads or frees the buffers, after a failure too. */
+  rda_err e = {0};
+  const rda_status s = j->b->synchronize(j->b, j->status == RDA_OK ? &j->err : &e);
+  if (j->status == RDA_OK) j->status = s;
   if (j->hook != NULL) j->hook(j, RT_RING_BWD_DONE, &t);
   rda_transport_destroy(t);
   return NULL;

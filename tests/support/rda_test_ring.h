@@ -49,6 +49,22 @@ void rt_ring_gather_lse(rda_backend *b, const rda_ring_rank *rk, long long batch
  * the plan's rk->peak_bytes. */
 uint64_t rt_ring_planned_peak(const rda_ring_rank *rk, long long batch);
 
+/* The world the jobs join: the host transport's, or, when the ranks' emulator backends have
+ * asynchronous streams (RDA_EMU_STREAMS=async), the device transport's, whose copies are
+ * stream-ordered as a GPU's ranks need them. */
+typedef struct rt_ring_world {
+  rda_host_world *host;
+  rda_device_world *dev;
+} rt_ring_world;
+
+/* The world for `ranks` ranks whose backends are like b; one line in err on failure. */
+rda_status rt_ring_world_create(rt_ring_world *w, const rda_backend *b, int ranks, double timeout_s,
+                                rda_err *err);
+void rt_ring_world_destroy(rt_ring_world *w);
+/* Join w as rank on backend b (the transport's rules: runtime/transport.h). */
+rda_status rt_ring_world_join(rt_ring_world *w, int rank, uint64_t fingerprint, rda_backend *b,
+                              rda_transport **t, rda_err *err);
+
 /* Where a rank's thread calls its job's hook. */
 typedef enum rt_ring_stage {
   RT_RING_JOINED,   /* after joining the world (j->status says whether it could) */
@@ -65,7 +81,7 @@ struct rt_ring_job {
   rda_backend *b;
   const rda_plan_k *pk; /* planned with RDA_PLAN_BACKWARD when backward */
   const rda_ring_plan *rp;
-  rda_host_world *world;
+  rt_ring_world *world;
   uint64_t fp; /* rda_ring_fingerprint of the run */
   int rank;
   int backward; /* run the backward pass after the forward, on the forward's O and LSE */
