@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +37,8 @@ typedef struct es_op {
   uint64_t seq; /* record: its number; wait: the record it waits for (0: none) */
   rda_module *m;
   unsigned grid[3], block[3], smem;
-  unsigned char params[]; /* a launch's, `bytes` of them */
+  /* A launch's, `bytes` of them, aligned for the kernel's parameter struct. */
+  _Alignas(max_align_t) unsigned char params[];
 } es_op;
 
 typedef struct es_stream {
