@@ -336,7 +336,6 @@ rda_status rda_es_event_create(void **ev, int timed, rda_err *err) {
   *ev = e;
   if (e == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "emu: no memory for an event");
   e->timed = timed;
-  e->refs = 0;
   return RDA_OK;
 }
 
