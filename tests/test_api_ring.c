@@ -986,13 +986,17 @@ typedef struct fcall {
   rda_tensor tq, tk, to, tl;
 } fcall;
 
-static void fcall_make(fcall *c, rda_ring *ring, long long B, long long extra, int o_bf16) {
+/* Inputs drawn from the calling rank's own generator: rank threads make them at once. */
+static void fcall_make(fcall *c, rda_ring *ring, int rank, long long B, long long extra,
+                       int o_bf16) {
   long long R = 0;
   rda_ring_rows(ring, &R, NULL, NULL, NULL);
   R += extra;
   const long long H = 4, Hkv = 2, D = 32;
   long long s3[3];
-  c->x = rt_normal((size_t)(B * R * H * D), RDA_DTYPE_BF16);
+  rt_rng rng;
+  rt_rng_seed(&rng, rt_seed_value() + 0x9e3779b97f4a7c15ull * (uint64_t)(rank + 1));
+  c->x = rt_normal_from(&rng, (size_t)(B * R * H * D), RDA_DTYPE_BF16);
   rt_strides_contig(R, H, D, s3);
   c->q = rt_make_bits(c->x, B, R, H, D, s3, RDA_DTYPE_BF16, NULL);
   rt_strides_contig(R, Hkv, D, s3);
@@ -1044,7 +1048,7 @@ static void *fail_main(void *arg) {
   /* kWrongRows: one row too many; kOtherBatch: a call that is right on its own rank, with a
    * batch the others do not use. */
   fcall c;
-  fcall_make(&c, ring, j->how == kOtherBatch && j->rank == j->bad ? 2 : 1,
+  fcall_make(&c, ring, j->rank, j->how == kOtherBatch && j->rank == j->bad ? 2 : 1,
              j->how == kWrongRows && j->rank == j->bad, j->how == kCastFails);
   if (j->how == kSmallWorkspace && j->rank == j->bad) c.wsb = 64; /* the ring needs more */
   j->t_start = rt_now_s();
@@ -1215,7 +1219,7 @@ static void test_ring_overlapping_call_and_second_ring_leave_it_alone(void **sta
   for (int i = 0; i < 3; ++i) {
     memset(&oc[i], 0, sizeof oc[i]);
     oc[i].ring = rings[i == 2], oc[i].mu = &mu, oc[i].cv = &cv;
-    fcall_make(&oc[i].c, oc[i].ring, 1, 0, 0);
+    fcall_make(&oc[i].c, oc[i].ring, i, 1, 0, 0);
   }
   for (int i = 0; i < 2; ++i)
     assert_int_equal(pthread_create(&th[i], NULL, ocall_main, &oc[i]), 0);

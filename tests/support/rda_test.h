@@ -28,7 +28,10 @@ double rt_rng_normal(rt_rng *r);                               /* normal(0, 1), 
 long long rt_rng_range(rt_rng *r, long long lo, long long hi); /* uniform in [lo, hi] */
 
 /* The process-wide generator the helpers below draw from: seeded from $RDA_TEST_SEED when set,
- * else a fixed default; rt_seed() reseeds it. rt_seed_value() is printed with every failure. */
+ * else a fixed default; rt_seed() reseeds it. rt_seed_value() is printed with every failure.
+ * It is the main thread's: a thread of a test (a ring's rank) draws from a generator of its
+ * own, seeded from rt_seed_value() and the rank, so its inputs neither race nor depend on
+ * which thread drew first. */
 void rt_seed(uint64_t seed);
 uint64_t rt_seed_value(void);
 rt_rng *rt_global_rng(void);
