@@ -1071,26 +1071,36 @@ static void test_config_time_limit_stops_loops_of_c_calls(void **state) {
 }
 
 /* The time limit counts the sandbox thread's CPU time: a process stopped or starved while a
- * config runs (here: the thread paused 1 s in a signal handler, as SIGSTOP or a throttled
- * container would) does not fail a config that needs well under the limit of CPU. The pause
- * is set off by a timer on the thread's own CPU clock, 20 ms of CPU into the config (which
- * needs 0.1 to 0.4 s): a signal sent by another thread after a nap would come after the config
- * had ended whenever that thread was late to wake, and pause nothing. */
+ * config runs (here: the thread paused in a signal handler for longer than the limit, as
+ * SIGSTOP or a throttled container would) does not fail a config that needs well under the
+ * limit of CPU. The pause is set off by a timer on the thread's own CPU clock, 20 ms of CPU
+ * into the config: a signal sent by another thread after a nap would come after the config
+ * had ended whenever that thread was late to wake, and pause nothing. The config needs 0.1 to
+ * 0.4 s of CPU in a plain build and more under a sanitizer, so the limit is four times what it
+ * took unpaused (at least 0.6 s), and the pause half a second longer than the limit. */
 typedef struct paused_run {
   rda_gen *g;
+  int pause; /* 0: run unpaused, only to take the CPU time */
   rda_status status;
   rda_err err;
   rda_config c;
   int armed;
+  double cpu_s; /* the run's CPU time */
 } paused_run;
 
 static volatile sig_atomic_t g_paused;
+static struct timespec g_pause_for;
 
 static void pause_handler(int sig) {
   (void)sig;
   g_paused = 1;
-  const struct timespec nap = {1, 0};
-  nanosleep(&nap, NULL);
+  nanosleep(&g_pause_for, NULL);
+}
+
+static double thread_cpu_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 static void *paused_run_main(void *arg) {
@@ -1105,14 +1115,16 @@ static void *paused_run_main(void *arg) {
   ev.sigev_signo = SIGUSR1;
   timer_t timer;
   const struct itimerspec at = {{0, 0}, {0, 20 * 1000 * 1000}};
-  r->armed = timer_create(CLOCK_THREAD_CPUTIME_ID, &ev, &timer) == 0;
+  r->armed = r->pause && timer_create(CLOCK_THREAD_CPUTIME_ID, &ev, &timer) == 0;
   if (r->armed && timer_settime(timer, 0, &at, NULL) != 0) r->armed = 0;
+  const double cpu0 = thread_cpu_s();
   r->status = rda_gen_config_string(r->g,
                                     "local s = ('x'):rep(4 << 20)\n"
                                     "for i = 1, 40 do local u = s:upper() end\n"
                                     "return { heads = 2, head_dim = 32, dtype = 'bf16',"
                                     " segments = { 16 }, dilations = { 1 } }",
                                     "paused.lua", &r->c, &r->err);
+  r->cpu_s = thread_cpu_s() - cpu0;
   if (r->armed) timer_delete(timer);
   return NULL;
 }
@@ -1127,10 +1139,18 @@ static void test_config_time_limit_is_cpu_time(void **state) {
   sigemptyset(&usr1);
   sigaddset(&usr1, SIGUSR1);
   assert_int_equal(pthread_sigmask(SIG_BLOCK, &usr1, &old_mask), 0);
-  rda_gen_set_time_limit(*state, 0.6);
-  paused_run r = {.g = *state, .status = RDA_ERR_INTERNAL};
-  g_paused = 0;
+  paused_run unpaused = {.g = *state, .status = RDA_ERR_INTERNAL};
   pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, paused_run_main, &unpaused), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  if (unpaused.status != RDA_OK) fail_msg("the config failed unpaused: %s", unpaused.err.msg);
+  const double limit = 4 * unpaused.cpu_s > 0.6 ? 4 * unpaused.cpu_s : 0.6;
+  const double pause_s = limit + 0.5;
+  g_pause_for.tv_sec = (time_t)pause_s;
+  g_pause_for.tv_nsec = (long)(1e9 * (pause_s - (double)g_pause_for.tv_sec));
+  rda_gen_set_time_limit(*state, limit);
+  paused_run r = {.g = *state, .pause = 1, .status = RDA_ERR_INTERNAL};
+  g_paused = 0;
   const double t0 = rt_now_s();
   assert_int_equal(pthread_create(&t, NULL, paused_run_main, &r), 0);
   assert_int_equal(pthread_join(t, NULL), 0);
@@ -1142,7 +1162,7 @@ static void test_config_time_limit_is_cpu_time(void **state) {
   if (r.status != RDA_OK) fail_msg("a paused config failed after %.2f s: %s", took, r.err.msg);
   assert_int_equal(r.c.heads, 2);
   assert_true(g_paused);
-  assert_true(took > 1.0); /* it was paused while it ran: the test tested something */
+  assert_true(took > limit); /* it was paused while it ran: the test tested something */
 }
 
 /* The parse is under the memory limit too: a chunk of a million distinct constants needs far
