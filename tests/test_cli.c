@@ -365,6 +365,30 @@ static void test_cli_bad_rda_wgmma_exits_1_and_writes_nothing(void **state) {
   free(out);
 }
 
+/* The emulator's schedule settings (RDA_EMU_ORDER, RDA_EMU_STREAMS) with a bad value: one line
+ * naming the variable, exit 1, no output written, on one device and on the ring's ranks. */
+static void test_cli_bad_emulator_settings_exit_1_and_write_nothing(void **state) {
+  fixture *f = *state;
+  static const char *const settings[][3] = {
+      {"RDA_EMU_ORDER", "backwards", "RDA_EMU_ORDER='backwards'"},
+      {"RDA_EMU_STREAMS", "Async", "RDA_EMU_STREAMS='Async'"},
+  };
+  for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++) {
+    const char *was = getenv(settings[i][0]); /* a rerun of the suite may set it */
+    char *saved = was != NULL ? strdup(was) : NULL;
+    assert_int_equal(setenv(settings[i][0], settings[i][1], 1), 0);
+    const char *const run[] = {"run", f->config, "--q", f->q,        "--k", f->k, "--v",
+                               f->v,  "--o",     f->o,  "--backend", "emu", NULL};
+    expect_input_error(f, settings[i][0], run, settings[i][2]);
+    const char *const ring[] = {"run", f->config, "--q",       f->q,  "--k",     f->k, "--v", f->v,
+                                "--o", f->o,      "--backend", "emu", "--ranks", "3",  NULL};
+    expect_input_error(f, settings[i][0], ring, settings[i][2]);
+    assert_int_equal(saved != NULL ? setenv(settings[i][0], saved, 1) : unsetenv(settings[i][0]),
+                     0);
+    free(saved);
+  }
+}
+
 static void test_cli_unwritable_outputs_exit_1_and_write_nothing(void **state) {
   fixture *f = *state;
   char *missing = rt_path(f->dir, "no/such/o.npy");
@@ -2043,8 +2067,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cli_help_and_version_exit_0),
       cmocka_unit_test_setup_teardown(test_cli_bad_usage_exits_2, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_cli_demo_without_config_runs_the_built_in_default,
-                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cli_demo_without_config_runs_the_built_in_default, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_cli_tune_bad_input_exits_and_keeps_the_database, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_tune_writes_a_database_that_plans_read, setup,
@@ -2054,20 +2078,21 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_cli_bad_config_exits_1_naming_it, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cli_bad_rda_wgmma_exits_1_and_writes_nothing, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_cli_bad_emulator_settings_exit_1_and_write_nothing,
+                                      setup, teardown),
       cmocka_unit_test_setup_teardown(test_cli_unwritable_outputs_exit_1_and_write_nothing, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_ranks_bad_split_exit_1, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cli_stats_same_file_as_an_output_exits_2, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_output_onto_an_input_exits_2, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_cli_outputs_follow_links_and_refuse_special_files,
-                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cli_outputs_follow_links_and_refuse_special_files, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_cli_uncreatable_output_names_the_users_path, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_non_finite_inputs_exit_1_naming_the_element, setup,
                                       teardown),
-      cmocka_unit_test_setup_teardown(test_cli_cross_attention_is_refused_as_such, setup,
-                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cli_cross_attention_is_refused_as_such, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cli_non_finite_result_exits_1_and_writes_nothing, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_ring_more_ranks_than_rows, setup, teardown),
@@ -2115,8 +2140,8 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_emit_failure_removes_the_folders_it_created, setup,
                                       teardown),
-      cmocka_unit_test_setup_teardown(
-          test_cli_run_emu_with_the_cache_on_a_full_disk_still_computes, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cli_run_emu_with_the_cache_on_a_full_disk_still_computes,
+                                      setup, teardown),
       cmocka_unit_test_setup_teardown(test_cli_cache_warm_checks_every_arch_before_anything, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(
