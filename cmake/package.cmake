@@ -53,18 +53,20 @@ install(FILES ${CMAKE_BINARY_DIR}/rda.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkg
 # The installed package, used as a consumer would: install to a temporary prefix, build
 # examples/ with find_package(rda) and with pkg-config, run it on the emulator device.
 # Sanitized builds build the example sanitized too (the library needs the runtime first).
-string(REPLACE ";" " " rda_install_test_flags "${RDA_SAN_FLAGS}")
+string(REPLACE ";" " " rda_install_test_flags "${RDA_SAN_FLAGS} ${RDA_TSAN_FLAGS}")
 add_test(NAME test_install
          COMMAND sh ${CMAKE_SOURCE_DIR}/tests/test_install.sh ${CMAKE_BINARY_DIR}
                  ${CMAKE_SOURCE_DIR} "${rda_install_test_flags}")
-set_tests_properties(test_install PROPERTIES
-    ENVIRONMENT "RDA_CACHE_DIR=${RDA_TEST_CACHE};RDA_HOME=${CMAKE_SOURCE_DIR}"
-    TIMEOUT 600)
+set(rda_install_test_env "RDA_CACHE_DIR=${RDA_TEST_CACHE};RDA_HOME=${CMAKE_SOURCE_DIR}")
+set(rda_tsan_options ${RDA_TEST_ENV})
+list(FILTER rda_tsan_options INCLUDE REGEX "^TSAN_OPTIONS=") # the RDA_TSAN build's, if any
+list(APPEND rda_install_test_env ${rda_tsan_options})
+set_tests_properties(test_install PROPERTIES ENVIRONMENT "${rda_install_test_env}" TIMEOUT 600)
 
 # A create/destroy loop through the public API under valgrind (only where valgrind exists,
 # and not in sanitized builds: the two do not mix).
 find_program(RDA_VALGRIND valgrind)
-if(RDA_VALGRIND AND NOT RDA_SANITIZE AND TARGET test_api)
+if(RDA_VALGRIND AND NOT RDA_SANITIZE AND NOT RDA_TSAN AND TARGET test_api)
   add_test(NAME test_api_valgrind
            COMMAND ${RDA_VALGRIND} --error-exitcode=99 --leak-check=full
                    --errors-for-leak-kinds=definite --show-leak-kinds=definite
