@@ -11,9 +11,11 @@
  *                     thread)
  *   RDA_EMU_CXX       the C++ compiler (default: the one rda was built with)
  *   RDA_EMU_CXXFLAGS  extra compiler flags, e.g. "-O0 -g" to debug a kernel (part of the key)
- *   RDA_EMU_ORDER     forward (default): a block's threads run in index order, each until it
- *                     waits; reverse: last to first (a read that no barrier separates from
- *                     another thread's store sees it in one order and misses it in the other)
+ *   RDA_EMU_ORDER     forward (default): a launch's blocks are taken, and a block's threads
+ *                     run (each until it waits), in index order; reverse: both last to first
+ *                     (a read that no barrier separates from another thread's store, or that
+ *                     reads another block's store of the same launch, sees it in one order
+ *                     and misses it in the other)
  *   RDA_EMU_STREAMS   sync (default): stream-ordered work runs inside the call; async: on
  *                     streams that an emulated device runs in a random interleaving, so that
  *                     a missing event wait shows (runtime/emu_streams.h)

@@ -1327,6 +1327,52 @@ static void test_emu_reverse_order_exposes_a_missing_barrier(void **state) {
   }
 }
 
+/* Blocks of one launch, which no GPU orders: with RDA_EMU_ORDER=reverse they are taken last to
+ * first, so a block reading another block's store of the same launch misses it. One OS thread
+ * (RDA_EMU_THREADS=1) makes each order exact. */
+static void test_emu_reverse_order_runs_blocks_last_to_first(void **state) {
+  (void)state;
+  enum { NB = 40 };
+  const char *was = getenv("RDA_EMU_THREADS");
+  char *saved = was != NULL ? strdup(was) : NULL;
+  setenv("RDA_EMU_THREADS", "1", 1);
+  rda_backend *order[2] = {NULL, NULL};
+  rda_err err = {0};
+  for (int rev = 0; rev < 2; ++rev)
+    assert_int_equal(open_with_env("RDA_EMU_ORDER", rev ? "reverse" : "forward", &order[rev], &err),
+                     RDA_OK);
+  if (saved != NULL)
+    setenv("RDA_EMU_THREADS", saved, 1);
+  else
+    unsetenv("RDA_EMU_THREADS");
+  free(saved);
+  rda_variant v;
+  memset(&v, 0, sizeof v);
+  snprintf(v.name, sizeof v.name, "emu_block_chain");
+  snprintf(v.kind, sizeof v.kind, "test");
+  v.source = g_src_model;
+  for (int rev = 0; rev < 2; ++rev) {
+    rda_module *m = NULL;
+    if (order[rev]->load(order[rev], &v, &m, &err) != RDA_OK)
+      fail_msg("emu_block_chain: %s", err.msg);
+    uint32_t stored[NB], seen[NB];
+    memset(stored, 0xa5, sizeof stored);
+    memset(seen, 0xa5, sizeof seen);
+    emu_test_params p = {.out0 = stored, .out1 = seen};
+    const unsigned grid[3] = {NB, 1, 1};
+    if (order[rev]->launch(order[rev], m, grid, 1, 0, &p, sizeof p, &err) != RDA_OK)
+      fail_msg("emu_block_chain: %s", err.msg);
+    for (uint32_t b = 1; b < NB; ++b) {
+      const uint32_t want = rev ? 0xa5a5a5a5u : b; /* block b - 1 stored b, or had not yet */
+      if (stored[b] != b + 1 || seen[b] != want)
+        fail_msg("%s order: block %u stored %u (want %u) and read 0x%x (want 0x%x)",
+                 rev ? "reverse" : "index", b, stored[b], b + 1, seen[b], want);
+    }
+    order[rev]->unload(order[rev], m);
+    order[rev]->destroy(order[rev]);
+  }
+}
+
 /* ---- asynchronous streams (RDA_EMU_STREAMS=async, runtime/emu_streams.h) ---------------- */
 
 /* An async backend and its emu_hold kernel: a launch of it holds its stream until *flag != 0. */
@@ -2063,6 +2109,7 @@ int main(void) {
       cmocka_unit_test(test_emu_many_os_threads_run_every_block_once),
       cmocka_unit_test(test_emu_open_rejects_bad_thread_count),
       cmocka_unit_test(test_emu_reverse_order_exposes_a_missing_barrier),
+      cmocka_unit_test(test_emu_reverse_order_runs_blocks_last_to_first),
       cmocka_unit_test(test_emu_async_streams_overtake_unless_an_event_orders_them),
       cmocka_unit_test(test_emu_async_events_and_stream_lifetimes),
       cmocka_unit_test(test_emu_shared_memory_poisoned_at_every_block_start),

@@ -16,7 +16,7 @@ typedef struct rda_emu_launch {
   unsigned block[3];   /* blockDim.x, .y, .z (product 1..1024) */
   unsigned smem_bytes; /* dynamic shared memory per block */
   unsigned os_threads; /* OS threads to spread blocks over; 0: one per hardware thread */
-  unsigned order;      /* a block's threads run in index order (0) or in reverse (1) */
+  unsigned order;      /* blocks, and a block's threads, in index order (0) or reverse (1) */
   size_t params_bytes; /* sizeof the kernel's parameter struct (checked by the entry) */
   char err[512];       /* the failure, NUL-terminated */
 } rda_emu_launch;

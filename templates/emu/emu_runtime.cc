@@ -643,10 +643,14 @@ static void worker_run(Launch *L) noexcept {
   }
 #endif
   tls_worker = w;
+  /* Blocks are taken in index order, or last to first with RDA_EMU_ORDER=reverse: a kernel
+   * whose block reads what another block of the same launch writes (no order a GPU keeps)
+   * sees the write in one order and misses it in the other, as threads do in pick_next. */
+  const bool reverse = L->l->order != 0;
   while (!L->failed.load(std::memory_order_acquire)) {
     const long long b = L->next_block.fetch_add(1, std::memory_order_relaxed);
     if (b >= L->nblocks) break;
-    run_block(w, b);
+    run_block(w, reverse ? L->nblocks - 1 - b : b);
   }
   tls_worker = nullptr;
   w->launch = nullptr;

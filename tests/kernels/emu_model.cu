@@ -122,6 +122,16 @@ extern "C" __global__ void emu_neighbour_read(const emu_test_params p) {
   static_cast<uint32_t *>(p.out0)[t] = smem[t > 0 ? t - 1 : 0];
 }
 
+// Block b stores b + 1 in out0[b], then reads out0[b - 1] (the previous block's store) into
+// out1[b]: no GPU orders blocks of one launch, so the read races with that store, which blocks
+// taken in index order on one OS thread always win and taken last to first always lose.
+extern "C" __global__ void emu_block_chain(const emu_test_params p) {
+  const unsigned b = blockIdx.x;
+  volatile uint32_t *mine = static_cast<uint32_t *>(p.out0);
+  mine[b] = b + 1u;
+  static_cast<uint32_t *>(p.out1)[b] = mine[b > 0 ? b - 1 : 0];
+}
+
 // Spins until the host sets the int at p.in0 (emulator only: the kernel is host code, so it can
 // watch host memory): holds its stream for as long as a test wants.
 extern "C" __global__ void emu_hold(const emu_test_params p) {
@@ -133,6 +143,7 @@ extern "C" __global__ void emu_hold(const emu_test_params p) {
 RDA_EMU_EXPORT(emu_grid_ids, emu_test_params)
 RDA_EMU_EXPORT(emu_hold, emu_test_params)
 RDA_EMU_EXPORT(emu_neighbour_read, emu_test_params)
+RDA_EMU_EXPORT(emu_block_chain, emu_test_params)
 RDA_EMU_EXPORT(emu_builtins, emu_test_params)
 RDA_EMU_EXPORT(emu_smem_poison, emu_test_params)
 RDA_EMU_EXPORT(emu_faults, emu_test_params)
