@@ -82,21 +82,31 @@ static int group_teardown(void **state) {
   return 0;
 }
 
-/* The module of entry `name` from `source` (loaded once per name). */
-static rda_module *module(const char *name, char *source) {
-  for (int i = 0; i < g_nloaded; ++i)
-    if (strcmp(g_loaded[i].name, name) == 0) return g_loaded[i].m;
+/* Loads entry `name` of the test kernel `source` on b. */
+static rda_status load_test_kernel(rda_backend *b, const char *name, char *source, rda_module **m,
+                                   rda_err *err) {
   rda_variant v;
   memset(&v, 0, sizeof v);
   snprintf(v.name, sizeof v.name, "%s", name);
   snprintf(v.kind, sizeof v.kind, "test");
   v.source = source;
+  *m = NULL;
+  return b->load(b, &v, m, err);
+}
+
+/* The same, failing the test when it does not load. */
+static rda_module *must_load(rda_backend *b, const char *name, char *source) {
   rda_err err = {0};
   rda_module *m = NULL;
-  if (g_backend->load(g_backend, &v, &m, &err) != RDA_OK) {
-    fprintf(stderr, "test_emu: load %s: %s\n", name, err.msg);
-    fail();
-  }
+  if (load_test_kernel(b, name, source, &m, &err) != RDA_OK) fail_msg("load %s: %s", name, err.msg);
+  return m;
+}
+
+/* The module of entry `name` from `source` (loaded once per name). */
+static rda_module *module(const char *name, char *source) {
+  for (int i = 0; i < g_nloaded; ++i)
+    if (strcmp(g_loaded[i].name, name) == 0) return g_loaded[i].m;
+  rda_module *m = must_load(g_backend, name, source);
   assert_true(g_nloaded < (int)(sizeof g_loaded / sizeof *g_loaded));
   snprintf(g_loaded[g_nloaded].name, sizeof g_loaded[g_nloaded].name, "%s", name);
   g_loaded[g_nloaded++].m = m;
@@ -1298,14 +1308,8 @@ static void test_emu_reverse_order_exposes_a_missing_barrier(void **state) {
   assert_null(bad);
   assert_non_null(strstr(err.msg, "RDA_EMU_ORDER='backwards'"));
   rda_module *m[2] = {NULL, NULL};
-  rda_variant v;
-  memset(&v, 0, sizeof v);
-  snprintf(v.name, sizeof v.name, "emu_neighbour_read");
-  snprintf(v.kind, sizeof v.kind, "test");
-  v.source = g_src_model;
   for (int rev = 0; rev < 2; ++rev)
-    if (order[rev]->load(order[rev], &v, &m[rev], &err) != RDA_OK)
-      fail_msg("emu_neighbour_read: %s", err.msg);
+    m[rev] = must_load(order[rev], "emu_neighbour_read", g_src_model);
   uint32_t out[T];
   for (int barrier = 0; barrier < 2; ++barrier)
     for (int rev = 0; rev < 2; ++rev) {
@@ -1346,15 +1350,8 @@ static void test_emu_reverse_order_runs_blocks_last_to_first(void **state) {
   else
     unsetenv("RDA_EMU_THREADS");
   free(saved);
-  rda_variant v;
-  memset(&v, 0, sizeof v);
-  snprintf(v.name, sizeof v.name, "emu_block_chain");
-  snprintf(v.kind, sizeof v.kind, "test");
-  v.source = g_src_model;
   for (int rev = 0; rev < 2; ++rev) {
-    rda_module *m = NULL;
-    if (order[rev]->load(order[rev], &v, &m, &err) != RDA_OK)
-      fail_msg("emu_block_chain: %s", err.msg);
+    rda_module *m = must_load(order[rev], "emu_block_chain", g_src_model);
     uint32_t stored[NB], seen[NB];
     memset(stored, 0xa5, sizeof stored);
     memset(seen, 0xa5, sizeof seen);
@@ -1387,12 +1384,7 @@ static void async_open(async_env *a) {
   rda_err err = {0};
   if (open_with_env("RDA_EMU_STREAMS", "async", &a->b, &err) != RDA_OK)
     fail_msg("RDA_EMU_STREAMS=async: %s", err.msg);
-  rda_variant v;
-  memset(&v, 0, sizeof v);
-  snprintf(v.name, sizeof v.name, "emu_hold");
-  snprintf(v.kind, sizeof v.kind, "test");
-  v.source = g_src_model;
-  if (a->b->load(a->b, &v, &a->hold, &err) != RDA_OK) fail_msg("emu_hold: %s", err.msg);
+  a->hold = must_load(a->b, "emu_hold", g_src_model);
 }
 
 static void async_close(async_env *a) {
@@ -1859,14 +1851,11 @@ static int share_run_ok(rda_backend *b, rda_module *m, int which, rt_rng *rng) {
 }
 
 static rda_module *share_load(rda_backend *b, int which) {
-  rda_variant v;
-  memset(&v, 0, sizeof v);
-  snprintf(v.name, sizeof v.name, "%s", which == 0 ? "emu_share_a" : "emu_share_b");
-  snprintf(v.kind, sizeof v.kind, "test");
-  v.source = which == 0 ? g_src_share_a : g_src_share_b;
   rda_module *m = NULL;
   rda_err err = {0};
-  if (b->load(b, &v, &m, &err) != RDA_OK) fprintf(stderr, "test_emu: share load: %s\n", err.msg);
+  if (load_test_kernel(b, which == 0 ? "emu_share_a" : "emu_share_b",
+                       which == 0 ? g_src_share_a : g_src_share_b, &m, &err) != RDA_OK)
+    fprintf(stderr, "test_emu: share load: %s\n", err.msg);
   return m;
 }
 
@@ -2056,13 +2045,7 @@ static void test_emu_async_failure_is_sticky(void **state) {
   async_open(&a);
   rda_backend *b = a.b;
   rda_err err = {0};
-  rda_module *m = NULL;
-  rda_variant v;
-  memset(&v, 0, sizeof v);
-  snprintf(v.name, sizeof v.name, "emu_faults");
-  snprintf(v.kind, sizeof v.kind, "test");
-  v.source = g_src_model;
-  assert_int_equal(b->load(b, &v, &m, &err), RDA_OK);
+  rda_module *m = must_load(b, "emu_faults", g_src_model);
   int out[64 * 4];
   emu_test_params p = {.out0 = out, .n = 0, .op = 2}; /* thread 3 of block 2 traps */
   const unsigned grid[3] = {4, 1, 1};
