@@ -354,16 +354,19 @@ static rda_status rda_emu_alloc(rda_backend *b, size_t bytes, void **dptr, rda_e
   return RDA_OK;
 }
 
-/* Asynchronous streams: free, upload and download wait for the calling thread's default
- * stream first (backend.h: they order against the backend's own stream alone). */
+/* Asynchronous streams: upload and download wait for the calling thread's default stream
+ * first (backend.h: they order against the backend's own stream alone). */
 static rda_status rda_emu_settle(rda_backend *b, rda_err *err) {
   rda_emu_impl *im = b->impl;
   return im->async != NULL ? rda_es_sync(im->async, err) : RDA_OK;
 }
 
+/* free waits for every stream of the backend, as cuMemFree synchronizes: queued work on any
+ * stream may still use the memory. */
 static void rda_emu_free(rda_backend *b, void *dptr) {
+  rda_emu_impl *im = b->impl;
   rda_err ignored = {0};
-  (void)rda_emu_settle(b, &ignored);
+  if (im->async != NULL) (void)rda_es_idle(im->async, &ignored);
   free(dptr);
 }
 
@@ -746,8 +749,10 @@ static rda_status rda_emu_load(rda_backend *b, const rda_variant *v, rda_module 
 }
 
 static void rda_emu_unload(rda_backend *b, rda_module *m) {
-  (void)b;
   if (m == NULL) return;
+  rda_emu_impl *im = b->impl;
+  rda_err ignored = {0};
+  if (im->async != NULL) (void)rda_es_idle(im->async, &ignored); /* launches queued name m */
   rda_emu_shared_drop(m->shared);
   free(m);
 }
@@ -779,13 +784,25 @@ static rda_status rda_emu_run(rda_backend *b, rda_module *m, const unsigned grid
   return st;
 }
 
-/* A launch: run now, or queued on the calling thread's current stream. */
+/* A launch: run now, or queued on the calling thread's current stream. A launch the kernel
+ * runtime would refuse for its shape is refused here, before it is queued, as cuLaunchKernel
+ * refuses it without failing the context (the runtime's own check stays: it also guards the
+ * synchronous path's callers of rda_emu_run). */
 static rda_status rda_emu_start(rda_backend *b, rda_module *m, const unsigned grid[3],
                                 const unsigned block[3], unsigned smem_bytes, const void *params,
                                 size_t params_bytes, rda_err *err) {
   rda_emu_impl *im = b->impl;
   if (im->async == NULL || m == NULL || params == NULL)
     return rda_emu_run(b, m, grid, block, smem_bytes, params, params_bytes, err);
+  const unsigned long long threads = (unsigned long long)block[0] * block[1] * block[2];
+  if (block[0] == 0 || block[1] == 0 || block[2] == 0 || threads > 1024)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "emu: %s: block (%u,%u,%u): every dimension >= 1, at most 1024 threads",
+                       m->name, block[0], block[1], block[2]);
+  if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0 || grid[1] > 65535 || grid[2] > 65535)
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "emu: %s: grid (%u,%u,%u): every dimension >= 1, y and z <= 65535", m->name,
+                       grid[0], grid[1], grid[2]);
   return rda_es_launch(im->async, m, grid, block, smem_bytes, params, params_bytes, err);
 }
 

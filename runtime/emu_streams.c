@@ -14,14 +14,14 @@
 #include <time.h>
 
 enum { ES_LAUNCH, ES_MEMSET, ES_COPY, ES_RECORD, ES_WAIT };
-enum { ES_TLS = 64 };                /* backends one thread can use at once */
-static const double kStuckS = 300.0; /* a wait with no progress anywhere for this long fails */
 
 typedef struct es_event {
   int timed, dead;
-  uint64_t nrec;       /* records queued so far; record k (1-based) is the k-th */
-  unsigned char *done; /* done[k]: record k ran */
-  size_t cap;
+  uint64_t nrec; /* records queued so far; record k (1-based) is the k-th */
+  /* Which records ran: every one up to `low`, and those in ran[0..nran) above it (records of
+   * one event on two streams may run out of order; this stays as small as that disorder). */
+  uint64_t low, *ran;
+  size_t nran, cap;
   long refs;       /* queued operations that name it */
   double at;       /* CLOCK_MONOTONIC seconds when record at_seq ran */
   uint64_t at_seq; /* the latest record that ran */
@@ -45,42 +45,50 @@ typedef struct es_stream {
   rda_es *owner;
   es_op *head, *tail;
   int running;            /* one of its operations runs now */
+  int dead;               /* destroyed, or its thread exited: freed once drained */
   struct es_stream *next; /* the device's list */
 } es_stream;
+
+/* One thread's streams of one backend: its default stream (CUDA's per-thread default stream),
+ * made at first use, and set_stream's choice (NULL: the default). */
+typedef struct es_thread {
+  uint64_t tid;
+  es_stream *def, *cur;
+} es_thread;
 
 struct rda_es {
   rda_backend *b;
   rda_es_run_fn run;
-  uint64_t gen; /* tells this backend's thread-local entries from a freed one's at its address */
+  es_thread *threads; /* every thread that used the backend and has not exited */
+  int nthreads, cap;
+  struct rda_es *next; /* the open backends */
 };
 
 static struct {
   pthread_mutex_t mu;
   pthread_cond_t work, progress;
   es_stream *streams;
+  rda_es *backends;
   int started;
-  uint64_t gen, executed, rng;
+  uint64_t tids, rng;
   rda_status failed; /* sticky, with its message */
   char why[sizeof(((rda_err *)0)->msg)];
 } g = {PTHREAD_MUTEX_INITIALIZER,
        PTHREAD_COND_INITIALIZER,
        PTHREAD_COND_INITIALIZER,
        NULL,
-       0,
+       NULL,
        0,
        0,
        0x9e3779b97f4a7c15ull,
        RDA_OK,
        ""};
 
-/* This thread's streams of each backend: set_stream's choice and its default stream. */
-typedef struct es_tls {
-  const rda_es *s;
-  uint64_t gen;
-  es_stream *st;
-} es_tls;
-static _Thread_local es_tls es_cur[ES_TLS], es_def[ES_TLS];
-static _Thread_local unsigned es_def_next; /* the slot to reuse when none is free */
+/* The calling thread's number (0: none yet), and the key whose destructor retires its default
+ * streams when it exits. */
+static _Thread_local uint64_t es_tid;
+static pthread_key_t es_exit_key;
+static pthread_once_t es_exit_once = PTHREAD_ONCE_INIT;
 
 static double es_now(void) {
   struct timespec ts;
@@ -91,12 +99,6 @@ static double es_now(void) {
 static uint64_t es_rand(void) { /* lock held */
   g.rng ^= g.rng << 13, g.rng ^= g.rng >> 7, g.rng ^= g.rng << 17;
   return g.rng;
-}
-
-static es_tls *es_find(es_tls *t, const rda_es *s) {
-  for (int i = 0; i < ES_TLS; ++i)
-    if (t[i].s == s && t[i].gen == s->gen) return &t[i];
-  return NULL;
 }
 
 static rda_status es_sticky(rda_err *err) { /* lock held */
@@ -112,35 +114,104 @@ static es_stream *es_stream_new(rda_es *s) { /* lock held */
   return st;
 }
 
-/* The calling thread's default stream of s, made at its first use. Lock held. */
-static es_stream *es_default(rda_es *s) {
-  es_tls *e = es_find(es_def, s);
-  if (e != NULL) return e->st;
-  es_stream *st = es_stream_new(s);
-  if (st == NULL) return NULL;
-  int slot = -1;
-  for (int i = 0; i < ES_TLS && slot < 0; ++i)
-    if (es_def[i].s == NULL) slot = i;
-  /* Full: an entry of a backend this thread used before (if it is still alive, its default
-   * stream stays in its list and drains at its close; this thread gets a new one). */
-  if (slot < 0) slot = (int)(es_def_next++ % ES_TLS);
-  es_def[slot] = (es_tls){s, s->gen, st};
-  return st;
+/* A dead stream goes once it has drained; until then the device runs what it holds (lock
+ * held). */
+static void es_stream_reap(es_stream *st) {
+  if (!st->dead || st->head != NULL || st->running) return;
+  for (es_stream **p = &g.streams; *p != NULL; p = &(*p)->next)
+    if (*p == st) {
+      *p = st->next;
+      break;
+    }
+  free(st);
+}
+
+/* A thread exits: its default stream of every backend retires (CUDA's per-thread default
+ * stream ends with its thread; the work queued there still runs). */
+static void es_thread_exit(void *arg) {
+  const uint64_t tid = (uint64_t)(uintptr_t)arg;
+  pthread_mutex_lock(&g.mu);
+  for (rda_es *s = g.backends; s != NULL; s = s->next)
+    for (int i = 0; i < s->nthreads; ++i) {
+      if (s->threads[i].tid != tid) continue;
+      es_stream *def = s->threads[i].def;
+      s->threads[i] = s->threads[--s->nthreads];
+      if (def != NULL) def->dead = 1, es_stream_reap(def);
+      break;
+    }
+  pthread_mutex_unlock(&g.mu);
+}
+
+static void es_exit_key_make(void) {
+  if (pthread_key_create(&es_exit_key, es_thread_exit) != 0) es_exit_key = (pthread_key_t)-1;
+}
+
+/* The calling thread's entry of s, made when `make` (NULL: none, or no memory). Lock held. */
+static es_thread *es_thread_of(rda_es *s, int make) {
+  if (es_tid == 0) {
+    if (!make) return NULL;
+    pthread_once(&es_exit_once, es_exit_key_make);
+    es_tid = ++g.tids;
+    /* tids start at 1, so the value is never NULL and the destructor runs */
+    if (es_exit_key != (pthread_key_t)-1)
+      pthread_setspecific(es_exit_key, (void *)(uintptr_t)es_tid);
+  }
+  for (int i = 0; i < s->nthreads; ++i)
+    if (s->threads[i].tid == es_tid) return &s->threads[i];
+  if (!make) return NULL;
+  if (s->nthreads == s->cap) {
+    const int cap = s->cap ? 2 * s->cap : 4;
+    es_thread *t = realloc(s->threads, (size_t)cap * sizeof *t);
+    if (t == NULL) return NULL;
+    s->threads = t, s->cap = cap;
+  }
+  es_thread *t = &s->threads[s->nthreads++];
+  *t = (es_thread){es_tid, NULL, NULL};
+  return t;
+}
+
+/* The calling thread's default stream of s, made at its first use (NULL: no memory). */
+static es_stream *es_default(rda_es *s) { /* lock held */
+  es_thread *t = es_thread_of(s, 1);
+  if (t == NULL) return NULL;
+  if (t->def == NULL) t->def = es_stream_new(s);
+  return t->def;
 }
 
 static es_stream *es_current(rda_es *s) { /* lock held */
-  const es_tls *e = es_find(es_cur, s);
-  return e != NULL ? e->st : es_default(s);
+  const es_thread *t = es_thread_of(s, 0);
+  return t != NULL && t->cur != NULL ? t->cur : es_default(s);
+}
+
+static int es_event_ran(const es_event *e, uint64_t k) { /* lock held */
+  if (k <= e->low) return 1;
+  for (size_t i = 0; i < e->nran; ++i)
+    if (e->ran[i] == k) return 1;
+  return 0;
+}
+
+/* Record k of e ran (lock held). Room for it in ran was made when it was queued. */
+static void es_event_mark(es_event *e, uint64_t k) {
+  if (k != e->low + 1) {
+    e->ran[e->nran++] = k;
+    return;
+  }
+  e->low = k;
+  for (size_t i = 0; i < e->nran;) /* records above that now continue the run */
+    if (e->ran[i] == e->low + 1)
+      e->low++, e->ran[i] = e->ran[--e->nran], i = 0;
+    else
+      ++i;
 }
 
 static int es_may_run(const es_op *op) { /* lock held */
   if (op->kind != ES_WAIT || op->seq == 0 || g.failed != RDA_OK) return 1;
-  return op->seq < op->ev->cap && op->ev->done[op->seq];
+  return es_event_ran(op->ev, op->seq);
 }
 
 static void es_event_unref(es_event *ev) { /* lock held */
   if (ev == NULL || --ev->refs > 0 || !ev->dead) return;
-  free(ev->done);
+  free(ev->ran);
   free(ev);
 }
 
@@ -183,12 +254,12 @@ static void *es_device(void *arg) {
       snprintf(g.why, sizeof g.why, "%s", e.msg);
     }
     if (op->kind == ES_RECORD) {
-      op->ev->done[op->seq] = 1;
+      es_event_mark(op->ev, op->seq);
       if (op->seq > op->ev->at_seq) op->ev->at = t, op->ev->at_seq = op->seq;
     }
     es_event_unref(op->ev);
     pick->running = 0;
-    g.executed++;
+    es_stream_reap(pick);
     pthread_cond_broadcast(&g.progress);
     free(op);
   }
@@ -204,6 +275,8 @@ static rda_status es_queue_locked(rda_es *s, es_op *op, rda_err *err) {
     st = es_sticky(err);
   } else if ((q = es_current(s)) == NULL) {
     st = rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "emu: no memory for a stream");
+  } else if (q->dead) {
+    st = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "emu: work queued on a destroyed stream");
   } else if (!g.started) {
     pthread_t th;
     pthread_attr_t a;
@@ -243,24 +316,29 @@ static es_op *es_op_new(int kind, size_t extra, rda_err *err) {
   return op;
 }
 
-/* Until st has drained (lock held): the sticky error, or one when nothing anywhere ran for
- * kStuckS while st waited (a wait for a record that no stream will reach). */
+/* Wakes at least once a second: a missed broadcast costs a second, never a hang. */
+static void es_wait_progress(void) { /* lock held */
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 1;
+  pthread_cond_timedwait(&g.progress, &g.mu, &until);
+}
+
+/* Until st has drained (lock held; the sticky error, if any). No stream can wait for ever:
+ * a wait names a record queued before it, so the earliest operation not yet run can always
+ * run. A kernel that never ends (one spinning on host memory) holds this up, as on a GPU. */
 static rda_status es_drain(es_stream *st, rda_err *err) {
-  uint64_t seen = g.executed;
-  double since = es_now();
-  while (st->head != NULL || st->running) {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += 1;
-    pthread_cond_timedwait(&g.progress, &g.mu, &until);
-    if (g.executed != seen) {
-      seen = g.executed, since = es_now();
-    } else if (es_now() - since > kStuckS) {
-      return rda_err_set(err, RDA_ERR_EMULATOR,
-                         "emu: the emulated device is stuck: a stream waits for an event "
-                         "record that no stream reaches (%.0f s without progress)",
-                         kStuckS);
-    }
+  while (st->head != NULL || st->running) es_wait_progress();
+  return g.failed != RDA_OK ? es_sticky(err) : RDA_OK;
+}
+
+/* Until every stream of s, dead ones included, has drained (lock held). */
+static rda_status es_idle(const rda_es *s, rda_err *err) {
+  for (;;) {
+    const es_stream *st = g.streams;
+    while (st != NULL && (st->owner != s || (st->head == NULL && !st->running))) st = st->next;
+    if (st == NULL) break;
+    es_wait_progress();
   }
   return g.failed != RDA_OK ? es_sticky(err) : RDA_OK;
 }
@@ -271,28 +349,38 @@ rda_status rda_es_open(rda_es **out, rda_backend *b, rda_es_run_fn run, rda_err 
   if (s == NULL) return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "emu: out of memory");
   s->b = b, s->run = run;
   pthread_mutex_lock(&g.mu);
-  s->gen = ++g.gen;
+  s->next = g.backends;
+  g.backends = s;
   pthread_mutex_unlock(&g.mu);
   return RDA_OK;
+}
+
+rda_status rda_es_idle(rda_es *s, rda_err *err) {
+  pthread_mutex_lock(&g.mu);
+  const rda_status r = es_idle(s, err);
+  pthread_mutex_unlock(&g.mu);
+  return r;
 }
 
 void rda_es_close(rda_es *s) {
   if (s == NULL) return;
   pthread_mutex_lock(&g.mu);
-  for (;;) {
-    es_stream *st = g.streams;
-    while (st != NULL && st->owner != s) st = st->next;
-    if (st == NULL) break;
-    rda_err ignored = {0};
-    (void)es_drain(st, &ignored); /* unlocks while it waits: the list may change */
-    for (es_stream **p = &g.streams; *p != NULL; p = &(*p)->next)
-      if (*p == st) {
-        *p = st->next;
-        break;
-      }
-    free(st);
+  rda_err ignored = {0};
+  (void)es_idle(s, &ignored);
+  for (es_stream **p = &g.streams; *p != NULL;) {
+    es_stream *st = *p;
+    if (st->owner == s)
+      *p = st->next, free(st);
+    else
+      p = &st->next;
   }
+  for (rda_es **p = &g.backends; *p != NULL; p = &(*p)->next)
+    if (*p == s) {
+      *p = s->next;
+      break;
+    }
   pthread_mutex_unlock(&g.mu);
+  free(s->threads);
   free(s);
 }
 
@@ -355,16 +443,17 @@ rda_status rda_es_event_record(rda_es *s, void *ev, rda_err *err) {
   es_op *op = es_op_new(ES_RECORD, 0, err);
   if (op == NULL) return err->status;
   pthread_mutex_lock(&g.mu);
-  if (e->nrec + 2 > e->cap) {
-    const size_t cap = e->cap ? 2 * e->cap : 16;
-    unsigned char *d = realloc(e->done, cap);
-    if (d == NULL) {
+  /* Room in ran for every record not yet run, this one included, so marking never fails. */
+  const size_t pending = (size_t)(e->nrec + 1 - e->low);
+  if (pending > e->cap) {
+    const size_t cap = 2 * pending > 16 ? 2 * pending : 16;
+    uint64_t *r = realloc(e->ran, cap * sizeof *r);
+    if (r == NULL) {
       pthread_mutex_unlock(&g.mu);
       free(op);
       return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "emu: no memory for an event record");
     }
-    memset(d + e->cap, 0, cap - e->cap);
-    e->done = d, e->cap = cap;
+    e->ran = r, e->cap = cap;
   }
   op->ev = e, op->seq = e->nrec + 1;
   e->refs++;
@@ -396,7 +485,7 @@ rda_status rda_es_event_query(void *ev, int *done, rda_err *err) {
   if (g.failed != RDA_OK)
     s = es_sticky(err);
   else
-    *done = e->nrec == 0 || e->done[e->nrec];
+    *done = es_event_ran(e, e->nrec);
   pthread_mutex_unlock(&g.mu);
   return s;
 }
@@ -433,32 +522,22 @@ rda_status rda_es_stream_create(rda_es *s, void **stream, rda_err *err) {
   return RDA_OK;
 }
 
+/* As cuStreamDestroy: returns at once; the work queued on it still runs, and the device frees
+ * it once drained. */
 void rda_es_stream_destroy(rda_es *s, void *stream) {
   if (stream == NULL) return;
   es_stream *st = stream;
   pthread_mutex_lock(&g.mu);
-  rda_err ignored = {0};
-  (void)es_drain(st, &ignored);
-  for (es_stream **p = &g.streams; *p != NULL; p = &(*p)->next)
-    if (*p == st) {
-      *p = st->next;
-      break;
-    }
-  es_tls *e = es_find(es_cur, s);
-  if (e != NULL && e->st == st) *e = (es_tls){0};
+  for (int i = 0; i < s->nthreads; ++i)
+    if (s->threads[i].cur == st) s->threads[i].cur = NULL;
+  st->dead = 1;
+  es_stream_reap(st);
   pthread_mutex_unlock(&g.mu);
-  free(st);
 }
 
 void rda_es_set_stream(rda_es *s, void *stream) {
-  es_tls *e = es_find(es_cur, s);
-  if (stream == NULL) {
-    if (e != NULL) *e = (es_tls){0};
-    return;
-  }
-  if (e == NULL)
-    for (int i = 0; i < ES_TLS && e == NULL; ++i)
-      if (es_cur[i].s == NULL) e = &es_cur[i];
-  if (e == NULL) e = &es_cur[0]; /* full: the oldest slot */
-  *e = (es_tls){s, s->gen, stream};
+  pthread_mutex_lock(&g.mu);
+  es_thread *t = es_thread_of(s, stream != NULL);
+  if (t != NULL) t->cur = stream; /* no entry (no memory): its default stream, as before */
+  pthread_mutex_unlock(&g.mu);
 }

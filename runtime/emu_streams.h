@@ -8,8 +8,10 @@
  * names has run: CUDA's rule, the last record when the wait is queued), now and then pausing so
  * that the host queues more. Each thread has a default stream of its own per backend (CUDA's
  * per-thread default stream), which launches, memsets, copies and event records use unless
- * set_stream named another. Launch failures are sticky, as a faulted CUDA context's are: the
- * first one is the result of every later call, on every backend.
+ * set_stream named another; it retires when its thread exits, its queued work still running.
+ * A launch of a shape no GPU takes is refused at once; a failure while it runs is sticky, as a
+ * faulted CUDA context's is: the first one is the result of every later call, on every
+ * backend.
  *
  * Events are not tied to a backend: one backend's events may be recorded and waited for on any
  * backend's streams (the device transport does that across ranks). */
@@ -31,6 +33,10 @@ typedef struct rda_es rda_es;
 rda_status rda_es_open(rda_es **out, rda_backend *b, rda_es_run_fn run, rda_err *err);
 /* Waits for every stream of the backend to drain, then frees them. Accepts NULL. */
 void rda_es_close(rda_es *s);
+/* Until every stream of the backend has drained, destroyed ones and those of exited threads
+ * included (the sticky error, if any): before memory or a module that queued work may use
+ * goes (free synchronizes, as cuMemFree does). */
+rda_status rda_es_idle(rda_es *s, rda_err *err);
 
 /* Queue on the calling thread's current stream; params are copied. */
 rda_status rda_es_launch(rda_es *s, rda_module *m, const unsigned grid[3], const unsigned block[3],
@@ -50,7 +56,8 @@ rda_status rda_es_event_query(void *ev, int *done, rda_err *err);
 rda_status rda_es_event_elapsed_ms(void *start, void *end, float *ms, rda_err *err);
 
 rda_status rda_es_stream_create(rda_es *s, void **stream, rda_err *err);
-void rda_es_stream_destroy(rda_es *s, void *stream); /* accepts NULL; queued work completes */
+/* Accepts NULL; returns at once, as cuStreamDestroy does: the queued work still runs. */
+void rda_es_stream_destroy(rda_es *s, void *stream);
 void rda_es_set_stream(rda_es *s, void *stream);     /* this thread's; NULL: its default */
 
 #endif

@@ -1473,8 +1473,9 @@ static void test_emu_async_streams_overtake_unless_an_event_orders_them(void **s
 
 /* Events: a wait names the last record queued before it (a record queued later does not hold
  * it); query and elapsed time see a record only once it ran; an event destroyed with work
- * still naming it lives until that work ran; a stream destroyed with work queued waits for it;
- * synchronize waits for the calling thread's own stream. Any other RDA_EMU_STREAMS is refused. */
+ * still naming it lives until that work ran; a stream destroyed with work queued returns at
+ * once, as cuStreamDestroy does, and its work still runs; synchronize waits for the calling
+ * thread's own stream. Any other RDA_EMU_STREAMS is refused. */
 typedef struct release_later {
   int *flag;
   int ms;
@@ -1496,11 +1497,12 @@ static void test_emu_async_events_and_stream_lifetimes(void **state) {
   assert_int_equal(open_with_env("RDA_EMU_STREAMS", "later", &bad, &err), RDA_ERR_INVALID_ARGUMENT);
   assert_null(bad);
   assert_non_null(strstr(err.msg, "RDA_EMU_STREAMS='later'"));
-  void *s = NULL, *t0 = NULL, *t1 = NULL, *ev = NULL;
+  void *s = NULL, *t0 = NULL, *t1 = NULL, *ev = NULL, *last = NULL;
   assert_int_equal(b->stream_create(b, &s, &err), RDA_OK);
   assert_int_equal(b->event_create_timed(b, &t0, &err), RDA_OK);
   assert_int_equal(b->event_create_timed(b, &t1, &err), RDA_OK);
   assert_int_equal(b->event_create(b, &ev, &err), RDA_OK);
+  assert_int_equal(b->event_create(b, &last, &err), RDA_OK);
   /* A wait for an event never recorded waits for nothing. */
   b->set_stream(b, s);
   assert_int_equal(b->stream_wait_event(b, ev, &err), RDA_OK);
@@ -1521,17 +1523,23 @@ static void test_emu_async_events_and_stream_lifetimes(void **state) {
   b->set_stream(b, s);
   assert_int_equal(b->stream_wait_event(b, t1, &err), RDA_OK);
   assert_int_equal(b->event_record(b, ev, &err), RDA_OK);
+  assert_int_equal(b->event_record(b, last, &err), RDA_OK);
   b->set_stream(b, NULL);
   b->event_destroy(b, ev); /* still named by s's queued record: lives until it ran */
-  /* Released from another thread after 50 ms: stream_destroy(s) waits for its queue. */
+  /* stream_destroy(s) returns with s's work still held up behind the hold; that work runs
+   * once the hold is released (from another thread after 50 ms). */
+  b->stream_destroy(b, s);
+  assert_int_equal(b->event_query(b, last, &done, &err), RDA_OK);
+  assert_int_equal(done, 0);
   release_later r = {&a.flag, 50};
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, release_after, &r), 0);
   const double t = rt_now_s();
-  b->stream_destroy(b, s);
-  const double waited = rt_now_s() - t;
+  while (!done && rt_now_s() - t < 30.0)
+    assert_int_equal(b->event_query(b, last, &done, &err), RDA_OK);
   assert_int_equal(pthread_join(th, NULL), 0);
-  if (waited < 0.04) fail_msg("stream_destroy returned after %.3f s, before its work ran", waited);
+  if (!done) fail_msg("the work of a destroyed stream never ran");
+  b->event_destroy(b, last);
   assert_int_equal(b->synchronize(b, &err), RDA_OK);
   assert_int_equal(b->event_query(b, t1, &done, &err), RDA_OK);
   assert_int_equal(done, 1);
@@ -2036,6 +2044,130 @@ static void test_emu_alloc_is_aligned_and_copies_round_trip(void **state) {
   g_backend->free(g_backend, d);
 }
 
+/* A thread's default stream of a backend stays its own however many other backends the
+ * thread uses meanwhile: synchronize still waits for all the work queued there before. (The
+ * device runs one operation at a time, so the hold holds up the others' work too, until it
+ * is released.) */
+static void test_emu_async_default_stream_outlives_many_other_backends(void **state) {
+  (void)state;
+  enum { kOthers = 80, kBytes = 1 << 20, kFills = 32 };
+  async_env a;
+  async_open(&a);
+  rda_backend *b = a.b;
+  rda_err err = {0};
+  void *x = NULL, *big = NULL;
+  assert_int_equal(b->alloc(b, kBytes, &x, &err), RDA_OK);
+  assert_int_equal(b->alloc(b, kBytes, &big, &err), RDA_OK);
+  async_hold(&a);
+  for (int i = 0; i < kFills; ++i) /* work enough to still be queued when synchronize starts */
+    assert_int_equal(b->memset_async(b, big, i, kBytes, &err), RDA_OK);
+  assert_int_equal(b->memset_async(b, x, 7, kBytes, &err), RDA_OK);
+  rda_backend *others[kOthers] = {NULL};
+  void *y[kOthers] = {NULL};
+  for (int i = 0; i < kOthers; ++i) {
+    assert_int_equal(open_with_env("RDA_EMU_STREAMS", "async", &others[i], &err), RDA_OK);
+    assert_int_equal(others[i]->alloc(others[i], 64, &y[i], &err), RDA_OK);
+    assert_int_equal(others[i]->memset_async(others[i], y[i], 1, 64, &err), RDA_OK);
+  }
+  __atomic_store_n(&a.flag, 1, __ATOMIC_SEQ_CST);
+  assert_int_equal(b->synchronize(b, &err), RDA_OK);
+  const unsigned char *h = x; /* synchronized: the memset ran */
+  for (int i = 0; i < kBytes; ++i)
+    if (h[i] != 7) fail_msg("synchronize returned before the memset queued on its stream");
+  for (int i = 0; i < kOthers; ++i) {
+    others[i]->free(others[i], y[i]);
+    others[i]->destroy(others[i]);
+  }
+  b->free(b, x), b->free(b, big);
+  async_close(&a);
+}
+
+/* A thread that exits leaves its queued work to run; free and unload wait for the work of
+ * every stream of the backend (cuMemFree synchronizes), so neither frees what it still uses. */
+typedef struct exit_job {
+  async_env *a;
+  void *x;
+} exit_job;
+
+static void *queue_and_exit(void *arg) {
+  exit_job *j = arg;
+  rda_err err = {0};
+  async_hold(j->a);
+  if (j->a->b->memset_async(j->a->b, j->x, 9, 64, &err) != RDA_OK) return (void *)1;
+  return NULL; /* no synchronize: the thread's default stream retires with work queued */
+}
+
+static void test_emu_async_free_and_unload_wait_for_every_stream(void **state) {
+  (void)state;
+  async_env a;
+  async_open(&a);
+  rda_backend *b = a.b;
+  rda_err err = {0};
+  void *x = NULL, *s = NULL, *done_ev = NULL;
+  unsigned char *y = NULL;
+  assert_int_equal(b->alloc(b, 64, &x, &err), RDA_OK);
+  exit_job j = {&a, x};
+  pthread_t th;
+  void *ret = NULL;
+  assert_int_equal(pthread_create(&th, NULL, queue_and_exit, &j), 0);
+  assert_int_equal(pthread_join(th, &ret), 0);
+  assert_null(ret);
+  /* The exited thread's memset waits behind its hold: release it later; free waits. */
+  release_later r = {&a.flag, 50};
+  assert_int_equal(pthread_create(&th, NULL, release_after, &r), 0);
+  assert_int_equal(b->alloc(b, 64, (void **)&y, &err), RDA_OK);
+  b->free(b, y); /* returns once every stream drained: the exited thread's memset ran */
+  assert_int_equal(pthread_join(th, NULL), 0);
+  for (int i = 0; i < 64; ++i)
+    if (((unsigned char *)x)[i] != 9) fail_msg("free returned before another stream's work ran");
+  /* A launch queued on a stream of its own, behind a hold: unload of its module waits. */
+  rda_module *m = must_load(b, "emu_faults", g_src_model);
+  assert_int_equal(b->stream_create(b, &s, &err), RDA_OK);
+  assert_int_equal(b->event_create(b, &done_ev, &err), RDA_OK);
+  b->set_stream(b, s);
+  async_hold(&a);
+  int out[64];
+  emu_test_params p = {.out0 = out, .n = -1, .op = 0}; /* every thread at the barrier: clean */
+  const unsigned grid[3] = {1, 1, 1};
+  assert_int_equal(b->launch(b, m, grid, 64, 256, &p, sizeof p, &err), RDA_OK);
+  assert_int_equal(b->event_record(b, done_ev, &err), RDA_OK);
+  b->set_stream(b, NULL);
+  assert_int_equal(pthread_create(&th, NULL, release_after, &r), 0);
+  b->unload(b, m); /* must not free the module under the queued launch */
+  int done = 0;
+  assert_int_equal(b->event_query(b, done_ev, &done, &err), RDA_OK);
+  assert_int_equal(done, 1);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  b->event_destroy(b, done_ev);
+  b->stream_destroy(b, s);
+  b->free(b, x);
+  async_close(&a);
+}
+
+/* A launch of a shape no GPU takes is refused when it is queued, and leaves the device usable,
+ * as cuLaunchKernel's INVALID_VALUE does: only a failure while a kernel runs is sticky. */
+static void test_emu_async_bad_launch_shape_is_refused_at_once(void **state) {
+  (void)state;
+  async_env a;
+  async_open(&a);
+  rda_backend *b = a.b;
+  rda_err err = {0};
+  rda_module *m = must_load(b, "emu_faults", g_src_model);
+  int out[64 * 4];
+  emu_test_params p = {.out0 = out, .n = -1, .op = 0}; /* a clean launch when it runs */
+  const unsigned grid[3] = {1, 1, 1}, tall[3] = {1, 70000, 1};
+  assert_int_equal(b->launch(b, m, grid, 2048, 0, &p, sizeof p, &err), RDA_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(err.msg, "at most 1024 threads"));
+  rda_err_clear(&err);
+  assert_int_equal(b->launch(b, m, tall, 64, 256, &p, sizeof p, &err), RDA_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(err.msg, "y and z <= 65535"));
+  rda_err_clear(&err);
+  assert_int_equal(b->launch(b, m, grid, 64, 256, &p, sizeof p, &err), RDA_OK);
+  assert_int_equal(b->synchronize(b, &err), RDA_OK);
+  b->unload(b, m);
+  async_close(&a);
+}
+
 /* A launch that fails on the device is reported by the next call that waits (synchronize
  * here), and every later call of every asynchronous backend fails with it, as a faulted CUDA
  * context's calls do. It poisons the process's emulated device: this test runs last. */
@@ -2095,6 +2227,9 @@ int main(void) {
       cmocka_unit_test(test_emu_reverse_order_runs_blocks_last_to_first),
       cmocka_unit_test(test_emu_async_streams_overtake_unless_an_event_orders_them),
       cmocka_unit_test(test_emu_async_events_and_stream_lifetimes),
+      cmocka_unit_test(test_emu_async_default_stream_outlives_many_other_backends),
+      cmocka_unit_test(test_emu_async_free_and_unload_wait_for_every_stream),
+      cmocka_unit_test(test_emu_async_bad_launch_shape_is_refused_at_once),
       cmocka_unit_test(test_emu_shared_memory_poisoned_at_every_block_start),
       cmocka_unit_test(test_emu_skipped_barrier_is_a_deadlock_error),
       cmocka_unit_test(test_emu_partial_warp_collective_is_a_deadlock_error),
