@@ -429,15 +429,16 @@ rda_status tw_join(tw_world *w, int rank, uint64_t fingerprint, size_t ep_bytes,
     if (init != NULL) init_st = init(ep, arg, &why);
   }
   pthread_mutex_lock(&w->mu);
-  if (ep != NULL && init_st == RDA_OK && w->present[rank]) {
+  if (w->present[rank]) {
     /* A second ring for a rank is the caller's mistake alone: refused without aborting the
-     * ring the first one makes (or made: a world serves one ring). */
+     * ring the first one makes (or made: a world serves one ring), also when its own setup
+     * failed. */
     pthread_mutex_unlock(&w->mu);
     rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
                 "rank %d: joined the ring twice (a world serves one ring, one endpoint per rank: "
                 "make a new world for a new ring)",
                 rank);
-    if (w->hooks->fini != NULL) w->hooks->fini(ep);
+    if (ep != NULL && w->hooks->fini != NULL) w->hooks->fini(ep);
     free(ep);
     return RDA_ERR_INVALID_ARGUMENT;
   }

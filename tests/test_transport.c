@@ -1009,6 +1009,31 @@ static void test_device_transport_rank_without_a_usable_backend_fails_every_rank
   emu->destroy(emu);
 }
 
+/* A second join of a rank already in the world is refused, and leaves the ring its first join
+ * made alone, even when the second one's own setup failed too (here: no backend). */
+static void test_device_transport_second_join_leaves_the_ring_alone(void **state) {
+  (void)state;
+  rda_backend *emu = NULL;
+  rda_err err = {0};
+  assert_int_equal(rda_backend_emu_open(&emu, 90, &err), RDA_OK);
+  rda_device_world *w = NULL;
+  assert_int_equal(rda_device_world_create(1, 30.0, &w, &err), RDA_OK);
+  rda_transport *t = NULL, *again = NULL;
+  assert_int_equal(rda_device_world_join(w, 0, 3, emu, &t, &err), RDA_OK);
+  for (int usable = 0; usable < 2; usable++) {
+    rda_err_clear(&err);
+    assert_int_equal(rda_device_world_join(w, 0, 3, usable ? emu : NULL, &again, &err),
+                     RDA_ERR_INVALID_ARGUMENT);
+    assert_null(again);
+    if (strstr(err.msg, "joined the ring twice") == NULL) fail_msg("second join: %s", err.msg);
+  }
+  rda_err_clear(&err);
+  if (rda_transport_barrier(t, &err) != RDA_OK) fail_msg("the ring after it: %s", err.msg);
+  rda_transport_destroy(t);
+  rda_device_world_destroy(w);
+  emu->destroy(emu);
+}
+
 /* --- device-side ordering, on a fake device with truly asynchronous streams ------------------ */
 
 /* One fake device shared by every fake backend: streams are queues of operations that a device
@@ -1574,6 +1599,7 @@ int main(void) {
       cmocka_unit_test(test_device_transport_size_mismatch_errors_both_sides),
       cmocka_unit_test(test_device_transport_allgather_barrier_and_misuse),
       cmocka_unit_test(test_device_transport_rank_without_a_usable_backend_fails_every_rank),
+      cmocka_unit_test(test_device_transport_second_join_leaves_the_ring_alone),
       cmocka_unit_test(test_device_transport_orders_copies_with_events),
       cmocka_unit_test(test_device_transport_failed_wait_orders_the_copies_it_began),
       cmocka_unit_test(test_device_transport_failed_ordering_still_orders_the_other_copies),
