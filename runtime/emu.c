@@ -361,12 +361,17 @@ static rda_status rda_emu_settle(rda_backend *b, rda_err *err) {
   return im->async != NULL ? rda_es_sync(im->async, err) : RDA_OK;
 }
 
-/* free waits for every stream of the backend, as cuMemFree synchronizes: queued work on any
- * stream may still use the memory. */
-static void rda_emu_free(rda_backend *b, void *dptr) {
+/* Waits for every stream of the backend: work queued on any stream may still use memory or a
+ * module about to go (cuMemFree and cuModuleUnload synchronize likewise). A failure there is
+ * sticky and the next synchronize reports it. */
+static void rda_emu_idle(rda_backend *b) {
   rda_emu_impl *im = b->impl;
   rda_err ignored = {0};
   if (im->async != NULL) (void)rda_es_idle(im->async, &ignored);
+}
+
+static void rda_emu_free(rda_backend *b, void *dptr) {
+  rda_emu_idle(b);
   free(dptr);
 }
 
@@ -750,9 +755,7 @@ static rda_status rda_emu_load(rda_backend *b, const rda_variant *v, rda_module 
 
 static void rda_emu_unload(rda_backend *b, rda_module *m) {
   if (m == NULL) return;
-  rda_emu_impl *im = b->impl;
-  rda_err ignored = {0};
-  if (im->async != NULL) (void)rda_es_idle(im->async, &ignored); /* launches queued name m */
+  rda_emu_idle(b); /* launches queued name m */
   rda_emu_shared_drop(m->shared);
   free(m);
 }

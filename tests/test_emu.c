@@ -1267,20 +1267,31 @@ static void test_emu_many_os_threads_run_every_block_once(void **state) {
   b->destroy(b);
 }
 
-/* An emulator backend opened with the environment variable `name` set to `value` (as it was
- * afterwards). */
+/* An emulator backend opened with the environment variables env[i][0] set to env[i][1] (as
+ * they were afterwards). */
+static rda_status open_with_envs(int n, const char *const env[][2], rda_backend **b, rda_err *err) {
+  char *saved[4] = {NULL};
+  assert_true(n <= 4);
+  for (int i = 0; i < n; ++i) {
+    const char *old = getenv(env[i][0]);
+    saved[i] = old ? strdup(old) : NULL;
+    setenv(env[i][0], env[i][1], 1);
+  }
+  const rda_status st = rda_backend_emu_open(b, 90, err);
+  for (int i = 0; i < n; ++i) {
+    if (saved[i] != NULL)
+      setenv(env[i][0], saved[i], 1);
+    else
+      unsetenv(env[i][0]);
+    free(saved[i]);
+  }
+  return st;
+}
+
 static rda_status open_with_env(const char *name, const char *value, rda_backend **b,
                                 rda_err *err) {
-  const char *old = getenv(name);
-  char *saved = old ? strdup(old) : NULL;
-  setenv(name, value, 1);
-  const rda_status st = rda_backend_emu_open(b, 90, err);
-  if (saved != NULL)
-    setenv(name, saved, 1);
-  else
-    unsetenv(name);
-  free(saved);
-  return st;
+  const char *const env[1][2] = {{name, value}};
+  return open_with_envs(1, env, b, err);
 }
 
 static void test_emu_open_rejects_bad_thread_count(void **state) {
@@ -1337,19 +1348,13 @@ static void test_emu_reverse_order_exposes_a_missing_barrier(void **state) {
 static void test_emu_reverse_order_runs_blocks_last_to_first(void **state) {
   (void)state;
   enum { NB = 40 };
-  const char *was = getenv("RDA_EMU_THREADS");
-  char *saved = was != NULL ? strdup(was) : NULL;
-  setenv("RDA_EMU_THREADS", "1", 1);
   rda_backend *order[2] = {NULL, NULL};
   rda_err err = {0};
-  for (int rev = 0; rev < 2; ++rev)
-    assert_int_equal(open_with_env("RDA_EMU_ORDER", rev ? "reverse" : "forward", &order[rev], &err),
-                     RDA_OK);
-  if (saved != NULL)
-    setenv("RDA_EMU_THREADS", saved, 1);
-  else
-    unsetenv("RDA_EMU_THREADS");
-  free(saved);
+  for (int rev = 0; rev < 2; ++rev) {
+    const char *const env[2][2] = {{"RDA_EMU_THREADS", "1"},
+                                   {"RDA_EMU_ORDER", rev ? "reverse" : "forward"}};
+    assert_int_equal(open_with_envs(2, env, &order[rev], &err), RDA_OK);
+  }
   for (int rev = 0; rev < 2; ++rev) {
     rda_module *m = must_load(order[rev], "emu_block_chain", g_src_model);
     uint32_t stored[NB], seen[NB];
@@ -1385,6 +1390,12 @@ static void async_open(async_env *a) {
   if (open_with_env("RDA_EMU_STREAMS", "async", &a->b, &err) != RDA_OK)
     fail_msg("RDA_EMU_STREAMS=async: %s", err.msg);
   a->hold = must_load(a->b, "emu_hold", g_src_model);
+}
+
+/* async_open, and the emu_faults kernel loaded on it. */
+static rda_module *async_open_faults(async_env *a) {
+  async_open(a);
+  return must_load(a->b, "emu_faults", g_src_model);
 }
 
 static void async_close(async_env *a) {
@@ -2149,10 +2160,9 @@ static void test_emu_async_free_and_unload_wait_for_every_stream(void **state) {
 static void test_emu_async_bad_launch_shape_is_refused_at_once(void **state) {
   (void)state;
   async_env a;
-  async_open(&a);
+  rda_module *m = async_open_faults(&a);
   rda_backend *b = a.b;
   rda_err err = {0};
-  rda_module *m = must_load(b, "emu_faults", g_src_model);
   int out[64 * 4];
   emu_test_params p = {.out0 = out, .n = -1, .op = 0}; /* a clean launch when it runs */
   const unsigned grid[3] = {1, 1, 1}, tall[3] = {1, 70000, 1};
@@ -2174,10 +2184,9 @@ static void test_emu_async_bad_launch_shape_is_refused_at_once(void **state) {
 static void test_emu_async_failure_is_sticky(void **state) {
   (void)state;
   async_env a;
-  async_open(&a);
+  rda_module *m = async_open_faults(&a);
   rda_backend *b = a.b;
   rda_err err = {0};
-  rda_module *m = must_load(b, "emu_faults", g_src_model);
   int out[64 * 4];
   emu_test_params p = {.out0 = out, .n = 0, .op = 2}; /* thread 3 of block 2 traps */
   const unsigned grid[3] = {4, 1, 1};
