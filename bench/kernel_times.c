@@ -97,8 +97,8 @@ static rda_status kt_stream_create(rda_backend *b, void **s, rda_err *err) {
 static void kt_stream_destroy(rda_backend *b, void *s) {
   kt_in(b)->stream_destroy(kt_in(b), s);
 }
-static void kt_set_stream(rda_backend *b, void *s) {
-  kt_in(b)->set_stream(kt_in(b), s);
+static void *kt_set_stream(rda_backend *b, void *s) {
+  return kt_in(b)->set_stream(kt_in(b), s);
 }
 
 /* --- modules -------------------------------------------------------------------------------- */

@@ -62,12 +62,13 @@ struct rda_backend {
                                  rda_err *err);
   /* A stream of the backend's own for communication (cuda: non-blocking; the synchronous
    * emulator: a distinct handle), and running work on it: set_stream(b, s) makes s the calling
-   * thread's current stream of b (over rda_backend_cuda_use_stream's) until set_stream(b, NULL).
-   * The device transport uses it for its communication stream and leaves it at NULL, so callers
-   * that share a backend with a transport pick their own stream with use_stream. */
+   * thread's current stream of b (over rda_backend_cuda_use_stream's) until set_stream(b, NULL),
+   * and returns the thread's previous choice (NULL: none), so that code borrowing the thread
+   * (the device transport, completing a match on its communication stream) restores it. The
+   * synchronous emulator, where streams order nothing, keeps no choice and returns NULL. */
   rda_status (*stream_create)(rda_backend *b, void **s, rda_err *err);
   void (*stream_destroy)(rda_backend *b, void *s); /* accepts NULL; queued work completes */
-  void (*set_stream)(rda_backend *b, void *s);     /* NULL: back to the default choice */
+  void *(*set_stream)(rda_backend *b, void *s);    /* NULL: back to the default choice */
   void (*destroy)(rda_backend *b);
 };
 

@@ -339,15 +339,16 @@ static _Thread_local struct {
   CUstream stream;
 } rda_cuda_set_streams_[RDA_CUDA_SET_STREAMS];
 
-static void rda_cuda_set_stream(rda_backend *b, void *s) {
+static void *rda_cuda_set_stream(rda_backend *b, void *s) {
   int slot = -1, free_slot = -1;
   for (int q = 0; q < RDA_CUDA_SET_STREAMS; q++) {
     if (rda_cuda_set_streams_[q].b == b) slot = q;
     if (rda_cuda_set_streams_[q].b == NULL && free_slot < 0) free_slot = q;
   }
+  void *was = slot >= 0 ? (void *)rda_cuda_set_streams_[slot].stream : NULL;
   if (s == NULL) {
     if (slot >= 0) rda_cuda_set_streams_[slot].b = NULL, rda_cuda_set_streams_[slot].stream = NULL;
-    return;
+    return was;
   }
   if (slot < 0) slot = free_slot;
   if (slot < 0) { /* full: drop the oldest entry */
@@ -357,6 +358,7 @@ static void rda_cuda_set_stream(rda_backend *b, void *s) {
   }
   rda_cuda_set_streams_[slot].b = b;
   rda_cuda_set_streams_[slot].stream = (CUstream)s;
+  return was;
 }
 
 /* The stream the calling thread's work on b goes to: set_stream's, else the caller's stream of
@@ -493,7 +495,7 @@ static rda_status rda_cuda_synchronize(rda_backend *b, rda_err *err) {
 
 static void rda_cuda_destroy(rda_backend *b) {
   if (b == NULL) return;
-  rda_cuda_set_stream(b, NULL); /* no stale entry if the address is reused */
+  (void)rda_cuda_set_stream(b, NULL); /* no stale entry if the address is reused */
   rda_cuda_impl *impl = rda_cuda_impl_of(b);
   if (impl != NULL) {
     if (impl->ctx != NULL) {

@@ -950,9 +950,9 @@ static rda_status rda_emu_event_elapsed_ms(rda_backend *b, void *start, void *en
   return RDA_OK;
 }
 
-static void rda_emu_set_stream(rda_backend *b, void *s) {
+static void *rda_emu_set_stream(rda_backend *b, void *s) {
   rda_emu_impl *im = b->impl;
-  if (im->async != NULL) rda_es_set_stream(im->async, s);
+  return im->async != NULL ? rda_es_set_stream(im->async, s) : NULL;
 }
 
 static void rda_emu_destroy(rda_backend *b) {

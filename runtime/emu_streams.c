@@ -535,9 +535,11 @@ void rda_es_stream_destroy(rda_es *s, void *stream) {
   pthread_mutex_unlock(&g.mu);
 }
 
-void rda_es_set_stream(rda_es *s, void *stream) {
+void *rda_es_set_stream(rda_es *s, void *stream) {
   pthread_mutex_lock(&g.mu);
   es_thread *t = es_thread_of(s, stream != NULL);
+  void *was = t != NULL ? t->cur : NULL;
   if (t != NULL) t->cur = stream; /* no entry (no memory): its default stream, as before */
   pthread_mutex_unlock(&g.mu);
+  return was;
 }

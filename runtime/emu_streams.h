@@ -58,6 +58,6 @@ rda_status rda_es_event_elapsed_ms(void *start, void *end, float *ms, rda_err *e
 rda_status rda_es_stream_create(rda_es *s, void **stream, rda_err *err);
 /* Accepts NULL; returns at once, as cuStreamDestroy does: the queued work still runs. */
 void rda_es_stream_destroy(rda_es *s, void *stream);
-void rda_es_set_stream(rda_es *s, void *stream);     /* this thread's; NULL: its default */
+void *rda_es_set_stream(rda_es *s, void *stream); /* this thread's (NULL: its default); was */
 
 #endif

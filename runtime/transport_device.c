@@ -34,18 +34,19 @@ typedef struct td_endpoint {
 } td_endpoint;
 
 /* Lock held, on any rank's thread: enqueue the pair's copy on the receiver's stream. set_stream
- * is thread-local, so this never disturbs the rank whose thread runs it. */
+ * is thread-local, and the thread's own choice is put back, so this never disturbs the rank
+ * whose thread runs it (ranks may share one backend). */
 static rda_status td_complete(tw_op *s, tw_op *r, rda_err *err) {
   td_endpoint *re = (td_endpoint *)r->ep;
   rda_backend *b = re->b;
-  b->set_stream(b, re->stream);
+  void *was = b->set_stream(b, re->stream);
   rda_status st = b->stream_wait_event(b, s->ev_ready, err);
   if (st == RDA_OK && r->ev_ready != s->ev_ready) st = b->stream_wait_event(b, r->ev_ready, err);
   if (st == RDA_OK && s->bytes > 0 && r->buf != s->buf)
     st = b->copy_async(b, r->buf, s->buf, s->bytes, err);
   if (st == RDA_OK) st = b->event_record(b, r->ev_copied, err);
   if (st == RDA_OK) st = b->event_record(b, s->ev_copied, err);
-  b->set_stream(b, NULL);
+  (void)b->set_stream(b, was);
   return st;
 }
 
@@ -102,9 +103,9 @@ static void td_quiesce(td_endpoint *ep) {
   rda_backend *b = ep->b;
   if (b->event_query == NULL) return;
   rda_err ignored = {0};
-  b->set_stream(b, ep->stream);
+  void *was = b->set_stream(b, ep->stream);
   const rda_status s = b->event_record(b, ep->ev_ready, &ignored);
-  b->set_stream(b, NULL);
+  (void)b->set_stream(b, was);
   if (s != RDA_OK) return;
   struct timespec t0, now, nap = {0, 100000};
   clock_gettime(CLOCK_MONOTONIC, &t0);

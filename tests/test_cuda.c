@@ -436,11 +436,11 @@ static void test_cuda_stream_ops_order_work_across_streams(void **state) {
     assert_int_equal(b->memset_async(b, y, 0xEE, N, &err), RDA_OK);
     assert_int_equal(b->memset_async(b, x, value, N, &err), RDA_OK);
     assert_int_equal(b->event_record(b, ev1, &err), RDA_OK);
-    b->set_stream(b, side);
+    assert_null(b->set_stream(b, side)); /* the previous choice: none */
     assert_int_equal(b->stream_wait_event(b, ev1, &err), RDA_OK);
     assert_int_equal(b->copy_async(b, y, x, N, &err), RDA_OK);
     assert_int_equal(b->event_record(b, ev2, &err), RDA_OK);
-    b->set_stream(b, NULL);
+    assert_ptr_equal(b->set_stream(b, NULL), side);
     /* Downloads run on the backend's stream: make it wait for the side stream's copy. */
     assert_int_equal(b->stream_wait_event(b, ev2, &err), RDA_OK);
     assert_int_equal(b->download(b, back, y, N, &err), RDA_OK);

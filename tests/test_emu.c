@@ -1514,10 +1514,12 @@ static void test_emu_async_events_and_stream_lifetimes(void **state) {
   assert_int_equal(b->event_create_timed(b, &t1, &err), RDA_OK);
   assert_int_equal(b->event_create(b, &ev, &err), RDA_OK);
   assert_int_equal(b->event_create(b, &last, &err), RDA_OK);
-  /* A wait for an event never recorded waits for nothing. */
-  b->set_stream(b, s);
+  /* A wait for an event never recorded waits for nothing. set_stream returns the thread's
+   * previous choice, to restore it with. */
+  assert_null(b->set_stream(b, s));
   assert_int_equal(b->stream_wait_event(b, ev, &err), RDA_OK);
-  b->set_stream(b, NULL);
+  assert_ptr_equal(b->set_stream(b, NULL), s);
+  assert_null(b->set_stream(b, NULL));
   /* The default stream: t0, hold, t1. Until released, t1 is not done and has no time. */
   assert_int_equal(b->event_record(b, t0, &err), RDA_OK);
   async_hold(&a);

@@ -1088,14 +1088,15 @@ static ab_stream *ab_current(rda_backend *b) {
   return b->impl; /* the backend's own stream */
 }
 
-static void ab_set_stream(rda_backend *b, void *s) {
+static void *ab_set_stream(rda_backend *b, void *s) {
+  void *was = NULL;
   for (int q = 0; q < 4; q++)
-    if (ab_cur[q].b == b) ab_cur[q].b = NULL;
-  if (s == NULL) return;
+    if (ab_cur[q].b == b) ab_cur[q].b = NULL, was = ab_cur[q].s;
+  if (s == NULL) return was;
   for (int q = 0; q < 4; q++)
     if (ab_cur[q].b == NULL) {
       ab_cur[q].b = b, ab_cur[q].s = s;
-      return;
+      return was;
     }
   abort();
 }
@@ -1293,10 +1294,12 @@ static void ab_device_drain_and_stop(pthread_t dev) {
 
 typedef struct ord_ctx {
   rda_device_world *world;
+  rda_backend *shared; /* NULL: a backend of the rank's own; else every rank's, on a stream of
+                          its own chosen with set_stream, which must stay its choice */
   int rank, P, rounds;
   rda_status status;
   char msg[1024];
-  long long bad;
+  long long bad, lost_stream;
   unsigned char *mem[4 + 64]; /* freed once the device drained: it reads them late */
 } ord_ctx;
 
@@ -1314,9 +1317,13 @@ static void *ord_rank(void *arg) {
   ord_ctx *c = arg;
   rda_err err = {0};
   rda_transport *t = NULL;
-  rda_backend *b = ab_open();
-  void *ev = NULL;
+  rda_backend *b = c->shared != NULL ? c->shared : ab_open();
+  void *ev = NULL, *mine = NULL;
   ab_event_create(b, &ev, NULL);
+  if (c->shared != NULL) {
+    ab_stream_create(b, &mine, NULL);
+    b->set_stream(b, mine);
+  }
   unsigned char *sbuf = c->mem[0] = xmalloc(ORD_BYTES);
   unsigned char *rbuf = c->mem[1] = xmalloc(2 * ORD_BYTES);
   unsigned char *check = c->mem[2] = xmalloc(2 * ORD_BYTES);
@@ -1337,6 +1344,7 @@ static void *ord_rank(void *arg) {
     if (err.status != RDA_OK || rda_transport_group_end(t, &err) != RDA_OK ||
         rda_transport_wait(t, &err) != RDA_OK)
       break;
+    c->lost_stream += c->shared != NULL && ab_current(b) != mine;
     b->copy_async(b, check, rbuf, 2 * ORD_BYTES, &err);
     if (round % 4 == 3) { /* now and then, check the data on the host */
       ab_sync(b, ev);
@@ -1349,16 +1357,21 @@ static void *ord_rank(void *arg) {
   if (t != NULL) ab_sync(b, ev);
 done:
   rda_transport_destroy(t);
-  b->destroy(b);
+  if (c->shared != NULL) {
+    c->lost_stream += ab_current(b) != mine;
+    b->set_stream(b, NULL);
+  } else {
+    b->destroy(b);
+  }
   c->status = err.status;
   snprintf(c->msg, sizeof c->msg, "%s", err.msg);
   return NULL;
 }
 
-static void test_device_transport_orders_copies_with_events(void **state) {
-  (void)state;
+/* ord_rank's rounds on P ranks, each with a backend of its own or all on `shared`. */
+static void ord_run(uint64_t salt, rda_backend *shared) {
   enum { P = 3 };
-  const pthread_t dev = ab_device_start(99);
+  const pthread_t dev = ab_device_start(salt);
   rda_device_world *w = NULL;
   rda_err err = {0};
   assert_int_equal(rda_device_world_create(P, 20.0, &w, &err), RDA_OK);
@@ -1366,7 +1379,7 @@ static void test_device_transport_orders_copies_with_events(void **state) {
   pthread_t th[P];
   memset(ctx, 0, sizeof ctx);
   for (int x = 0; x < P; x++) {
-    ctx[x].world = w, ctx[x].rank = x, ctx[x].P = P, ctx[x].rounds = 40;
+    ctx[x].world = w, ctx[x].shared = shared, ctx[x].rank = x, ctx[x].P = P, ctx[x].rounds = 40;
     assert_int_equal(pthread_create(&th[x], NULL, ord_rank, &ctx[x]), 0);
   }
   for (int x = 0; x < P; x++) pthread_join(th[x], NULL);
@@ -1377,7 +1390,24 @@ static void test_device_transport_orders_copies_with_events(void **state) {
   for (int x = 0; x < P; x++) {
     if (ctx[x].status != RDA_OK) fail_msg("rank %d: %s", x, ctx[x].msg);
     if (ctx[x].bad != 0) fail_msg("rank %d: %lld bytes wrong", x, ctx[x].bad);
+    if (ctx[x].lost_stream != 0)
+      fail_msg("rank %d: its set_stream choice was lost %lld times", x, ctx[x].lost_stream);
   }
+}
+
+static void test_device_transport_orders_copies_with_events(void **state) {
+  (void)state;
+  ord_run(99, NULL);
+}
+
+/* Virtual ranks on one GPU share one backend. A rank's thread that completes a match queues
+ * the copy on the receiver's communication stream with set_stream, and must then give the
+ * thread back the stream it had chosen, or the rank's later work silently leaves its stream. */
+static void test_device_transport_keeps_each_threads_stream_on_a_shared_backend(void **state) {
+  (void)state;
+  rda_backend *b = ab_open();
+  ord_run(7, b);
+  b->destroy(b);
 }
 
 typedef struct join_ctx {
@@ -1601,6 +1631,7 @@ int main(void) {
       cmocka_unit_test(test_device_transport_rank_without_a_usable_backend_fails_every_rank),
       cmocka_unit_test(test_device_transport_second_join_leaves_the_ring_alone),
       cmocka_unit_test(test_device_transport_orders_copies_with_events),
+      cmocka_unit_test(test_device_transport_keeps_each_threads_stream_on_a_shared_backend),
       cmocka_unit_test(test_device_transport_failed_wait_orders_the_copies_it_began),
       cmocka_unit_test(test_device_transport_failed_ordering_still_orders_the_other_copies),
   };
