@@ -72,8 +72,8 @@ typedef struct rda_plan rda_plan; /* one per attention config on a context; hold
  * "" when none. A copy owned by the calling thread, valid until its next rda_last_error call
  * (for any context) or its exit, so another thread failing meanwhile cannot change or tear it;
  * never waits for another thread's plan creation.
- * With ctx NULL (or not a context): the last failure on the calling thread of a call that had no
- * usable context (e.g. a failed rda_ctx_create_*, a NULL or foreign handle). Never NULL. */
+ * With ctx NULL (or not a context): the last failure of any call on the calling thread, with a
+ * context or without one (a failed rda_ctx_create_*, a NULL or foreign handle). Never NULL. */
 RDA_API const char *rda_last_error(const rda_ctx *ctx);
 
 /* A context on CUDA GPU `ordinal` (driver API, loaded at run time; no CUDA library is needed to

@@ -34,7 +34,7 @@ _Static_assert((int)RDA_OFFSET_MOD == RDA_OFFSETS_MOD &&
 
 static const int kIdleCores = 8; /* unused plan cores a context keeps for reuse */
 
-/* The last failure of a call on this thread that had no usable context. */
+/* The last failure of any call on this thread (rda_last_error(NULL)). */
 static _Thread_local char rda_api_thread_error[RDA_API_MSG_LEN];
 
 /* ---- errors ------------------------------------------------------------------------------ */

@@ -164,11 +164,15 @@ static int ring_enter_call(rda_ring *r, const char *fn) {
   return 0;
 }
 
-/* A call on a ring that was aborted (here, or a failed call) fails at once. */
+/* A call on a ring that was aborted (here, or a failed call) fails at once. The reason is the
+ * failed call's own error when that already said so: it is not said twice. */
 static rda_status ring_check_alive(rda_ring *r, rda_err *err) {
   if (!atomic_load(&r->aborted)) return RDA_OK;
+  char said[64];
+  const int n = snprintf(said, sizeof said, "rank %d: the ring was aborted: ", r->rank);
   pthread_mutex_lock(&r->lock);
-  rda_err_set(err, RDA_ERR_NCCL, "rank %d: the ring was aborted: %s", r->rank, r->reason);
+  rda_err_set(err, RDA_ERR_NCCL, "%s%s", strncmp(r->reason, said, (size_t)n) == 0 ? "" : said,
+              r->reason);
   pthread_mutex_unlock(&r->lock);
   return RDA_ERR_NCCL;
 }

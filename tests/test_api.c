@@ -295,6 +295,7 @@ static void test_plan_create_rejects_bad_config_struct(void **state) {
   assert_int_equal(rda_plan_create(&p, g_ctx, NULL, RDA_PLAN_FORWARD), RDA_ERR_INVALID_ARGUMENT);
   assert_null(p);
   assert_error_names(g_ctx, "cfg is NULL");
+  assert_error_names(NULL, "cfg is NULL"); /* every failure is the thread's too */
   const rda_attn_config c = base_config();
   assert_int_equal(rda_plan_create(NULL, g_ctx, &c, RDA_PLAN_FORWARD), RDA_ERR_INVALID_ARGUMENT);
   assert_error_names(g_ctx, "out is NULL");

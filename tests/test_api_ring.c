@@ -1129,6 +1129,9 @@ static void run_failure(const char *what, int P, long long N, int bad, int how,
                kTimeout);
     assert_int_equal(j->s_after, RDA_ERR_NCCL);
     assert_one_line_naming(j->msg_after, "aborted");
+    const char *once = strstr(j->msg_after, "the ring was aborted");
+    if (once != NULL && strstr(once + 1, "the ring was aborted") != NULL)
+      fail_msg("%s: rank %d: the later call says it twice: %s", what, p, j->msg_after);
   }
 }
 
