@@ -325,6 +325,19 @@ static void rda_emu_one_line(const char *in, const char *tmp, const char *shown,
   out[n] = '\0';
 }
 
+/* How many of the extra flags fit argv beside the compiler, the base flags, the include flag,
+ * "-o", the output, the source and the NULL. */
+static int rda_emu_extra_room(void) {
+  return kEmuMaxArgs - 4 - 2 - (int)(sizeof rda_emu_base_flags / sizeof *rda_emu_base_flags);
+}
+
+static int rda_emu_count_words(const char *s) {
+  int n = 0;
+  for (const char *p = s; *p != '\0'; ++p)
+    n += (*p != ' ' && *p != '\t') && (p == s || p[-1] == ' ' || p[-1] == '\t');
+  return n;
+}
+
 static void rda_emu_flag_argv(rda_emu_impl *im, const char *include_flag, const char *out_path,
                               const char *src_path, char *extra_copy, char **argv) {
   int n = 0;
@@ -332,8 +345,8 @@ static void rda_emu_flag_argv(rda_emu_impl *im, const char *include_flag, const 
   for (size_t i = 0; i < sizeof rda_emu_base_flags / sizeof *rda_emu_base_flags; ++i)
     argv[n++] = (char *)(uintptr_t)rda_emu_base_flags[i];
   argv[n++] = (char *)(uintptr_t)include_flag;
-  for (char *save = NULL, *tok = strtok_r(extra_copy, " \t", &save);
-       tok != NULL && n < kEmuMaxArgs - 4; tok = strtok_r(NULL, " \t", &save))
+  for (char *save = NULL, *tok = strtok_r(extra_copy, " \t", &save); tok != NULL;
+       tok = strtok_r(NULL, " \t", &save)) /* they fit: rda_emu_extra_room */
     argv[n++] = tok;
   argv[n++] = (char *)(uintptr_t) "-o";
   argv[n++] = (char *)(uintptr_t)out_path;
@@ -975,9 +988,26 @@ rda_status rda_backend_emu_open(rda_backend **out, int arch, rda_err *err) {
   }
   pthread_mutex_init(&im->mu, NULL);
   const char *cxx = getenv("RDA_EMU_CXX");
-  snprintf(im->cxx, sizeof im->cxx, "%s", (cxx && cxx[0]) ? cxx : RDA_HOST_CXX);
   const char *user = getenv("RDA_EMU_CXXFLAGS");
-  snprintf(im->extra, sizeof im->extra, "%s %s", RDA_EMU_EXTRA_FLAGS, user ? user : "");
+  const size_t ncxx =
+      (size_t)snprintf(im->cxx, sizeof im->cxx, "%s", (cxx && cxx[0]) ? cxx : RDA_HOST_CXX);
+  const size_t nextra =
+      (size_t)snprintf(im->extra, sizeof im->extra, "%s %s", RDA_EMU_EXTRA_FLAGS, user ? user : "");
+  if (nextra < sizeof im->extra && rda_emu_count_words(im->extra) > rda_emu_extra_room()) {
+    b->impl = im;
+    rda_emu_destroy(b);
+    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "RDA_EMU_CXXFLAGS: more than %d flags",
+                       rda_emu_extra_room() - rda_emu_count_words(RDA_EMU_EXTRA_FLAGS));
+  }
+  if (ncxx >= sizeof im->cxx || nextra >= sizeof im->extra) { /* never cut a flag silently */
+    const int flags = nextra >= sizeof im->extra;
+    b->impl = im;
+    rda_emu_destroy(b);
+    return rda_err_set(
+        err, RDA_ERR_INVALID_ARGUMENT, "%s: longer than %zu characters",
+        flags ? "RDA_EMU_CXXFLAGS" : "RDA_EMU_CXX",
+        flags ? sizeof im->extra - 2 - strlen(RDA_EMU_EXTRA_FLAGS) : sizeof im->cxx - 1);
+  }
   const char *threads = getenv("RDA_EMU_THREADS");
   if (threads != NULL && threads[0] != '\0') {
     char *end = NULL;

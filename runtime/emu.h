@@ -10,7 +10,9 @@
  *   RDA_EMU_THREADS   OS threads a launch spreads its blocks over (default 0: every hardware
  *                     thread)
  *   RDA_EMU_CXX       the C++ compiler (default: the one rda was built with)
- *   RDA_EMU_CXXFLAGS  extra compiler flags, e.g. "-O0 -g" to debug a kernel (part of the key)
+ *   RDA_EMU_CXXFLAGS  extra compiler flags, e.g. "-O0 -g" to debug a kernel (part of the key;
+ *                     split at blanks; a compiler or flags too long, or too many flags, to
+ *                     pass whole are refused)
  *   RDA_EMU_ORDER     forward (default): a launch's blocks are taken, and a block's threads
  *                     run (each until it waits), in index order; reverse: both last to first
  *                     (a read that no barrier separates from another thread's store, or that

@@ -1303,6 +1303,33 @@ static void test_emu_open_rejects_bad_thread_count(void **state) {
   assert_non_null(strstr(err.msg, "RDA_EMU_THREADS='lots'"));
 }
 
+/* A compiler or flags too long for the backend's buffers, or more flags than its compiler
+ * command holds, are refused, never cut short (the kernels would build with other options
+ * than asked). */
+static void test_emu_open_rejects_overlong_compiler_settings(void **state) {
+  (void)state;
+  char lots[5000];
+  memset(lots, 'O', sizeof lots - 1);
+  lots[sizeof lots - 1] = '\0';
+  const char *const vars[2] = {"RDA_EMU_CXXFLAGS", "RDA_EMU_CXX"};
+  for (int i = 0; i < 2; ++i) {
+    rda_backend *b = NULL;
+    rda_err err = {0};
+    assert_int_equal(open_with_env(vars[i], lots, &b, &err), RDA_ERR_INVALID_ARGUMENT);
+    assert_null(b);
+    char want[64];
+    snprintf(want, sizeof want, "%s: longer than", vars[i]);
+    if (strstr(err.msg, want) == NULL) fail_msg("%s: %s", vars[i], err.msg);
+  }
+  char many[400] = ""; /* 100 short flags: short enough, but more words than argv holds */
+  for (int i = 0; i < 100; ++i) strcat(many, "-O2 ");
+  rda_backend *b = NULL;
+  rda_err err = {0};
+  assert_int_equal(open_with_env("RDA_EMU_CXXFLAGS", many, &b, &err), RDA_ERR_INVALID_ARGUMENT);
+  assert_null(b);
+  if (strstr(err.msg, "RDA_EMU_CXXFLAGS: more than") == NULL) fail_msg("%s", err.msg);
+}
+
 /* RDA_EMU_ORDER=reverse runs a block's threads last to first: a read of shared memory that no
  * barrier separates from the store it needs sees that store in index order and misses it (the
  * poison) in reverse; with the barrier both orders agree. Any other value is refused. */
@@ -2234,6 +2261,7 @@ int main(void) {
       cmocka_unit_test(test_emu_every_block_and_thread_runs_once_3d),
       cmocka_unit_test(test_emu_many_os_threads_run_every_block_once),
       cmocka_unit_test(test_emu_open_rejects_bad_thread_count),
+      cmocka_unit_test(test_emu_open_rejects_overlong_compiler_settings),
       cmocka_unit_test(test_emu_reverse_order_exposes_a_missing_barrier),
       cmocka_unit_test(test_emu_reverse_order_runs_blocks_last_to_first),
       cmocka_unit_test(test_emu_async_streams_overtake_unless_an_event_orders_them),
