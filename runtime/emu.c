@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -236,17 +237,36 @@ static rda_status rda_emu_headers(const char *dir, const char *digest, char *inc
  * the rest dropped). *code: exit status, or 128 + signal. */
 static rda_status rda_emu_spawn(char *const argv[], char *out, size_t cap, int *code,
                                 rda_err *err) {
+  /* Both ends close on exec, so that a compiler another thread spawns meanwhile does not hold
+   * this pipe open (this read would then wait for that compile too); the lock covers the moment
+   * before the flags are set, for rda's own spawns. */
+  static pthread_mutex_t spawn_lock = PTHREAD_MUTEX_INITIALIZER;
   int fds[2];
   out[0] = '\0';
-  if (pipe(fds) != 0) return rda_err_set(err, RDA_ERR_EMULATOR, "emu: pipe: %s", strerror(errno));
+  pthread_mutex_lock(&spawn_lock);
+  if (pipe(fds) != 0) {
+    pthread_mutex_unlock(&spawn_lock);
+    return rda_err_set(err, RDA_ERR_EMULATOR, "emu: pipe: %s", strerror(errno));
+  }
+  (void)fcntl(fds[0], F_SETFD, FD_CLOEXEC);
+  (void)fcntl(fds[1], F_SETFD, FD_CLOEXEC);
+  pthread_mutex_unlock(&spawn_lock);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addclose(&fa, fds[0]);
-  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], 1); /* dup2 clears close-on-exec on 1 and 2 */
   posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
-  posix_spawn_file_actions_addclose(&fa, fds[1]);
+  /* The compiler gets SIGPIPE's default action whatever this process chose (rdagen ignores it
+   * to report a closed standard output as an error). */
+  posix_spawnattr_t sa;
+  posix_spawnattr_init(&sa);
+  sigset_t def;
+  sigemptyset(&def);
+  sigaddset(&def, SIGPIPE);
+  posix_spawnattr_setsigdefault(&sa, &def);
+  posix_spawnattr_setflags(&sa, POSIX_SPAWN_SETSIGDEF);
   pid_t pid;
-  const int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+  const int rc = posix_spawnp(&pid, argv[0], &fa, &sa, argv, environ);
+  posix_spawnattr_destroy(&sa);
   posix_spawn_file_actions_destroy(&fa);
   close(fds[1]);
   if (rc != 0) {

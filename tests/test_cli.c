@@ -146,6 +146,32 @@ static void test_cli_help_and_version_exit_0(void **state) {
   rt_proc_free(&p);
 }
 
+/* Standard output a pipe whose reader has gone: one error line and exit 1, as on a full disk,
+ * not a silent death by SIGPIPE (exit 141). */
+static void test_cli_closed_pipe_on_standard_output_is_one_error_line(void **state) {
+  fixture *f = *state;
+  int pp[2];
+  assert_int_equal(pipe(pp), 0);
+  close(pp[0]); /* no reader: every write fails */
+  char redirect[64];
+  snprintf(redirect, sizeof redirect, "exec \"$0\" \"$@\" >&%d", pp[1]);
+  const char *const cases[][8] = {
+      {"--help"}, {"--version"}, {"ring-sim", f->config, "--n", "64", "--ranks", "2"}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    char *argv[12] = {arg("/bin/sh"), arg("-c"), redirect, arg(RDAGEN_PATH)};
+    for (int i = 0; cases[c][i] != NULL; i++) argv[4 + i] = arg(cases[c][i]);
+    rt_proc p;
+    assert_true(rt_run(argv, 120, &p));
+    if (p.exit_code != 1 || rt_count_lines(p.err) != 1 ||
+        strstr(p.err, "rdagen: error: cannot write to standard output") == NULL) {
+      show(cases[c][0], &p);
+      fail();
+    }
+    rt_proc_free(&p);
+  }
+  close(pp[1]);
+}
+
 /* Bad usage exits 2 and writes nothing. */
 static void test_cli_bad_usage_exits_2(void **state) {
   fixture *f = *state;
@@ -156,6 +182,7 @@ static void test_cli_bad_usage_exits_2(void **state) {
   const char *const cases[][MAX_ARGS] = {
       {NULL},
       {"frobnicate", NULL},
+      {"--version", "extra", NULL},
       {"run", NULL},
       {"run", "--q", Q, "--k", K, "--v", V, "--o", O, NULL},                /* no config */
       {"run", C, "--k", K, "--v", V, "--o", O, NULL},                       /* no --q */
@@ -2066,6 +2093,8 @@ static void test_cli_cache_warm_fails_when_the_limit_cannot_hold_the_config(void
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cli_help_and_version_exit_0),
+      cmocka_unit_test_setup_teardown(test_cli_closed_pipe_on_standard_output_is_one_error_line,
+                                      setup, teardown),
       cmocka_unit_test_setup_teardown(test_cli_bad_usage_exits_2, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cli_demo_without_config_runs_the_built_in_default, setup,
                                       teardown),

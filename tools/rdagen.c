@@ -1,16 +1,16 @@
 /* rdagen.c — the command-line tool: `rdagen <command> ...` dispatches to run, emit, cache,
  * demo, ring-sim and tune (tools/cmd_*.c). Exit status: 0 success, 1 bad input (one
  * "rdagen: error: ..." line on stderr), 2 bad usage. */
-#include "commands.h"
-
-#include "err.h"
-#include "gen.h"
-#include "rda.h"
-
 #include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "commands.h"
+#include "err.h"
+#include "gen.h"
+#include "rda.h"
 
 static const char rdagen_usage_text[] =
     "usage: rdagen <command> [arguments]\n"
@@ -83,6 +83,9 @@ int main(int argc, char **argv) {
   /* A config runs in this process: one stuck in a single Lua instruction past its time limit
    * ends it with one error line (SPEC §3: a config cannot hang the tool). */
   rda_gen_enable_watchdog("rdagen");
+  /* A closed pipe on standard output is a write error, reported with one line and exit 1 like
+   * a full disk, not a silent death by SIGPIPE. */
+  signal(SIGPIPE, SIG_IGN);
   if (argc < 2) {
     fputs(rdagen_usage_text, stderr);
     return 2;
@@ -93,6 +96,7 @@ int main(int argc, char **argv) {
     return rdagen_stdout_status(0);
   }
   if (strcmp(cmd, "--version") == 0) {
+    if (argc > 2) return rdagen_usage("--version takes no arguments ('%s')", argv[2]);
     const unsigned v = rda_version();
     printf("rdagen %s (librda %u.%u.%u)\n", RDA_VERSION_STRING, v / 10000, v / 100 % 100, v % 100);
     return rdagen_stdout_status(0);
