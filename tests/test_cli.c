@@ -2085,6 +2085,27 @@ static void test_cli_cache_warm_fails_when_the_limit_cannot_hold_the_config(void
   }
   free(first);
   rt_proc_free(&p);
+  /* The same limit once every kernel is in the cache: none is stored, so none is evicted, but
+   * the next store would evict some, so it fails the same way. */
+  saved = rt_env_save("RDA_CACHE_DIR");
+  saved_max = rt_env_save("RDA_CACHE_MAX_BYTES");
+  assert_int_equal(setenv("RDA_CACHE_DIR", cache, 1), 0);
+  unsetenv("RDA_CACHE_MAX_BYTES");
+  p = run_rdagen(600, warm);
+  if (p.exit_code != 0) show("cache warm without a limit", &p);
+  assert_int_equal(p.exit_code, 0);
+  rt_proc_free(&p);
+  assert_int_equal(setenv("RDA_CACHE_MAX_BYTES", "200K", 1), 0);
+  p = run_rdagen(600, warm);
+  rt_env_restore("RDA_CACHE_MAX_BYTES", saved_max);
+  rt_env_restore("RDA_CACHE_DIR", saved);
+  static const char below[] = "rdagen: error: cache warm: RDA_CACHE_MAX_BYTES=200K is below the ";
+  if (p.exit_code != 1 || rt_count_lines(p.err) != 1 ||
+      strncmp(p.err, below, sizeof below - 1) != 0 || strstr(p.err, "raise it") == NULL) {
+    show("cache warm under a limit too small, everything cached", &p);
+    fail();
+  }
+  rt_proc_free(&p);
   free(cache);
 }
 

@@ -157,15 +157,25 @@ static int cache_warm(const char *config, const int *archs, int narchs) {
    * stored too when the limit is below what the config needs: filling is the job, so what
    * did not stay fails it. */
   int kept = 0;
-  if (rc == 0 && cache_warm_kept(archs, plans, nplans, &kept, &err) != 0)
+  unsigned long long max_bytes = 0;
+  if (rc == 0 && (cache_warm_kept(archs, plans, nplans, &kept, &err) != 0 ||
+                  rda_cache_max_bytes_get(&max_bytes, &err) != RDA_OK))
     rc = rdagen_fail("%s", err.msg);
-  if (rc == 0 && kept < compiled + present) {
-    const char *limit = getenv("RDA_CACHE_MAX_BYTES");
+  /* Kernels found already cached were not stored, so nothing evicted them: a limit below their
+   * size fails too, as the next store would evict some. */
+  const char *limit = getenv("RDA_CACHE_MAX_BYTES");
+  if (limit == NULL || limit[0] == '\0') limit = "(unset: 1G)";
+  if (rc == 0 && kept < compiled + present)
     rc = rdagen_fail(
-        "cache warm: RDA_CACHE_MAX_BYTES=%s holds only %d of the %d kernels (%llu bytes) this "
-        "config needs for these targets: raise it",
-        limit != NULL && limit[0] != '\0' ? limit : "(unset: 1G)", kept, compiled + present, total);
-  }
+        "cache warm: RDA_CACHE_MAX_BYTES=%s holds only %d of the %d kernels (%llu "
+        "bytes) this config needs for these targets: raise it",
+        limit, kept, compiled + present, total);
+  else if (rc == 0 && total > max_bytes)
+    rc = rdagen_fail(
+        "cache warm: RDA_CACHE_MAX_BYTES=%s is below the %llu bytes of the %d "
+        "kernels this config needs for these targets (all in the cache now; the "
+        "next store evicts some): raise it",
+        limit, total, compiled + present);
   for (int a = 0; a < nplans; ++a) rda_plan_k_free(&plans[a]);
   rda_gen_close(g);
   if (rc == 0) printf("%d compiled, %d already cached\n", compiled, present);
