@@ -178,6 +178,7 @@ local function show(v, nested)
     local s = string.format("%q", #v > 40 and v:sub(1, 40) .. "..." or v)
     return (s:gsub("\\\n", "\\n"))
   elseif t == "number" then
+    if v ~= v then return "nan" end -- C's printf may say "-nan": the sign of a NaN means nothing
     if math.type(v) == "float" and v == math.floor(v) and v > -2^53 and v < 2^53 then
       return string.format("%.1f", v)
     end
@@ -215,7 +216,9 @@ local function integer(v)
 end
 
 local function key_name(k)
-  return type(k) == "string" and k:match("^[%a_][%w_]*$") and k or "[" .. show(k) .. "]"
+  -- a long name is shown cut, with its "...", as long string values are
+  return type(k) == "string" and #k <= 40 and k:match("^[%a_][%w_]*$") and k
+      or "[" .. show(k) .. "]"
 end
 
 -- First offending key (deterministic: the least by name, found in one pass), or nil.

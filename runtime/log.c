@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,10 +14,16 @@
 
 rda_log_level rda_log_level_now(void) {
   const char *v = getenv("RDA_LOG");
-  if (v == NULL) return RDA_LOG_WARN;
+  if (v == NULL || v[0] == '\0' || strcmp(v, "warn") == 0 || strcmp(v, "warning") == 0)
+    return RDA_LOG_WARN;
   if (strcmp(v, "debug") == 0) return RDA_LOG_DEBUG;
   if (strcmp(v, "info") == 0) return RDA_LOG_INFO;
   if (strcmp(v, "off") == 0) return RDA_LOG_OFF;
+  /* A misspelt level is said once per process, not taken silently for the default (a log
+   * setting never fails the work itself). */
+  static atomic_int warned;
+  if (!atomic_exchange(&warned, 1))
+    rda_log(RDA_LOG_WARN, "RDA_LOG='%.64s' is not off, warn, info or debug: warnings only", v);
   return RDA_LOG_WARN;
 }
 

@@ -13,8 +13,8 @@ typedef enum {
   RDA_LOG_DEBUG = 3
 } rda_log_level;
 
-/* The level $RDA_LOG asks for (read at each call: "off", "info", "debug"; unset or anything
- * else: warnings only). */
+/* The level $RDA_LOG asks for (read at each call: "off", "warn" (or unset, empty, "warning"),
+ * "info", "debug"; anything else: warnings only, and the first time one warning saying so). */
 rda_log_level rda_log_level_now(void);
 
 /* 1 when events of `level` are printed now. */

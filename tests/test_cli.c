@@ -392,6 +392,41 @@ static void test_cli_bad_rda_wgmma_exits_1_and_writes_nothing(void **state) {
   free(out);
 }
 
+/* A control character in a name the error line repeats (here an escape sequence in a file
+ * name) is shown as \xNN, never sent to the terminal. */
+static void test_cli_error_line_escapes_control_characters(void **state) {
+  fixture *f = *state;
+  char *q = rt_path(f->dir, "q\x1b[31m.npy"); /* no such file */
+  const char *const cmd[] = {"run", f->config, "--q", q,    "--k", f->k,
+                             "--v", f->v,      "--o", f->o, NULL};
+  rt_proc p = run_rdagen(120, cmd);
+  if (p.exit_code != 1 || rt_count_lines(p.err) != 1 || strchr(p.err, '\x1b') != NULL ||
+      strstr(p.err, "q\\x1b[31m.npy") == NULL || rt_exists(f->o)) {
+    show("run with an escape sequence in --q", &p);
+    fail();
+  }
+  rt_proc_free(&p);
+  free(q);
+}
+
+/* A misspelt RDA_LOG is one warning, and the command runs on with warnings only: a log
+ * setting never fails the work. */
+static void test_cli_misspelt_rda_log_is_one_warning(void **state) {
+  fixture *f = *state;
+  char *saved = rt_env_save("RDA_LOG");
+  assert_int_equal(setenv("RDA_LOG", "loud", 1), 0);
+  const char *const sim[] = {"ring-sim", f->config, "--n", "64", "--ranks", "2", NULL};
+  rt_proc p = run_rdagen(120, sim);
+  rt_env_restore("RDA_LOG", saved);
+  if (p.exit_code != 0 || rt_count_lines(p.err) != 1 ||
+      strstr(p.err, "rda: warning: RDA_LOG='loud' is not off, warn, info or debug") == NULL ||
+      p.out[0] == '\0') {
+    show("ring-sim with RDA_LOG=loud", &p);
+    fail();
+  }
+  rt_proc_free(&p);
+}
+
 /* The emulator's schedule settings (RDA_EMU_ORDER, RDA_EMU_STREAMS) with a bad value: one line
  * naming the variable, exit 1, no output written, on one device and on the ring's ranks. */
 static void test_cli_bad_emulator_settings_exit_1_and_write_nothing(void **state) {
@@ -1867,14 +1902,15 @@ static void test_cli_emit_signal_while_writing_leaves_the_bundle_whole(void **st
   free(cache);
 }
 
-/* An --out that cannot take the bundle (a file, or under one) fails before any compiling:
+/* An --out that cannot take the bundle (a file, under one, in /proc) fails before compiling:
  * one error line, nothing on standard output, nothing made; --help lists every profile. */
 static void test_cli_emit_refuses_a_bad_out_before_compiling(void **state) {
   fixture *f = *state;
   char *file = rt_path(f->dir, "afile"), *under = rt_path(f->dir, "afile/sub");
   assert_true(rt_write_file(file, "hi", 2));
-  const char *const outs[2] = {file, under};
-  for (int i = 0; i < 2; ++i) {
+  /* and a folder where nothing can be made, though access(2) says root may write there */
+  const char *const outs[3] = {file, under, "/proc/rdagen-emit-test"};
+  for (int i = 0; i < 3; ++i) {
     const char *const argv[] = {"emit", f->config, "--arch", "sm_90", "--out", outs[i], NULL};
     rt_proc p = run_rdagen(60, argv);
     if (p.exit_code != 1 || rt_count_lines(p.err) != 1 || strstr(p.err, "emit: --out") == NULL ||
@@ -2127,6 +2163,9 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_bad_config_exits_1_naming_it, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cli_bad_rda_wgmma_exits_1_and_writes_nothing, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_cli_misspelt_rda_log_is_one_warning, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_cli_error_line_escapes_control_characters, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_cli_bad_emulator_settings_exit_1_and_write_nothing,
                                       setup, teardown),

@@ -231,11 +231,16 @@ static int emit_check_out(const char *path, char *why, size_t why_len) {
         snprintf(why, why_len, "--out %s: %s is not a folder", path, buf);
         return -1;
       }
-      if (access(buf, W_OK | X_OK) != 0) {
-        snprintf(why, why_len, "--out %s: folder %s is not writable: %s", path, buf,
+      /* A folder made and removed again, rather than access(2): that says yes to root on a
+       * read-only file system or in /proc, where nothing can be made. */
+      char probe[4200];
+      snprintf(probe, sizeof probe, "%s/.rdagen-%ld.probe", buf, (long)getpid());
+      if (mkdir(probe, 0700) != 0) {
+        snprintf(why, why_len, "--out %s: cannot make anything in folder %s: %s", path, buf,
                  strerror(errno));
         return -1;
       }
+      rmdir(probe);
       return 0;
     }
     if (errno != ENOENT) {

@@ -463,7 +463,8 @@ static int run_attention(const run_opts *opt, const rda_out_file files[RUN_NOUT]
     if (rda_ring_virtual_run(&job, &err) != RDA_OK)
       rc = rdagen_fail("%s", err.msg);
     else if (strcmp(opt->backend, "auto") == 0)
-      fprintf(stderr, "rdagen: backend: %s (%lld virtual ranks)\n", why, opt->ranks);
+      fprintf(stderr, "rdagen: backend: %s (%lld virtual rank%s)\n", why, opt->ranks,
+              opt->ranks == 1 ? "" : "s");
     /* The stats file is one more output of the same all-or-nothing write. */
     rda_json j;
     rda_json_init(&j);

@@ -251,6 +251,14 @@ int rdagen_cmd_tune(int argc, char **argv) {
       .log = tune_cli_log,
       .log_ud = NULL,
   };
+  /* The database's own text is checked before the first line goes out (rda_tune_run would
+   * refuse it too, but after that line, which reads as a start). */
+  char *checked = NULL;
+  if (rda_tune_merge(g, &hw, &cfg, &to, NULL, 0, old_text, db_path, &checked, &err) != RDA_OK) {
+    rdagen_fail("%s", err.msg);
+    goto done;
+  }
+  free(checked);
   printf("tuning %s on %s (%s): N %lld, batch %lld, %d timed passes per tile, checked at N %lld\n",
          opt.config, hw.name, b->name, to.n, to.batch, to.iters,
          to.verify_n > 0 ? to.verify_n : (n < 1024 ? n : 1024));

@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "err.h"
 #include "gen.h"
+#include "log.h"
 #include "rda.h"
 
 static const char rdagen_usage_text[] =
@@ -44,9 +45,20 @@ static const char rdagen_usage_text[] =
 static void rdagen_one_line(char *msg, size_t cap, const char *fmt, va_list ap)
     __attribute__((format(printf, 3, 0)));
 static void rdagen_one_line(char *msg, size_t cap, const char *fmt, va_list ap) {
-  rda_text_vformat(msg, cap, fmt, ap); /* long paths shortened, never the reason cut off */
-  for (char *c = msg; *c; c++)
-    if (*c == '\n' || *c == '\r') *c = ' ';
+  char raw[2048];
+  rda_text_vformat(raw, sizeof raw, fmt, ap); /* long paths shortened, never the reason cut off */
+  /* Line breaks become blanks; other control characters (an escape sequence in a file name)
+   * are shown as \xNN, never sent to the terminal. */
+  size_t n = 0;
+  for (const unsigned char *c = (const unsigned char *)raw; *c != '\0' && n + 5 < cap; c++) {
+    if (*c == '\n' || *c == '\r')
+      msg[n++] = ' ';
+    else if (*c < 0x20 || *c == 0x7f)
+      n += (size_t)snprintf(msg + n, cap - n, "\\x%02x", *c);
+    else
+      msg[n++] = (char)*c;
+  }
+  msg[n] = '\0';
 }
 
 int rdagen_fail(const char *fmt, ...) {
@@ -86,6 +98,7 @@ int main(int argc, char **argv) {
   /* A closed pipe on standard output is a write error, reported with one line and exit 1 like
    * a full disk, not a silent death by SIGPIPE. */
   signal(SIGPIPE, SIG_IGN);
+  (void)rda_log_level_now(); /* a misspelt RDA_LOG is said at once, whatever the command logs */
   if (argc < 2) {
     fputs(rdagen_usage_text, stderr);
     return 2;
