@@ -183,6 +183,7 @@ static void test_cli_bad_usage_exits_2(void **state) {
       {NULL},
       {"frobnicate", NULL},
       {"--version", "extra", NULL},
+      {"cache", NULL},
       {"run", NULL},
       {"run", "--q", Q, "--k", K, "--v", V, "--o", O, NULL},                /* no config */
       {"run", C, "--k", K, "--v", V, "--o", O, NULL},                       /* no --q */
@@ -266,6 +267,11 @@ static void test_cli_bad_usage_exits_2(void **state) {
       fail();
     }
     assert_true(strncmp(p.err, "rdagen", 6) == 0 || strstr(p.err, "usage") != NULL);
+    /* one line, as an error is; only a bare `rdagen` prints its usage */
+    if (i > 0 && rt_count_lines(p.err) != 1) {
+      show("usage error of more than one line", &p);
+      fail();
+    }
     rt_proc_free(&p);
   }
   free(alias), free(dk_alias);

@@ -183,10 +183,7 @@ static int cache_warm(const char *config, const int *archs, int narchs) {
 }
 
 int rdagen_cmd_cache(int argc, char **argv) {
-  if (argc < 1) {
-    fputs(cache_usage_text, stderr);
-    return 2;
-  }
+  if (argc < 1) return rdagen_usage("cache: a subcommand is required (list, clear or warm)");
   const char *sub = argv[0];
   if (strcmp(sub, "--help") == 0 || strcmp(sub, "-h") == 0) {
     fputs(cache_usage_text, stdout);

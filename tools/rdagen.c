@@ -77,7 +77,7 @@ int rdagen_usage(const char *fmt, ...) {
   va_start(ap, fmt);
   rdagen_one_line(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  fprintf(stderr, "rdagen: %s\nTry 'rdagen --help' for more information.\n", msg);
+  fprintf(stderr, "rdagen: %s (try 'rdagen --help')\n", msg); /* one line, as errors are */
   return 2;
 }
 
