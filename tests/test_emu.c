@@ -1321,7 +1321,7 @@ static void test_emu_open_rejects_overlong_compiler_settings(void **state) {
     snprintf(want, sizeof want, "%s: longer than", vars[i]);
     if (strstr(err.msg, want) == NULL) fail_msg("%s: %s", vars[i], err.msg);
   }
-  char many[400] = ""; /* 100 short flags: short enough, but more words than argv holds */
+  char many[4 * 100 + 1] = ""; /* 100 short flags: short enough, but more than argv holds */
   for (int i = 0; i < 100; ++i) strcat(many, "-O2 ");
   rda_backend *b = NULL;
   rda_err err = {0};
