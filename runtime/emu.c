@@ -237,9 +237,9 @@ static rda_status rda_emu_headers(const char *dir, const char *digest, char *inc
  * the rest dropped). *code: exit status, or 128 + signal. */
 static rda_status rda_emu_spawn(char *const argv[], char *out, size_t cap, int *code,
                                 rda_err *err) {
-  /* Both ends close on exec, so that a compiler another thread spawns meanwhile does not hold
-   * this pipe open (this read would then wait for that compile too); the lock covers the moment
-   * before the flags are set, for rda's own spawns. */
+  /* No compiler another thread spawns may inherit this pipe's write end (this read would then
+   * wait for that compile too): both ends close on exec, and one lock spans making the pipe,
+   * setting that, the spawn and closing the write end, for all of rda's spawns. */
   static pthread_mutex_t spawn_lock = PTHREAD_MUTEX_INITIALIZER;
   int fds[2];
   out[0] = '\0';
@@ -250,7 +250,6 @@ static rda_status rda_emu_spawn(char *const argv[], char *out, size_t cap, int *
   }
   (void)fcntl(fds[0], F_SETFD, FD_CLOEXEC);
   (void)fcntl(fds[1], F_SETFD, FD_CLOEXEC);
-  pthread_mutex_unlock(&spawn_lock);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, fds[1], 1); /* dup2 clears close-on-exec on 1 and 2 */
@@ -269,6 +268,7 @@ static rda_status rda_emu_spawn(char *const argv[], char *out, size_t cap, int *
   posix_spawnattr_destroy(&sa);
   posix_spawn_file_actions_destroy(&fa);
   close(fds[1]);
+  pthread_mutex_unlock(&spawn_lock);
   if (rc != 0) {
     close(fds[0]);
     return rda_err_set(err, RDA_ERR_EMULATOR, "emu: cannot run the C++ compiler '%s': %s", argv[0],

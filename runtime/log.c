@@ -22,8 +22,14 @@ rda_log_level rda_log_level_now(void) {
   /* A misspelt level is said once per process, not taken silently for the default (a log
    * setting never fails the work itself). */
   static atomic_int warned;
-  if (!atomic_exchange(&warned, 1))
-    rda_log(RDA_LOG_WARN, "RDA_LOG='%.64s' is not off, warn, info or debug: warnings only", v);
+  if (!atomic_exchange(&warned, 1)) {
+    char shown[65]; /* the value as given, control characters as '?' */
+    size_t n = 0;
+    for (; v[n] != '\0' && n + 1 < sizeof shown; n++)
+      shown[n] = (unsigned char)v[n] < 0x20 || v[n] == 0x7f ? '?' : v[n];
+    shown[n] = '\0';
+    rda_log(RDA_LOG_WARN, "RDA_LOG='%s' is not off, warn, info or debug: warnings only", shown);
+  }
   return RDA_LOG_WARN;
 }
 

@@ -234,8 +234,8 @@ static int emit_check_out(const char *path, char *why, size_t why_len) {
       /* A folder made and removed again, rather than access(2): that says yes to root on a
        * read-only file system or in /proc, where nothing can be made. */
       char probe[4200];
-      snprintf(probe, sizeof probe, "%s/.rdagen-%ld.probe", buf, (long)getpid());
-      if (mkdir(probe, 0700) != 0) {
+      snprintf(probe, sizeof probe, "%s/.rdagen-probe-XXXXXX", buf);
+      if (mkdtemp(probe) == NULL) { /* a fresh name: a probe a killed run left never blocks */
         snprintf(why, why_len, "--out %s: cannot make anything in folder %s: %s", path, buf,
                  strerror(errno));
         return -1;

@@ -128,9 +128,9 @@ static int tune_parse(int argc, char **argv, tune_cli *o) {
 }
 
 /* The lock file of the database while held, and the temporary file a write goes through:
- * Ctrl-C, SIGTERM or SIGHUP remove both on the way out (the database stays the old one, or is
- * the new one if the rename came first; SIGKILL cannot: a lock file left so is harmless, the
- * next tune locks it as it is). */
+ * Ctrl-C, SIGTERM, SIGHUP or a closed standard output (SIGPIPE) remove both on the way out (the
+ * database stays the old one, or is the new one if the rename came first; SIGKILL cannot: a
+ * lock file left so is harmless, the next tune locks it as it is). */
 static char tune_lock_path[4200], tune_tmp_path[4200];
 static volatile sig_atomic_t tune_lock_held;
 
@@ -139,16 +139,18 @@ static void tune_on_signal(int sig) {
     if (tune_tmp_path[0] != '\0') (void)unlink(tune_tmp_path);
     (void)unlink(tune_lock_path);
   }
+  if (sig == SIGPIPE) rdagen_on_sigpipe(sig); /* one error line, exit 1 */
   signal(sig, SIG_DFL);
   raise(sig);
 }
 
+/* handler for the signals that end a tune; SIG_DFL puts back rdagen's own actions. */
 static void tune_signals(void (*handler)(int)) {
-  static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+  static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
   for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = handler;
+    sa.sa_handler = handler == SIG_DFL && sigs[i] == SIGPIPE ? rdagen_on_sigpipe : handler;
     sigemptyset(&sa.sa_mask);
     sigaction(sigs[i], &sa, NULL);
   }

@@ -15,4 +15,8 @@ int rdagen_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Print "rdagen: <msg>" plus a usage hint on stderr and return 2. */
 int rdagen_usage(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* SIGPIPE's action in rdagen: "rdagen: error: cannot write to standard output: ..." and
+ * _exit(1) (tools/rdagen.c). */
+void rdagen_on_sigpipe(int sig);
+
 #endif

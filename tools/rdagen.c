@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "commands.h"
 #include "err.h"
@@ -45,20 +46,22 @@ static const char rdagen_usage_text[] =
 static void rdagen_one_line(char *msg, size_t cap, const char *fmt, va_list ap)
     __attribute__((format(printf, 3, 0)));
 static void rdagen_one_line(char *msg, size_t cap, const char *fmt, va_list ap) {
-  char raw[2048];
-  rda_text_vformat(raw, sizeof raw, fmt, ap); /* long paths shortened, never the reason cut off */
+  char raw[8192], shown[4 * sizeof raw];
+  rda_text_vformat(raw, sizeof raw, fmt, ap);
   /* Line breaks become blanks; other control characters (an escape sequence in a file name)
-   * are shown as \xNN, never sent to the terminal. */
+   * are shown as \xNN, never sent to the terminal. Then the whole is fitted to cap: long paths
+   * shortened, never the reason cut off. */
   size_t n = 0;
-  for (const unsigned char *c = (const unsigned char *)raw; *c != '\0' && n + 5 < cap; c++) {
+  for (const unsigned char *c = (const unsigned char *)raw; *c != '\0'; c++) {
     if (*c == '\n' || *c == '\r')
-      msg[n++] = ' ';
+      shown[n++] = ' ';
     else if (*c < 0x20 || *c == 0x7f)
-      n += (size_t)snprintf(msg + n, cap - n, "\\x%02x", *c);
+      n += (size_t)snprintf(shown + n, sizeof shown - n, "\\x%02x", *c);
     else
-      msg[n++] = (char)*c;
+      shown[n++] = (char)*c;
   }
-  msg[n] = '\0';
+  shown[n] = '\0';
+  rda_text_fit(msg, cap, shown);
 }
 
 int rdagen_fail(const char *fmt, ...) {
@@ -91,13 +94,27 @@ static int rdagen_stdout_status(int rc) {
                      errno != 0 ? strerror(errno) : "a write failed");
 }
 
+/* Standard output closed under rdagen (a pipe whose reader left): one error line and exit 1,
+ * as for a full disk, at the first write that finds it: not a silent death by SIGPIPE (exit
+ * 141), and not a long command running on for nobody, as ignoring the signal would give.
+ * Async-signal-safe; a caught signal's action is the default again in a spawned compiler. */
+void rdagen_on_sigpipe(int sig) {
+  (void)sig;
+  static const char msg[] = "rdagen: error: cannot write to standard output: the pipe was closed\n";
+  const ssize_t w = write(2, msg, sizeof msg - 1);
+  (void)w;
+  _exit(1);
+}
+
 int main(int argc, char **argv) {
   /* A config runs in this process: one stuck in a single Lua instruction past its time limit
    * ends it with one error line (SPEC §3: a config cannot hang the tool). */
   rda_gen_enable_watchdog("rdagen");
-  /* A closed pipe on standard output is a write error, reported with one line and exit 1 like
-   * a full disk, not a silent death by SIGPIPE. */
-  signal(SIGPIPE, SIG_IGN);
+  struct sigaction pipe_lost;
+  memset(&pipe_lost, 0, sizeof pipe_lost);
+  pipe_lost.sa_handler = rdagen_on_sigpipe;
+  sigemptyset(&pipe_lost.sa_mask);
+  sigaction(SIGPIPE, &pipe_lost, NULL);
   (void)rda_log_level_now(); /* a misspelt RDA_LOG is said at once, whatever the command logs */
   if (argc < 2) {
     fputs(rdagen_usage_text, stderr);
