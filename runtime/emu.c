@@ -254,8 +254,8 @@ static rda_status rda_emu_spawn(char *const argv[], char *out, size_t cap, int *
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, fds[1], 1); /* dup2 clears close-on-exec on 1 and 2 */
   posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
-  /* The compiler gets SIGPIPE's default action whatever this process chose (rdagen ignores it
-   * to report a closed standard output as an error). */
+  /* The compiler gets SIGPIPE's default action whatever this process chose: an ignored signal
+   * would stay ignored across exec (a host program may ignore it). */
   posix_spawnattr_t sa;
   posix_spawnattr_init(&sa);
   sigset_t def;
@@ -1007,66 +1007,57 @@ rda_status rda_backend_emu_open(rda_backend **out, int arch, rda_err *err) {
     return rda_err_set(err, RDA_ERR_OUT_OF_MEMORY, "emu: out of memory");
   }
   pthread_mutex_init(&im->mu, NULL);
+  b->impl = im; /* from here a refusal is rda_emu_destroy(b) */
+  rda_status st = RDA_OK;
   const char *cxx = getenv("RDA_EMU_CXX");
   const char *user = getenv("RDA_EMU_CXXFLAGS");
   const size_t ncxx =
       (size_t)snprintf(im->cxx, sizeof im->cxx, "%s", (cxx && cxx[0]) ? cxx : RDA_HOST_CXX);
   const size_t nextra =
       (size_t)snprintf(im->extra, sizeof im->extra, "%s %s", RDA_EMU_EXTRA_FLAGS, user ? user : "");
-  if (nextra < sizeof im->extra && rda_emu_count_words(im->extra) > rda_emu_extra_room()) {
-    b->impl = im;
-    rda_emu_destroy(b);
-    return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "RDA_EMU_CXXFLAGS: more than %d flags",
-                       rda_emu_extra_room() - rda_emu_count_words(RDA_EMU_EXTRA_FLAGS));
-  }
   if (ncxx >= sizeof im->cxx || nextra >= sizeof im->extra) { /* never cut a flag silently */
     const int flags = nextra >= sizeof im->extra;
-    b->impl = im;
-    rda_emu_destroy(b);
-    return rda_err_set(
+    st = rda_err_set(
         err, RDA_ERR_INVALID_ARGUMENT, "%s: longer than %zu characters",
         flags ? "RDA_EMU_CXXFLAGS" : "RDA_EMU_CXX",
         flags ? sizeof im->extra - 2 - strlen(RDA_EMU_EXTRA_FLAGS) : sizeof im->cxx - 1);
+    goto refused;
+  }
+  if (rda_emu_count_words(im->extra) > rda_emu_extra_room()) {
+    st = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT, "RDA_EMU_CXXFLAGS: more than %d flags",
+                     rda_emu_extra_room() - rda_emu_count_words(RDA_EMU_EXTRA_FLAGS));
+    goto refused;
   }
   const char *threads = getenv("RDA_EMU_THREADS");
   if (threads != NULL && threads[0] != '\0') {
     char *end = NULL;
     const long n = strtol(threads, &end, 10);
     if (*end != '\0' || n < 0 || n > 4096) {
-      b->impl = im;
-      rda_emu_destroy(b);
-      return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                         "RDA_EMU_THREADS='%s': must be a count from 0 (all cores) to 4096",
-                         threads);
+      st = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "RDA_EMU_THREADS='%s': must be a count from 0 (all cores) to 4096", threads);
+      goto refused;
     }
     im->os_threads = (unsigned)n;
   }
   const char *order = getenv("RDA_EMU_ORDER");
   if (order != NULL && order[0] != '\0' && strcmp(order, "forward") != 0) {
     if (strcmp(order, "reverse") != 0) {
-      b->impl = im;
-      rda_emu_destroy(b);
-      return rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
-                         "RDA_EMU_ORDER='%s': must be forward (the default) or reverse", order);
+      st = rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                       "RDA_EMU_ORDER='%s': must be forward (the default) or reverse", order);
+      goto refused;
     }
     im->order = 1;
   }
   const char *streams = getenv("RDA_EMU_STREAMS");
   if (streams != NULL && streams[0] != '\0' && strcmp(streams, "sync") != 0) {
-    rda_status st = RDA_ERR_INVALID_ARGUMENT;
-    if (strcmp(streams, "async") == 0)
-      st = rda_es_open(&im->async, b, rda_emu_run, err);
-    else
-      rda_err_set(err, st, "RDA_EMU_STREAMS='%s': must be sync (the default) or async", streams);
-    if (st != RDA_OK) {
-      b->impl = im;
-      rda_emu_destroy(b);
-      return st;
-    }
+    st = strcmp(streams, "async") == 0
+             ? rda_es_open(&im->async, b, rda_emu_run, err)
+             : rda_err_set(err, RDA_ERR_INVALID_ARGUMENT,
+                           "RDA_EMU_STREAMS='%s': must be sync (the default) or async", streams);
+    if (st != RDA_OK) goto refused;
   }
   b->name = "emu";
   b->arch = arch;
-  b->impl = im;
   b->alloc = rda_emu_alloc;
   b->free = rda_emu_free;
   b->upload = rda_emu_copy;
@@ -1090,4 +1081,7 @@ rda_status rda_backend_emu_open(rda_backend **out, int arch, rda_err *err) {
   b->destroy = rda_emu_destroy;
   *out = b;
   return RDA_OK;
+refused:
+  rda_emu_destroy(b);
+  return st;
 }

@@ -144,16 +144,23 @@ static void tune_on_signal(int sig) {
   raise(sig);
 }
 
-/* handler for the signals that end a tune; SIG_DFL puts back rdagen's own actions. */
-static void tune_signals(void (*handler)(int)) {
-  static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
-  for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) {
+/* The signals that end a tune, and their actions from before tune_signals_catch. */
+static const int tune_sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+static struct sigaction tune_sigs_were[sizeof tune_sigs / sizeof *tune_sigs];
+
+static void tune_signals_catch(void) {
+  for (size_t i = 0; i < sizeof tune_sigs / sizeof *tune_sigs; i++) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = handler == SIG_DFL && sigs[i] == SIGPIPE ? rdagen_on_sigpipe : handler;
+    sa.sa_handler = tune_on_signal;
     sigemptyset(&sa.sa_mask);
-    sigaction(sigs[i], &sa, NULL);
+    sigaction(tune_sigs[i], &sa, &tune_sigs_were[i]);
   }
+}
+
+static void tune_signals_restore(void) {
+  for (size_t i = 0; i < sizeof tune_sigs / sizeof *tune_sigs; i++)
+    sigaction(tune_sigs[i], &tune_sigs_were[i], NULL);
 }
 
 static void tune_cli_log(void *ud, const char *line) {
@@ -229,7 +236,7 @@ int rdagen_cmd_tune(int argc, char **argv) {
     if (!rda_tuning_db_temp_name(&lock, tune_tmp_path, sizeof tune_tmp_path))
       tune_tmp_path[0] = '\0';
     tune_lock_held = 1;
-    tune_signals(tune_on_signal);
+    tune_signals_catch();
   }
   if (rda_backend_open(opt.backend, &b, why, sizeof why, &err) != RDA_OK) {
     rdagen_fail("%s", err.msg);
@@ -302,7 +309,7 @@ done:
   const int had_lock = tune_lock_held;
   tune_lock_held = 0; /* before the unlock: the name may be another run's lock after it */
   rda_tuning_db_unlock(&lock);
-  if (had_lock) tune_signals(SIG_DFL);
+  if (had_lock) tune_signals_restore();
   free(reports);
   free(db_text);
   free(old_text);
