@@ -146,15 +146,22 @@ static void test_cli_help_and_version_exit_0(void **state) {
   rt_proc_free(&p);
 }
 
+/* A `sh -c` command that runs "$0" "$@" with standard output a pipe nobody reads (every write
+ * fails, EPIPE or SIGPIPE); the pipe's write end, for the caller to close afterwards. */
+static int closed_pipe_command(char *cmd, size_t cap) {
+  int pp[2];
+  assert_int_equal(pipe(pp), 0);
+  close(pp[0]);
+  snprintf(cmd, cap, "exec \"$0\" \"$@\" >&%d", pp[1]);
+  return pp[1];
+}
+
 /* Standard output a pipe whose reader has gone: one error line and exit 1, as on a full disk,
  * not a silent death by SIGPIPE (exit 141). */
 static void test_cli_closed_pipe_on_standard_output_is_one_error_line(void **state) {
   fixture *f = *state;
-  int pp[2];
-  assert_int_equal(pipe(pp), 0);
-  close(pp[0]); /* no reader: every write fails */
   char redirect[64];
-  snprintf(redirect, sizeof redirect, "exec \"$0\" \"$@\" >&%d", pp[1]);
+  const int pipe_fd = closed_pipe_command(redirect, sizeof redirect);
   const char *const cases[][8] = {
       {"--help"}, {"--version"}, {"ring-sim", f->config, "--n", "64", "--ranks", "2"}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -169,7 +176,7 @@ static void test_cli_closed_pipe_on_standard_output_is_one_error_line(void **sta
     }
     rt_proc_free(&p);
   }
-  close(pp[1]);
+  close(pipe_fd);
 }
 
 /* Bad usage exits 2 and writes nothing. */
@@ -459,8 +466,7 @@ static void test_cli_bad_emulator_settings_exit_1_and_write_nothing(void **state
       {"RDA_EMU_STREAMS", "Async", "RDA_EMU_STREAMS='Async'"},
   };
   for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++) {
-    const char *was = getenv(settings[i][0]); /* a rerun of the suite may set it */
-    char *saved = was != NULL ? strdup(was) : NULL;
+    char *saved = rt_env_save(settings[i][0]); /* a rerun of the suite may set it */
     assert_int_equal(setenv(settings[i][0], settings[i][1], 1), 0);
     const char *const run[] = {"run", f->config, "--q", f->q,        "--k", f->k, "--v",
                                f->v,  "--o",     f->o,  "--backend", "emu", NULL};
@@ -468,9 +474,7 @@ static void test_cli_bad_emulator_settings_exit_1_and_write_nothing(void **state
     const char *const ring[] = {"run", f->config, "--q",       f->q,  "--k",     f->k, "--v", f->v,
                                 "--o", f->o,      "--backend", "emu", "--ranks", "3",  NULL};
     expect_input_error(f, settings[i][0], ring, settings[i][2]);
-    assert_int_equal(saved != NULL ? setenv(settings[i][0], saved, 1) : unsetenv(settings[i][0]),
-                     0);
-    free(saved);
+    rt_env_restore(settings[i][0], saved);
   }
 }
 
@@ -1424,11 +1428,8 @@ static void test_cli_tune_bad_input_exits_and_keeps_the_database(void **state) {
   /* Standard output on a full disk, or a pipe nobody reads (the tune stops at its first line,
    * SIGPIPE): one error line, exit 1, no database and no lock file left. */
   const int before = rt_count_entries(f->dir);
-  int pp[2];
-  assert_int_equal(pipe(pp), 0);
-  close(pp[0]);
   char closed_pipe[64];
-  snprintf(closed_pipe, sizeof closed_pipe, "exec \"$0\" \"$@\" >&%d", pp[1]);
+  const int pipe_fd = closed_pipe_command(closed_pipe, sizeof closed_pipe);
   char *const redirects[2] = {arg("exec \"$0\" \"$@\" > /dev/full"), closed_pipe};
   for (int r = 0; r < 2; r++) {
     char *argv[] = {arg("/bin/sh"),   arg("-c"),  redirects[r], arg(RDAGEN_PATH), arg("tune"),
@@ -1443,7 +1444,7 @@ static void test_cli_tune_bad_input_exits_and_keeps_the_database(void **state) {
     }
     rt_proc_free(&p);
   }
-  close(pp[1]);
+  close(pipe_fd);
 
   /* A kernel cache it must refuse (writable by others) is one line naming the folder, not a
    * failure of every tile. */

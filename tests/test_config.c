@@ -1111,12 +1111,6 @@ static void pause_handler(int sig) {
   nanosleep(&g_pause_for, NULL);
 }
 
-static double thread_cpu_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static void *paused_run_main(void *arg) {
   paused_run *r = arg;
   sigset_t usr1;
@@ -1131,14 +1125,14 @@ static void *paused_run_main(void *arg) {
   const struct itimerspec at = {{0, 0}, {0, 20 * 1000 * 1000}};
   r->armed = r->pause && timer_create(CLOCK_THREAD_CPUTIME_ID, &ev, &timer) == 0;
   if (r->armed && timer_settime(timer, 0, &at, NULL) != 0) r->armed = 0;
-  const double cpu0 = thread_cpu_s();
+  const double cpu0 = rt_thread_cpu_s();
   r->status = rda_gen_config_string(r->g,
                                     "local s = ('x'):rep(4 << 20)\n"
                                     "for i = 1, 40 do local u = s:upper() end\n"
                                     "return { heads = 2, head_dim = 32, dtype = 'bf16',"
                                     " segments = { 16 }, dilations = { 1 } }",
                                     "paused.lua", &r->c, &r->err);
-  r->cpu_s = thread_cpu_s() - cpu0;
+  r->cpu_s = rt_thread_cpu_s() - cpu0;
   if (r->armed) timer_delete(timer);
   return NULL;
 }

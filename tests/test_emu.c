@@ -1209,22 +1209,33 @@ static void test_emu_every_block_and_thread_runs_once_3d(void **state) {
   check_grid(7, 1, 1, 1, 1, 1);
 }
 
+/* An emulator backend opened with the environment variables env[i][0] set to env[i][1] (as
+ * they were afterwards). */
+static rda_status open_with_envs(int n, const char *const env[][2], rda_backend **b, rda_err *err) {
+  char *saved[4] = {NULL};
+  assert_true(n <= 4);
+  for (int i = 0; i < n; ++i) {
+    saved[i] = rt_env_save(env[i][0]);
+    setenv(env[i][0], env[i][1], 1);
+  }
+  const rda_status st = rda_backend_emu_open(b, 90, err);
+  for (int i = 0; i < n; ++i) rt_env_restore(env[i][0], saved[i]);
+  return st;
+}
+
+static rda_status open_with_env(const char *name, const char *value, rda_backend **b,
+                                rda_err *err) {
+  const char *const env[1][2] = {{name, value}};
+  return open_with_envs(1, env, b, err);
+}
+
 /* Blocks spread over more OS threads than there are cores (RDA_EMU_THREADS=4), each thread
  * with its own fibers: still every block and thread exactly once, and barriers still hold. */
 static void test_emu_many_os_threads_run_every_block_once(void **state) {
   (void)state;
-  const char *old = getenv("RDA_EMU_THREADS");
-  char *saved = old ? strdup(old) : NULL;
-  setenv("RDA_EMU_THREADS", "4", 1);
   rda_backend *b = NULL;
   rda_err err = {0};
-  const rda_status opened = rda_backend_emu_open(&b, 90, &err);
-  if (saved != NULL)
-    setenv("RDA_EMU_THREADS", saved, 1);
-  else
-    unsetenv("RDA_EMU_THREADS");
-  free(saved);
-  assert_int_equal(opened, RDA_OK);
+  assert_int_equal(open_with_env("RDA_EMU_THREADS", "4", &b, &err), RDA_OK);
 
   rda_variant v;
   memset(&v, 0, sizeof v);
@@ -1265,33 +1276,6 @@ static void test_emu_many_os_threads_run_every_block_once(void **state) {
   b->unload(b, ids);
   b->unload(b, sum);
   b->destroy(b);
-}
-
-/* An emulator backend opened with the environment variables env[i][0] set to env[i][1] (as
- * they were afterwards). */
-static rda_status open_with_envs(int n, const char *const env[][2], rda_backend **b, rda_err *err) {
-  char *saved[4] = {NULL};
-  assert_true(n <= 4);
-  for (int i = 0; i < n; ++i) {
-    const char *old = getenv(env[i][0]);
-    saved[i] = old ? strdup(old) : NULL;
-    setenv(env[i][0], env[i][1], 1);
-  }
-  const rda_status st = rda_backend_emu_open(b, 90, err);
-  for (int i = 0; i < n; ++i) {
-    if (saved[i] != NULL)
-      setenv(env[i][0], saved[i], 1);
-    else
-      unsetenv(env[i][0]);
-    free(saved[i]);
-  }
-  return st;
-}
-
-static rda_status open_with_env(const char *name, const char *value, rda_backend **b,
-                                rda_err *err) {
-  const char *const env[1][2] = {{name, value}};
-  return open_with_envs(1, env, b, err);
 }
 
 static void test_emu_open_rejects_bad_thread_count(void **state) {
@@ -1761,8 +1745,7 @@ static void test_emu_cache_reuses_module_and_leaves_no_temp_files(void **state) 
   (void)state;
   char *root = rt_mkdtemp();
   assert_non_null(root);
-  const char *old = getenv("RDA_CACHE_DIR");
-  char *saved = old ? strdup(old) : NULL;
+  char *saved = rt_env_save("RDA_CACHE_DIR");
   setenv("RDA_CACHE_DIR", root, 1);
   char dir[2048];
   emu_cache_folder(root, dir, sizeof dir);
@@ -1816,11 +1799,7 @@ static void test_emu_cache_reuses_module_and_leaves_no_temp_files(void **state) 
 
   g_backend->unload(g_backend, m1);
   g_backend->unload(g_backend, m2);
-  if (saved != NULL)
-    setenv("RDA_CACHE_DIR", saved, 1);
-  else
-    unsetenv("RDA_CACHE_DIR");
-  free(saved);
+  rt_env_restore("RDA_CACHE_DIR", saved);
   free(so);
   rt_rmtree(root);
   free(root);
